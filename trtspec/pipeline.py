@@ -1,0 +1,182 @@
+"""Run the stages in order, skipping those whose manifest still matches.
+
+A stage's fingerprint hashes its own config section(s) and its upstream stages' fingerprints, so changing
+`train.lr` redoes train, export and validate, and nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtspec.artifacts import RunDir, fingerprint, package_versions
+from trtspec.config import STAGES, BuildConfig, dump_config
+from trtspec.errors import ConfigError, TrtspecError
+
+# upstream stages each stage reads
+DEPS: dict[str, tuple[str, ...]] = {
+    "data": (),
+    "convert": ("data",),
+    "train": ("data", "convert"),
+    "quantize": ("data",),
+    "export": ("convert", "train", "quantize"),
+    "engine": ("export",),
+    "validate": ("data", "export"),
+}
+# config sections each stage reads (besides its upstream stages)
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "data": ("model", "data", "seed"),
+    "convert": ("convert",),
+    "train": ("train", "seed"),
+    "quantize": ("quantize", "seed"),
+    "export": ("export",),
+    "engine": ("engine",),
+    "validate": ("validate", "seed"),
+}
+
+
+class StageSkipped(TrtspecError):
+    """Raised by a stage that cannot run here (no GPU, no tensorrt_llm): recorded as skipped, not failed."""
+
+    exit_code = 3
+
+
+@dataclass
+class StageContext:
+    cfg: BuildConfig
+    run: RunDir
+    stage: str
+    out: Path  # temporary folder; renamed into RUN_DIR/<stage> when the stage returns
+    work: Path  # resumable scratch that survives a kill (same fingerprint only)
+    inputs: dict[str, Path] = field(default_factory=dict)  # upstream stage folders
+    manifests: dict[str, dict] = field(default_factory=dict)  # upstream manifests
+
+    def log(self, msg: str) -> None:
+        print(f"[{self.stage}] {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class StageResult:
+    stage: str
+    status: str  # done | skipped | cached | failed
+    seconds: float = 0.0
+    headline: str = ""
+    reason: str = ""
+
+
+def stage_module(stage: str):
+    return importlib.import_module(f"trtspec.stages.{stage}")
+
+
+def _section_values(cfg: BuildConfig, stage: str) -> dict[str, Any]:
+    full = dump_config(cfg)
+    return {s: full[s] for s in SECTIONS[stage]}
+
+
+def stage_fingerprint(cfg: BuildConfig, stage: str, upstream: dict[str, str]) -> str:
+    env = getattr(stage_module(stage), "environment_key", lambda: None)()
+    return fingerprint({"stage": stage, "config": _section_values(cfg, stage), "inputs": upstream, "env": env})
+
+
+def select_stages(start: str | None, until: str | None) -> tuple[list[str], list[str]]:
+    """(stages to visit, stages to redo) for --from/--until."""
+    for name, value in (("--from", start), ("--until", until)):
+        if value is not None and value not in STAGES:
+            import difflib
+
+            near = difflib.get_close_matches(value, STAGES, n=1)
+            raise ConfigError(
+                f"{name} '{value}' is not a stage" + (f"; did you mean '{near[0]}'?" if near else ""),
+                f"stages: {', '.join(STAGES)}",
+            )
+    i = STAGES.index(start) if start else 0
+    j = STAGES.index(until) + 1 if until else len(STAGES)
+    if i >= j:
+        raise ConfigError(f"--from {start} comes after --until {until}")
+    return list(STAGES[:j]), list(STAGES[i:j])
+
+
+def run_build(
+    cfg: BuildConfig,
+    run_dir: str | Path,
+    start: str | None = None,
+    until: str | None = None,
+    force: bool = False,
+    on_result: Callable[[StageResult], None] | None = None,
+) -> list[StageResult]:
+    """Run every stage up to `until`; stages from `start` on (or all with force) are redone."""
+    needed, redo = select_stages(start, until)
+    redo = set(needed if force else (redo if start else []))
+    run = RunDir(run_dir)
+    results: list[StageResult] = []
+    fps: dict[str, str] = {}
+    with run.locked():
+        for stage in needed:
+            upstream = {d: fps[d] for d in DEPS[stage]}
+            fp = stage_fingerprint(cfg, stage, upstream)
+            fps[stage] = fp
+            why = "forced" if stage in redo else run.check_stage(stage, fp)
+            if why is None:
+                m = run.manifest(stage) or {}
+                res = StageResult(stage, "cached", 0.0, m.get("metrics", {}).get("headline", ""), m.get("reason", ""))
+            else:
+                try:
+                    res = _run_stage(cfg, run, stage, fp, upstream, why)
+                except BaseException as e:
+                    results.append(StageResult(stage, "failed", 0.0, "", format_exception_line(e)))
+                    if on_result:
+                        on_result(results[-1])
+                    raise
+            results.append(res)
+            if on_result:
+                on_result(res)
+    return results
+
+
+def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, upstream: dict[str, str], why: str) -> StageResult:
+    inputs, manifests = {}, {}
+    skipped_deps = [d for d in DEPS[stage] if (run.manifest(d) or {}).get("status") == "skipped"]
+    for dep in DEPS[stage]:
+        if dep not in skipped_deps:
+            inputs[dep], manifests[dep] = run.require(dep)
+    run.invalidate(stage)  # never leave an outdated stage that a later run could trust
+    print(f"[{stage}] running ({why})", file=sys.stderr, flush=True)
+    t0 = time.time()
+    with run.staging(stage) as tmp:
+        ctx = StageContext(cfg, run, stage, tmp, run.work_dir(stage, fp), inputs, manifests)
+        status, reason, metrics = "done", "", {}
+        try:
+            if skipped_deps:
+                raise StageSkipped(f"upstream stage(s) {', '.join(skipped_deps)} skipped")
+            metrics = stage_module(stage).run(ctx) or {}
+        except StageSkipped as e:
+            status, reason = "skipped", str(e)
+            ctx.log(f"skipped: {reason}")
+        seconds = time.time() - t0
+        manifest = {
+            "stage": stage,
+            "kind": f"trtspec/{stage}",
+            "status": status,
+            "reason": reason,
+            "fingerprint": fp,
+            "config": _section_values(cfg, stage),
+            "inputs": upstream,
+            "versions": package_versions(),
+            "wall_s": round(seconds, 2),
+            "created": time.time(),
+            "pid": os.getpid(),
+            "metrics": metrics,
+        }
+        run.commit(stage, tmp, manifest)
+    return StageResult(stage, status, seconds, str(metrics.get("headline", "")), reason)
+
+
+def format_exception_line(e: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(e), e)).strip()
