@@ -1,0 +1,45 @@
+"""Shared fixtures: a tiny random Llama with the demo's real tokenizer (fast), and the real demo model (slow)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+FAKE_TRTLLM = Path(__file__).parent / "fake_trtllm"
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir() -> Path:
+    """The embedded SmolLM2-135M-Instruct as an HF folder (converted once into the trtspec cache)."""
+    from trtspec.models import resolve_model
+
+    return resolve_model("demo:smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, demo_model_dir) -> Path:
+    """A 4-layer, 64-wide random Llama with the demo's tokenizer and chat template."""
+    from trtspec.models import tiny_llama
+
+    return tiny_llama(tmp_path_factory.mktemp("tiny") / "model", vocab_from=demo_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_prompts_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    rows = [
+        {"prompt": "Name three colors.", "category": "lists"},
+        {"prompt": "What is 12 plus 30?", "category": "math"},
+        {"prompt": "Write a haiku about rain.", "category": "writing"},
+        {"prompt": "Explain what a CPU does.", "category": "explanation"},
+        {"prompt": "Write a Python function that adds two numbers.", "category": "code"},
+        {"prompt": "Say hello to a friend.", "category": "chat"},
+    ]
+    import json
+
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
