@@ -282,7 +282,8 @@ def config_from_dict(raw: Any, source: str = "<config>", base_dir: Path | None =
     try:
         cfg = BuildConfig.model_validate(_coerce_numbers(raw))
     except ValidationError as e:
-        lines = [_format_error(err, source) for err in e.errors()]
+        errors = sorted(e.errors(), key=lambda err: err["type"] != "extra_forbidden")  # typos first
+        lines = [_format_error(err, source) for err in errors]
         raise ConfigError(lines[0] + (f" (and {len(lines) - 1} more problem(s))" if len(lines) > 1 else "")) from None
     cfg._base_dir = base_dir or Path(".").resolve()
     return cfg

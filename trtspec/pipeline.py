@@ -121,7 +121,6 @@ def run_build(
         for stage in needed:
             upstream = {d: fps[d] for d in DEPS[stage]}
             fp = stage_fingerprint(cfg, stage, upstream)
-            fps[stage] = fp
             why = "forced" if stage in redo else run.check_stage(stage, fp)
             if why is None:
                 m = run.manifest(stage) or {}
@@ -134,6 +133,9 @@ def run_build(
                     if on_result:
                         on_result(results[-1])
                     raise
+            # downstream stages key on what this stage actually wrote, not only on how it was asked
+            m = run.manifest(stage) or {}
+            fps[stage] = fingerprint({"fp": fp, "files": {k: v["sha256"] for k, v in m.get("files", {}).items()}})
             results.append(res)
             if on_result:
                 on_result(res)

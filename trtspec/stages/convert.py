@@ -1,9 +1,147 @@
-"""The convert stage (placeholder until its issue lands: it records itself as skipped, never as done)."""
+"""The convert stage: attach an EAGLE-3 head to the base model with modelopt, its shape read from the base.
+
+Writes convert/eagle_config.json (the dict given to mtsp.convert) and convert/head_init.safetensors (the
+initial head, d2t included when the draft vocab is compressed).
+"""
 
 from __future__ import annotations
 
-from trtspec.pipeline import StageContext, StageSkipped
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import ConfigError, DataError
+from trtspec.pipeline import StageContext
+
+# decoders whose layer the head copies (Llama-style attention + SwiGLU MLP + RMSNorm)
+LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def _rope(base: Any) -> tuple[dict, float]:
+    """The base model's rope parameters (transformers 5: rope_parameters; 4.x: rope_theta + rope_scaling)."""
+    params = dict(getattr(base, "rope_parameters", None) or getattr(base, "rope_scaling", None) or {})
+    theta = float(params.get("rope_theta", getattr(base, "rope_theta", 10000.0)))
+    params.setdefault("rope_type", params.pop("type", "default"))
+    params["rope_theta"] = theta
+    return params, theta
+
+
+def derive_eagle_config(base: Any, convert: Any) -> dict:
+    """The mtsp.convert config for `base` (an HF config): modelopt's EAGLE-3 defaults, sized like the base.
+
+    `convert` is the ConvertSection: aux_layers, draft_vocab_size, num_layers, then `overrides` applied last.
+    """
+    from modelopt.torch.speculative.config import EAGLE3_DEFAULT_CFG
+
+    from trtspec.eagle import default_aux_layers
+    from trtspec.errors import ModelError
+
+    text = getattr(base, "text_config", None) or base
+    if getattr(text, "model_type", None) not in LLAMA_FAMILY:
+        raise ModelError(
+            f"EAGLE-3 conversion supports Llama-family decoders, not model_type '{getattr(text, 'model_type', '?')}'",
+            f"supported: {', '.join(LLAMA_FAMILY)}",
+        )
+    layers = text.num_hidden_layers
+    aux = list(convert.aux_layers) if convert.aux_layers is not None else default_aux_layers(layers)
+    bad = [i for i in aux if not 0 <= i < layers]
+    if bad or len(set(aux)) != len(aux):
+        raise ConfigError(f"convert.aux_layers {aux}: need distinct layer ids in 0..{layers - 1}")
+    heads = text.num_attention_heads
+    vocab = text.vocab_size
+    draft_vocab = convert.draft_vocab_size or vocab
+    if draft_vocab > vocab:
+        raise ConfigError(f"convert.draft_vocab_size {draft_vocab} is larger than the target vocab ({vocab})")
+    rope, theta = _rope(text)
+
+    cfg = copy.deepcopy(EAGLE3_DEFAULT_CFG["config"])
+    arch = cfg["eagle_architecture_config"]
+    arch.update(
+        hidden_size=text.hidden_size,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+        intermediate_size=text.intermediate_size,
+        vocab_size=vocab,
+        draft_vocab_size=draft_vocab,
+        max_position_embeddings=text.max_position_embeddings,
+        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-5),
+        hidden_act=getattr(text, "hidden_act", "silu"),
+        rope_scaling=rope,
+        rope_theta=theta,
+        num_hidden_layers=convert.num_layers,
+        eagle_aux_hidden_state_layer_ids=aux,
+        use_aux_hidden_state=True,
+        use_last_layernorm=True,
+        torch_dtype="float32",
+    )
+    for key, value in convert.overrides.items():
+        if key not in arch and key not in ("attention_bias", "mlp_bias"):
+            raise ConfigError(
+                f"convert.overrides.{key} is not an eagle_architecture_config field",
+                f"known: {', '.join(sorted(arch))}",
+            )
+        arch[key] = value
+    cfg.update(eagle_decoder_type="llama", eagle_offline=False, eagle_use_torch_compile=False)
+    return cfg
+
+
+def token_counts(tokens_file: Path, vocab: int) -> Any:
+    """How often each target token is a training label (assistant tokens) in the data stage's tensors."""
+    import torch
+
+    data = torch.load(tokens_file, weights_only=True)
+    ids, mask = data["input_ids"], data["loss_mask"].bool()
+    return torch.bincount(ids[mask].flatten(), minlength=vocab)[:vocab]
+
+
+def pick_draft_vocab(counts: Any, size: int, always: list[int]) -> Any:
+    """The `size` most frequent target ids (ties by id), `always` included; sorted ascending, as d2t needs."""
+    import torch
+
+    score = counts.double().clone()
+    score[torch.as_tensor(always, dtype=torch.long)] = float("inf")
+    top = torch.topk(score, size, sorted=False).indices
+    return torch.sort(top).values
 
 
 def run(ctx: StageContext) -> dict:
-    raise StageSkipped("the convert stage is not implemented yet")
+    from transformers import AutoConfig
+
+    from trtspec import eagle
+    from trtspec.models import load_model, resolve_model
+
+    path = resolve_model(ctx.cfg.model.source)
+    base_config = AutoConfig.from_pretrained(path)
+    cfg = derive_eagle_config(base_config, ctx.cfg.convert)
+    arch = cfg["eagle_architecture_config"]
+    ctx.log(
+        f"head: hidden {arch['hidden_size']}, heads {arch['num_attention_heads']}/{arch['num_key_value_heads']}, "
+        f"intermediate {arch['intermediate_size']}, aux layers {arch['eagle_aux_hidden_state_layer_ids']}, "
+        f"draft vocab {arch['draft_vocab_size']}/{arch['vocab_size']}"
+    )
+    model = eagle.build_eagle_model(load_model(path, ctx.cfg.model.dtype), cfg)
+    metrics: dict[str, Any] = {}
+    if arch["draft_vocab_size"] < arch["vocab_size"]:
+        tokens = ctx.inputs["data"] / "train_tokens.pt"
+        if not tokens.is_file():
+            raise DataError(f"'{tokens}' is missing: the draft vocab is chosen from the training data", "re-run the data stage")
+        counts = token_counts(tokens, arch["vocab_size"])
+        special = sorted({t for t in (base_config.eos_token_id, base_config.bos_token_id, base_config.pad_token_id) if isinstance(t, int)})
+        ids = pick_draft_vocab(counts, arch["draft_vocab_size"], special)
+        eagle.set_draft_vocab(model, ids)
+        coverage = float(counts[ids].sum() / counts.sum().clamp_min(1))
+        metrics["draft_vocab_coverage"] = round(coverage, 4)
+        ctx.log(f"draft vocab covers {coverage:.2%} of training label tokens")
+    (ctx.out / "eagle_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    eagle.save_head(model, ctx.out / "head_init.safetensors")
+    params = sum(p.numel() for p in model.eagle_module.parameters())
+    metrics.update(
+        head_params=params,
+        aux_layers=arch["eagle_aux_hidden_state_layer_ids"],
+        draft_vocab_size=arch["draft_vocab_size"],
+        headline=f"EAGLE-3 head {params / 1e6:.1f}M params, aux layers {arch['eagle_aux_hidden_state_layer_ids']}"
+        + (f", draft vocab {arch['draft_vocab_size']} ({metrics['draft_vocab_coverage']:.1%} coverage)" if "draft_vocab_coverage" in metrics else ""),
+    )
+    return metrics

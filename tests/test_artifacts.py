@@ -1,0 +1,111 @@
+"""The run directory: marker, lock (live and stale), atomic commit, checksums that catch corruption."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trtspec.artifacts import RunDir
+from trtspec.errors import ArtifactError, LockedError
+
+
+def commit_stage(run, stage, content=b"weights", fp="abc"):
+    with run.staging(stage) as tmp:
+        (tmp / "w.bin").write_bytes(content)
+        run.commit(stage, tmp, {"stage": stage, "status": "done", "fingerprint": fp})
+
+
+def test_refuses_foreign_folder(tmp_path):
+    (tmp_path / "precious.txt").write_text("mine")
+    with pytest.raises(ArtifactError, match="not a trtspec run"):
+        RunDir(tmp_path).ensure()
+    assert (tmp_path / "precious.txt").read_text() == "mine"
+
+
+def test_commit_and_check(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.ensure()
+    commit_stage(run, "data")
+    assert run.check_stage("data", "abc") is None
+    assert run.check_stage("data", "other") == "config or inputs changed"
+    assert not (run.path / ".tmp-data").exists()
+
+
+def test_truncated_file_is_detected(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.ensure()
+    commit_stage(run, "train", b"x" * 1000)
+    w = run.stage_dir("train") / "w.bin"
+    w.write_bytes(b"x" * 500)
+    assert "size" in run.check_stage("train", "abc")
+    w.write_bytes(b"y" * 1000)
+    assert "checksum" in run.check_stage("train", "abc")
+    w.unlink()
+    assert "missing" in run.check_stage("train", "abc")
+
+
+def test_export_stage_lives_in_bundle(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.ensure()
+    commit_stage(run, "export")
+    assert (run.path / "bundle" / "manifest.json").is_file()
+
+
+def test_unfinished_staging_is_not_trusted(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.ensure()
+    (run.path / ".tmp-data").mkdir()  # what a kill mid-stage leaves behind
+    assert run.check_stage("data", "abc") == "not run yet"
+
+
+def test_corrupt_manifest_is_redone(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.ensure()
+    commit_stage(run, "data")
+    (run.stage_dir("data") / "manifest.json").write_text("{not json")
+    assert "manifest" in run.check_stage("data", "abc")
+
+
+def test_lock_refuses_a_live_holder(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.ensure()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        import socket
+
+        (run.path / ".lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname()}))
+        with pytest.raises(LockedError, match=f"pid {holder.pid}"):
+            with run.locked():
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_stale_lock_is_taken_over(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.ensure()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    import socket
+
+    (run.path / ".lock").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    with run.locked():
+        assert json.loads((run.path / ".lock").read_text())["pid"] == os.getpid()
+    assert not (run.path / ".lock").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_read_only_run_dir(tmp_path):
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o500)
+    try:
+        with pytest.raises(ArtifactError, match="not writable"):
+            RunDir(d).ensure()
+    finally:
+        d.chmod(0o700)

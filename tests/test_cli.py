@@ -1,0 +1,88 @@
+"""The CLI boundary: help with examples, one-line errors with exit codes, --debug tracebacks, locking."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from trtspec.cli import main
+
+COMMANDS = ["build", "data", "convert", "train", "quantize", "export", "engine", "validate", "inspect", "doctor"]
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_every_command_has_help_with_example(cmd):
+    for flag in ("--help", "-h"):
+        r = run(cmd, flag)
+        assert r.exit_code == 0 and "Example" in r.output, r.output
+
+
+def one_error_line(r, code):
+    assert r.exit_code == code, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert lines[0].startswith("Error: ") and "Traceback" not in r.output, r.output
+    return lines[0]
+
+
+def test_missing_config_file():
+    assert "does not exist" in one_error_line(run("build", "nope.yaml"), 2)
+
+
+def test_unknown_stage(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"data": {"sources": [{"kind": "jsonl", "path": "x"}]}}))
+    line = one_error_line(run("build", str(cfg), "--out", str(tmp_path / "r"), "--until", "trian"), 2)
+    assert "'trian' is not a stage" in line
+
+
+def test_locked_run_dir(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"data": {"sources": [{"kind": "jsonl", "path": "x"}]}}))
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "trtspec-run.json").write_text("{}")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (out / ".lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname()}))
+        assert "in use by another trtspec process" in one_error_line(run("build", str(cfg), "--out", str(out)), 4)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_inspect_foreign_dir(tmp_path):
+    assert "not a trtspec run" in one_error_line(run("inspect", str(tmp_path)), 2)
+
+
+def test_doctor_json():
+    r = run("doctor", "--json")
+    info = json.loads(r.output)
+    assert r.exit_code == 0 and "engine" in info["stages"] and "torch" in info["versions"]
+
+
+def test_debug_shows_traceback_real_entry_point(tmp_path):
+    exe = [sys.executable, "-m", "trtspec.cli"]
+    plain = subprocess.run([*exe, "build", str(tmp_path / "nope.yaml")], capture_output=True, text=True)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr and plain.stderr.startswith("Error: ")
+    debug = subprocess.run([*exe, "--debug", "build", str(tmp_path / "nope.yaml")], capture_output=True, text=True)
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+def test_shipped_configs_validate():
+    from trtspec.config import load_config
+
+    configs = sorted(Path("build_configs").glob("*.yaml"))
+    assert configs
+    for p in configs:
+        load_config(p)

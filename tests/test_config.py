@@ -1,0 +1,131 @@
+"""The build config: strict keys and types, nearest-key hints, --set overrides, shipped recipes."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trtspec.config import BuildConfig, apply_overrides, config_from_dict, load_config, parse_override
+from trtspec.errors import ConfigError
+
+MINIMAL = {"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}}
+
+
+def write(tmp_path, obj_or_text):
+    p = tmp_path / "c.yaml"
+    p.write_text(obj_or_text if isinstance(obj_or_text, str) else yaml.safe_dump(obj_or_text))
+    return p
+
+
+def test_minimal_config_gets_defaults(tmp_path):
+    cfg = load_config(write(tmp_path, MINIMAL))
+    assert cfg.model.source == "demo:smollm2-135m-instruct"
+    assert cfg.train.mode == "offline"
+    assert cfg.resolve_path("x.jsonl") == (tmp_path / "x.jsonl").resolve()
+
+
+def test_unknown_key_names_file_key_and_nearest(tmp_path):
+    p = write(tmp_path, {**MINIMAL, "train": {"lrr": 1e-3}})
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(p) in str(e.value) and "train.lrr" in str(e.value) and "did you mean 'train.lr'" in str(e.value)
+
+
+def test_unknown_nested_list_key(tmp_path):
+    p = write(tmp_path, {"data": {"sources": [{"kind": "jsonl", "pth": "x"}]}})
+    with pytest.raises(ConfigError, match=r"data\.sources\.0\.pth"):
+        load_config(p)
+
+
+def test_wrong_type_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.epochs"):
+        load_config(write(tmp_path, {**MINIMAL, "train": {"epochs": "many"}}))
+    with pytest.raises(ConfigError, match=r"train\.batch_size"):
+        load_config(write(tmp_path, {**MINIMAL, "train": {"batch_size": 2.5}}))
+
+
+def test_out_of_range_and_unknown_choice(tmp_path):
+    with pytest.raises(ConfigError, match="data.holdout_fraction"):
+        load_config(write(tmp_path, {"data": {**MINIMAL["data"], "holdout_fraction": 1.5}}))
+    with pytest.raises(ConfigError, match="quantize.format"):
+        load_config(write(tmp_path, {**MINIMAL, "quantize": {"format": "fp7"}}))
+
+
+def test_conflicting_options(tmp_path):
+    with pytest.raises(ConfigError, match="kv_cache"):
+        load_config(write(tmp_path, {**MINIMAL, "quantize": {"format": "none", "kv_cache": "fp8"}}))
+    with pytest.raises(ConfigError, match="EAGLE-3"):
+        load_config(write(tmp_path, {**MINIMAL, "engine": {"backend": "tensorrt"}}))
+
+
+def test_yaml_syntax_error_has_line_number(tmp_path):
+    with pytest.raises(ConfigError, match="line 2"):
+        load_config(write(tmp_path, "seed: 1\n\tdata: x\n"))
+
+
+def test_missing_file_and_non_mapping(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(write(tmp_path, "- a\n- b\n"))
+
+
+def test_scientific_notation_and_int_for_float(tmp_path):
+    cfg = load_config(write(tmp_path, "data: {sources: [{kind: jsonl, path: x}]}\ntrain: {lr: 5e-4, epochs: 2}\n"))
+    assert cfg.train.lr == 5e-4 and cfg.train.epochs == 2.0
+
+
+def test_overrides_apply_and_validate(tmp_path):
+    p = write(tmp_path, MINIMAL)
+    cfg = load_config(p, ["train.lr=1e-4", "convert.aux_layers=[1, 2, 3]", "quantize.block_size=null"])
+    assert cfg.train.lr == 1e-4 and cfg.convert.aux_layers == [1, 2, 3] and cfg.quantize.block_size is None
+    with pytest.raises(ConfigError, match="train.nope"):
+        load_config(p, ["train.nope=1"])
+    with pytest.raises(ConfigError, match="no '='"):
+        load_config(p, ["train.lr"])
+
+
+def test_validate_section_alias():
+    cfg = config_from_dict({**MINIMAL, "validate": {"draft_len": 5}})
+    assert cfg.validate_.draft_len == 5 and cfg.section("validate")["draft_len"] == 5
+
+
+@given(
+    key=st.lists(st.from_regex(r"[a-z_]{1,8}", fullmatch=True), min_size=1, max_size=3),
+    value=st.one_of(st.integers(), st.booleans(), st.floats(allow_nan=False, allow_infinity=False), st.from_regex(r"[a-z]{1,6}", fullmatch=True)),
+)
+def test_parse_override_roundtrips(key, value):
+    text = ".".join(key) + "=" + (yaml.safe_dump(value).strip().removesuffix("...").strip())
+    parts, parsed = parse_override(text)
+    assert parts == key
+    if isinstance(value, str) and value in ("null", "none"):
+        assert parsed is None
+    elif isinstance(value, str):
+        assert parsed == yaml.safe_load(value)
+    else:
+        assert parsed == value
+
+
+@given(st.text(max_size=30))
+def test_parse_override_never_crashes(text):
+    try:
+        parse_override(text)
+    except ConfigError:
+        pass
+
+
+@given(st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=5), st.none()), max_size=4))
+def test_loader_rejects_or_accepts_but_never_crashes(extra):
+    raw = {**MINIMAL, "train": extra}
+    try:
+        cfg = config_from_dict(raw)
+    except ConfigError:
+        return
+    assert isinstance(cfg, BuildConfig)
+
+
+def test_apply_overrides_refuses_setting_inside_a_value():
+    with pytest.raises(ConfigError, match="not a section"):
+        apply_overrides({"seed": 1}, ["seed.x=2"])

@@ -1,0 +1,123 @@
+"""Pipeline control flow with stand-in stage functions: order, skip when unchanged, redo downstream on change."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from trtspec import pipeline
+from trtspec.config import STAGES, config_from_dict
+from trtspec.errors import ConfigError, DataError
+
+RAW = {"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}}
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Replace each stage's run() with one that records the call and writes a file."""
+    seen: list[str] = []
+
+    def make(stage):
+        def run(ctx):
+            seen.append(stage)
+            for dep, folder in ctx.inputs.items():  # upstream folders are finished stages
+                assert (folder / "manifest.json").is_file(), dep
+            (ctx.out / f"{stage}.txt").write_text(stage)
+            return {"headline": f"{stage} ok"}
+
+        return types.SimpleNamespace(run=run)
+
+    modules = {s: make(s) for s in STAGES}
+    monkeypatch.setattr(pipeline, "stage_module", lambda s: modules[s])
+    return seen
+
+
+def test_runs_in_order_then_skips_everything(tmp_path, calls):
+    cfg = config_from_dict(RAW)
+    res = pipeline.run_build(cfg, tmp_path / "r")
+    assert calls == list(STAGES) and all(r.status == "done" for r in res)
+    calls.clear()
+    res = pipeline.run_build(cfg, tmp_path / "r")
+    assert calls == [] and all(r.status == "cached" for r in res)
+    assert res[0].headline == "data ok"
+
+
+def test_train_change_redoes_train_and_downstream_only(tmp_path, calls):
+    pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
+    calls.clear()
+    pipeline.run_build(config_from_dict({**RAW, "train": {"lr": 1e-4}}), tmp_path / "r")
+    assert calls == ["train", "export", "engine", "validate"]
+
+
+def test_model_change_redoes_everything(tmp_path, calls):
+    pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
+    calls.clear()
+    pipeline.run_build(config_from_dict({**RAW, "model": {"source": "other/model"}}), tmp_path / "r")
+    assert calls == list(STAGES)
+
+
+def test_corrupted_stage_is_redone_and_identical_output_keeps_downstream(tmp_path, calls):
+    pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
+    (tmp_path / "r" / "convert" / "convert.txt").write_text("tampered")
+    calls.clear()
+    pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
+    assert calls == ["convert"]  # redone; it wrote the same bytes, so train & co. still hold
+
+
+def test_redone_stage_with_new_output_redoes_downstream(tmp_path, calls, monkeypatch):
+    pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
+    orig = pipeline.stage_module
+
+    def convert_differently(ctx):
+        (ctx.out / "convert.txt").write_text("a different head")
+        return {}
+
+    monkeypatch.setattr(pipeline, "stage_module", lambda s: types.SimpleNamespace(run=convert_differently) if s == "convert" else orig(s))
+    calls.clear()
+    pipeline.run_build(config_from_dict(RAW), tmp_path / "r", start="convert", until="convert")
+    pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
+    assert calls == ["train", "export", "engine", "validate"]
+
+
+def test_from_until_and_force(tmp_path, calls):
+    cfg = config_from_dict(RAW)
+    pipeline.run_build(cfg, tmp_path / "r", until="convert")
+    assert calls == ["data", "convert"]
+    calls.clear()
+    pipeline.run_build(cfg, tmp_path / "r", start="convert", until="train")
+    assert calls == ["convert", "train"]
+    calls.clear()
+    pipeline.run_build(cfg, tmp_path / "r", until="data", force=True)
+    assert calls == ["data"]
+
+
+def test_unknown_stage_names_nearest(tmp_path):
+    with pytest.raises(ConfigError, match="did you mean 'train'"):
+        pipeline.run_build(config_from_dict(RAW), tmp_path / "r", until="trian")
+
+
+def test_failed_stage_leaves_no_folder_and_reports(tmp_path, calls, monkeypatch):
+    def boom(ctx):
+        (ctx.out / "half.bin").write_text("half")
+        raise DataError("bad rows")
+
+    orig = pipeline.stage_module
+    monkeypatch.setattr(pipeline, "stage_module", lambda s: types.SimpleNamespace(run=boom) if s == "train" else orig(s))
+    seen = []
+    with pytest.raises(DataError):
+        pipeline.run_build(config_from_dict(RAW), tmp_path / "r", on_result=seen.append)
+    assert [r.status for r in seen] == ["done", "done", "failed"]
+    assert not (tmp_path / "r" / "train").exists() and not (tmp_path / "r" / ".tmp-train").exists()
+    assert not (tmp_path / "r" / ".lock").exists()
+
+
+def test_skipped_stage_skips_dependents(tmp_path, calls, monkeypatch):
+    def skip(ctx):
+        raise pipeline.StageSkipped("no GPU here")
+
+    orig = pipeline.stage_module
+    monkeypatch.setattr(pipeline, "stage_module", lambda s: types.SimpleNamespace(run=skip) if s == "export" else orig(s))
+    res = {r.stage: r for r in pipeline.run_build(config_from_dict(RAW), tmp_path / "r")}
+    assert res["export"].status == "skipped" and res["engine"].status == "skipped" and res["validate"].status == "skipped"
+    assert "export" in res["validate"].reason

@@ -1,0 +1,157 @@
+"""The EAGLE-3 head: attach it to a base model (modelopt), fix its first layer to TensorRT-LLM's semantics,
+save and load its weights.
+
+EAGLE-3 draft step (TensorRT-LLM / vLLM semantics, which the exported checkpoint is served with):
+
+    h      = fc(cat(aux_1, aux_2, aux_3))            # pre-final-norm outputs of 3 target layers, [T, 3H] -> [T, H]
+    x      = cat(input_layernorm(embed(tok)), hidden_norm(h))   # [T, 2H] into layer 0's q/k/v projections
+    out    = h + attn(x); out = out + mlp(post_attention_layernorm(out))
+    logits = lm_head(norm(out));  draft token = argmax + d2t[argmax]   (d2t only with a compressed vocab)
+
+Later draft steps feed the layer's own pre-norm output `out` back in as `h`.
+modelopt 0.47 runs layer 0's input_layernorm on h *and then* hidden_norm (double norm); `patch_first_layer_norm`
+makes training match the formula above.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import ArtifactError
+
+HEAD_FILE = "head.safetensors"
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """TensorRT-LLM's default eagle3_layers_to_capture: {1, L//2-1, L-4} (clamped for tiny models)."""
+    return sorted({min(1, num_layers - 1), max(0, num_layers // 2 - 1), max(0, num_layers - 4)})
+
+
+def build_eagle_model(base_model: Any, eagle_cfg: dict) -> Any:
+    """mtsp.convert(base, [("eagle", cfg)]) with torch.compile off, then the first-layer norm patched.
+
+    The base model is converted in place (modelopt's way) and returned; its parameters stay frozen.
+    """
+    import modelopt.torch.speculative as mtsp
+
+    cfg = copy.deepcopy(eagle_cfg)
+    cfg["eagle_use_torch_compile"] = False  # max-autotune spends minutes on a CPU for nothing
+    model = mtsp.convert(base_model, [("eagle", cfg)])
+    init_rope(model.eagle_module)
+    patch_first_layer_norm(model.eagle_module)
+    return model
+
+
+def init_rope(eagle_module: Any) -> None:
+    """Create the head's rotary embedding up front: modelopt 0.47 passes `device=`, which transformers 5 refuses."""
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    if not hasattr(eagle_module, "rotary_emb"):
+        device = next(eagle_module.parameters()).device
+        eagle_module.rotary_emb = LlamaRotaryEmbedding(config=eagle_module.config).to(device)
+
+
+def eagle3_first_layer_input(layer: Any, embeds: Any, h: Any) -> Any:
+    """The attention input of the draft's first layer: cat(input_layernorm(embeds), hidden_norm(h))."""
+    import torch
+
+    return torch.cat((layer.input_layernorm(embeds), layer.hidden_norm(h)), dim=-1)
+
+
+def _stash_h(layer: Any, args: tuple, kwargs: dict) -> None:
+    # the decoder layer is about to norm h with input_layernorm: keep the raw h for the attention hook
+    layer._eagle3_h = args[0] if args else kwargs["hidden_states"]
+
+
+def _attention_input(eagle_module: Any, attn: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    layer = eagle_module.layers[0]
+    embeds, h = eagle_module._input_embeds, layer._eagle3_h
+    if embeds is None or h is None:
+        raise RuntimeError("EAGLE-3 first layer called outside EagleModule.forward")
+    eagle_module._input_embeds, layer._eagle3_h = None, None
+    kwargs["hidden_states"] = eagle3_first_layer_input(layer, embeds, h)
+    return args, kwargs
+
+
+def patch_first_layer_norm(eagle_module: Any) -> None:
+    """Replace modelopt's first-attention pre-hook: h gets hidden_norm only (not input_layernorm too).
+
+    The residual of layer 0 stays the raw h, as in TensorRT-LLM. Idempotent.
+    """
+    import functools
+
+    if getattr(eagle_module, "_trtspec_norm_patched", False):
+        return
+    if not hasattr(eagle_module, "fc"):
+        return  # not an EAGLE-3 (aux hidden state) head: nothing to patch
+    layer = eagle_module.layers[0]
+    attn = layer.self_attn
+    for hid, hook in list(attn._forward_pre_hooks.items()):
+        if getattr(hook, "__name__", "") == "_eagle3_attention_forward_pre_hook":
+            del attn._forward_pre_hooks[hid]
+            attn._forward_pre_hooks_with_kwargs.pop(hid, None)
+    layer._eagle3_h = None
+    layer.register_forward_pre_hook(_stash_h, with_kwargs=True)
+    attn.register_forward_pre_hook(functools.partial(_attention_input, eagle_module), with_kwargs=True)
+    eagle_module._trtspec_norm_patched = True
+
+
+def head_state_dict(model: Any) -> dict:
+    """The head's weights (and d2t), keys relative to eagle_module, detached and contiguous."""
+    return {k: v.detach().contiguous().clone() for k, v in model.eagle_module.state_dict().items()}
+
+
+def save_head(model: Any, path: str | Path) -> Path:
+    """Write the head's weights (fc, layers.0.*, norm, lm_head, d2t) to a safetensors file."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(head_state_dict(model), str(tmp))
+    tmp.replace(path)
+    return path
+
+
+def load_head(model: Any, path: str | Path) -> Any:
+    """Load head weights saved by save_head into a model built by build_eagle_model (same eagle_config)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"EAGLE head weights '{path}' are missing", "re-run the convert/train stage")
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ArtifactError(f"'{path}' is not a readable safetensors file ({e})", "re-run the stage that wrote it") from None
+    own = model.eagle_module.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    wrong = sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    if missing or unexpected or wrong:
+        raise ArtifactError(
+            f"'{path}' does not fit this head: missing {missing[:3]}, unexpected {unexpected[:3]}, wrong shape {wrong[:3]}",
+            "the head was built with another eagle_config; re-run convert and train",
+        )
+    model.eagle_module.load_state_dict(state)
+    return model
+
+
+def set_draft_vocab(model: Any, draft_to_target: Any) -> None:
+    """Store d2t (d2t[i] = target_id - i) for a draft vocab whose i-th token is target token draft_to_target[i]."""
+    import torch
+
+    ids = torch.as_tensor(draft_to_target, dtype=torch.long)
+    d2t = model.eagle_module.d2t
+    if ids.shape != d2t.shape:
+        raise ValueError(f"draft vocab has {ids.numel()} ids, the head expects {d2t.numel()}")
+    d2t.copy_(ids - torch.arange(ids.numel()))
+
+
+def draft_to_target_ids(model: Any, draft_ids: Any) -> Any:
+    """Target token ids for draft-vocab ids (identity without a compressed vocab)."""
+    d2t = getattr(model.eagle_module, "d2t", None)
+    return draft_ids if d2t is None else draft_ids + d2t[draft_ids]
