@@ -123,6 +123,11 @@ class EngineSection(Section):
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 8])
     # draft model for decoding: draft_target (HF folder or demo:...)
     draft_model: str | None = None
+    # prompts (built-in, chat-templated) and answer length for the TensorRT-LLM checks
+    num_prompts: int = Field(default=8, ge=1, le=64)
+    max_new_tokens: int = Field(default=128, ge=1, le=8192)
+    # n-gram drafting: longest prompt suffix matched against the pool
+    ngram_max_matching: int = Field(default=2, ge=1, le=16)
 
 
 class ValidateSection(Section):
