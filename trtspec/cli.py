@@ -83,7 +83,7 @@ def _print_summary(results, as_json: bool) -> None:
         click.echo(f"{r.stage:<10} {r.status:<8} {r.seconds:>7.1f}s  {text}")
 
 
-def _build(config, out, overrides, start, until, force, as_json) -> None:
+def _build(config, out, overrides, start, until, force, as_json, stage_command: bool = False) -> None:
     from trtspec.config import load_config
     from trtspec.pipeline import run_build
 
@@ -97,6 +97,22 @@ def _build(config, out, overrides, start, until, force, as_json) -> None:
             _print_summary(done, as_json)
     if any(r.status == "failed" for r in done):
         sys.exit(1)
+    if stage_command:
+        _exit_if_skipped(done, until, out)
+
+
+def _exit_if_skipped(done, stage: str, out) -> None:
+    """`trtspec <stage>` whose stage was skipped (no GPU, no tensorrt_llm): one line and exit code 3."""
+    from trtspec.artifacts import RunDir
+    from trtspec.errors import MissingDependency
+
+    r = next((r for r in done if r.stage == stage), None)
+    if r is None:
+        return
+    skipped = r.status == "skipped" or (r.status == "cached" and (RunDir(out).manifest(stage) or {}).get("status") == "skipped")
+    if skipped:
+        click.echo(f"Error: {stage} skipped: {r.reason}", err=True)
+        sys.exit(MissingDependency.exit_code)
 
 
 def _common_build_options(f):
@@ -132,7 +148,7 @@ def build(config, out, overrides, force, as_json, start, until):
 def _stage_command(stage: str, doc: str):
     def command(config, out, overrides, force, as_json):
         # a stage command runs what it needs upstream (skipping finished stages), then the stage
-        _build(config, out, overrides, stage if force else None, stage, False, as_json)
+        _build(config, out, overrides, stage if force else None, stage, False, as_json, stage_command=True)
 
     command.__doc__ = (
         f"{doc}\n\n    Runs missing upstream stages first; --force redoes this stage.\n\n    \b\n    Example:\n"

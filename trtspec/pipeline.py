@@ -36,7 +36,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "convert": ("convert",),
     "train": ("train", "seed"),
     "quantize": ("quantize", "seed"),
-    "export": ("export",),
+    "export": ("export", "engine"),  # the bundle's llm_api_options.yaml is written from engine.*
     "engine": ("engine",),
     "validate": ("validate", "seed"),
 }

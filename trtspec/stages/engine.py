@@ -1,9 +1,330 @@
-"""The engine stage (placeholder until its issue lands: it records itself as skipped, never as done)."""
+"""The engine stage: load the bundle in TensorRT-LLM and run the same checks as validate, through TensorRT-LLM.
+
+PyTorch backend (default): LLM(model=bundle/target, speculative_config=Eagle3DecodingConfig(...)) built
+from the bundle's llm_api_options.yaml — the very file trtllm-serve and Triton use. Measured: load time,
+GPU memory, greedy outputs vs Hugging Face generate on the original model, acceptance length from
+TensorRT-LLM's accepted/drafted token counts, tokens/s against TensorRT-LLM without speculation and
+against HF generate, at engine.batch_sizes.
+
+Engine backend (engine.backend=tensorrt): TensorRT engines for draft_target / n-gram, only on releases that
+still ship it. EAGLE-3 never ran there. Without tensorrt_llm or a GPU the stage is skipped (exit 3).
+Multi-GPU: engine.tensor_parallel_size; LLM(...) spawns its own MPI workers on one node. On Slurm or
+several nodes run under `srun/mpirun -n N trtllm-llmapi-launch trtspec engine CONFIG --out RUN`.
+"""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Any
+
+from trtspec import trtllm
+from trtspec.errors import ArtifactError, ConfigError
 from trtspec.pipeline import StageContext, StageSkipped
+from trtspec.serving import llm_api_options, read_options
+
+# built-in prompts (chat-templated with the target's tokenizer); a spread of the usual categories
+PROMPTS = [
+    "Name three colors and one thing of each color.",
+    "What is 12 plus 30? Explain the steps.",
+    "Write a haiku about rain.",
+    "Explain what a CPU does in two sentences.",
+    "Write a Python function that adds two numbers.",
+    "Say hello to a friend who just moved to a new city.",
+    "List the days of the week.",
+    "Summarize why the sky is blue.",
+    "Translate 'good morning' into French and Spanish.",
+    "Give three tips for writing clear emails.",
+    "What is the capital of Japan, and what is it known for?",
+    "Write a short story opening about a lighthouse.",
+    "Explain recursion to a beginner.",
+    "What are the planets of the solar system?",
+    "Describe how to make a cup of tea.",
+    "Why do we have seasons?",
+]
+
+
+def environment_key() -> dict:
+    """Part of the stage fingerprint: a machine that gains tensorrt_llm or a GPU re-attempts the stage."""
+    return {"tensorrt_llm": trtllm.version(), "cuda": trtllm.cuda_available()}
 
 
 def run(ctx: StageContext) -> dict:
-    raise StageSkipped("the engine stage is not implemented yet")
+    e = ctx.cfg.engine
+    if e.backend == "tensorrt" and e.decoding == "eagle3":
+        raise ConfigError("engine.decoding=eagle3 needs engine.backend=pytorch: TensorRT-LLM's engine backend never supported EAGLE-3")
+    ok, why = trtllm.availability()
+    if not ok:
+        raise StageSkipped(f"{why}; the bundle's serve.sh and triton/ run on a GPU server")
+    bundle = ctx.inputs["export"]
+    if e.backend == "tensorrt":
+        return run_engine_backend(ctx, bundle)
+    return run_llm_api(ctx, bundle)
+
+
+# --- inputs ---------------------------------------------------------------------------------------
+
+
+def prompt_ids(target: Path, n: int) -> list[list[int]]:
+    from trtspec.models import load_tokenizer
+
+    tok = load_tokenizer(target)
+    prompts = (PROMPTS * (n // len(PROMPTS) + 1))[:n]
+    if tok.chat_template:
+        return [list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
+                                             return_dict=False)) for p in prompts]
+    return [tok(p)["input_ids"] for p in prompts]
+
+
+def resolve_source(ctx: StageContext, source: str) -> Path:
+    from trtspec.models import resolve_model
+
+    local = ctx.cfg.resolve_path(source)
+    return resolve_model(str(local) if not source.startswith("demo:") and local.exists() else source)
+
+
+def options_for(ctx: StageContext, bundle: Path) -> dict:
+    """The LLM-API options: the bundle's llm_api_options.yaml for EAGLE-3, the same builder for the others."""
+    e = ctx.cfg.engine
+    if e.decoding != "eagle3":
+        draft = str(resolve_source(ctx, e.draft_model)) if e.draft_model else "./draft"
+        return llm_api_options(ctx.cfg, draft, decoding=e.decoding)
+    options = read_options(bundle)
+    want = llm_api_options(ctx.cfg, "./draft", decoding="eagle3")["speculative_config"]
+    if options["speculative_config"] != want:
+        raise ArtifactError(
+            f"{bundle}/llm_api_options.yaml was written for other engine settings ({options['speculative_config']})",
+            "re-run the export stage with --force so the bundle matches the engine section",
+        )
+    return options
+
+
+# --- measuring ------------------------------------------------------------------------------------
+
+
+def chunks(items: list, size: int) -> list[list]:
+    """Consecutive batches of `size`, cycling the items so there is at least one full batch."""
+    items = (items * (size // len(items) + 1))[: max(size, len(items))]
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def trt_generate(llm: Any, prompts: list[list[int]], params: Any) -> list[Any]:
+    return list(llm.generate(prompts, params))
+
+
+def trt_tokens_per_s(llm: Any, prompts: list[list[int]], params: Any, batch_size: int) -> float:
+    n, t0 = 0, time.perf_counter()
+    for batch in chunks(prompts, batch_size):
+        n += sum(len(o.outputs[0].token_ids) for o in trt_generate(llm, batch, params))
+    return n / (time.perf_counter() - t0)
+
+
+def sampling_params(SamplingParams: type, max_tokens: int) -> Any:
+    try:
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, return_perf_metrics=True)
+    except TypeError:  # releases without per-request perf metrics
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0)
+
+
+def acceptance(outputs: list[Any], draft_per_step: int) -> dict:
+    """Acceptance from TensorRT-LLM's counters.
+
+    Each decoding step drafts `draft_per_step` tokens; the target verifies them in one forward and emits the
+    accepted ones plus one of its own. So steps = drafted / draft_per_step and
+    acceptance length AL = tokens per step = (accepted + steps) / steps = 1 + accepted / steps."""
+    counts = [c for c in (trtllm.spec_metrics(o) for o in outputs) if c is not None]
+    if not counts:
+        return {"acceptance_length": None, "acceptance_note": "this TensorRT-LLM release reports no draft counters"}
+    accepted, drafted = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    steps = drafted / draft_per_step
+    return {
+        "acceptance_length": round(1 + accepted / steps, 3) if steps else None,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        "accepted_draft_tokens": accepted,
+        "draft_tokens": drafted,
+    }
+
+
+def compare(got: list[list[int]], want: list[list[int]]) -> dict:
+    """Greedy agreement: exact sequences, and the mean length of the common prefix relative to the reference."""
+    exact = sum(g == w for g, w in zip(got, want, strict=True))
+    prefix = []
+    for g, w in zip(got, want, strict=True):
+        k = next((i for i, (a, b) in enumerate(zip(g, w, strict=False)) if a != b), min(len(g), len(w)))
+        prefix.append(k / max(len(w), 1))
+    return {"exact": exact, "total": len(want), "exact_fraction": round(exact / max(len(want), 1), 4),
+            "mean_common_prefix": round(sum(prefix) / max(len(prefix), 1), 4)}
+
+
+def hf_reference(source: Path, prompts: list[list[int]], max_new: int, batch_sizes: list[int], dtype: str) -> dict:
+    """Greedy outputs (one prompt at a time) and tokens/s of HF generate on the original model."""
+    import torch
+
+    from trtspec.models import load_model, load_tokenizer
+
+    model, tok = load_model(source, dtype), load_tokenizer(source)
+    dev = next(model.parameters()).device
+
+    def generate(batch: list[list[int]]) -> list[list[int]]:
+        width = max(map(len, batch))  # left-pad to one tensor
+        ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in batch], device=dev)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=dev)
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                             pad_token_id=tok.pad_token_id)
+        eos = model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [eos])
+        rows = []
+        for row in out[:, width:].tolist():
+            cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+            rows.append(row[:cut])
+        return rows
+
+    with torch.inference_mode():
+        outputs = [generate([p])[0] for p in prompts]
+        speed = {}
+        for bs in batch_sizes:
+            n, t0 = 0, time.perf_counter()
+            for batch in chunks(prompts, bs):
+                n += sum(map(len, generate(batch)))
+            speed[bs] = n / (time.perf_counter() - t0)
+    return {"outputs": outputs, "tokens_per_s": speed}
+
+
+# --- PyTorch backend (LLM API) --------------------------------------------------------------------
+
+
+def run_llm_api(ctx: StageContext, bundle: Path) -> dict:
+    from tensorrt_llm import LLM, SamplingParams
+
+    e = ctx.cfg.engine
+    options = options_for(ctx, bundle)
+    spec = options["speculative_config"]
+    target = bundle / "target"
+    prompts = prompt_ids(target, e.num_prompts)
+    params = sampling_params(SamplingParams, e.max_new_tokens)
+    ctx.log(f"tensorrt_llm {trtllm.version()}: LLM({target.name}, {spec['decoding_type']}, max_draft_len={spec['max_draft_len']}, "
+            f"tp={options.get('tensor_parallel_size', 1)})")
+
+    t0 = time.perf_counter()
+    llm = LLM(**trtllm.llm_kwargs(options, target, bundle))
+    load_s = time.perf_counter() - t0
+    trt_generate(llm, prompts[:1], params)  # warm-up (CUDA graphs, autotuning)
+    gpu_gib = trtllm.gpu_memory_used_gib()
+    spec_out = trt_generate(llm, prompts, params)
+    spec_tokens = [list(o.outputs[0].token_ids) for o in spec_out]
+    acc = acceptance(spec_out, spec.get("max_total_draft_tokens") or spec["max_draft_len"])
+    spec_tps = {bs: trt_tokens_per_s(llm, prompts, params, bs) for bs in e.batch_sizes}
+    llm.shutdown()
+
+    ctx.log("TensorRT-LLM without speculation")
+    base = LLM(**trtllm.llm_kwargs(options, target, bundle, speculative=False))
+    base_tokens = [list(o.outputs[0].token_ids) for o in trt_generate(base, prompts, params)]
+    base_tps = {bs: trt_tokens_per_s(base, prompts, params, bs) for bs in e.batch_sizes}
+    base.shutdown()
+
+    ctx.log("Hugging Face generate on the original model")
+    hf = hf_reference(resolve_source(ctx, ctx.cfg.model.source), prompts, e.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
+
+    speed = {
+        str(bs): {
+            "tokens_per_s": round(spec_tps[bs], 1),
+            "trtllm_base_tokens_per_s": round(base_tps[bs], 1),
+            "hf_tokens_per_s": round(hf["tokens_per_s"][bs], 1),
+            "speedup_vs_trtllm": round(spec_tps[bs] / base_tps[bs], 3),
+            "speedup_vs_hf": round(spec_tps[bs] / hf["tokens_per_s"][bs], 3),
+        }
+        for bs in e.batch_sizes
+    }
+    vs_hf, vs_base = compare(spec_tokens, hf["outputs"]), compare(spec_tokens, base_tokens)
+    bs0 = str(e.batch_sizes[0])
+    al = acc["acceptance_length"]
+    headline = (
+        f"TensorRT-LLM {trtllm.version()}: AL {al if al is not None else 'n/a'}, "
+        f"{speed[bs0]['speedup_vs_trtllm']}x vs TRT-LLM, {speed[bs0]['speedup_vs_hf']}x vs HF at bs {bs0}; "
+        f"greedy = HF on {vs_hf['exact']}/{vs_hf['total']}"
+    )
+    return {
+        "headline": headline,
+        "backend": "pytorch",
+        "decoding": e.decoding,
+        "llm_api_options": options,
+        "versions": {"tensorrt_llm": trtllm.version(), **_torch_versions()},
+        "load_s": round(load_s, 2),
+        "gpu_memory_gib": gpu_gib,
+        **acc,
+        "greedy_vs_hf": vs_hf,
+        "greedy_vs_trtllm_base": vs_base,
+        "speed": speed,
+        "prompts": len(prompts),
+        "max_new_tokens": e.max_new_tokens,
+    }
+
+
+def _torch_versions() -> dict:
+    import torch
+
+    return {"torch": torch.__version__, "cuda": torch.version.cuda,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+# --- TensorRT engine backend (draft_target / n-gram) ----------------------------------------------
+
+RUN_ENGINES = """\
+#!/usr/bin/env bash
+# Speculative generation on the TensorRT engines built by `trtspec engine` ({decoding}), with TensorRT-LLM's
+# examples/run.py (in the TensorRT-LLM source tree of the same release, not in the wheel):
+set -euo pipefail
+cd "$(dirname "$0")"
+python "${{TRTLLM_EXAMPLES:?set TRTLLM_EXAMPLES to TensorRT-LLM/examples}}/run.py" --engine_dir engines/target \\
+  --tokenizer_dir {tokenizer} --max_output_len {max_new} {spec_args} --input_text "Name three colors." "$@"
+"""
+
+
+def run_engine_backend(ctx: StageContext, bundle: Path) -> dict:
+    e = ctx.cfg.engine
+    if not trtllm.engine_backend_available():
+        raise StageSkipped(
+            f"tensorrt_llm {trtllm.version()} has no TensorRT engine backend (removed from main in 2026); "
+            f"for engine.backend=tensorrt install {trtllm.ENGINE_BACKEND_RELEASE}, or use engine.backend=pytorch"
+        )
+    from tensorrt_llm import BuildConfig, SamplingParams
+    from tensorrt_llm._tensorrt_engine import LLM as EngineLLM
+    from tensorrt_llm.models.modeling_utils import SpeculativeDecodingMode
+
+    engines = ctx.out / "engines"
+    target = bundle / "target"
+
+    def build(model: Path, name: str, spec: bool) -> float:
+        cfg = BuildConfig(max_batch_size=e.max_batch_size)
+        if spec:  # the target verifies draft tokens produced outside the engine (draft model or n-gram pool)
+            cfg.speculative_decoding_mode = SpeculativeDecodingMode.DRAFT_TOKENS_EXTERNAL
+            cfg.max_draft_len = e.max_draft_len
+        t0 = time.perf_counter()
+        llm = EngineLLM(model=str(model), build_config=cfg, tensor_parallel_size=e.tensor_parallel_size)
+        llm.save(str(engines / name))
+        seconds = time.perf_counter() - t0
+        if name == "target":
+            prompts = prompt_ids(target, e.num_prompts)
+            params = sampling_params(SamplingParams, e.max_new_tokens)
+            metrics["base_tokens_per_s"] = {str(bs): round(trt_tokens_per_s(llm, prompts, params, bs), 1) for bs in e.batch_sizes}
+        llm.shutdown()
+        return seconds
+
+    metrics: dict[str, Any] = {}
+    build_s = {"target": build(target, "target", spec=True)}
+    if e.decoding == "draft_target":
+        build_s["draft"] = build(resolve_source(ctx, e.draft_model), "draft", spec=False)
+        spec_args = f'--draft_engine_dir engines/draft --draft_target_model_config "[{e.max_draft_len},[0],[0],False]"'
+    else:
+        spec_args = f'--ngram_config "[{e.max_draft_len},{e.ngram_max_matching},[0]]"'
+    script = ctx.out / "run_engines.sh"
+    script.write_text(RUN_ENGINES.format(decoding=e.decoding, tokenizer="../bundle/target", max_new=e.max_new_tokens, spec_args=spec_args))
+    script.chmod(0o755)
+    return {
+        "headline": f"TensorRT engines built for {e.decoding} (target {build_s['target']:.0f}s); speculative runs: run_engines.sh",
+        "backend": "tensorrt",
+        "decoding": e.decoding,
+        "versions": {"tensorrt_llm": trtllm.version(), **_torch_versions()},
+        "build_s": {k: round(v, 2) for k, v in build_s.items()},
+        **metrics,
+    }

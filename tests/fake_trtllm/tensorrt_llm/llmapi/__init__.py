@@ -1,0 +1,15 @@
+"""TEST DOUBLE: tensorrt_llm.llmapi config classes, with the field names of the selected release."""
+
+from tensorrt_llm.llmapi.llm_args import (
+    DraftTargetDecodingConfig,
+    EagleDecodingConfig,
+    KvCacheConfig,
+    NGramDecodingConfig,
+    newer,
+)
+
+__all__ = ["EagleDecodingConfig", "KvCacheConfig", "NGramDecodingConfig", "DraftTargetDecodingConfig"]
+if newer():
+    from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig  # noqa: F401
+
+    __all__.append("Eagle3DecodingConfig")

@@ -1,0 +1,101 @@
+"""TEST DOUBLE of tensorrt_llm/llmapi/llm_args.py: the fields of the real classes, strict like the real ones.
+
+Real StrictBaseModel = pydantic BaseModel with extra="forbid". Field names and types follow
+tests/contracts/trtllm_api.json (read from NVIDIA/TensorRT-LLM llm_args.py of the releases named there).
+"""
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+import tensorrt_llm
+
+
+def newer() -> bool:
+    """1.1+ (Eagle3DecodingConfig, speculative_model) vs 1.0 (EagleDecodingConfig, speculative_model_dir)."""
+    return tuple(int(x) for x in tensorrt_llm.__version__.split(".")[:2]) >= (1, 1)
+
+
+class StrictBaseModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+if newer():
+
+    class DecodingBaseConfig(StrictBaseModel):
+        max_draft_len: int | None = Field(default=None, ge=0)
+        max_total_draft_tokens: int | None = None
+        speculative_model: str | Path | None = Field(
+            default=None, validation_alias=AliasChoices("speculative_model", "speculative_model_dir"))
+        max_concurrency: int | None = None
+
+else:
+
+    class DecodingBaseConfig(StrictBaseModel):
+        max_draft_len: int | None = None
+        max_total_draft_tokens: int | None = None
+        speculative_model_dir: str | Path | None = None
+        max_concurrency: int | None = None
+
+
+class EagleDecodingConfig(DecodingBaseConfig):
+    eagle_choices: list[list[int]] | None = None
+    greedy_sampling: bool | None = True
+    posterior_threshold: float | None = None
+    use_dynamic_tree: bool | None = False
+    dynamic_tree_max_topK: int | None = None
+    num_eagle_layers: int | None = None
+    max_non_leaves_per_layer: int | None = None
+    eagle3_one_model: bool | None = True
+    eagle3_layers_to_capture: set[int] | None = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        # as the real validate_eagle_config: max_draft_len > 0, tree budget within topK * max_draft_len
+        if not self.max_draft_len:
+            raise ValueError("max_draft_len must be > 0 for Eagle")
+        if self.use_dynamic_tree:
+            if not self.dynamic_tree_max_topK:
+                raise ValueError("dynamic_tree_max_topK should be provided")
+            top = self.dynamic_tree_max_topK * self.max_draft_len
+            self.max_total_draft_tokens = self.max_total_draft_tokens or top
+            if not self.max_draft_len <= self.max_total_draft_tokens <= top:
+                raise ValueError("max_total_draft_tokens out of range")
+        if self.max_total_draft_tokens is None:
+            self.max_total_draft_tokens = self.max_draft_len
+        draft = getattr(self, "speculative_model", None) or getattr(self, "speculative_model_dir", None)
+        if draft is None:
+            raise ValueError("Draft model must be provided for EAGLE")
+        return self
+
+    @property
+    def draft_dir(self):
+        return getattr(self, "speculative_model", None) or getattr(self, "speculative_model_dir", None)
+
+
+if newer():
+
+    class EagleDecodingConfig(EagleDecodingConfig):  # noqa: F811 - newer releases: decoding_type is a field
+        decoding_type: Literal["Eagle"] = "Eagle"
+
+    class Eagle3DecodingConfig(EagleDecodingConfig):
+        decoding_type: Literal["Eagle3"] = "Eagle3"
+
+
+class NGramDecodingConfig(DecodingBaseConfig):
+    max_matching_ngram_size: int = 2
+    is_keep_all: bool = True
+    is_use_oldest: bool = True
+    is_public_pool: bool = True
+
+
+class DraftTargetDecodingConfig(DecodingBaseConfig):
+    pass
+
+
+class KvCacheConfig(StrictBaseModel):
+    enable_block_reuse: bool = True
+    max_tokens: int | None = None
+    free_gpu_memory_fraction: float | None = 0.9
+    dtype: str = "auto"

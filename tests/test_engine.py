@@ -1,0 +1,141 @@
+"""Engine stage control flow with the test double of tensorrt_llm (tests/fake_trtllm) — no TensorRT-LLM runs here."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+from trtllm_helpers import CONTRACT, fake_trtllm, make_bundle, make_cfg, purge_trtllm  # noqa: F401 - fixture
+
+from trtspec import trtllm
+from trtspec.artifacts import RunDir
+from trtspec.errors import ArtifactError, ConfigError
+from trtspec.pipeline import StageContext, StageSkipped
+from trtspec.stages import engine
+
+
+def ctx_for(tmp_path, cfg, bundle):
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    return StageContext(cfg, RunDir(tmp_path / "run"), "engine", out, tmp_path, {"export": bundle}, {})
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """Pretend a CUDA GPU is present (the fake runs on the CPU)."""
+    monkeypatch.setattr(trtllm, "cuda_available", lambda: True)
+    monkeypatch.setattr(trtllm, "gpu_memory_used_gib", lambda: 1.5)
+
+
+def test_skipped_without_tensorrt_llm(tmp_path, monkeypatch):
+    purge_trtllm()
+    monkeypatch.setattr(trtllm, "installed", lambda: False)
+    monkeypatch.setattr(trtllm, "cuda_available", lambda: True)
+    cfg = make_cfg(tmp_path)
+    with pytest.raises(StageSkipped, match=r"tensorrt_llm is not installed \(pip install trtspec\[trtllm\]"):
+        engine.run(ctx_for(tmp_path, cfg, tmp_path))
+    assert engine.environment_key() == {"tensorrt_llm": None, "cuda": True}
+
+
+def test_skipped_without_gpu_and_doctor_agrees(tmp_path, fake_trtllm, monkeypatch):  # noqa: F811
+    fake_trtllm("1.2.0")
+    monkeypatch.setattr(trtllm, "cuda_available", lambda: False)
+    with pytest.raises(StageSkipped, match="no CUDA GPU"):
+        engine.run(ctx_for(tmp_path, make_cfg(tmp_path), tmp_path))
+    from trtspec.doctor import diagnose
+
+    assert diagnose()["stages"]["engine"] == trtllm.availability() == (False, "no CUDA GPU")
+    # a machine that gains TensorRT-LLM gets another fingerprint, so the stage is re-attempted
+    assert engine.environment_key() == {"tensorrt_llm": "1.2.0", "cuda": False}
+
+
+def test_eagle3_on_engine_backend_refused(tmp_path, fake_trtllm, gpu):  # noqa: F811
+    fake_trtllm("1.0.0")
+    cfg = make_cfg(tmp_path)
+    cfg.engine.backend = "tensorrt"  # the config validator already refuses this in a YAML; the stage checks again
+    with pytest.raises(ConfigError, match="never supported EAGLE-3"):
+        engine.run(ctx_for(tmp_path, cfg, tmp_path))
+
+
+@pytest.mark.parametrize("version", ["1.0.0", "1.3.0.dev"])
+def test_llm_api_run_with_fake(tmp_path, fake_trtllm, gpu, tiny_model_dir, version):  # noqa: F811
+    fake_trtllm(version)
+    from tensorrt_llm.llmapi.llm import CALLS
+
+    CALLS.clear()
+    cfg = make_cfg(tmp_path, model=str(tiny_model_dir), num_prompts=2, max_new_tokens=8, batch_sizes=[1, 2], max_draft_len=4)
+    bundle = make_bundle(tmp_path / "bundle", cfg, target_from=tiny_model_dir)
+    m = engine.run(ctx_for(tmp_path, cfg, bundle))
+
+    spec_call, base_call = CALLS[0], CALLS[-1]
+    assert set(k for k, v in spec_call.items() if v is not None) <= set(CONTRACT["llm_kwargs"]["fields"])
+    assert type(spec_call["speculative_config"]).__name__ == ("EagleDecodingConfig" if version == "1.0.0" else "Eagle3DecodingConfig")
+    assert spec_call["model"] == str(bundle / "target")
+    assert base_call["speculative_config"] is None
+    # the fake decodes with HF on the same weights: agreement must be exact, the counters consistent
+    assert m["greedy_vs_hf"]["exact"] == m["greedy_vs_hf"]["total"] == 2
+    assert m["greedy_vs_trtllm_base"]["exact_fraction"] == 1.0
+    # fake: each step accepts max_draft_len // 2 = 2 tokens, so AL = 1 + 2 = 3 when no step is cut short
+    assert 1.0 < m["acceptance_length"] <= 3.0
+    assert m["accepted_draft_tokens"] <= m["draft_tokens"]
+    assert set(m["speed"]) == {"1", "2"} and m["speed"]["1"]["tokens_per_s"] > 0
+    assert m["gpu_memory_gib"] == 1.5 and m["versions"]["tensorrt_llm"] == version
+    assert "AL" in m["headline"] and "2/2" in m["headline"]
+
+
+def test_stale_bundle_options_refused(tmp_path, fake_trtllm, gpu):  # noqa: F811
+    fake_trtllm("1.2.0")
+    bundle = make_bundle(tmp_path / "bundle", make_cfg(tmp_path, max_draft_len=3))
+    with pytest.raises(ArtifactError, match="other engine settings"):
+        engine.run(ctx_for(tmp_path, make_cfg(tmp_path, max_draft_len=5), bundle))
+
+
+def test_engine_backend_removed_says_which_release(tmp_path, fake_trtllm, gpu):  # noqa: F811
+    fake_trtllm("1.3.0.dev")
+    cfg = make_cfg(tmp_path, backend="tensorrt", decoding="ngram")
+    with pytest.raises(StageSkipped, match=r"no TensorRT engine backend.*tensorrt-llm 1\.0"):
+        engine.run(ctx_for(tmp_path, cfg, tmp_path / "bundle"))
+
+
+def test_engine_backend_builds_engines_for_ngram(tmp_path, fake_trtllm, gpu, tiny_model_dir):  # noqa: F811
+    fake_trtllm("1.0.0")
+    cfg = make_cfg(tmp_path, model=str(tiny_model_dir), backend="tensorrt", decoding="ngram", num_prompts=1,
+                   max_new_tokens=4, batch_sizes=[1])
+    bundle = make_bundle(tmp_path / "bundle", cfg, target_from=tiny_model_dir)
+    ctx = ctx_for(tmp_path, cfg, bundle)
+    m = engine.run(ctx)
+    import json
+
+    built = json.loads((ctx.out / "engines" / "target" / "config.json").read_text())
+    assert built["speculative_decoding_mode"].endswith("DRAFT_TOKENS_EXTERNAL") and built["max_draft_len"] == 3
+    assert '--ngram_config "[3,2,[0]]"' in (ctx.out / "run_engines.sh").read_text()
+    assert m["backend"] == "tensorrt" and m["base_tokens_per_s"]["1"] > 0
+
+
+def test_acceptance_math():
+    def out(accepted, drafted):
+        spec = SimpleNamespace(total_accepted_draft_tokens=accepted, total_draft_tokens=drafted)
+        return SimpleNamespace(outputs=[SimpleNamespace(request_perf_metrics=SimpleNamespace(speculative_decoding=spec))])
+
+    # 10 steps of 4 drafted tokens with 20 accepted: 3 tokens per step
+    acc = engine.acceptance([out(12, 24), out(8, 16)], 4)
+    assert acc["acceptance_length"] == 3.0 and acc["acceptance_rate"] == 0.5
+    no_metrics = SimpleNamespace(outputs=[SimpleNamespace(request_perf_metrics=None)])
+    assert engine.acceptance([no_metrics], 4)["acceptance_length"] is None
+
+
+def test_engine_command_exits_3_when_skipped(tmp_path, monkeypatch):
+    from trtspec import pipeline
+    from trtspec.cli import main
+
+    def fake_build(cfg, out, start=None, until=None, force=False, on_result=None):
+        on_result(pipeline.StageResult("engine", "skipped", 0.0, "", "tensorrt_llm is not installed (pip install trtspec[trtllm])"))
+
+    monkeypatch.setattr(pipeline, "run_build", fake_build)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data:\n  sources:\n    - {kind: jsonl, path: x.jsonl}\n")
+    r = CliRunner().invoke(main, ["engine", str(cfg), "--out", str(tmp_path / "run")])
+    assert r.exit_code == 3
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == ["Error: engine skipped: tensorrt_llm is not installed (pip install trtspec[trtllm])"]

@@ -1,0 +1,163 @@
+"""Serving files against the documented TensorRT-LLM / Triton formats (tests/contracts/trtllm_api.json)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from trtllm_helpers import CONTRACT, fake_trtllm, make_bundle, make_cfg  # noqa: F401 - fixture
+
+from trtspec.artifacts import RunDir
+from trtspec.errors import ArtifactError
+from trtspec.serving import llm_api_options, write_triton_repo
+
+NEW = CONTRACT["llm_args"]["new"]
+TRITON = CONTRACT["triton_llmapi"]
+PY_TYPES = {"int": int, "bool": bool, "str": str, "float": float}
+
+
+def pbtxt_tensors(text: str, section: str) -> dict[str, str]:
+    """{name: data_type} of the input [...] or output [...] list of a config.pbtxt."""
+    body = re.search(section + r"\s*\[(.*?)\n\]", text, re.S).group(1)
+    return dict(re.findall(r'name:\s*"(\w+)"\s*data_type:\s*(\w+)', body))
+
+
+def test_options_follow_the_documented_fields(tmp_path):
+    opts = llm_api_options(make_cfg(tmp_path, use_dynamic_tree=True, dynamic_tree_max_topk=4, max_draft_len=5))
+    spec = opts["speculative_config"]
+    allowed = set(NEW["DecodingBaseConfig"]) | set(NEW["EagleDecodingConfig"]) | {"decoding_type"}
+    assert set(spec) <= allowed
+    assert set(CONTRACT["yaml"]["speculative_config_required"]) <= set(spec)
+    assert spec["decoding_type"] == NEW["decoding_type"] and spec["speculative_model"] == "./draft"
+    # the dynamic-tree rule TensorRT-LLM checks, and its default budget
+    assert spec["use_dynamic_tree"] is True and spec["dynamic_tree_max_topK"] == 4
+    assert spec["max_draft_len"] <= spec["max_total_draft_tokens"] == 4 * 5
+    assert set(opts["kv_cache_config"]) <= set(CONTRACT["llm_args"]["KvCacheConfig"])
+    assert set(opts) - {"speculative_config", "kv_cache_config"} <= set(CONTRACT["llm_kwargs"]["fields"])
+    assert "max_batch_size" not in spec  # a PrivateAttr in the real Eagle3DecodingConfig
+
+
+@pytest.mark.parametrize(("info", "reuse"), [
+    ({"target_dtype": "bfloat16", "draft_dtype": "bfloat16", "quant_format": "none"}, True),
+    ({"target_dtype": "bfloat16", "draft_dtype": "float16", "quant_format": "none"}, False),
+    ({"target_dtype": "bfloat16", "draft_dtype": "bfloat16", "quant_format": "fp8"}, False),
+])
+def test_block_reuse_off_when_dtypes_differ(tmp_path, info, reuse):
+    opts = llm_api_options(make_cfg(tmp_path, enable_block_reuse=True), info=info)
+    assert opts["kv_cache_config"]["enable_block_reuse"] is reuse
+
+
+def test_bundle_serving_files(tmp_path):
+    cfg = make_cfg(tmp_path, max_draft_len=4, tensor_parallel_size=2, max_batch_size=16)
+    bundle = make_bundle(tmp_path / "bundle", cfg)
+    opts = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())
+    assert opts == llm_api_options(cfg, info={"target_dtype": "bfloat16", "draft_dtype": "bfloat16", "quant_format": "none"})
+    # relative paths only: nothing in any written file names the machine's folders
+    for p in bundle.rglob("*"):
+        if p.is_file() and p.suffix in (".yaml", ".sh", ".pbtxt"):
+            assert str(tmp_path) not in p.read_text(), p
+    serve = (bundle / "serve.sh").read_text()
+    assert "trtllm-serve ./target" in serve and "--config" in serve and "--extra_llm_api_options" in serve
+    assert (bundle / "serve.sh").stat().st_mode & 0o111
+
+    pbtxt = (bundle / "triton" / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert re.search(r'^backend:\s*"python"', pbtxt, re.M) and re.search(r'^name:\s*"tensorrt_llm"', pbtxt, re.M)
+    inputs, outputs = pbtxt_tensors(pbtxt, "input"), pbtxt_tensors(pbtxt, "output")
+    assert inputs[TRITON["required_input"][0]] == TRITON["required_input"][1]
+    assert {k: inputs.get(k) for k in TRITON["inputs"]} == TRITON["inputs"]
+    assert {k: outputs.get(k) for k in TRITON["outputs"]} == TRITON["outputs"]
+    code = "\n".join(line for line in pbtxt.splitlines() if not line.lstrip().startswith("#"))
+    for key in TRITON["pbtxt_must_not_set"]:  # these belong in model.yaml's triton_config
+        assert key not in code
+    assert not (bundle / "triton" / "tensorrt_llm" / "1" / "model.py").exists()  # ships in NVIDIA's container
+
+    model_yaml = yaml.safe_load((bundle / "triton" / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    for key, typ in TRITON["model_yaml"].items():
+        if key == "triton_config":
+            assert set(model_yaml[key]) == set(typ)
+            assert all(isinstance(model_yaml[key][k], PY_TYPES[t]) for k, t in typ.items())
+        elif key == "backend":
+            assert model_yaml[key] == typ
+        else:
+            assert isinstance(model_yaml[key], PY_TYPES[typ]), key
+    assert model_yaml["model"] == "./target" and model_yaml["tensor_parallel_size"] == 2
+    assert model_yaml["speculative_config"] == opts["speculative_config"]  # one source of truth
+
+    vllm = (bundle / "snippets" / "vllm.sh").read_text()
+    spec = json.loads(re.search(r"--speculative-config '(.*?)'", vllm).group(1))
+    assert spec == {"method": "eagle3", "model": "./draft", "num_speculative_tokens": 4}
+    sglang = (bundle / "snippets" / "sglang.sh").read_text()
+    for flag in ("--speculative-algorithm EAGLE3", "--speculative-draft-model-path ./draft", "--speculative-num-steps 4",
+                 "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 5", "--model-path ./target"):
+        assert flag in sglang
+
+
+@pytest.mark.parametrize("version", ["1.0.0", "1.2.0", "1.3.0.dev"])
+def test_bundle_yaml_builds_the_installed_config_class(tmp_path, fake_trtllm, version):  # noqa: F811
+    """The yaml's speculative_config constructs the installed release's strict config class (via trtllm.py)."""
+    fake_trtllm(version)
+    from trtspec import trtllm
+
+    cfg = make_cfg(tmp_path, use_dynamic_tree=True)
+    bundle = make_bundle(tmp_path / "b", cfg)
+    opts = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())
+    kwargs = trtllm.llm_kwargs(opts, bundle / "target", bundle)
+    spec = kwargs["speculative_config"]
+    want = CONTRACT["llm_args"]["new" if version != "1.0.0" else "old"]
+    assert type(spec).__name__ == want["eagle_class"]
+    assert getattr(spec, want["draft_field"]) == str((bundle / "draft").resolve())
+    assert spec.max_draft_len == 3 and spec.use_dynamic_tree and spec.eagle3_one_model
+    assert set(kwargs) <= set(CONTRACT["llm_kwargs"]["fields"])
+    assert kwargs["kv_cache_config"].free_gpu_memory_fraction == opts["kv_cache_config"]["free_gpu_memory_fraction"]
+
+
+def test_unknown_spec_field_fails_loudly(tmp_path, fake_trtllm):  # noqa: F811
+    fake_trtllm("1.2.0")
+    from pydantic import ValidationError
+
+    from trtspec import trtllm
+
+    opts = llm_api_options(make_cfg(tmp_path))
+    opts["speculative_config"]["eagle_top_k"] = 4  # not a TensorRT-LLM field
+    with pytest.raises(ValidationError):
+        trtllm.llm_kwargs(opts, tmp_path, tmp_path)
+
+
+def finished_run(tmp_path, cfg):
+    run = RunDir(tmp_path / "run")
+    with run.locked(), run.staging("export") as tmp:
+        make_bundle(tmp, cfg)
+        run.commit("export", tmp, {"stage": "export", "status": "done"})
+    return run.path
+
+
+def test_write_triton_repo(tmp_path):
+    run_dir = finished_run(tmp_path, make_cfg(tmp_path))
+    out = tmp_path / "deploy"
+    info = write_triton_repo(run_dir, out)
+    assert (out / "model_repo" / "tensorrt_llm" / "config.pbtxt").is_file()
+    model_yaml = yaml.safe_load((out / "model_repo" / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert (out / model_yaml["model"] / "config.json").is_file()  # relative to the deploy folder (server cwd)
+    assert (out / model_yaml["speculative_config"]["speculative_model"] / "config.json").is_file()
+    launch = (out / "launch.sh").read_text()
+    assert "tritonserver --model-repository=/tmp/repo" in launch and "all_models/llmapi/tensorrt_llm/1/model.py" in launch
+    assert "triton_client.py" in info["usage"]
+    write_triton_repo(run_dir, out)  # a previous trtspec repo is replaced, not refused
+
+
+def test_write_triton_repo_refusals(tmp_path):
+    empty = RunDir(tmp_path / "empty")
+    empty.ensure()
+    with pytest.raises(ArtifactError, match="no finished 'export'"):
+        write_triton_repo(empty.path, tmp_path / "out")
+    with pytest.raises(ArtifactError, match="not a trtspec run"):
+        write_triton_repo(tmp_path / "nowhere", tmp_path / "out")
+    run_dir = finished_run(tmp_path, make_cfg(tmp_path))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    with pytest.raises(ArtifactError, match="refusing"):
+        write_triton_repo(run_dir, foreign)
+    assert (foreign / "notes.txt").read_text() == "mine"

@@ -1,0 +1,58 @@
+"""Helpers for the TensorRT-LLM adapter tests: a config, a minimal bundle, the fake tensorrt_llm on sys.path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FAKE_TRTLLM
+
+from trtspec.config import config_from_dict
+
+CONTRACT = json.loads((Path(__file__).parent / "contracts" / "trtllm_api.json").read_text())
+
+
+def make_cfg(tmp: Path, model: str = "demo:smollm2-135m-instruct", **engine):
+    raw = {"model": {"source": model}, "data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "engine": engine}
+    return config_from_dict(raw, base_dir=tmp)
+
+
+def make_bundle(bundle: Path, cfg, target_from: Path | None = None, info: dict | None = None) -> Path:
+    """target/ (a real HF folder when target_from is given, else config.json only), draft/ (EAGLE-3 config), serving files."""
+    from trtspec.serving import write_serving_files
+
+    bundle.mkdir(parents=True, exist_ok=True)
+    if target_from is not None:
+        shutil.copytree(target_from, bundle / "target")
+    else:
+        (bundle / "target").mkdir()
+        (bundle / "target" / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (bundle / "draft").mkdir()
+    (bundle / "draft" / "config.json").write_text(json.dumps(
+        {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 64, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 1, 0]}}))
+    (bundle / "draft" / "model.safetensors").write_bytes(b"\0" * 8)
+    info = info or {"target_dtype": "bfloat16", "draft_dtype": "bfloat16", "quant_format": "none"}
+    write_serving_files(bundle, cfg, info)
+    return bundle
+
+
+def purge_trtllm() -> None:
+    for name in [m for m in sys.modules if m == "tensorrt_llm" or m.startswith("tensorrt_llm.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def fake_trtllm(monkeypatch):
+    """use(version) puts the test double of tensorrt_llm on sys.path at that version (fresh imports)."""
+
+    def use(version: str = "1.2.0") -> None:
+        purge_trtllm()
+        monkeypatch.setenv("TRTSPEC_FAKE_TRTLLM_VERSION", version)
+        monkeypatch.syspath_prepend(str(FAKE_TRTLLM))
+
+    purge_trtllm()
+    yield use
+    purge_trtllm()

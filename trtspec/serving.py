@@ -1,0 +1,311 @@
+"""Serving files for a bundle: the LLM-API options (one source of truth), trtllm-serve, Triton, vLLM and SGLang.
+
+The options dict below is written once as `llm_api_options.yaml`; `trtllm-serve --config`, the Triton
+`model.yaml` and the engine stage's `LLM(...)` call all read that same content. Paths in the bundle are
+relative to the bundle folder (the scripts `cd` there first), so the bundle can be copied anywhere.
+Facts about the file formats: /work/shared/TRTLLM.md and tests/contracts/trtllm_api.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trtspec.errors import ArtifactError
+
+OPTIONS_FILE = "llm_api_options.yaml"
+TRITON_MARKER = "trtspec-triton.json"
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"  # any tag whose TensorRT-LLM is >= 1.0
+
+# Triton model `tensorrt_llm` (LLM-API Python backend), as in TensorRT-LLM's
+# triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt: (name, data_type, dims, optional)
+TRITON_INPUTS = [
+    ("text_input", "TYPE_STRING", [-1], False),
+    ("streaming", "TYPE_BOOL", [1], True),
+    ("sampling_param_best_of", "TYPE_INT32", [1], True),
+    ("sampling_param_temperature", "TYPE_FP32", [1], True),
+    ("sampling_param_top_k", "TYPE_INT32", [1], True),
+    ("sampling_param_top_p", "TYPE_FP32", [1], True),
+    ("sampling_param_frequency_penalty", "TYPE_FP32", [1], True),
+    ("sampling_param_presence_penalty", "TYPE_FP32", [1], True),
+    ("sampling_param_max_tokens", "TYPE_INT32", [1], True),
+    ("sampling_param_stop", "TYPE_STRING", [-1], True),
+    ("sampling_param_seed", "TYPE_UINT64", [1], True),
+    ("sampling_param_exclude_input_from_output", "TYPE_BOOL", [1], True),
+    ("sampling_param_return_perf_metrics", "TYPE_BOOL", [1], True),
+    ("return_finish_reason", "TYPE_BOOL", [1], True),
+    ("return_stop_reason", "TYPE_BOOL", [1], True),
+    ("return_cumulative_logprob", "TYPE_BOOL", [1], True),
+    ("stop", "TYPE_BOOL", [1], True),
+]
+# every output the container's model.py may send (it sends the perf ones when return_perf_metrics is set)
+TRITON_OUTPUTS = [
+    ("text_output", "TYPE_STRING", [-1]),
+    ("finish_reason", "TYPE_STRING", [-1]),
+    ("stop_reason", "TYPE_STRING", [-1]),
+    ("cumulative_logprob", "TYPE_FP32", [-1]),
+    ("kv_cache_reused_block", "TYPE_INT32", [-1]),
+    ("kv_cache_missed_block", "TYPE_INT32", [-1]),
+    ("kv_cache_alloc_new_blocks", "TYPE_INT32", [-1]),
+    ("kv_cache_alloc_total_blocks", "TYPE_INT32", [-1]),
+    ("kv_cache_hit_rate", "TYPE_FP32", [-1]),
+    ("arrival_time_ns", "TYPE_INT64", [1]),
+    ("first_scheduled_time_ns", "TYPE_INT64", [1]),
+    ("first_token_time_ns", "TYPE_INT64", [1]),
+    ("last_token_time_ns", "TYPE_INT64", [1]),
+    ("acceptance_rate", "TYPE_FP32", [1]),
+    ("total_accepted_draft_tokens", "TYPE_INT32", [1]),
+    ("total_draft_tokens", "TYPE_INT32", [1]),
+]
+
+
+def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = None) -> dict[str, Any]:
+    """`speculative_config` for the LLM API (field names of TensorRT-LLM 1.2/main; see trtllm.py for older ones)."""
+    e = cfg.engine
+    decoding = decoding or e.decoding
+    if decoding == "ngram":
+        return {"decoding_type": "NGram", "max_draft_len": e.max_draft_len, "max_matching_ngram_size": e.ngram_max_matching}
+    if decoding == "draft_target":
+        return {"decoding_type": "DraftTarget", "max_draft_len": e.max_draft_len, "speculative_model": draft_rel}
+    spec = {
+        "decoding_type": "Eagle3",
+        "max_draft_len": e.max_draft_len,
+        "speculative_model": draft_rel,
+        "eagle3_one_model": e.eagle3_one_model,
+    }
+    if e.use_dynamic_tree:
+        # EAGLE-2 style tree: top-K expansions per draft layer, at most max_total_draft_tokens nodes
+        # (TensorRT-LLM checks max_draft_len <= max_total_draft_tokens <= topK * max_draft_len)
+        spec["use_dynamic_tree"] = True
+        spec["dynamic_tree_max_topK"] = e.dynamic_tree_max_topk
+        spec["max_total_draft_tokens"] = e.max_total_draft_tokens or e.dynamic_tree_max_topk * e.max_draft_len
+    elif e.max_total_draft_tokens is not None:
+        spec["max_total_draft_tokens"] = e.max_total_draft_tokens
+    return spec
+
+
+def dtypes_differ(info: dict | None) -> bool:
+    """Target and draft run in different dtypes (a quantized target counts): KV block reuse is then advised off."""
+    if not info:
+        return False
+    return info.get("target_dtype") != info.get("draft_dtype") or info.get("quant_format", "none") != "none"
+
+
+def llm_api_options(cfg, draft_rel: str = "./draft", info: dict | None = None, decoding: str | None = None) -> dict:
+    """The LLM-API options the bundle is served with (trtllm-serve --config, Triton model.yaml, engine stage)."""
+    e = cfg.engine
+    return {
+        "speculative_config": speculative_options(cfg, draft_rel, decoding),
+        "kv_cache_config": {
+            "enable_block_reuse": bool(e.enable_block_reuse and not dtypes_differ(info)),
+            "free_gpu_memory_fraction": e.free_gpu_memory_fraction,
+        },
+        "tensor_parallel_size": e.tensor_parallel_size,
+        "max_batch_size": e.max_batch_size,
+    }
+
+
+def read_options(bundle_dir: Path) -> dict:
+    p = Path(bundle_dir) / OPTIONS_FILE
+    try:
+        opts = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ArtifactError(f"'{p}' is missing", "re-run the export stage") from None
+    except yaml.YAMLError:
+        raise ArtifactError(f"'{p}' is not valid YAML", "re-run the export stage") from None
+    if not isinstance(opts, dict) or "speculative_config" not in opts:
+        raise ArtifactError(f"'{p}' has no speculative_config", "re-run the export stage")
+    return opts
+
+
+# --- file writers ---------------------------------------------------------------------------------
+
+OPTIONS_HEADER = """\
+# TensorRT-LLM LLM-API options for this bundle (PyTorch backend, EAGLE-3). Paths are relative to this folder.
+# Used by: serve.sh (trtllm-serve --config), triton/tensorrt_llm/1/model.yaml, and `trtspec engine`.
+# TensorRT-LLM releases before Eagle3DecodingConfig/speculative_model: use `decoding_type: Eagle` and
+# `speculative_model_dir:` instead (the newer releases accept both spellings as aliases).
+"""
+
+SERVE_SH = """\
+#!/usr/bin/env bash
+# OpenAI-compatible server for this bundle: TensorRT-LLM PyTorch backend with the EAGLE-3 draft.
+#   ./serve.sh                      # http://0.0.0.0:8000/v1
+#   PORT=9000 ./serve.sh --log_level info
+# Multi-GPU: tensor_parallel_size is in llm_api_options.yaml; trtllm-serve starts its own workers.
+# On a Slurm/multi-node cluster: srun ... trtllm-llmapi-launch ./serve.sh  (or mpirun -n N trtllm-llmapi-launch ...)
+set -euo pipefail
+cd "$(dirname "$0")"
+flag=--config
+# releases before 1.1 only know --extra_llm_api_options (newer ones accept both)
+trtllm-serve serve --help 2>/dev/null | grep -q -- "--config" || flag=--extra_llm_api_options
+exec trtllm-serve {target} "$flag" {options} --host "${{HOST:-0.0.0.0}}" --port "${{PORT:-8000}}" "$@"
+"""
+
+VLLM_SH = """\
+#!/usr/bin/env bash
+# vLLM loading the same EAGLE-3 draft (pip install vllm). Run from anywhere.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec vllm serve ./target --tensor-parallel-size {tp} \\
+  --speculative-config '{spec}' "$@"
+"""
+
+SGLANG_SH = """\
+#!/usr/bin/env bash
+# SGLang loading the same EAGLE-3 draft (pip install "sglang[all]"). Run from anywhere.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec python -m sglang.launch_server --model-path ./target --tp {tp} \\
+  --speculative-algorithm EAGLE3 --speculative-draft-model-path ./draft \\
+  --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k1} "$@"
+"""
+
+LAUNCH_SH = """\
+#!/usr/bin/env bash
+# Triton Inference Server with TensorRT-LLM's LLM-API Python backend, in NVIDIA's container.
+#   ./launch.sh                 # HTTP on :8000, gRPC on :8001, metrics on :8002
+#   TRITON_IMAGE=nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 ./launch.sh
+# Then: python scripts/triton_client.py --url localhost:8000 --prompt "Name three colors."
+# model.py/helpers.py of the `tensorrt_llm` model ship in the container (all_models/llmapi); they are
+# copied next to model.yaml at start. Paths in model.yaml are relative to this folder (the server's cwd).
+set -euo pipefail
+here="$(cd "$(dirname "$0")/{up}" && pwd)"
+image="${{TRITON_IMAGE:-{image}}}"
+exec docker run --rm --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 \\
+  -e TRTLLM_LLMAPI_MODEL_DIR -p 8000:8000 -p 8001:8001 -p 8002:8002 -v "$here":/deploy -w /deploy "$image" bash -c '
+    set -e
+    src="${{TRTLLM_LLMAPI_MODEL_DIR:-$(dirname "$(find / -path "*all_models/llmapi/tensorrt_llm/1/model.py" -print -quit 2>/dev/null)")}}"
+    [ -f "$src/model.py" ] || {{ echo "no all_models/llmapi/tensorrt_llm/1/model.py in this image; set TRTLLM_LLMAPI_MODEL_DIR" >&2; exit 3; }}
+    rm -rf /tmp/repo && cp -r {repo} /tmp/repo && cp "$src"/*.py /tmp/repo/tensorrt_llm/1/
+    exec tritonserver --model-repository=/tmp/repo'
+"""
+
+
+def _pbtxt() -> str:
+    def block(name: str, dtype: str, dims: list[int], optional: bool = False) -> str:
+        opt = "\n    optional: true" if optional else ""
+        return f'  {{\n    name: "{name}"\n    data_type: {dtype}\n    dims: [ {", ".join(map(str, dims))} ]{opt}\n  }}'
+
+    inputs = ",\n".join(block(*row) for row in TRITON_INPUTS)
+    outputs = ",\n".join(block(*row) for row in TRITON_OUTPUTS)
+    return (
+        "# TensorRT-LLM LLM-API model for Triton (Python backend). max_batch_size and decoupled live in\n"
+        "# 1/model.yaml (triton_config); model.py/helpers.py come from NVIDIA's TensorRT-LLM Triton container.\n"
+        'name: "tensorrt_llm"\nbackend: "python"\n\n'
+        "instance_group [\n  {\n    count: 1\n    kind: KIND_CPU\n  }\n]\n\n"
+        f"input [\n{inputs}\n]\n\noutput [\n{outputs}\n]\n"
+    )
+
+
+def triton_model_yaml(options: dict, model_rel: str = "./target") -> dict:
+    """model.yaml: the LLM arguments (same options as llm_api_options.yaml) plus triton_config."""
+    return {
+        "model": model_rel,
+        "backend": "pytorch",
+        **options,
+        # Triton-level batching: the llmapi model takes one prompt per request (max_batch_size 0, as in
+        # TensorRT-LLM's template); the LLM engine still batches concurrent requests up to max_batch_size.
+        "triton_config": {"max_batch_size": 0, "decoupled": False},
+    }
+
+
+def write_model_repo(repo: Path, options: dict) -> list[Path]:
+    """A Triton model repository with one model `tensorrt_llm` (config.pbtxt + 1/model.yaml)."""
+    model_dir = repo / "tensorrt_llm"
+    (model_dir / "1").mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(_pbtxt())
+    (model_dir / "1" / "model.yaml").write_text(
+        "# LLM arguments for TensorRT-LLM's llmapi Triton model; paths are relative to the server's working dir.\n"
+        + yaml.safe_dump(triton_model_yaml(options), sort_keys=False)
+    )
+    return [model_dir / "config.pbtxt", model_dir / "1" / "model.yaml"]
+
+
+def _script(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def write_snippets(folder: Path, options: dict) -> list[Path]:
+    spec = options["speculative_config"]
+    k, tp = spec["max_draft_len"], options.get("tensor_parallel_size", 1)
+    vllm_spec = json.dumps({"method": "eagle3", "model": "./draft", "num_speculative_tokens": k})
+    return [
+        _script(folder / "vllm.sh", VLLM_SH.format(tp=tp, spec=vllm_spec)),
+        _script(folder / "sglang.sh", SGLANG_SH.format(tp=tp, k=k, k1=k + 1)),
+    ]
+
+
+def write_serving_files(bundle_dir: Path, cfg, info: dict) -> list[str]:
+    """Write llm_api_options.yaml, serve.sh, triton/ and snippets/ into the bundle; returns relative paths."""
+    bundle_dir = Path(bundle_dir)
+    options = llm_api_options(cfg, "./draft", info, decoding="eagle3")
+    (bundle_dir / OPTIONS_FILE).write_text(OPTIONS_HEADER + yaml.safe_dump(options, sort_keys=False))
+    written = [bundle_dir / OPTIONS_FILE, _script(bundle_dir / "serve.sh", SERVE_SH.format(target="./target", options=OPTIONS_FILE))]
+    written += write_model_repo(bundle_dir / "triton", options)
+    written.append(_script(bundle_dir / "triton" / "launch.sh", LAUNCH_SH.format(image=TRITON_IMAGE, repo="triton", up="..")))
+    written += write_snippets(bundle_dir / "snippets", options)
+    return [p.relative_to(bundle_dir).as_posix() for p in written]
+
+
+# --- trtspec deploy triton ------------------------------------------------------------------------
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard link when on the same filesystem (no extra disk), else copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ArtifactError(f"'{out}' is a file", "choose another --out folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / TRITON_MARKER).is_file():
+        raise ArtifactError(
+            f"'{out}' exists, is not empty and is not a trtspec Triton repository; refusing to write into it",
+            "choose an empty or new --out folder",
+        )
+
+
+def write_triton_repo(run_dir: Path, out: Path) -> dict:
+    """A self-contained Triton deployment of RUN_DIR's bundle: weights, model_repo/, launch.sh."""
+    from trtspec.artifacts import RunDir, write_json
+
+    run = RunDir(run_dir)
+    if not run.is_run():
+        raise ArtifactError(f"'{run_dir}' is not a trtspec run directory", "pass the --out folder of `trtspec build`")
+    bundle, _ = run.require("export")
+    for part in ("target/config.json", "draft/config.json", OPTIONS_FILE):
+        if not (bundle / part).is_file():
+            raise ArtifactError(f"the bundle in '{bundle}' has no {part}", f"re-run `trtspec export CONFIG --out {run_dir} --force`")
+    options = read_options(bundle)
+    out = Path(out)
+    _check_out(out)
+    for name in ("target", "draft", "model_repo"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("target", "draft"):
+        shutil.copytree(bundle / name, out / name, copy_function=_link_or_copy)
+    files = write_model_repo(out / "model_repo", options)
+    files.append(_script(out / "launch.sh", LAUNCH_SH.format(image=TRITON_IMAGE, repo="model_repo", up=".")))
+    write_json(out / TRITON_MARKER, {"kind": "trtspec-triton", "bundle": str(bundle.resolve()), "format": 1})
+    usage = (
+        f"{out / 'launch.sh'}   # starts tritonserver in {TRITON_IMAGE}\n"
+        "python scripts/triton_client.py --url localhost:8000 --prompt 'Name three colors.'"
+    )
+    return {
+        "out": str(out),
+        "files": [str(p) for p in [out / "target", out / "draft", *files, out / TRITON_MARKER]],
+        "image": TRITON_IMAGE,
+        "usage": usage,
+    }

@@ -1,0 +1,146 @@
+"""A thin, lazy adapter over TensorRT-LLM's LLM API: availability, version differences, the kwargs of LLM(...).
+
+Nothing here imports tensorrt_llm at module import time. The differences handled (read from
+tensorrt_llm/llmapi/llm_args.py across releases; see tests/contracts/trtllm_api.json):
+- `Eagle3DecodingConfig` (1.1+) vs only `EagleDecodingConfig` (older);
+- the draft path field `speculative_model` (newer; `speculative_model_dir` kept as an alias) vs
+  `speculative_model_dir` (older) — picked by inspecting the installed class's fields;
+- the TensorRT engine backend (`tensorrt_llm._tensorrt_engine`, `trtllm-build`) removed from main in 2026.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import shutil
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+INSTALL_HINT = "pip install trtspec[trtllm] on a Linux x86_64/aarch64 machine with an NVIDIA GPU"
+ENGINE_BACKEND_RELEASE = "tensorrt-llm 1.0 (a release that still ships trtllm-build and tensorrt_llm._tensorrt_engine)"
+SPEC_CLASSES = {"Eagle3": ("Eagle3DecodingConfig", "EagleDecodingConfig"), "NGram": ("NGramDecodingConfig",),
+                "DraftTarget": ("DraftTargetDecodingConfig",)}
+
+
+def installed() -> bool:
+    return importlib.util.find_spec("tensorrt_llm") is not None
+
+
+def version() -> str | None:
+    """The installed tensorrt_llm version without importing it when the package metadata has it."""
+    if not installed():
+        return None
+    for name in ("tensorrt_llm", "tensorrt-llm"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return str(getattr(importlib.import_module("tensorrt_llm"), "__version__", "unknown"))
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def availability() -> tuple[bool, str]:
+    """(can the engine stage run here, why) — the one check shared by the stage and `trtspec doctor`."""
+    trt, cuda = installed(), cuda_available()
+    if trt and cuda:
+        return True, f"tensorrt_llm {version()} and a CUDA GPU present"
+    missing = [what for what, ok in (("tensorrt_llm is not installed (" + INSTALL_HINT + ")", trt), ("no CUDA GPU", cuda)) if not ok]
+    return False, "; ".join(missing)
+
+
+def engine_backend_available() -> bool:
+    """The TensorRT engine backend (trtllm-build, LLM(backend='tensorrt')): gone from main since mid-2026."""
+    try:
+        importlib.import_module("tensorrt_llm._tensorrt_engine")
+    except ImportError:
+        return False
+    return True
+
+
+def trtllm_build_path() -> str | None:
+    return shutil.which("trtllm-build")
+
+
+def spec_class(llmapi: Any, decoding_type: str) -> type:
+    """The installed config class for a decoding_type (EAGLE-3 falls back to EagleDecodingConfig on old releases)."""
+    for name in SPEC_CLASSES.get(decoding_type, (f"{decoding_type}DecodingConfig",)):
+        cls = getattr(llmapi, name, None)
+        if cls is not None:
+            return cls
+    raise AttributeError(f"tensorrt_llm.llmapi has no config class for decoding_type '{decoding_type}'")
+
+
+def fields_of(cls: type) -> set[str]:
+    fields = getattr(cls, "model_fields", None)
+    if fields is None:  # pydantic v1 style
+        fields = getattr(cls, "__fields__", {})
+    return set(fields)
+
+
+def draft_field(cls: type) -> str:
+    """`speculative_model` on releases that have it, else `speculative_model_dir`."""
+    return "speculative_model" if "speculative_model" in fields_of(cls) else "speculative_model_dir"
+
+
+def spec_kwargs(spec: dict, cls: type, base_dir: Path) -> dict:
+    """The speculative_config section of llm_api_options.yaml as kwargs of the installed config class.
+
+    decoding_type picks the class (it is not a constructor field on older releases); the draft path is
+    renamed to the installed field name and made absolute against the bundle folder. Any other field is
+    passed as is, so a field the installed release does not know fails loudly (extra='forbid')."""
+    kwargs = {k: v for k, v in spec.items() if k != "decoding_type"}
+    draft = kwargs.pop("speculative_model", None) or kwargs.pop("speculative_model_dir", None)
+    if draft is not None:
+        p = Path(draft)
+        kwargs[draft_field(cls)] = str(p if p.is_absolute() else (base_dir / p).resolve())
+    return kwargs
+
+
+def llm_kwargs(options: dict, model_dir: Path, base_dir: Path, speculative: bool = True) -> dict:
+    """kwargs of tensorrt_llm.LLM(...) from the LLM-API options (the bundle's llm_api_options.yaml)."""
+    from tensorrt_llm import llmapi
+
+    kwargs: dict[str, Any] = {"model": str(model_dir)}
+    spec = options.get("speculative_config")
+    if speculative and spec:
+        cls = spec_class(llmapi, spec.get("decoding_type", "Eagle3"))
+        kwargs["speculative_config"] = cls(**spec_kwargs(spec, cls, base_dir))
+    if options.get("kv_cache_config"):
+        kwargs["kv_cache_config"] = llmapi.KvCacheConfig(**options["kv_cache_config"])
+    for key in ("tensor_parallel_size", "max_batch_size"):
+        if key in options:
+            kwargs[key] = options[key]
+    return kwargs
+
+
+def spec_metrics(output: Any) -> tuple[int, int] | None:
+    """(accepted, drafted) draft tokens of one RequestOutput, when the release reports them.
+
+    Where: outputs[0].request_perf_metrics.speculative_decoding.{total_accepted_draft_tokens,
+    total_draft_tokens} (needs SamplingParams(return_perf_metrics=True); Triton's llmapi model.py reads
+    the same fields)."""
+    comp = output.outputs[0]
+    perf = getattr(comp, "request_perf_metrics", None)
+    spec = getattr(perf, "speculative_decoding", None) if perf is not None else None
+    if spec is None:
+        return None
+    accepted, drafted = getattr(spec, "total_accepted_draft_tokens", None), getattr(spec, "total_draft_tokens", None)
+    if accepted is None or drafted is None:
+        return None
+    return int(accepted), int(drafted)
+
+
+def gpu_memory_used_gib() -> float | None:
+    """Device-wide memory in use (TensorRT-LLM's workers are other processes, so not torch's own counters)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return round((total - free) / 2**30, 2)
