@@ -212,12 +212,21 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
     return model
 
 
+def _nearest(key: str, known: list[str]) -> list[str]:
+    """The valid key a typo most likely meant: spelling first, then initials (learning_rate -> lr)."""
+    near = difflib.get_close_matches(key, known, n=1)
+    if not near:
+        initials = "".join(w[0] for w in key.split("_") if w)
+        near = [k for k in known if k == initials or (len(k) > 3 and (k in key or key in k))][:1]
+    return near
+
+
 def _format_error(err: dict, source: str) -> str:
     loc = tuple(err["loc"])
     key = ".".join(str(p) for p in loc) or "(top level)"
     if err["type"] == "extra_forbidden":
         owner = _model_at(loc)
-        near = difflib.get_close_matches(str(loc[-1]), _known_keys(owner), n=1) if owner else []
+        near = _nearest(str(loc[-1]), _known_keys(owner)) if owner else []
         hint = f"; did you mean '{'.'.join(str(p) for p in loc[:-1] + (near[0],))}'?" if near else ""
         return f"{source}: unknown key '{key}'{hint}"
     if err["type"] == "missing":

@@ -1,0 +1,315 @@
+"""The bad-input catalogue (README, "Bad input catalogue"): each entry through the real CLI must give exit code 2
+(or its documented code), exactly one `Error:` line naming the problem, no traceback, and leave nothing that a
+later run would trust (the failing stage has no manifest).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from trtspec.cli import main
+
+GOOD_ROWS = [
+    {"messages": [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "Blue."}]},
+    {"messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi there!"}]},
+    {"messages": [{"role": "user", "content": "Count to three."}, {"role": "assistant", "content": "One, two, three."}]},
+    {"messages": [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "An apple."}]},
+]
+
+
+@dataclass
+class Case:
+    id: str
+    # (workdir, tiny model dir) -> CLI args; may write files and monkeypatch
+    setup: Callable[..., list[str]]
+    code: int
+    pattern: str
+    failing_stage: str | None = None
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def config(tmp: Path, model: Path | str, data_rows: list | None = None, **sections) -> Path:
+    write_jsonl(tmp / "data.jsonl", GOOD_ROWS if data_rows is None else data_rows)
+    raw = {
+        "model": {"source": str(model)},
+        "data": {"sources": [{"kind": "jsonl", "path": "data.jsonl"}], "seq_len": 32, "holdout_fraction": 0.25},
+        "validate": {"num_prompts": 1, "max_new_tokens": 4, "repeats": 1, "compare_hf_assisted": False, "sampling_check": False},
+    }
+    for k, v in sections.items():
+        raw[k] = {**raw.get(k, {}), **v}
+    p = tmp / "c.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    return p
+
+
+def build(tmp: Path, cfg: Path, *extra: str) -> list[str]:
+    return ["build", str(cfg), "--out", str(tmp / "run"), *extra]
+
+
+def case_config_missing(tmp, model, mp):
+    return ["build", str(tmp / "missing.yaml"), "--out", str(tmp / "run")]
+
+
+def case_yaml_syntax(tmp, model, mp):
+    (tmp / "c.yaml").write_text("seed: 1\ndata:\n  sources: [\n    {kind: jsonl\n")
+    return build(tmp, tmp / "c.yaml")
+
+
+def case_binary_config(tmp, model, mp):
+    (tmp / "c.yaml").write_bytes(b"\xff\xfe\x00binary")
+    return build(tmp, tmp / "c.yaml")
+
+
+def case_not_mapping(tmp, model, mp):
+    (tmp / "c.yaml").write_text("- data\n- train\n")
+    return build(tmp, tmp / "c.yaml")
+
+
+def case_unknown_key(tmp, model, mp):
+    return build(tmp, config(tmp, model, train={"epocs": 2}))
+
+
+def case_wrong_type(tmp, model, mp):
+    return build(tmp, config(tmp, model, train={"batch_size": "eight"}))
+
+
+def case_out_of_range(tmp, model, mp):
+    return build(tmp, config(tmp, model, train={"lr": 5.0}))
+
+
+def case_conflict(tmp, model, mp):
+    return build(tmp, config(tmp, model, quantize={"format": "none", "kv_cache": "fp8"}))
+
+
+def case_unknown_quant_format(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "quantize.format=fp6")
+
+
+def case_set_without_equals(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "train.lr")
+
+
+def case_set_unknown_key(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "train.learning_rate=1e-3")
+
+
+def case_unknown_stage(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--until", "quantise")
+
+
+def case_model_missing(tmp, model, mp):
+    return build(tmp, config(tmp, tmp / "no-such-model"), "--until", "data")
+
+
+def case_model_no_config(tmp, model, mp):
+    (tmp / "empty-model").mkdir()
+    return build(tmp, config(tmp, tmp / "empty-model"), "--until", "data")
+
+
+def case_unknown_demo(tmp, model, mp):
+    return build(tmp, config(tmp, "demo:gpt-17"), "--until", "data")
+
+
+def case_unsupported_arch(tmp, model, mp):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = tmp / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=model_vocab(model))).save_pretrained(gpt2)
+    for f in Path(model).glob("*token*"):
+        shutil.copy(f, gpt2)
+    shutil.copy(Path(model) / "chat_template.jinja", gpt2) if (Path(model) / "chat_template.jinja").exists() else None
+    return build(tmp, config(tmp, gpt2), "--until", "convert")
+
+
+def model_vocab(model) -> int:
+    return json.loads((Path(model) / "config.json").read_text())["vocab_size"]
+
+
+def case_corrupted_weights(tmp, model, mp):
+    broken = tmp / "broken"
+    shutil.copytree(model, broken)
+    w = broken / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 3])
+    return build(tmp, config(tmp, broken), "--until", "convert")
+
+
+def case_no_chat_template(tmp, model, mp):
+    plain = tmp / "plain"
+    shutil.copytree(model, plain)
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    tc = json.loads((plain / "tokenizer_config.json").read_text())
+    tc.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(tc))
+    return build(tmp, config(tmp, plain), "--until", "data")
+
+
+def case_data_missing(tmp, model, mp):
+    p = config(tmp, model)
+    (tmp / "data.jsonl").unlink()
+    return build(tmp, p, "--until", "data")
+
+
+def case_data_empty(tmp, model, mp):
+    return build(tmp, config(tmp, model, data_rows=[]), "--until", "data")
+
+
+def case_data_malformed(tmp, model, mp):
+    return build(tmp, config(tmp, model, data_rows=["{not json", "[1, 2]", '"a string"']), "--until", "data")
+
+
+def case_data_no_assistant(tmp, model, mp):
+    rows = [{"messages": [{"role": "user", "content": "hello?"}]}, {"conversations": [{"from": "human", "value": "hi"}]}]
+    return build(tmp, config(tmp, model, data_rows=rows), "--until", "data")
+
+
+def case_data_binary(tmp, model, mp):
+    p = config(tmp, model)
+    (tmp / "data.jsonl").write_bytes(b"\x80\x81\xfe\xff" * 10)
+    return build(tmp, p, "--until", "data")
+
+
+def case_regenerate_prompts_unparsable(tmp, model, mp):
+    p = config(tmp, model, data={"sources": [{"kind": "regenerate", "path": "prompts.jsonl"}]})
+    write_jsonl(tmp / "prompts.jsonl", ['{"prompt": ', "{}", '{"prompt": ""}'])
+    return build(tmp, p, "--until", "data")
+
+
+def case_nvfp4_on_cpu(tmp, model, mp):
+    return build(tmp, config(tmp, model, quantize={"format": "nvfp4"}), "--until", "quantize")
+
+
+def case_int4_block_size(tmp, model, mp):
+    return build(tmp, config(tmp, model, quantize={"format": "int4_awq", "block_size": 48}), "--until", "quantize")
+
+
+def case_out_is_foreign_dir(tmp, model, mp):
+    (tmp / "run").mkdir()
+    (tmp / "run" / "thesis.tex").write_text("years of work")
+    return build(tmp, config(tmp, model), "--until", "data")
+
+
+def case_out_is_file(tmp, model, mp):
+    (tmp / "run").write_text("a file")
+    return build(tmp, config(tmp, model), "--until", "data")
+
+
+def case_locked(tmp, model, mp):
+    run = tmp / "run"
+    run.mkdir()
+    (run / "trtspec-run.json").write_text("{}")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    CLEANUPS.append(lambda: (holder.kill(), holder.wait()))
+    (run / ".lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname()}))
+    return build(tmp, config(tmp, model), "--until", "data")
+
+
+def case_read_only(tmp, model, mp):
+    # root ignores chmod, so refuse writes the way a read-only mount does
+    real = Path.write_text
+
+    def refuse(self, *a, **k):
+        if "run" in self.parts:
+            raise PermissionError(errno.EROFS, "Read-only file system", str(self))
+        return real(self, *a, **k)
+
+    mp.setattr(Path, "write_text", refuse)
+    return build(tmp, config(tmp, model), "--until", "data")
+
+
+def case_disk_full(tmp, model, mp):
+    import trtspec.artifacts as artifacts
+
+    real = artifacts.write_json
+
+    def full(path, obj):
+        if Path(path).name == "manifest.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, obj)
+
+    mp.setattr(artifacts, "write_json", full)
+    return build(tmp, config(tmp, model), "--until", "data")
+
+
+CLEANUPS: list[Callable[[], object]] = []
+
+
+CASES = [
+    Case("config-missing", case_config_missing, 2, r"config file .* does not exist"),
+    Case("config-yaml-syntax", case_yaml_syntax, 2, r"YAML syntax error at line \d+"),
+    Case("config-binary", case_binary_config, 2, r"not a text file"),
+    Case("config-not-mapping", case_not_mapping, 2, r"top level must be a mapping"),
+    Case("config-unknown-key", case_unknown_key, 2, r"unknown key 'train\.epocs'; did you mean 'train\.epochs'"),
+    Case("config-wrong-type", case_wrong_type, 2, r"'train\.batch_size'"),
+    Case("config-out-of-range", case_out_of_range, 2, r"'train\.lr'.*less than 1"),
+    Case("config-conflict", case_conflict, 2, r"kv_cache needs a quantize\.format"),
+    Case("config-unknown-quant-format", case_unknown_quant_format, 2, r"'quantize\.format'.*'fp8'"),
+    Case("set-without-equals", case_set_without_equals, 2, r"--set 'train\.lr' has no '='"),
+    Case("set-unknown-key", case_set_unknown_key, 2, r"unknown key 'train\.learning_rate'; did you mean 'train\.lr'"),
+    Case("stage-unknown", case_unknown_stage, 2, r"'quantise' is not a stage; did you mean 'quantize'"),
+    Case("model-missing", case_model_missing, 2, r"model path .*no-such-model' does not exist", "data"),
+    Case("model-no-config", case_model_no_config, 2, r"has no config\.json", "data"),
+    Case("model-unknown-demo", case_unknown_demo, 2, r"unknown demo model 'demo:gpt-17'", "data"),
+    Case("model-unsupported-arch", case_unsupported_arch, 2, r"Llama-family.*'gpt2'|architecture 'GPT2LMHeadModel' is not supported", "convert"),
+    Case("model-corrupted-weights", case_corrupted_weights, 2, r"cannot load model weights", "convert"),
+    Case("model-no-chat-template", case_no_chat_template, 2, r"no chat template", "data"),
+    Case("data-missing", case_data_missing, 2, r"data file .*data\.jsonl' does not exist", "data"),
+    Case("data-empty", case_data_empty, 2, r"no usable conversation", "data"),
+    Case("data-malformed", case_data_malformed, 2, r"no usable conversation", "data"),
+    Case("data-no-assistant-turn", case_data_no_assistant, 2, r"no usable conversation", "data"),
+    Case("data-binary", case_data_binary, 2, r"cannot be read as UTF-8", "data"),
+    Case("prompts-unparsable", case_regenerate_prompts_unparsable, 2, r"prompt", "data"),
+    Case("quant-nvfp4-on-cpu", case_nvfp4_on_cpu, 3, r"nvfp4.*CUDA", "quantize"),
+    Case("quant-int4-block-size", case_int4_block_size, 2, r"block", "quantize"),
+    Case("rundir-foreign", case_out_is_foreign_dir, 2, r"not a trtspec run directory; refusing to write"),
+    Case("rundir-is-file", case_out_is_file, 2, r"is a file"),
+    Case("rundir-locked", case_locked, 4, r"in use by another trtspec process"),
+    Case("rundir-read-only", case_read_only, 2, r"not writable"),
+    Case("rundir-disk-full", case_disk_full, 2, r"(?i)no space|free some disk", "data"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case, tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = case.setup(tmp_path, tiny_model_dir, monkeypatch)
+    try:
+        result = CliRunner().invoke(main, args)
+    finally:
+        while CLEANUPS:
+            CLEANUPS.pop()()
+    out = result.output
+    errors = [ln for ln in out.splitlines() if ln.startswith("Error: ")]
+    assert result.exit_code == case.code, out
+    assert len(errors) == 1 and "Traceback" not in out, out
+    assert re.search(case.pattern, errors[0]), errors[0]
+    if case.failing_stage:
+        run = tmp_path / "run"
+        stage_dir = run / ("bundle" if case.failing_stage == "export" else case.failing_stage)
+        assert not (stage_dir / "manifest.json").exists(), "a failed stage left a manifest a later run would trust"
+        assert not (run / f".tmp-{case.failing_stage}").exists()
+    if (tmp_path / "run" / "thesis.tex").exists():
+        assert (tmp_path / "run" / "thesis.tex").read_text() == "years of work"
+
+
+def test_catalogue_is_documented():
+    readme = Path(__file__).parents[1].joinpath("README.md").read_text()
+    missing = [c.id for c in CASES if f"`{c.id}`" not in readme]
+    assert not missing, f"README's bad-input catalogue lacks: {missing}"
+    assert len(CASES) >= 25
