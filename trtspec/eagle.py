@@ -41,7 +41,19 @@ def build_eagle_model(base_model: Any, eagle_cfg: dict) -> Any:
     model = mtsp.convert(base_model, [("eagle", cfg)])
     init_rope(model.eagle_module)
     patch_first_layer_norm(model.eagle_module)
+    accept_draft_vocab_logits(model)
     return model
+
+
+def accept_draft_vocab_logits(model: Any) -> None:
+    """Let callers pass target logits already restricted to the draft vocab (offline training computes only
+    those 8k columns, not 49k); full-vocab logits are still gathered through d2t as modelopt does."""
+    gather = model._map_logits_to_draft_vocab
+
+    def to_draft_vocab(logits: Any) -> Any:
+        return logits if logits.shape[-1] == model.eagle_config.draft_vocab_size else gather(logits)
+
+    model._map_logits_to_draft_vocab = to_draft_vocab
 
 
 def init_rope(eagle_module: Any) -> None:

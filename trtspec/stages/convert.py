@@ -45,9 +45,9 @@ def derive_eagle_config(base: Any, convert: Any) -> dict:
         )
     layers = text.num_hidden_layers
     aux = list(convert.aux_layers) if convert.aux_layers is not None else default_aux_layers(layers)
-    bad = [i for i in aux if not 0 <= i < layers]
+    bad = [i for i in aux if not 0 <= i < layers - 1]  # hidden_states[L] is post-norm: not an aux layer
     if bad or len(set(aux)) != len(aux):
-        raise ConfigError(f"convert.aux_layers {aux}: need distinct layer ids in 0..{layers - 1}")
+        raise ConfigError(f"convert.aux_layers {aux}: need distinct layer ids in 0..{layers - 2}")
     heads = text.num_attention_heads
     vocab = text.vocab_size
     draft_vocab = convert.draft_vocab_size or vocab

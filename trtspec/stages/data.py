@@ -103,7 +103,7 @@ def read_prompts(path: Path, skips: Counter) -> list[dict]:
     lines = [ln for ln in _read_lines(path) if ln.strip()]
     as_json = path.suffix == ".jsonl" or (lines and lines[0].lstrip().startswith("{"))
     prompts, seen = [], set()
-    for i, line in enumerate(lines):
+    for line in lines:
         if as_json:
             try:
                 row = json.loads(line)
@@ -169,7 +169,7 @@ def regenerate(prompts: list[dict], model: Any, tok: Any, answers_file: Path, cf
                     temperature=cfg.temperature if sample else None, top_p=None, top_k=None,
                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                 )
-            for p, seq in zip(batch, out[:, enc["input_ids"].shape[1] :]):
+            for p, seq in zip(batch, out[:, enc["input_ids"].shape[1] :], strict=True):
                 done[p["id"]] = tok.decode(seq, skip_special_tokens=True).strip()
                 f.write(json.dumps({"id": p["id"], "answer": done[p["id"]]}) + "\n")
             f.flush()

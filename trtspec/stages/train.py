@@ -1,9 +1,408 @@
-"""The train stage (placeholder until its issue lands: it records itself as skipped, never as done)."""
+"""The train stage: fine-tune the EAGLE-3 head with the base frozen (HF Trainer, modelopt's EAGLE-3 loss with
+train-time-test steps), then measure acceptance on the held-out split.
+
+offline mode: the target's aux-layer hidden states (and its last, post-norm hidden state) are computed once into
+ctx.work (fp16 memmaps) and every epoch reads them; the target's decoder layers are dropped from memory.
+online mode: the target runs on every step (what multi-GPU users with large data sets want).
+
+Writes train/head.safetensors, train/eagle_config.json, train/train_log.jsonl (per optimizer step: loss,
+per-TTT-step accuracy, lr) and acceptance metrics. Checkpoints (head + optimizer) live in ctx.work; a killed
+run resumes from the last one.
+"""
 
 from __future__ import annotations
 
-from trtspec.pipeline import StageContext, StageSkipped
+import gc
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import ArtifactError, DataError
+from trtspec.pipeline import StageContext
+
+EVAL_MAX_DRAFT = 4  # acceptance measured for chain drafts of length 1..EVAL_MAX_DRAFT
+
+
+# ---------------------------------------------------------------- target hidden states
+
+
+def base_states(base: Any, input_ids: Any, attention_mask: Any, aux_layers: list[int]) -> tuple[Any, Any]:
+    """(aux, last): concat of the aux layers' outputs (pre-final-norm) [B, T, len(aux)*H], final post-norm [B, T, H]."""
+    import torch
+
+    with torch.no_grad():
+        out = base.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    if hasattr(base, "_aux_hidden_states"):
+        base._aux_hidden_states.clear()  # modelopt's own hooks also collected them
+    # hidden_states[0] = embeddings, hidden_states[i + 1] = output of decoder layer i
+    aux = torch.cat([out.hidden_states[i + 1] for i in aux_layers], dim=-1)
+    return aux, out.last_hidden_state
+
+
+def cache_states(base: Any, tokens: dict, aux_layers: list[int], folder: Path, batch_size: int, log: Any) -> dict:
+    """Target hidden states of every training row in fp16 memmaps under `folder`; resumes after a kill."""
+    import numpy as np
+    import torch
+    from tqdm import tqdm
+
+    n, t = tokens["input_ids"].shape
+    h = base.config.hidden_size
+    folder.mkdir(parents=True, exist_ok=True)
+    shapes = {"aux": (n, t, h * len(aux_layers)), "last": (n, t, h)}
+    progress = folder / "rows_done.json"
+    done = json.loads(progress.read_text())["rows"] if progress.is_file() else 0
+    mode = "r+" if done else "w+"
+    maps = {k: np.lib.format.open_memmap(folder / f"{k}.npy", mode=mode, dtype=np.float16, shape=s) for k, s in shapes.items()}
+    if done < n:
+        log(f"caching target hidden states for {n} rows ({'resuming at ' + str(done) if done else 'once'})")
+    device = next(base.parameters()).device
+    bar = tqdm(total=n, initial=done, desc="target hidden states", unit="row", disable=done >= n)
+    for i in range(done, n, batch_size):
+        ids = tokens["input_ids"][i : i + batch_size].to(device)
+        aux, last = base_states(base, ids, tokens["attention_mask"][i : i + batch_size].to(device), aux_layers)
+        maps["aux"][i : i + len(ids)] = aux.to(torch.float16).cpu().numpy()
+        maps["last"][i : i + len(ids)] = last.to(torch.float16).cpu().numpy()
+        for m in maps.values():
+            m.flush()
+        progress.write_text(json.dumps({"rows": i + len(ids)}))
+        bar.update(len(ids))
+    bar.close()
+    return {k: np.load(folder / f"{k}.npy", mmap_mode="r") for k in shapes}
+
+
+class HeadDataset:
+    """Rows of the data stage's tensors (+ cached hidden states offline), loss mask shifted to modelopt's convention:
+    modelopt scores position t against the target's prediction *for t+1*, so loss_mask[t] = is_label[t+1]."""
+
+    def __init__(self, tokens: dict, states: dict | None = None):
+        import torch
+
+        self.tokens = tokens
+        self.states = states
+        lm = tokens["loss_mask"]
+        self.loss_mask = torch.cat([lm[:, 1:], torch.zeros_like(lm[:, :1])], dim=1)
+
+    def __len__(self) -> int:
+        return len(self.tokens["input_ids"])
+
+    def __getitem__(self, i: int) -> dict:
+        import torch
+
+        row = {
+            "input_ids": self.tokens["input_ids"][i],
+            "attention_mask": self.tokens["attention_mask"][i].long(),
+            "loss_mask": self.loss_mask[i].long(),
+        }
+        if self.states is not None:
+            row["aux_hidden_states"] = torch.from_numpy(self.states["aux"][i].copy())
+            row["base_model_hidden_states"] = torch.from_numpy(self.states["last"][i].copy())
+        return row
+
+
+def draft_target_logits(model: Any, last: Any) -> Any:
+    """The target's logits restricted to the draft vocab (all of it without one): lm_head rows d2t maps to.
+
+    Computing 8k logits instead of 49k is most of what makes offline steps cheap; softmax over the draft
+    vocab is what modelopt would take after its own gather."""
+    weight = model._base_model_lm_head.weight
+    d2t = getattr(model.eagle_module, "d2t", None)
+    if d2t is not None:
+        import torch
+
+        weight = weight[torch.arange(len(d2t), device=d2t.device) + d2t]
+    return last.to(weight.dtype) @ weight.T
+
+
+# ---------------------------------------------------------------- acceptance
+
+
+def chain_drafts(model: Any, input_ids: Any, aux: Any, last: Any, k: int) -> Any:
+    """Greedy chain drafts of length k from every position at once (teacher-forced, modelopt's TTT masks).
+
+    drafts[b, j, s] is the s-th draft token (target ids) of the chain that starts after position j+1, i.e.
+    the guess for token j+2+s given tokens 0..j+1 and target states 0..j. The chain uses the true tokens as
+    its inputs, which equal the drafts exactly while the drafts are being accepted — so acceptance computed
+    from it is exact for greedy decoding."""
+    import torch
+    from modelopt.torch.speculative.plugins.modeling_eagle import EagleBaseModelOutput
+    from transformers import DynamicCache
+
+    from trtspec.eagle import draft_to_target_ids
+
+    b, t = input_ids.shape
+    with torch.no_grad():
+        dtype = model.eagle_module.fc.weight.dtype
+        logits = draft_target_logits(model, last)
+        base = EagleBaseModelOutput(out_hiddens=last.to(dtype), aux_hiddens=aux.to(dtype), logits=logits)
+        cache = DynamicCache(config=model.eagle_module.config)
+        embeds, hiddens, mask0, pos, _, _ = model._prepare_eagle_inputs(input_ids, None, None, cache, base)
+        out = torch.zeros(b, t, k, dtype=torch.long, device=input_ids.device)
+        for s in range(k):
+            mask = mask0 if s == 0 else model._compute_ttt_attention_mask(b, t, s)
+            _, hidden, step_logits, cache = model._eagle_forward(hiddens, embeds, mask, pos, cache)
+            hiddens = hidden.roll(1, 1)
+            # step s at position j+s continues the chain that started at j
+            tok = draft_to_target_ids(model, step_logits.argmax(-1))
+            out[:, : t - s, s] = tok[:, s:]
+    return out
+
+
+def acceptance(drafts: Any, seq: Any, start: int, k: int) -> tuple[int, int, list[int]]:
+    """Simulate greedy speculative decoding with chain drafts of length k over the target's greedy output `seq`.
+
+    `seq[start]` is the first generated token (from the prefill). A verification step at accepted length q
+    (tokens 0..q known, target states for 0..q-1) drafts seq[q+1..q+k] from position j=q-1, accepts the
+    longest matching prefix a, and yields 1 + a tokens (the target's own token comes free).
+    Returns (tokens, target forwards, accepted count per draft position)."""
+    n = len(seq)
+    q, tokens, forwards = start, 0, 0
+    per_pos = [0] * k
+    while q + 1 < n:
+        a = 0
+        while a < k and q + 1 + a < n and int(drafts[q - 1, a]) == int(seq[q + 1 + a]):
+            per_pos[a] += 1
+            a += 1
+        tokens += min(1 + a, n - 1 - q)  # the last step's bonus token may lie past the known answer
+        forwards += 1
+        q += 1 + a
+    return tokens, forwards, per_pos
+
+
+def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int = EVAL_MAX_DRAFT) -> dict:
+    """AL (tokens per target forward) for chain drafts of length 1..k_max, and per-position acceptance at k_max."""
+    totals = {k: [0, 0] for k in range(1, k_max + 1)}
+    per_pos, steps = [0] * k_max, 0
+    was_training = model.training
+    model.eval()
+    for ex in eval_set:
+        ids = ex["input_ids"][None]
+        drafts = chain_drafts(model, ids, ex["aux"][None], ex["last"][None], k_max)[0]
+        for k in totals:
+            tok, fwd, pos = acceptance(drafts, ex["input_ids"], ex["start"], k)
+            totals[k][0] += tok
+            totals[k][1] += fwd
+            if k == k_max:
+                per_pos = [a + b for a, b in zip(per_pos, pos, strict=True)]
+                steps += fwd
+    model.train(was_training)
+    al = {f"AL@{k}": round(t / max(f, 1), 3) for k, (t, f) in totals.items()}
+    # acceptance of draft position i = share of verification steps whose first i+1 drafts were all accepted
+    return {**al, "accept_rate_by_position": [round(a / max(steps, 1), 3) for a in per_pos]}
+
+
+def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int], max_new_tokens: int, cache: Path, log: Any) -> list[dict]:
+    """The target's greedy answers to held-out prompts, with their hidden states (cached in ctx.work)."""
+    import torch
+
+    if cache.is_file():
+        seqs = torch.load(cache, weights_only=True)
+    else:
+        log(f"generating greedy target answers for {len(rows)} held-out prompts (acceptance evaluation)")
+        seqs = []
+        device = next(base.parameters()).device
+        for row in rows:
+            prompt = tok.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+            ids = prompt["input_ids"].to(device)
+            with torch.no_grad():
+                out = base.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                    do_sample=False, top_p=None, top_k=None, pad_token_id=tok.pad_token_id)
+            seqs.append({"input_ids": out[0].cpu(), "start": ids.shape[1]})
+        torch.save(seqs, cache)
+    out = []
+    for s in seqs:
+        ids = s["input_ids"].to(next(base.parameters()).device)[None]
+        aux, last = base_states(base, ids, torch.ones_like(ids), aux_layers)
+        out.append({"input_ids": ids[0], "start": int(s["start"]), "aux": aux[0], "last": last[0]})
+    return out
+
+
+# ---------------------------------------------------------------- training
+
+
+def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: Any, eval_steps: int):
+    from transformers import Trainer, TrainerCallback
+
+    from trtspec import eagle
+
+    class StepLog(TrainerCallback):
+        """One JSON line per optimizer step: loss and per-TTT-step accuracy averaged over its micro-batches."""
+
+        def __init__(self):
+            self.buf: list[tuple[float, list[float]]] = []
+
+        def on_step_end(self, args, state, control, **kw):
+            if not self.buf:
+                return
+            loss = sum(b[0] for b in self.buf) / len(self.buf)
+            accs = [round(sum(b[1][i] for b in self.buf) / len(self.buf), 4) for i in range(len(self.buf[0][1]))]
+            lr = kw["lr_scheduler"].get_last_lr()[0] if kw.get("lr_scheduler") else None
+            row = {"step": state.global_step, "epoch": round(state.epoch or 0, 3), "loss": round(loss, 4), "acc_ttt": accs, "lr": lr}
+            if eval_steps and state.global_step % eval_steps == 0:
+                row["eval"] = eval_fn()
+            with open(log_file, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            self.buf.clear()
+
+    step_log = StepLog()
+
+    class EagleTrainer(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            kwargs = {}
+            if "aux_hidden_states" in inputs:
+                dtype = model.eagle_module.fc.weight.dtype
+                last = inputs.pop("base_model_hidden_states").to(dtype)
+                kwargs["base_model_outputs"] = {
+                    "aux_hidden_states": inputs.pop("aux_hidden_states").to(dtype),
+                    "base_model_hidden_states": last,
+                    "base_model_logits": draft_target_logits(model, last),
+                }
+            out = model(**inputs, **kwargs)
+            step_log.buf.append((float(out.loss.detach()), [float(a) for a in out.train_acc[0]]))
+            return (out.loss, out) if return_outputs else out.loss
+
+        def _save(self, output_dir=None, state_dict=None):
+            # checkpoints hold the head only (the base is frozen and already on disk)
+            eagle.save_head(self.model, Path(output_dir or self.args.output_dir) / eagle.HEAD_FILE)
+
+        def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+            eagle.load_head(self.model, Path(resume_from_checkpoint) / eagle.HEAD_FILE)
+
+    return EagleTrainer(model=model, args=args, train_dataset=dataset, callbacks=[step_log])
+
+
+def training_args(ctx: StageContext, out_dir: Path) -> Any:
+    import torch
+    from transformers import TrainingArguments
+
+    t = ctx.cfg.train
+    gpu = torch.cuda.is_available()
+    return TrainingArguments(
+        output_dir=str(out_dir),
+        per_device_train_batch_size=t.batch_size,
+        gradient_accumulation_steps=t.grad_accum,
+        learning_rate=t.lr,
+        weight_decay=t.weight_decay,
+        lr_scheduler_type="cosine",
+        warmup_steps=t.warmup_ratio,  # transformers 5: a float < 1 is a share of the steps
+        num_train_epochs=t.epochs,
+        max_steps=t.max_steps or -1,
+        save_strategy="steps",
+        save_steps=t.save_steps,
+        save_total_limit=2,
+        logging_steps=t.logging_steps,
+        bf16=gpu,  # bf16 on a GPU; fp32 on a CPU (bf16 matmuls are slow there)
+        use_cpu=not gpu,
+        seed=ctx.cfg.seed,
+        data_seed=ctx.cfg.seed,
+        report_to=[],
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+        save_only_model=False,
+    )
+
+
+def _load_tokens(folder: Path, name: str) -> dict:
+    import torch
+
+    path = folder / f"{name}_tokens.pt"
+    if not path.is_file():
+        raise ArtifactError(f"'{path}' is missing", "re-run the data stage")
+    return torch.load(path, weights_only=True)
+
+
+def _read_rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
 
 
 def run(ctx: StageContext) -> dict:
-    raise StageSkipped("the train stage is not implemented yet")
+    import time
+
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from trtspec import eagle
+    from trtspec.models import load_model, load_tokenizer, resolve_model
+
+    t_cfg = ctx.cfg.train
+    data_dir, conv_dir = ctx.inputs["data"], ctx.inputs["convert"]
+    eagle_cfg = json.loads((conv_dir / "eagle_config.json").read_text())
+    eagle_cfg["eagle_ttt_steps"] = t_cfg.ttt_steps
+    aux_layers = eagle_cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]
+    tokens = _load_tokens(data_dir, "train")
+    if len(tokens["input_ids"]) == 0:
+        raise DataError("the data stage produced no training rows", "add data sources")
+    path = resolve_model(ctx.cfg.model.source)
+    tok = load_tokenizer(path)
+    base = load_model(path, ctx.cfg.model.dtype)
+    base.config.num_orig_hidden_layers = base.config.num_hidden_layers
+
+    heldout = _read_rows(data_dir / "heldout.jsonl")[: t_cfg.eval_prompts]
+    eval_set = build_eval_set(base, tok, heldout, aux_layers, ctx.cfg.data.max_new_tokens, ctx.work / "eval_seqs.pt", ctx.log)
+
+    t0 = time.time()
+    states = None
+    if t_cfg.mode == "offline":
+        states = cache_states(base, tokens, aux_layers, ctx.work / "states", max(t_cfg.batch_size, 8), ctx.log)
+        eagle_cfg["eagle_offline"] = True  # modelopt drops the target's decoder layers
+    cache_s = time.time() - t0
+    model = eagle.build_eagle_model(base, eagle_cfg)
+    eagle.load_head(model, conv_dir / "head_init.safetensors")
+    gc.collect()
+
+    ckpt_dir = ctx.work / "checkpoints"
+    log_file = ctx.work / "train_log.jsonl"
+    last_ckpt = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    if last_ckpt:
+        ctx.log(f"resuming from {Path(last_ckpt).name}")
+        _truncate_log(log_file, int(Path(last_ckpt).name.split("-")[-1]))
+    elif log_file.exists():
+        log_file.unlink()
+
+    trainer = make_trainer(model, HeadDataset(tokens, states), training_args(ctx, ckpt_dir), log_file,
+                           lambda: evaluate_acceptance(model, eval_set), t_cfg.eval_steps)
+    t1 = time.time()
+    result = trainer.train(resume_from_checkpoint=last_ckpt)
+    train_s = time.time() - t1
+    steps = trainer.state.global_step
+
+    ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts")
+    acc = evaluate_acceptance(model, eval_set)
+    eagle.save_head(model, ctx.out / eagle.HEAD_FILE)
+    eagle_cfg["eagle_offline"] = False  # the head is used with a full target from here on
+    (ctx.out / "eagle_config.json").write_text(json.dumps(eagle_cfg, indent=2) + "\n")
+    shutil.copyfile(log_file, ctx.out / "train_log.jsonl") if log_file.is_file() else (ctx.out / "train_log.jsonl").touch()
+    rows = _read_rows(ctx.out / "train_log.jsonl")
+    final = rows[-1] if rows else {}
+    label_tokens = int(tokens["loss_mask"].sum())
+    k_head = min(3, EVAL_MAX_DRAFT)
+    metrics = {
+        "mode": t_cfg.mode,
+        "steps": steps,
+        "train_loss": round(float(result.training_loss), 4) if math.isfinite(result.training_loss) else None,
+        "final_acc_ttt": final.get("acc_ttt"),
+        "cache_states_s": round(cache_s, 1),
+        "train_s": round(train_s, 1),
+        "train_tokens_per_s": round(steps * t_cfg.batch_size * t_cfg.grad_accum * tokens["input_ids"].shape[1] / max(train_s, 1e-9), 1),
+        "label_tokens": label_tokens,
+        "eval_prompts": len(eval_set),
+        **acc,
+        "headline": f"AL@{k_head} {acc[f'AL@{k_head}']:.2f} held-out ({len(eval_set)} prompts), {steps} steps {t_cfg.mode}",
+    }
+    ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}")
+    return metrics
+
+
+def _truncate_log(log_file: Path, step: int) -> None:
+    """Drop log lines past the checkpoint we resume from (they will be logged again)."""
+    if log_file.is_file():
+        keep = [x for x in log_file.read_text().splitlines() if x.strip() and _step_of(x) <= step]
+        log_file.write_text("".join(x + "\n" for x in keep))
+
+
+def _step_of(line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return 1 << 62

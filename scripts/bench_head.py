@@ -1,0 +1,84 @@
+"""Measure the head-training recipe: wall time of data+convert+train, held-out acceptance, offline vs online
+training throughput (same batch, one run, side by side), peak RSS.
+
+    python scripts/bench_head.py build_configs/smollm2-135m-eagle3.yaml --out runs/bench [--set train.epochs=4]
+
+Timings on a shared CPU are noisy: run it twice and read the ratio, not the absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+
+
+def step_throughput(cfg, run_dir: Path, mode: str, steps: int) -> float:
+    """Training tokens/s of `steps` optimizer steps in `mode` on the first rows of the data stage's tensors."""
+    import torch
+
+    from trtspec import eagle
+    from trtspec.models import load_model, resolve_model
+    from trtspec.stages import train
+
+    tokens = torch.load(run_dir / "data" / "train_tokens.pt", weights_only=True)
+    eagle_cfg = json.loads((run_dir / "convert" / "eagle_config.json").read_text())
+    aux_layers = eagle_cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]
+    b = cfg.train.batch_size
+    batch = {k: v[:b] for k, v in tokens.items()}
+    base = load_model(resolve_model(cfg.model.source), cfg.model.dtype)
+    kwargs = {}
+    if mode == "offline":
+        aux, last = train.base_states(base, batch["input_ids"], batch["attention_mask"], aux_layers)
+        eagle_cfg["eagle_offline"] = True
+    model = eagle.build_eagle_model(base, eagle_cfg)
+    eagle.load_head(model, run_dir / "convert" / "head_init.safetensors")
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    lm = train.HeadDataset(batch).loss_mask.long()
+    t0 = time.perf_counter()
+    for i in range(steps + 1):
+        if i == 1:
+            t0 = time.perf_counter()  # the first step warms up
+        if mode == "offline":
+            kwargs["base_model_outputs"] = {"aux_hidden_states": aux.half().float(), "base_model_hidden_states": last.half().float(),
+                                            "base_model_logits": train.draft_target_logits(model, last)}
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long(), loss_mask=lm, **kwargs)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return steps * batch["input_ids"].numel() / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("config")
+    ap.add_argument("--out", default="runs/bench")
+    ap.add_argument("--set", action="append", default=[], dest="overrides")
+    ap.add_argument("--throughput-steps", type=int, default=5)
+    args = ap.parse_args()
+
+    from trtspec.config import load_config
+    from trtspec.pipeline import run_build
+
+    cfg = load_config(args.config, args.overrides)
+    t0 = time.time()
+    results = run_build(cfg, args.out, until="train")
+    wall = time.time() - t0
+    for r in results:
+        print(f"{r.stage:8s} {r.status:7s} {r.seconds:7.1f}s  {r.headline}")
+    metrics = json.loads((Path(args.out) / "train" / "manifest.json").read_text())["metrics"]
+    print(f"data+convert+train wall: {wall / 60:.1f} min (this run; cached stages count 0)")
+    print("held-out acceptance: " + ", ".join(f"{k} {v}" for k, v in metrics.items() if k.startswith("AL@"))
+          + f"; by draft position {metrics['accept_rate_by_position']}")
+    print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+    off = step_throughput(cfg, Path(args.out), "offline", args.throughput_steps)
+    on = step_throughput(cfg, Path(args.out), "online", args.throughput_steps)
+    print(f"train throughput, batch {cfg.train.batch_size} x seq {cfg.data.seq_len}: offline {off:.0f} tok/s | "
+          f"online {on:.0f} tok/s | offline/online {off / on:.2f}x  (shared CPU: noisy)")
+
+
+if __name__ == "__main__":
+    main()

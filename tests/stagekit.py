@@ -1,0 +1,87 @@
+"""Upstream stage folders built directly on the tiny model (no data/convert/train run), for stage-level tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trtspec.artifacts import RunDir, write_json
+from trtspec.config import config_from_dict
+from trtspec.pipeline import StageContext
+
+CONVERSATIONS = [
+    ("Name three colors.", "Red, green and blue are three colors."),
+    ("What is 12 plus 30?", "12 plus 30 is 42."),
+    ("Write a haiku about rain.", "Soft rain on the roof, a quiet song in the night, puddles hold the sky."),
+    ("Explain what a CPU does.", "A CPU runs the instructions of programs: it fetches, decodes and executes them."),
+    ("Say hello to a friend.", "Hello, my friend! It is good to see you again."),
+    ("List two fruits.", "Apples and bananas."),
+]
+
+
+def tiny_config(model_dir: Path, base_dir: Path, **sections: Any):
+    raw = {"model": {"source": str(model_dir)},
+           "data": {"sources": [{"kind": "jsonl", "path": "unused.jsonl"}], "max_new_tokens": 16}}
+    raw.update(sections)
+    return config_from_dict(raw, base_dir=base_dir)
+
+
+def make_data(run: Path, model_dir: Path, seq_len: int = 64) -> Path:
+    """run/data with train/heldout jsonl + token tensors, as the data stage writes them (plus a done manifest)."""
+    import torch
+
+    from trtspec.models import load_tokenizer
+    from trtspec.stages.data import tokenize_rows
+
+    RunDir(run).ensure()
+    tok = load_tokenizer(model_dir)
+    rows = [
+        {"id": str(i), "category": "chat", "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+        for i, (q, a) in enumerate(CONVERSATIONS)
+    ]
+    data = run / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    for name, split in (("train", rows[:4]), ("heldout", rows[4:])):
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in split))
+        torch.save(tokenize_rows(split, tok, seq_len)[0], data / f"{name}_tokens.pt")
+    write_json(data / "manifest.json", {"stage": "data", "kind": "trtspec/data", "status": "done"})
+    return data
+
+
+def make_train(run: Path, model_dir: Path, draft_vocab: int = 256, seed: int = 0) -> Path:
+    """run/train with eagle_config.json + head.safetensors: a tiny head with random (not initial) weights and a d2t."""
+    import torch
+    from transformers import AutoConfig
+
+    from trtspec import eagle
+    from trtspec.config import ConvertSection
+    from trtspec.models import load_model
+    from trtspec.stages.convert import derive_eagle_config
+
+    RunDir(run).ensure()
+    cfg = derive_eagle_config(
+        AutoConfig.from_pretrained(model_dir), ConvertSection(aux_layers=[0, 1, 2], draft_vocab_size=draft_vocab)
+    )
+    model = eagle.build_eagle_model(load_model(model_dir, "float32", "cpu"), cfg)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.eagle_module.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    eagle.set_draft_vocab(model, torch.arange(draft_vocab) * 7)
+    train = run / "train"
+    train.mkdir(parents=True, exist_ok=True)
+    (train / "eagle_config.json").write_text(json.dumps(cfg, indent=2))
+    eagle.save_head(model, train / eagle.HEAD_FILE)
+    return train
+
+
+def stage_ctx(cfg: Any, run: Path, stage: str, inputs: dict[str, Path]) -> StageContext:
+    """A StageContext whose out/ is a fresh folder (the pipeline's staging is not exercised here)."""
+    rd = RunDir(run)
+    rd.ensure()
+    out = run / f".tmp-{stage}"
+    out.mkdir(parents=True, exist_ok=True)
+    work = run / ".work" / stage
+    work.mkdir(parents=True, exist_ok=True)
+    return StageContext(cfg, rd, stage, out, work, dict(inputs), {})

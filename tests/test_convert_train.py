@@ -1,0 +1,239 @@
+"""convert (arch derived from the base), the EAGLE-3 head helpers, train (offline, online, resume), acceptance."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from trtspec import eagle
+from trtspec.config import ConvertSection, config_from_dict
+from trtspec.errors import ConfigError, ModelError
+from trtspec.stages import convert, train
+
+
+@pytest.fixture(scope="module")
+def base_config(tiny_model_dir):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(tiny_model_dir)
+
+
+def test_default_aux_layers():
+    assert eagle.default_aux_layers(30) == [1, 14, 26]
+    assert eagle.default_aux_layers(32) == [1, 15, 28]
+    assert eagle.default_aux_layers(4) == [0, 1]
+
+
+def test_convert_derives_arch_from_base(base_config):
+    cfg = convert.derive_eagle_config(base_config, ConvertSection(overrides={"intermediate_size": 96}))
+    arch = cfg["eagle_architecture_config"]
+    assert arch["hidden_size"] == base_config.hidden_size == 64
+    assert (arch["num_attention_heads"], arch["num_key_value_heads"], arch["head_dim"]) == (4, 2, 16)
+    assert arch["vocab_size"] == arch["draft_vocab_size"] == base_config.vocab_size
+    assert arch["max_position_embeddings"] == 1024 and arch["intermediate_size"] == 96
+    assert arch["eagle_aux_hidden_state_layer_ids"] == [0, 1]  # {1, 4//2-1, 4-4}
+    assert cfg["eagle_use_torch_compile"] is False and arch["use_aux_hidden_state"] is True
+
+
+def test_convert_rejects_bad_settings(base_config):
+    with pytest.raises(ConfigError, match="aux_layers"):
+        convert.derive_eagle_config(base_config, ConvertSection(aux_layers=[0, 9]))
+    with pytest.raises(ConfigError, match="not an eagle_architecture_config field"):
+        convert.derive_eagle_config(base_config, ConvertSection(overrides={"hiden_size": 3}))
+    gpt2 = SimpleNamespace(model_type="gpt2")
+    with pytest.raises(ModelError, match="Llama-family"):
+        convert.derive_eagle_config(gpt2, ConvertSection())
+
+
+def _head(tiny_model_dir, draft_vocab=None, offline=False):
+    from transformers import AutoConfig
+
+    from trtspec.models import load_model
+
+    cfg = convert.derive_eagle_config(AutoConfig.from_pretrained(tiny_model_dir), ConvertSection(draft_vocab_size=draft_vocab))
+    cfg["eagle_offline"] = offline
+    torch.manual_seed(0)
+    return eagle.build_eagle_model(load_model(tiny_model_dir), cfg)
+
+
+def _rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def test_first_layer_norm_matches_trtllm(tiny_model_dir):
+    model = _head(tiny_model_dir)
+    mod = model.eagle_module
+    layer = mod.layers[0]
+    with torch.no_grad():  # distinct norm weights, so a double norm would show
+        layer.input_layernorm.weight.uniform_(0.5, 2.0)
+        layer.hidden_norm.weight.uniform_(0.5, 2.0)
+    seen = {}
+    hook = layer.self_attn.q_proj.register_forward_hook(lambda m, a, o: seen.__setitem__("x", a[0]))
+    h, emb = torch.randn(1, 5, 64) * 3, torch.randn(1, 5, 64)
+    mask = model._prepare_decoder_attention_mask(None, (1, 5), 0, h.device, h.dtype)
+    with torch.no_grad():
+        mod(h, emb, attention_mask=mask)
+    hook.remove()
+    eps = layer.hidden_norm.variance_epsilon
+    want = torch.cat((_rms(emb, layer.input_layernorm.weight, eps), _rms(h, layer.hidden_norm.weight, eps)), -1)
+    torch.testing.assert_close(seen["x"], want)
+
+
+def test_d2t_round_trip_and_save_load(tiny_model_dir, tmp_path):
+    model = _head(tiny_model_dir, draft_vocab=32)
+    counts = torch.zeros(model.eagle_config.vocab_size, dtype=torch.long)
+    counts[torch.tensor([5, 900, 17, 3000, 44])] = torch.tensor([9, 8, 7, 6, 5])
+    ids = convert.pick_draft_vocab(counts, 32, always=[2, 0])
+    assert {0, 2, 5, 900, 17, 3000, 44} <= set(ids.tolist()) and ids.tolist() == sorted(ids.tolist())
+    eagle.set_draft_vocab(model, ids)
+    assert eagle.draft_to_target_ids(model, torch.arange(32)).tolist() == ids.tolist()  # draft id i -> target ids[i]
+    path = eagle.save_head(model, tmp_path / "h.safetensors")
+    other = _head(tiny_model_dir, draft_vocab=32)
+    eagle.load_head(other, path)
+    assert torch.equal(other.eagle_module.d2t, model.eagle_module.d2t)
+    assert torch.equal(other.eagle_module.fc.weight, model.eagle_module.fc.weight)
+    from trtspec.errors import ArtifactError
+
+    with pytest.raises(ArtifactError, match="does not fit"):
+        eagle.load_head(_head(tiny_model_dir, draft_vocab=64), path)
+
+
+def test_acceptance_counting():
+    seq = torch.tensor([7, 7, 1, 2, 3, 4, 5, 6])  # prompt of 2, then the target's greedy tokens 1..6
+    drafts = torch.zeros(8, 3, dtype=torch.long)
+    drafts[1] = torch.tensor([2, 3, 9])  # after token 1 (q=2): drafts 2, 3 right, 9 wrong -> 1 + 2 tokens
+    drafts[4] = torch.tensor([5, 6, 0])  # after token 4 (q=5): 5, 6 right, then the sequence ends
+    tokens, forwards, per_pos = train.acceptance(drafts, seq, start=2, k=3)
+    assert (tokens, forwards) == (5, 2) and per_pos == [2, 2, 0]
+    assert train.acceptance(drafts, seq, start=2, k=1)[:2] == (5, 3)
+
+
+def test_chain_drafts_match_step_by_step_drafting(tiny_model_dir):
+    """The parallel (TTT-mask) drafts equal modelopt's one-sequence-at-a-time pseudo_speculative_generate."""
+    model = _head(tiny_model_dir, draft_vocab=64).eval()
+    eagle.set_draft_vocab(model, torch.arange(64) * 7)
+    seq = torch.randint(0, 500, (1, 12))
+    layers = model.eagle_config.eagle_aux_hidden_state_layer_ids
+    for q in (4, 7, 9):
+        base_tok, step = model.pseudo_speculative_generate(seq[:, :q], steps=3)
+        # teacher-force the chain's own tokens: the target's token, then the drafts (as if all were accepted)
+        forced = torch.cat([seq[:, :q], base_tok, step[:, :-1]], 1)
+        aux, last = train.base_states(model, forced, torch.ones_like(forced), layers)
+        assert train.chain_drafts(model, forced, aux, last, 3)[0, q - 1].tolist() == step[0].tolist()
+
+
+# ---------------------------------------------------------------- the stages on the tiny model
+
+
+class _Ctx(SimpleNamespace):
+    def log(self, msg):
+        pass
+
+
+def _stage_ctx(tmp_path, model_dir, stage, inputs, **train_kw):
+    cfg = config_from_dict(
+        {
+            "model": {"source": str(model_dir)},
+            "data": {"sources": [{"kind": "jsonl", "path": "c.jsonl"}], "seq_len": 64, "max_new_tokens": 6, "holdout_fraction": 0.2},
+            "convert": {"draft_vocab_size": 128},
+            "train": {"max_steps": 4, "batch_size": 2, "save_steps": 2, "eval_prompts": 2, **train_kw},
+        },
+        base_dir=tmp_path,
+    )
+    out, work = tmp_path / stage / "out", tmp_path / stage / "work"
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    return _Ctx(cfg=cfg, out=out, work=work, inputs=inputs, manifests={}, stage=stage)
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory, tiny_model_dir):
+    from trtspec.stages import data
+
+    tmp = tmp_path_factory.mktemp("stages")
+    rows = [{"messages": [{"role": "user", "content": f"Count to {i % 5 + 2}."},
+                          {"role": "assistant", "content": " ".join(str(j) for j in range(1, i % 5 + 3))}]} for i in range(12)]
+    (tmp / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ctx = _stage_ctx(tmp, tiny_model_dir, "data", {})
+    data.run(ctx)
+    cctx = _stage_ctx(tmp, tiny_model_dir, "convert", {"data": ctx.out})
+    m = convert.run(cctx)
+    assert (cctx.out / "eagle_config.json").is_file() and (cctx.out / "head_init.safetensors").is_file()
+    assert m["draft_vocab_size"] == 128 and m["draft_vocab_coverage"] == 1.0  # few distinct tokens: all covered
+    return tmp, {"data": ctx.out, "convert": cctx.out}
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_train_few_steps_writes_head_and_log(upstream, tiny_model_dir, tmp_path, mode):
+    _, inputs = upstream
+    ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", inputs, mode=mode)
+    m = train.run(ctx)
+    rows = [json.loads(x) for x in (ctx.out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and len(rows[0]["acc_ttt"]) == 3
+    assert m["steps"] == 4 and m["headline"].startswith("AL@3 ") and 1.0 <= m["AL@3"] <= 4.0
+    assert m["AL@1"] <= m["AL@2"] + 1e-9 or m["AL@1"] <= 2.0
+    assert (ctx.out / "head.safetensors").is_file()
+    cfg = json.loads((ctx.out / "eagle_config.json").read_text())
+    assert cfg["eagle_offline"] is False and cfg["eagle_ttt_steps"] == 3
+    assert (ctx.work / "states" / "aux.npy").is_file() == (mode == "offline")
+
+
+def test_train_resumes_from_checkpoint(upstream, tiny_model_dir, tmp_path, monkeypatch):
+    _, inputs = upstream
+    ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", inputs)
+
+    class Killed(Exception):
+        pass
+
+    from transformers import TrainerCallback
+
+    class KillAt3(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 3:
+                raise Killed()
+
+    make = train.make_trainer
+
+    def make_and_kill(*a, **kw):
+        t = make(*a, **kw)
+        t.add_callback(KillAt3())
+        return t
+
+    monkeypatch.setattr(train, "make_trainer", make_and_kill)
+    with pytest.raises(Killed):
+        train.run(ctx)
+    assert (ctx.work / "checkpoints" / "checkpoint-2" / eagle.HEAD_FILE).is_file()
+    monkeypatch.setattr(train, "make_trainer", make)
+    m = train.run(ctx)
+    rows = [json.loads(x) for x in (ctx.out / "train_log.jsonl").read_text().splitlines()]
+    assert m["steps"] == 4 and [r["step"] for r in rows] == [1, 2, 3, 4]  # step 3 logged once, after the resume
+
+
+@pytest.mark.integration
+def test_demo_model_short_budget(tmp_path, demo_model_dir):
+    """The real demo model, a handful of prompts, a few steps: every stage output is there and sane."""
+    from trtspec.stages import data
+
+    prompts = [{"prompt": p, "category": "chat"} for p in ("Name three colors.", "What is 2 plus 3?", "Say hello.", "List two fruits.", "What is a cat?")]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in prompts))
+    base = {
+        "model": {"source": "demo:smollm2-135m-instruct"},
+        "data": {"sources": [{"kind": "regenerate", "path": "p.jsonl"}], "seq_len": 64, "max_new_tokens": 16, "holdout_fraction": 0.2},
+        "convert": {"draft_vocab_size": 1024},
+        "train": {"max_steps": 3, "batch_size": 2, "eval_prompts": 1},
+    }
+    cfg = config_from_dict(base, base_dir=tmp_path)
+    outs = {}
+    for stage, mod in (("data", data), ("convert", convert), ("train", train)):
+        out, work = tmp_path / stage, tmp_path / f"{stage}.work"
+        out.mkdir()
+        work.mkdir()
+        m = mod.run(_Ctx(cfg=cfg, out=out, work=work, inputs=dict(outs), manifests={}, stage=stage))
+        outs[stage] = out
+    arch = json.loads((outs["convert"] / "eagle_config.json").read_text())["eagle_architecture_config"]
+    assert arch["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26] and arch["hidden_size"] == 576
+    assert m["AL@3"] >= 1.0 and Path(outs["train"] / "head.safetensors").is_file()

@@ -1,0 +1,154 @@
+"""The data stage: each input format, bad inputs, the loss mask, the held-out split, resumable regeneration."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from trtspec.config import config_from_dict
+from trtspec.errors import DataError
+from trtspec.stages import data
+
+
+def _write(path: Path, rows: list) -> Path:
+    path.write_text("".join((json.dumps(r) if not isinstance(r, str) else r) + "\n" for r in rows))
+    return path
+
+
+def test_messages_and_sharegpt_rows(tmp_path):
+    skips: Counter = Counter()
+    rows = [
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}], "category": "chat"},
+        {"conversations": [{"from": "human", "value": "2+2?"}, {"from": "gpt", "value": "4"}, {"from": "human", "value": "thanks"}]},
+        {"messages": [{"role": "user", "content": "no answer here"}]},
+        {"text": "a plain document"},
+    ]
+    got = data.conversations_from_rows(data.read_jsonl(_write(tmp_path / "c.jsonl", rows + ["{broken"]), skips), "c", skips)
+    assert [r["messages"][-1]["content"] for r in got] == ["hello", "4", "a plain document"]
+    assert got[1]["messages"] == [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+    assert got[2]["category"] == "text"
+    assert skips == Counter({"no assistant turn": 1, "unparsable line": 1})
+
+
+def test_prompt_file_dedup_and_bad_lines(tmp_path):
+    skips: Counter = Counter()
+    p = _write(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "a"}, {"prompt": ""}, "not json", {"prompt": "b", "category": "math"}])
+    prompts = data.read_prompts(p, skips)
+    assert [(x["messages"][0]["content"], x["category"]) for x in prompts] == [("a", "chat"), ("b", "math")]
+    assert skips == Counter({"duplicate prompt": 1, "prompt row without prompt": 1, "unparsable prompt line": 1})
+    plain = tmp_path / "p.txt"
+    plain.write_text("first prompt\n\nsecond prompt\n")
+    assert len(data.read_prompts(plain, Counter())) == 2
+
+
+def test_unreadable_and_missing_files(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        data.read_jsonl(tmp_path / "nope.jsonl", Counter())
+    bad = tmp_path / "bin.jsonl"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(DataError, match="UTF-8"):
+        data.read_jsonl(bad, Counter())
+
+
+def test_loss_mask_covers_assistant_tokens_only(tiny_model_dir):
+    from trtspec.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    row = {"messages": [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "Blue is a color."}]}
+    ids, mask, cut = data.tokenize_row(row, tok, 512)
+    assert not cut and len(ids) == len(mask)
+    labelled = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert "Blue is a color." in labelled and "Name a color" not in labelled
+    short_ids, short_mask, cut = data.tokenize_row(row, tok, 8)
+    assert cut and len(short_ids) == 8 and short_ids == ids[:8]
+
+
+def test_split_keeps_heldout_and_is_seeded():
+    rows = [{"id": str(i)} for i in range(20)]
+    train, held = data.split_heldout(rows, 0.1, seed=0)
+    assert len(held) == 2 and len(train) == 18 and not {r["id"] for r in held} & {r["id"] for r in train}
+    assert data.split_heldout(rows, 0.1, seed=0) == (train, held)
+    assert len(data.split_heldout(rows[:3], 0.01, 0)[1]) == 1  # a small fraction still keeps one row
+
+
+class _Ctx(SimpleNamespace):
+    def log(self, msg):
+        pass
+
+
+def _ctx(tmp_path, model_dir, sources, **data_kw):
+    cfg = config_from_dict(
+        {"model": {"source": str(model_dir)}, "data": {"sources": sources, "seq_len": 48, "max_new_tokens": 4, "batch_size": 4, **data_kw}},
+        base_dir=tmp_path,
+    )
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir(exist_ok=True)
+    work.mkdir(exist_ok=True)
+    return _Ctx(cfg=cfg, out=out, work=work, inputs={}, manifests={}, stage="data")
+
+
+def test_stage_jsonl_writes_contract_and_counts(tmp_path, tiny_model_dir):
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "word " * (3 + 40 * (i % 2))}]} for i in range(10)]
+    _write(tmp_path / "c.jsonl", rows + [{"messages": [{"role": "user", "content": "x"}]}])
+    m = data.run(_ctx(tmp_path, tiny_model_dir, [{"kind": "jsonl", "path": "c.jsonl"}], seq_len=64))
+    assert m["train_rows"] + m["heldout_rows"] == 10 and m["heldout_rows"] == 1
+    assert m["skipped"] == {"no assistant turn": 1}
+    assert m["train_truncated"] + m["heldout_truncated"] == 5  # the long answers
+    first = json.loads((tmp_path / "out" / "train.jsonl").read_text().splitlines()[0])
+    assert set(first) == {"id", "category", "messages"} and first["messages"][-1]["role"] == "assistant"
+    import torch
+
+    t = torch.load(tmp_path / "out" / "train_tokens.pt")
+    assert t["input_ids"].shape == (9, 64) and t["loss_mask"].shape == (9, 64)
+
+
+def test_stage_empty_dataset_is_an_error(tmp_path, tiny_model_dir):
+    (tmp_path / "e.jsonl").write_text("\n")
+    with pytest.raises(DataError, match="no usable conversation"):
+        data.run(_ctx(tmp_path, tiny_model_dir, [{"kind": "jsonl", "path": "e.jsonl"}]))
+
+
+def test_tokenizer_without_chat_template(tmp_path, tiny_model_dir):
+    import shutil
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, model)
+    cfg_file = model / "tokenizer_config.json"
+    conf = json.loads(cfg_file.read_text())
+    conf.pop("chat_template", None)
+    cfg_file.write_text(json.dumps(conf))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    (tmp_path / "c.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
+    with pytest.raises(DataError, match="no chat template"):
+        data.run(_ctx(tmp_path, model, [{"kind": "jsonl", "path": "c.jsonl"}]))
+
+
+def test_regenerate_resumes_after_a_kill(tmp_path, tiny_model_dir, tiny_prompts_file):
+    from trtspec.models import load_model, load_tokenizer
+
+    model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    prompts = data.read_prompts(tiny_prompts_file, Counter())
+    answers = tmp_path / "answers.jsonl"
+    cfg = SimpleNamespace(batch_size=4, max_new_tokens=3, temperature=0.0)
+    full = data.regenerate(prompts, model, tok, answers, cfg, print)
+    assert all(r["messages"][-1]["role"] == "assistant" and r["messages"][-1]["content"] for r in full)
+    assert {json.loads(x)["id"] for x in answers.read_text().splitlines()} == {p["id"] for p in prompts}
+    # a kill after the first batch, mid-write of the second: the first batch is kept, the torn line ignored
+    lines = answers.read_text().splitlines()
+    answers.write_text("\n".join(lines[:4]) + "\n" + lines[4][:10])
+    kept = {json.loads(x)["id"]: json.loads(x)["answer"] for x in lines[:4]}
+    again = data.regenerate(prompts, model, tok, answers, cfg, print)
+    assert all(r["messages"][-1]["content"] == kept[r["id"]] for r in again if r["id"] in kept)
+    # only the 2 unanswered prompts were generated again
+    assert len([x for x in answers.read_text().splitlines() if x.startswith("{") and x.endswith("}")]) == 6
+
+
+def test_demo_prompts_are_varied():
+    rows = [json.loads(x) for x in (Path(__file__).parents[1] / "build_configs/prompts/demo_prompts.jsonl").read_text().splitlines()]
+    cats = Counter(r["category"] for r in rows)
+    assert len(rows) >= 300 and len({r["prompt"] for r in rows}) == len(rows)
+    assert set(cats) == {"chat", "explanation", "lists", "code", "math", "writing"} and min(cats.values()) >= 30
