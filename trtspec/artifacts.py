@@ -256,4 +256,11 @@ class RunDir:
         return manifest
 
     def invalidate(self, stage: str) -> None:
-        shutil.rmtree(self.stage_dir(stage), ignore_errors=True)
+        """Remove a stage's folder before redoing it; a folder without a trtspec manifest is never removed."""
+        d = self.stage_dir(stage)
+        if d.is_dir() and not (d / MANIFEST).is_file() and any(d.iterdir()):
+            raise ArtifactError(
+                f"'{d}' exists and is not a trtspec artifact; refusing to overwrite it",
+                f"move it out of '{self.path}' or choose another --out",
+            )
+        shutil.rmtree(d, ignore_errors=True)

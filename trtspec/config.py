@@ -143,6 +143,8 @@ class ValidateSection(Section):
     repeats: int = Field(default=2, ge=1)
     # also time HF assisted generation and prompt lookup
     compare_hf_assisted: bool = True
+    # small model (same tokenizer) for HF assisted generation; null = that comparison is skipped
+    assistant_model: str | None = None
     # sampling check at temperature > 0 (statistical test on the first tokens)
     sampling_check: bool = True
     temperature: float = Field(default=0.8, gt=0, le=2.0)

@@ -1,0 +1,29 @@
+"""The project's own PyTorch speculative-decoding runtime: loads the exported bundle (target/ + draft/), decodes
+with a static KV cache, EAGLE-3 / draft-target / n-gram drafters, chain and tree drafts, greedy and lossless
+sampling verification. Used by the validate stage anywhere (CPU included)."""
+
+from trtspec.runtime.decode import Generation, Stats, generate, speculative_decode
+from trtspec.runtime.drafters import (
+    DraftSpec,
+    Eagle3Drafter,
+    LMDrafter,
+    NgramDrafter,
+    load_draft_target,
+    load_eagle3_drafter,
+)
+from trtspec.runtime.model import Transformer, load_transformer
+
+__all__ = [
+    "DraftSpec",
+    "Eagle3Drafter",
+    "Generation",
+    "LMDrafter",
+    "NgramDrafter",
+    "Stats",
+    "Transformer",
+    "generate",
+    "load_draft_target",
+    "load_eagle3_drafter",
+    "load_transformer",
+    "speculative_decode",
+]

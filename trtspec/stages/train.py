@@ -380,6 +380,7 @@ def run(ctx: StageContext) -> dict:
     metrics = {
         "mode": t_cfg.mode,
         "steps": steps,
+        "resumed_from_step": int(Path(last_ckpt).name.split("-")[-1]) if last_ckpt else 0,
         "train_loss": round(float(result.training_loss), 4) if math.isfinite(result.training_loss) else None,
         "final_acc_ttt": final.get("acc_ttt"),
         "cache_states_s": round(cache_s, 1),

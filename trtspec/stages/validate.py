@@ -1,9 +1,313 @@
-"""The validate stage (placeholder until its issue lands: it records itself as skipped, never as done)."""
+"""The validate stage: the exported bundle, run by the project's PyTorch speculative runtime, against the original
+PyTorch model — greedy outputs token-identical, acceptance length, speed against HF generate, a sampling check.
+
+Writes report.json, report.md and PNG plots. Gates (validate.min_acceptance_length, min_speedup, require_exact)
+raise ValidationFailed after the report is written (a copy is kept in RUN_DIR/validate-failed/).
+"""
 
 from __future__ import annotations
 
-from trtspec.pipeline import StageContext, StageSkipped
+import json
+import shutil
+import statistics
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import ArtifactError, DataError, ModelError, ValidationFailed
+from trtspec.pipeline import StageContext
+
+BUNDLE_FILES = ("target/config.json", "draft/config.json", "draft/model.safetensors")
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+
+def check_bundle(bundle: Path) -> None:
+    missing = [f for f in BUNDLE_FILES if not (bundle / f).is_file()]
+    if not list((bundle / "target").glob("*.safetensors")):
+        missing.append("target/*.safetensors")
+    if missing:
+        raise ArtifactError(f"bundle '{bundle}' is missing {', '.join(missing)}", "re-run the export stage (trtspec export --force)")
+
+
+def load_prompt_rows(ctx: StageContext) -> list[dict]:
+    """{"id", "category", "messages"} rows: validate.prompts (JSONL prompt|messages, or text lines), else held-out data."""
+    from trtspec.stages.data import read_prompts
+
+    v = ctx.cfg.validate_
+    if v.prompts:
+        path = ctx.cfg.resolve_path(v.prompts)
+        if not path.is_file():
+            raise DataError(f"validate.prompts file '{path}' does not exist")
+        rows, source = read_prompts(path, Counter()), str(path)
+    else:
+        if "data" not in ctx.inputs:
+            raise DataError("no prompts: the data stage was skipped and validate.prompts is not set")
+        path = ctx.inputs["data"] / "heldout.jsonl"
+        if not path.is_file():
+            raise ArtifactError(f"'{path}' is missing", "re-run the data stage")
+        rows, source = [], str(path)
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                r = json.loads(line)
+                msgs = r["messages"][:-1]  # the prompt is everything before the answer
+                if msgs:
+                    rows.append({"id": r.get("id", str(len(rows))), "category": r.get("category", "chat"), "messages": msgs})
+    if not rows:
+        raise DataError(f"no usable prompts in '{source}'", "give a JSONL with `prompt` or `messages`, or one prompt per line")
+    return rows[: v.num_prompts]
+
+
+def encode(tok: Any, messages: list[dict]) -> list[int]:
+    if tok.chat_template:
+        out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(out)
+    return tok("\n".join(m["content"] for m in messages))["input_ids"]
+
+
+def eos_ids(folder: Path, tok: Any) -> set[int]:
+    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+    gen = folder / "generation_config.json"
+    if gen.is_file():
+        e = json.loads(gen.read_text()).get("eos_token_id")
+        ids |= set(e if isinstance(e, list) else [e] if e is not None else [])
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------- HF side
+
+
+def hf_generate(model: Any, prompt: list[int], max_new: int, eos: set[int], **kw: Any) -> list[int]:
+    import torch
+
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                         eos_token_id=sorted(eos), pad_token_id=model.generation_config.pad_token_id or 0, **kw)
+    row = out[0, len(prompt):].tolist()
+    cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+    return row[:cut]
+
+
+def hf_quantized_reference(source: Path, target_dir: Path) -> Any:
+    """The original HF model with the bundle's (dequantized) weights: the quantized target as transformers runs it."""
+    import torch
+
+    from trtspec.models import load_model
+    from trtspec.runtime.model import dequantize, read_safetensors
+
+    model = load_model(source, "float32", "cpu")
+    state, _ = dequantize(read_safetensors(target_dir), torch.float32)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise ArtifactError(f"bundle target weights do not fit the original model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return model
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (None when identical)."""
+    i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return None if a == b else i
+
+
+# ---------------------------------------------------------------------------------------------- sampling check
+
+
+def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temperature: float, eos: set[int], n: int, seed: int) -> dict:
+    """Distribution of the first speculated token vs the target's exact one (chi-square, pooled small bins)."""
+    import torch
+
+    from trtspec.runtime.decode import generate, prefill, speculative_decode
+
+    p = torch.tensor(prompt)
+    first = generate(target, p, 1).tokens[0]
+    with torch.inference_mode():
+        exact = torch.softmax(prefill(target, torch.tensor(prompt + [first]))[0].float() / temperature, -1)
+    g = torch.Generator().manual_seed(seed)
+    counts = Counter()
+    for _ in range(n):
+        out = speculative_decode(target, drafter, p, 2, spec, eos=set(), temperature=temperature, generator=g, first_token=first).tokens
+        counts[out[1]] += 1
+    expected = exact * n
+    big = (expected >= 5).nonzero().flatten().tolist()
+    obs = [counts.get(t, 0) for t in big] + [n - sum(counts.get(t, 0) for t in big)]
+    exp = [float(expected[t]) for t in big] + [n - float(expected[big].sum())]
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True) if e > 0)
+    dof = max(1, len(obs) - 1)
+    tv = 0.5 * sum(abs(counts.get(t, 0) / n - float(exact[t])) for t in set(counts) | set(big))
+    return {"samples": n, "temperature": temperature, "bins": len(obs), "chi2": round(chi2, 2), "dof": dof,
+            "threshold": round(dof + 4 * (2 * dof) ** 0.5, 2), "passed": chi2 < dof + 4 * (2 * dof) ** 0.5,
+            "total_variation": round(tv, 4)}
+
+
+# ---------------------------------------------------------------------------------------------- stage
 
 
 def run(ctx: StageContext) -> dict:
-    raise StageSkipped("the validate stage is not implemented yet")
+    import torch
+
+    from trtspec.models import load_model, load_tokenizer, resolve_model
+    from trtspec.runtime import (
+        DraftSpec,
+        Stats,
+        generate,
+        load_eagle3_drafter,
+        load_transformer,
+        speculative_decode,
+    )
+    from trtspec.runtime.drafters import same_tokenizer
+
+    v = ctx.cfg.validate_
+    bundle = ctx.inputs["export"]
+    check_bundle(bundle)
+    target_dir = bundle / "target"
+    tok = load_tokenizer(target_dir)
+    rows = load_prompt_rows(ctx)
+    prompts = [encode(tok, r["messages"]) for r in rows]
+    eos = eos_ids(target_dir, tok)
+
+    target, dq_notes = load_transformer(target_dir, torch.float32)
+    ctx_len = target.args.max_positions
+    too_long = [r["id"] for r, p in zip(rows, prompts, strict=True) if len(p) + v.max_new_tokens > ctx_len]
+    if too_long:
+        raise DataError(f"{len(too_long)} prompt(s) (first: {too_long[0]}) plus {v.max_new_tokens} new tokens exceed the context of {ctx_len}",
+                        "use shorter prompts or lower validate.max_new_tokens")
+    drafter = load_eagle3_drafter(bundle / "draft", target)
+    spec = DraftSpec(shape=v.draft_shape, k=v.draft_len, topk=v.tree_topk, total=v.tree_total_tokens)
+    quant = json.loads((target_dir / "hf_quant_config.json").read_text()) if (target_dir / "hf_quant_config.json").is_file() else None
+    source = resolve_model(ctx.cfg.model.source)
+    ctx.log(f"{len(prompts)} prompts, {v.max_new_tokens} new tokens, draft {v.draft_shape} k={v.draft_len}, threads {torch.get_num_threads()}")
+
+    hf = load_model(source, "float32", "cpu")
+    skipped: dict[str, str] = {}
+    methods: dict[str, Any] = {
+        "hf_generate": lambda p: hf_generate(hf, p, v.max_new_tokens, eos),
+        "runtime_no_draft": lambda p: generate(target, torch.tensor(p), v.max_new_tokens, eos),
+        "speculative": lambda p: speculative_decode(target, drafter, torch.tensor(p), v.max_new_tokens, spec, eos),
+    }
+    if v.compare_hf_assisted:
+        methods["hf_prompt_lookup"] = lambda p: hf_generate(hf, p, v.max_new_tokens, eos, prompt_lookup_num_tokens=v.draft_len)
+        if v.assistant_model:
+            assistant_dir = resolve_model(v.assistant_model)
+            if not same_tokenizer(assistant_dir, source):
+                raise ModelError(f"validate.assistant_model '{v.assistant_model}' has another tokenizer than the target")
+            assistant = load_model(assistant_dir, "float32", "cpu")
+            methods["hf_assisted"] = lambda p: hf_generate(hf, p, v.max_new_tokens, eos, assistant_model=assistant)
+        else:
+            skipped["hf_assisted"] = "validate.assistant_model is not set (the target as its own assistant proves nothing)"
+    else:
+        skipped["hf_assisted"] = skipped["hf_prompt_lookup"] = "validate.compare_hf_assisted is false"
+
+    # interleaved repetitions: every prompt runs every method in turn, so machine noise hits all of them alike
+    outputs: dict[str, list] = {m: [None] * len(prompts) for m in methods}
+    seconds = {m: [0.0] * v.repeats for m in methods}
+    tokens = {m: [0] * v.repeats for m in methods}
+    with torch.inference_mode():
+        for rep in range(v.repeats):
+            for i, p in enumerate(prompts):
+                for m, fn in methods.items():
+                    t0 = time.perf_counter()
+                    out = fn(p)
+                    seconds[m][rep] += time.perf_counter() - t0
+                    toks = out if isinstance(out, list) else out.tokens
+                    tokens[m][rep] += len(toks)
+                    if rep == 0:
+                        outputs[m][i] = out
+            ctx.log(f"repetition {rep + 1}/{v.repeats}: " + ", ".join(f"{m} {tokens[m][rep] / seconds[m][rep]:.1f} tok/s" for m in methods))
+    tps = {m: round(statistics.median(t / s for t, s in zip(tokens[m], seconds[m], strict=True)), 2) for m in methods}
+
+    # 1. exactness
+    hf_out = outputs["hf_generate"]
+    reference, reference_name = hf_out, "HF generate, original model, float32"
+    quant_report = None
+    if quant:
+        ctx.log("quantized target: HF reference with the bundle's dequantized weights")
+        hfq = hf_quantized_reference(source, target_dir)
+        with torch.inference_mode():
+            reference = [hf_generate(hfq, p, v.max_new_tokens, eos) for p in prompts]
+        reference_name = "HF generate, original architecture with the bundle's weights dequantized (weight * weight_scale), float32"
+        div = [first_divergence(a, b) for a, b in zip(hf_out, reference, strict=True)]
+        quant_report = {
+            "format": quant.get("quantization", quant).get("quant_algo", "?") if isinstance(quant, dict) else "?",
+            "dequantized": True, "dropped": dq_notes,
+            "note": "weights dequantized to float32 (weight * weight_scale); activation/KV quantization is not simulated",
+            "identical_to_unquantized": sum(d is None for d in div),
+            "first_divergence_from_unquantized": {r["id"]: d for r, d in zip(rows, div, strict=True) if d is not None},
+        }
+    spec_tokens = [g.tokens for g in outputs["speculative"]]
+    nodraft_tokens = [g.tokens for g in outputs["runtime_no_draft"]]
+    mismatches = {r["id"]: first_divergence(s, ref) for r, s, ref in zip(rows, spec_tokens, reference, strict=True) if s != ref}
+    matched = len(prompts) - len(mismatches)
+
+    # 2. acceptance
+    total, per_cat = Stats(), defaultdict(Stats)
+    for r, g in zip(rows, outputs["speculative"], strict=True):
+        total.merge(g.stats)
+        per_cat[r["category"]].merge(g.stats)
+    k = v.draft_len
+    al = round(total.acceptance_length(), 3)
+
+    # 4. sampling check (chains only: tree sampling is not lossless with top-k trees)
+    sampling = None
+    if v.sampling_check:
+        shortest = min(prompts, key=len)
+        chain = DraftSpec(shape="chain", k=v.draft_len)
+        sampling = sampling_check(target, drafter, shortest, chain, v.temperature, eos, n=200, seed=ctx.cfg.seed)
+
+    report = {
+        "runtime": "trtspec PyTorch speculative runtime (EAGLE-3 draft from bundle/draft), CPU float32",
+        "bundle": str(bundle),
+        "prompts": len(prompts),
+        "prompt_source": v.prompts or "data/heldout.jsonl",
+        "max_new_tokens": v.max_new_tokens,
+        "draft_len": k,
+        "draft_shape": v.draft_shape,
+        "threads": torch.get_num_threads(),
+        "reference": reference_name,
+        "greedy_match": {"matched": matched, "total": len(prompts), "first_divergence": mismatches,
+                         "runtime_no_draft_matched": sum(a == b for a, b in zip(nodraft_tokens, reference, strict=True))},
+        "quantization": quant_report,
+        "acceptance_length": al,
+        "acceptance_histogram": total.histogram(k),
+        "per_position_acceptance": [round(x, 4) for x in total.per_position(k)],
+        "per_category": {c: {"acceptance_length": round(s.acceptance_length(), 3), "steps": s.steps} for c, s in sorted(per_cat.items())},
+        "tokens_per_s": tps,
+        "skipped": skipped,
+        "speedup_vs_hf": round(tps["speculative"] / tps["hf_generate"], 3),
+        "runtime_no_draft_vs_hf": round(tps["runtime_no_draft"] / tps["hf_generate"], 3),
+        "speculative_vs_no_draft": round(tps["speculative"] / tps["runtime_no_draft"], 3),
+        "sampling_check": sampling,
+    }
+    report["speedup_over_al"] = round(report["speedup_vs_hf"] / al, 3)
+    report["gates"] = gates = check_gates(v, report)
+
+    from trtspec.report import write_report
+
+    write_report(ctx.out, report)
+    failed_dir = ctx.run.path / "validate-failed"
+    shutil.rmtree(failed_dir, ignore_errors=True)
+    failures = [g["message"] for g in gates if not g["passed"]]
+    if failures:
+        shutil.copytree(ctx.out, failed_dir)
+        raise ValidationFailed("; ".join(failures), f"report kept in {failed_dir}")
+    return {
+        "headline": f"greedy {matched}/{len(prompts)} identical, AL {al:.2f}, {report['speedup_vs_hf']:.2f}x vs HF generate",
+        "greedy_match": report["greedy_match"]["matched"], "prompts": len(prompts), "acceptance_length": al,
+        "speedup_vs_hf": report["speedup_vs_hf"], "tokens_per_s": tps,
+    }
+
+
+def check_gates(v: Any, report: dict) -> list[dict]:
+    gates = []
+    if v.require_exact:
+        m = report["greedy_match"]
+        gates.append({"gate": "require_exact", "passed": m["matched"] == m["total"],
+                      "message": f"greedy outputs identical on {m['matched']}/{m['total']} prompts (required: all)"})
+    if v.min_acceptance_length is not None:
+        gates.append({"gate": "min_acceptance_length", "passed": report["acceptance_length"] >= v.min_acceptance_length,
+                      "message": f"acceptance length {report['acceptance_length']:.2f} < required {v.min_acceptance_length}"})
+    if v.min_speedup is not None:
+        gates.append({"gate": "min_speedup", "passed": report["speedup_vs_hf"] >= v.min_speedup,
+                      "message": f"speedup {report['speedup_vs_hf']:.2f}x over HF generate < required {v.min_speedup}x"})
+    return gates

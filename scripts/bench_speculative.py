@@ -1,0 +1,103 @@
+#!/usr/bin/env python
+"""Acceptance length and speed of the PyTorch speculative runtime for draft lengths k = 1..6, on a finished run.
+
+    python scripts/bench_speculative.py runs/demo                 # table on stdout
+    python scripts/bench_speculative.py runs/demo --json --prompts 4 --max-new-tokens 64 --shape chain
+
+Reads RUN_DIR/bundle (target + EAGLE-3 draft), RUN_DIR/data/heldout.jsonl (prompts) and the model source from
+RUN_DIR/data/manifest.json. For each k, every prompt runs HF generate, the runtime without draft, the
+speculative runtime and HF prompt lookup in turn (interleaved, so machine noise hits all alike).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def load_prompts(run: Path, tok, n: int) -> list[list[int]]:
+    from trtspec.stages.validate import encode
+
+    rows = [json.loads(line) for line in (run / "data" / "heldout.jsonl").read_text().splitlines() if line.strip()]
+    msgs = [r["messages"][:-1] for r in rows if len(r["messages"]) > 1][:n]
+    if not msgs:
+        sys.exit(f"error: no prompts in {run / 'data' / 'heldout.jsonl'}")
+    return [encode(tok, m) for m in msgs]
+
+
+def timed(fn, prompts) -> tuple[float, list]:
+    """(tokens/s over all prompts, outputs)"""
+    outs, t0 = [], time.perf_counter()
+    for p in prompts:
+        outs.append(fn(p))
+    dt = time.perf_counter() - t0
+    n = sum(len(o if isinstance(o, list) else o.tokens) for o in outs)
+    return n / dt, outs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--ks", default="1,2,3,4,5,6", help="draft lengths, comma separated")
+    ap.add_argument("--shape", default="chain", choices=["chain", "tree", "dynamic_tree"])
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    a = ap.parse_args()
+
+    import torch
+
+    from trtspec.models import load_model, load_tokenizer, resolve_model
+    from trtspec.runtime import (
+        DraftSpec,
+        Stats,
+        generate,
+        load_eagle3_drafter,
+        load_transformer,
+        speculative_decode,
+    )
+    from trtspec.stages.validate import check_bundle, eos_ids, hf_generate
+
+    run, bundle = a.run_dir, a.run_dir / "bundle"
+    check_bundle(bundle)
+    source = resolve_model(json.loads((run / "data" / "manifest.json").read_text())["config"]["model"]["source"])
+    tok = load_tokenizer(bundle / "target")
+    prompts, eos, new = load_prompts(run, tok, a.prompts), eos_ids(bundle / "target", tok), a.max_new_tokens
+    hf = load_model(source, "float32", "cpu")
+    target, _ = load_transformer(bundle / "target")
+    drafter = load_eagle3_drafter(bundle / "draft", target)
+
+    rows = []
+    with torch.inference_mode():
+        for k in [int(x) for x in a.ks.split(",")]:
+            spec = DraftSpec(shape=a.shape, k=k, topk=4, total=max(8, 4 * k))
+            hf_tps, _ = timed(lambda p: hf_generate(hf, p, new, eos), prompts)
+            base_tps, _ = timed(lambda p: generate(target, torch.tensor(p), new, eos), prompts)
+            spec_tps, outs = timed(lambda p, s=spec: speculative_decode(target, drafter, torch.tensor(p), new, s, eos), prompts)
+            pl_tps, _ = timed(lambda p, k=k: hf_generate(hf, p, new, eos, prompt_lookup_num_tokens=k), prompts)
+            stats = Stats()
+            for g in outs:
+                stats.merge(g.stats)
+            al = stats.acceptance_length()
+            rows.append({"k": k, "acceptance_length": round(al, 3), "hf_generate": round(hf_tps, 2), "runtime_no_draft": round(base_tps, 2),
+                         "speculative": round(spec_tps, 2), "hf_prompt_lookup": round(pl_tps, 2),
+                         "speedup_vs_hf": round(spec_tps / hf_tps, 3), "speedup_vs_no_draft": round(spec_tps / base_tps, 3),
+                         "no_draft_vs_hf": round(base_tps / hf_tps, 3), "speedup_over_al": round(spec_tps / hf_tps / al, 3)})
+            if not a.json:
+                r = rows[-1]
+                if len(rows) == 1:
+                    print(f"{'k':>2} {'AL':>5} | {'HF gen':>7} {'no-draft':>8} {'spec':>7} {'lookup':>7} | tok/s"
+                          f" | {'spec/HF':>7} {'spec/nd':>7} {'nd/HF':>6} {'(spec/HF)/AL':>12}")
+                print(f"{k:>2} {r['acceptance_length']:>5.2f} | {r['hf_generate']:>7.1f} {r['runtime_no_draft']:>8.1f} "
+                      f"{r['speculative']:>7.1f} {r['hf_prompt_lookup']:>7.1f} |       | {r['speedup_vs_hf']:>6.2f}x "
+                      f"{r['speedup_vs_no_draft']:>6.2f}x {r['no_draft_vs_hf']:>5.2f}x {r['speedup_over_al']:>12.2f}", flush=True)
+    if a.json:
+        print(json.dumps({"run_dir": str(run), "prompts": len(prompts), "max_new_tokens": new, "shape": a.shape,
+                          "threads": torch.get_num_threads(), "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""The PyTorch speculative runtime: exactness against transformers, losslessness of sampling, loading errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from trtspec.errors import ArtifactError, ModelError
+from trtspec.runtime.decode import Stats, generate, prefill, speculative_decode
+from trtspec.runtime.drafters import (
+    DraftSpec,
+    LMDrafter,
+    NgramDrafter,
+    load_draft_target,
+    load_eagle3_drafter,
+)
+from trtspec.runtime.model import ModelArgs, Transformer, dequantize, load_transformer
+from trtspec.runtime.tree import Tree, static_tree
+
+SHAPES = ["chain", "tree", "dynamic_tree"]
+NEW = 24
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny ops on a shared 2-core box: one thread is ~10x faster than two fighting over the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def rerandomized(src: Path, dst: Path, seed: int) -> Path:
+    """A copy of the tiny model whose layers are re-drawn at unit gain: its greedy text wanders instead of
+    repeating the last token (a tied-embedding random model mostly echoes), so equality checks mean something."""
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.models import load_tokenizer
+
+    m = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "layers" in name and p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+    m.save_pretrained(dst)
+    load_tokenizer(src).save_pretrained(dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    return rerandomized(tiny_model_dir, tmp_path_factory.mktemp("target") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def hf_target(target_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model_dir):
+    from trtspec.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    texts = ["Name three colors.", "Write a Python function that adds two numbers."]
+    return [torch.tensor(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False)) for t in texts]
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(hf_target, prompts):
+    out = []
+    for p in prompts:
+        ids = hf_target.generate(p[None], attention_mask=torch.ones(1, p.numel(), dtype=torch.long), max_new_tokens=NEW, do_sample=False)
+        out.append(ids[0, p.numel() :].tolist())
+    return out
+
+
+@pytest.fixture(scope="module")
+def random_draft_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    return rerandomized(tiny_model_dir, tmp_path_factory.mktemp("rand") / "model", seed=7)
+
+
+def export_random_eagle(target_dir: Path, out: Path, keep_rope: bool = True):
+    """A random EAGLE-3 head (draft vocab 512 with d2t) on `target_dir`, exported by modelopt into `out`.
+
+    Returns the modelopt model (for pseudo_speculative_generate). keep_rope: export the trained rope instead of
+    modelopt's default yarn override, so the export and modelopt's own forward agree exactly."""
+    from modelopt.torch.export import export_speculative_decoding
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.config import ConvertSection
+    from trtspec.eagle import build_eagle_model
+    from trtspec.stages.convert import derive_eagle_config
+
+    base = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    cfg = derive_eagle_config(base.config, ConvertSection(draft_vocab_size=512))
+    if keep_rope:
+        cfg["eagle_export_rope_scaling"] = {}
+    torch.manual_seed(0)
+    model = build_eagle_model(base, cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.eagle_module.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.5)  # a head that proposes varied tokens
+        d2t = torch.randperm(5000, generator=g)[:512].sort().values
+        model.eagle_module.d2t.copy_(d2t - torch.arange(512))
+    export_speculative_decoding(model, export_dir=str(out))
+    return model
+
+
+@pytest.fixture(scope="module")
+def eagle_export(tmp_path_factory, target_dir):
+    """Exported random head + modelopt's own draft tokens for a prompt."""
+    out = tmp_path_factory.mktemp("eagle") / "draft"
+    model = export_random_eagle(target_dir, out)
+    ids = torch.tensor([[1, 504, 3000, 77, 12, 900, 45, 8]])
+    with torch.no_grad():
+        base_tok, draft_toks = model.pseudo_speculative_generate(ids, steps=5)
+    return out, ids[0], int(base_tok), draft_toks[0].tolist()
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    return load_transformer(target_dir)[0]
+
+
+def test_logits_and_aux_match_transformers(target_dir, hf_target):
+    model, notes = load_transformer(target_dir, aux_layers=(0, 2))
+    assert notes == []
+    model.setup_cache(32)
+    ids = torch.randint(0, 5000, (12,), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ref = hf_target(ids[None], output_hidden_states=True)
+        logits, aux = model(ids, torch.arange(12), torch.arange(12), 12, "causal")
+        torch.testing.assert_close(logits, ref.logits[0], atol=1e-4, rtol=1e-4)
+        # aux = residual stream after layers 0 and 2 (hidden_states[i + 1] in transformers)
+        torch.testing.assert_close(aux, torch.cat((ref.hidden_states[1][0], ref.hidden_states[3][0]), -1), atol=1e-5, rtol=1e-5)
+        # the same through the cache: 8 tokens, then 4 more with a causal mask over the prefix
+        model(ids[:8], torch.arange(8), torch.arange(8), 8, "causal")
+        tail, _ = model(ids[8:], torch.arange(8, 12), torch.arange(8, 12), 12, torch.ones(4, 12, dtype=torch.bool).tril(8))
+        torch.testing.assert_close(tail, ref.logits[0, 8:], atol=1e-4, rtol=1e-4)
+
+
+def test_generate_without_draft_equals_hf(target, prompts, hf_greedy):
+    for p, ref in zip(prompts, hf_greedy, strict=True):
+        assert generate(target, p, NEW, eos={2}).tokens == ref
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_perfect_draft_keeps_greedy_output_and_accepts_everything(target_dir, target, prompts, hf_greedy, shape):
+    drafter = LMDrafter(load_transformer(target_dir)[0])  # the target drafting for itself
+    spec = DraftSpec(shape=shape, k=3, topk=2, total=8)
+    for p, ref in zip(prompts, hf_greedy, strict=True):
+        g = speculative_decode(target, drafter, p, NEW, spec, eos={2})
+        assert g.tokens == ref
+        if shape != "dynamic_tree":  # a dynamic tree may not keep its deepest nodes
+            assert g.stats.accepted == [3] * g.stats.steps
+        assert g.stats.acceptance_length() > 2.0
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_random_draft_keeps_greedy_output(random_draft_dir, target_dir, target, prompts, hf_greedy, shape):
+    drafter = load_draft_target(random_draft_dir, target_dir)
+    spec = DraftSpec(shape=shape, k=4, topk=3, total=10)
+    for p, ref in zip(prompts, hf_greedy, strict=True):
+        g = speculative_decode(target, drafter, p, NEW, spec, eos={2})
+        assert g.tokens == ref
+        assert g.stats.acceptance_length() < 1.3, g.stats  # nearly nothing accepted
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_eagle3_draft_keeps_greedy_output(eagle_export, target_dir, prompts, hf_greedy, shape):
+    target = load_transformer(target_dir)[0]
+    drafter = load_eagle3_drafter(eagle_export[0], target)
+    assert target.aux_layers == (0, 1)
+    for p, ref in zip(prompts, hf_greedy, strict=True):
+        assert speculative_decode(target, drafter, p, NEW, DraftSpec(shape=shape, k=3, topk=3, total=8), eos={2}).tokens == ref
+
+
+def test_ngram_draft_keeps_greedy_output(target, prompts, hf_greedy):
+    for p, ref in zip(prompts, hf_greedy, strict=True):
+        assert speculative_decode(target, NgramDrafter(), p, NEW, DraftSpec(k=4), eos={2}).tokens == ref
+
+
+def test_eagle3_draft_matches_modelopt(eagle_export, target_dir):
+    """Same tokens as modelopt's pseudo_speculative_generate (no cache, whole sequence recomputed each step)."""
+    draft_dir, ids, base_tok, want = eagle_export
+    target = load_transformer(target_dir)[0]
+    drafter = load_eagle3_drafter(draft_dir, target)
+    target.setup_cache(64)
+    drafter.setup(64)
+    with torch.inference_mode():
+        logits, aux = prefill(target, ids)
+        assert int(logits.argmax()) == base_tok
+        drafter.start(ids, base_tok, aux)
+        tree, _ = drafter.draft(base_tok, DraftSpec(k=len(want)))
+    assert tree.tokens[1:] == want
+    assert len(set(want)) > 1  # a head that repeats one token would prove little
+
+
+def test_draft_target_refuses_another_tokenizer(tmp_path, tiny_model_dir):
+    from trtspec.models import load_tokenizer
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    tok = load_tokenizer(tiny_model_dir)
+    tok.add_tokens(["<not-in-the-target>"])
+    tok.save_pretrained(other)
+    with pytest.raises(ModelError, match="different tokenizer"):
+        load_draft_target(other, tiny_model_dir)
+
+
+def test_eagle3_draft_for_another_model_is_refused(eagle_export, tmp_path, tiny_model_dir, target_dir):
+    from trtspec.models import tiny_llama
+
+    wide = load_transformer(tiny_llama(tmp_path / "wide", vocab_from=tiny_model_dir, layers=2, hidden=32))[0]
+    with pytest.raises(ArtifactError, match="hidden size"):
+        load_eagle3_drafter(eagle_export[0], wide)
+    broken = tmp_path / "broken"
+    shutil.copytree(eagle_export[0], broken)
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(ArtifactError, match="no .safetensors"):
+        load_eagle3_drafter(broken, load_transformer(target_dir)[0])
+    cfg = json.loads((eagle_export[0] / "config.json").read_text())
+    cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [1, 9]
+    shutil.copytree(eagle_export[0], tmp_path / "deep")
+    (tmp_path / "deep" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ArtifactError, match="layers"):
+        load_eagle3_drafter(tmp_path / "deep", load_transformer(target_dir)[0])
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+def _small_lm(seed: int, sharpness: float) -> Transformer:
+    torch.manual_seed(seed)
+    m = Transformer(ModelArgs(vocab_size=8, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64))
+    with torch.no_grad():
+        m.lm_head.weight.mul_(sharpness)
+    return m.eval()
+
+
+def _next_probs(model: Transformer, ids: list[int]) -> torch.Tensor:
+    model.setup_cache(16)
+    t = torch.tensor(ids)
+    with torch.inference_mode():
+        return torch.softmax(prefill(model, t)[0], -1)
+
+
+def _chi2_of_joint(monkeypatch_swap: bool, monkeypatch) -> tuple[float, int]:
+    """Chi-square of the first two speculated tokens against the target's exact joint distribution."""
+    import trtspec.runtime.decode as gen
+
+    if monkeypatch_swap:
+        monkeypatch.setattr(gen, "accept_probs", lambda p, q: (q / p).clamp(max=1.0))
+    target, draft = _small_lm(0, 6.0), _small_lm(1, 6.0)
+    prompt, first = [3, 1, 4, 1, 5], 2
+    p1 = _next_probs(target, prompt + [first])
+    exact = torch.stack([p1[a] * _next_probs(target, prompt + [first, a]) for a in range(8)])  # [8, 8]
+    n, g = 1500, torch.Generator().manual_seed(0)
+    counts = torch.zeros(8, 8)
+    drafter = LMDrafter(draft)
+    for _ in range(n):
+        out = gen.speculative_decode(target, drafter, torch.tensor(prompt), 3, DraftSpec(k=2), temperature=1.0, generator=g, first_token=first).tokens
+        counts[out[1], out[2]] += 1
+    expected = exact.flatten() * n
+    big = expected >= 5  # bins with too few expected samples are pooled into one
+    obs = torch.cat((counts.flatten()[big], counts.flatten()[~big].sum()[None]))
+    exp = torch.cat((expected[big], expected[~big].sum()[None]))
+    return float(((obs - exp) ** 2 / exp.clamp(min=1e-9)).sum()), int(big.sum())
+
+
+def test_speculative_sampling_matches_the_target_distribution(monkeypatch):
+    chi2, bins = _chi2_of_joint(False, monkeypatch)
+    # chi-square with `bins` degrees of freedom: mean = bins, sd = sqrt(2 bins); 4 sd is ~never crossed by chance
+    assert chi2 < bins + 4 * (2 * bins) ** 0.5, chi2
+
+
+def test_sampling_test_detects_swapped_acceptance(monkeypatch):
+    """The same check fails when the acceptance ratio is q/p instead of p/q: the test above has teeth."""
+    chi2, bins = _chi2_of_joint(True, monkeypatch)
+    assert chi2 > bins + 4 * (2 * bins) ** 0.5, chi2
+
+
+# ---------------------------------------------------------------------------------------------- pieces
+
+
+def test_tree_masks_and_static_shape():
+    t = Tree.root(10)
+    a = t.add(11, 0)
+    t.add(12, 0)
+    c = t.add(13, a)
+    m = t.ancestor_mask()
+    assert m[c].tolist() == [True, True, False, True]
+    assert not t.is_chain()
+    paths = static_tree(topk=3, total=9, max_depth=3)
+    assert len(paths) == 9 and (0,) in paths
+    assert all(p[:-1] in paths or len(p) == 1 for p in paths)  # closed under ancestors
+
+
+def test_stats():
+    s = Stats(accepted=[0, 3, 1, 3], drafted=[3, 3, 3, 3])
+    assert s.acceptance_length() == 2.75
+    assert s.histogram(3) == [1, 1, 0, 2]
+    assert s.per_position(3) == [0.75, 0.5, 0.5]
+
+
+def test_dequantize_fp8_weights():
+    w = torch.randn(4, 8)
+    scale = w.abs().max() / 448
+    state = {"l.weight": (w / scale).to(torch.float8_e4m3fn), "l.weight_scale": scale, "l.input_scale": torch.tensor(1.0)}
+    out, notes = dequantize(state, torch.float32)
+    assert set(out) == {"l.weight"} and "input_scale" in notes
+    torch.testing.assert_close(out["l.weight"], w, atol=0.08 * w.abs().max(), rtol=0.1)

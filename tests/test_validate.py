@@ -1,0 +1,102 @@
+"""The validate stage on a tiny bundle: report contents, gates after the report, one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_runtime import export_random_eagle, rerandomized
+
+from trtspec.artifacts import RunDir
+from trtspec.config import config_from_dict
+from trtspec.errors import ArtifactError, DataError, ValidationFailed
+from trtspec.pipeline import StageContext
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def run_inputs(tmp_path_factory, tiny_model_dir):
+    """data/heldout.jsonl and bundle/{target,draft} as the upstream stages leave them."""
+    root = tmp_path_factory.mktemp("run")
+    target = rerandomized(tiny_model_dir, root / "source", seed=0)
+    bundle = root / "bundle"
+    shutil.copytree(target, bundle / "target")
+    export_random_eagle(target, bundle / "draft", keep_rope=False)  # modelopt's default export (yarn rope)
+    data = root / "data"
+    data.mkdir()
+    rows = [
+        {"id": "a", "category": "math", "messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]},
+        {"id": "b", "category": "chat", "messages": [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello!"}]},
+    ]
+    (data / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root, target, bundle, data
+
+
+def make_ctx(tmp_path: Path, run_inputs, **validate) -> StageContext:
+    root, source, bundle, data = run_inputs
+    raw = {
+        "model": {"source": str(source)},
+        "data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]},
+        "validate": {"num_prompts": 2, "max_new_tokens": 12, "repeats": 1, "draft_len": 3, **validate},
+    }
+    cfg = config_from_dict(raw, base_dir=tmp_path)
+    out = tmp_path / "out"
+    out.mkdir(parents=True)
+    (tmp_path / "rundir").mkdir()
+    return StageContext(cfg, RunDir(tmp_path / "rundir"), "validate", out, tmp_path / "work",
+                        {"data": data, "export": bundle}, {})
+
+
+def test_validate_writes_report(tmp_path, run_inputs):
+    from trtspec.stages import validate
+
+    metrics = validate.run(make_ctx(tmp_path, run_inputs, draft_shape="dynamic_tree", require_exact=True))
+    r = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert r["greedy_match"] == {"matched": 2, "total": 2, "first_divergence": {}, "runtime_no_draft_matched": 2}
+    assert r["prompts"] == 2 and r["draft_len"] == 3 and r["acceptance_length"] >= 1.0
+    assert set(r["tokens_per_s"]) == {"hf_generate", "runtime_no_draft", "speculative", "hf_prompt_lookup"}
+    assert "hf_assisted" in r["skipped"]
+    assert r["speedup_vs_hf"] == pytest.approx(r["tokens_per_s"]["speculative"] / r["tokens_per_s"]["hf_generate"], rel=0.01)
+    assert set(r["per_category"]) == {"math", "chat"}
+    assert r["sampling_check"]["passed"], r["sampling_check"]
+    for f in ("report.md", "acceptance_histogram.png", "per_position_acceptance.png", "speed.png"):
+        assert (tmp_path / "out" / f).stat().st_size > 0
+    assert "2/2" in metrics["headline"]
+
+
+def test_gate_fails_after_writing_the_report(tmp_path, run_inputs):
+    from trtspec.stages import validate
+
+    ctx = make_ctx(tmp_path, run_inputs, min_speedup=1000.0, compare_hf_assisted=False, sampling_check=False)
+    with pytest.raises(ValidationFailed, match="speedup .* < required 1000"):
+        validate.run(ctx)
+    kept = ctx.run.path / "validate-failed" / "report.json"
+    assert json.loads(kept.read_text())["gates"][0]["passed"] is False
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, run_inputs):
+    from trtspec.stages import validate
+
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(DataError, match="no usable prompts"):
+        validate.run(make_ctx(tmp_path / "e", run_inputs, prompts=str(tmp_path / "empty.jsonl")))
+    with pytest.raises(DataError, match="exceed the context of 1024"):
+        validate.run(make_ctx(tmp_path / "l", run_inputs, max_new_tokens=5000))
+    root, source, bundle, data = run_inputs
+    broken = tmp_path / "bundle"
+    shutil.copytree(bundle, broken)
+    (broken / "draft" / "model.safetensors").unlink()
+    ctx = make_ctx(tmp_path / "b", run_inputs)
+    ctx.inputs["export"] = broken
+    with pytest.raises(ArtifactError, match=r"missing draft/model.safetensors"):
+        validate.run(ctx)

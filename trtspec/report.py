@@ -1,0 +1,112 @@
+"""The validate report: report.json, report.md and PNG plots (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _plots(out: Path, r: dict) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    k = r["draft_len"]
+
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.bar(range(k + 1), r["acceptance_histogram"], color="tab:blue")
+    ax.set(xlabel="draft tokens accepted per target forward", ylabel="steps", title=f"acceptance (AL {r['acceptance_length']:.2f})")
+    files.append("acceptance_histogram.png")
+    fig.tight_layout()
+    fig.savefig(out / files[-1], dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.plot(range(1, k + 1), r["per_position_acceptance"], marker="o")
+    ax.set(xlabel="draft position", ylabel="P(accepted | proposed)", ylim=(0, 1.05), title="per-position acceptance")
+    files.append("per_position_acceptance.png")
+    fig.tight_layout()
+    fig.savefig(out / files[-1], dpi=100)
+    plt.close(fig)
+
+    tps = r["tokens_per_s"]
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.barh(list(tps), list(tps.values()), color=["tab:gray" if m != "speculative" else "tab:green" for m in tps])
+    ax.set(xlabel="tokens/s (batch 1)", title=f"speed: {r['speedup_vs_hf']:.2f}x over HF generate")
+    files.append("speed.png")
+    fig.tight_layout()
+    fig.savefig(out / files[-1], dpi=100)
+    plt.close(fig)
+    return files
+
+
+def _markdown(r: dict, plots: list[str]) -> str:
+    g = r["greedy_match"]
+    lines = [
+        "# Validation report",
+        "",
+        f"Runtime: {r['runtime']}  ",
+        f"Prompts: {r['prompts']} from {r['prompt_source']}, {r['max_new_tokens']} new tokens, draft {r['draft_shape']} "
+        f"of length {r['draft_len']}, {r['threads']} CPU thread(s)",
+        "",
+        "## Greedy outputs",
+        "",
+        f"Reference: {r['reference']}.",
+        f"Speculative runtime identical on **{g['matched']}/{g['total']}** prompts; runtime without draft on "
+        f"{g['runtime_no_draft_matched']}/{g['total']}.",
+    ]
+    if g["first_divergence"]:
+        lines.append("First divergence (prompt id: token index): " + ", ".join(f"{k}: {v}" for k, v in g["first_divergence"].items()))
+    q = r.get("quantization")
+    if q:
+        lines += ["", f"Quantized target ({q['format']}): {q['note']}.",
+                  f"Identical to the unquantized model on {q['identical_to_unquantized']}/{r['prompts']} prompts."]
+        if q["first_divergence_from_unquantized"]:
+            lines.append("First divergence from the unquantized model: "
+                         + ", ".join(f"{k}: token {v}" for k, v in q["first_divergence_from_unquantized"].items()))
+    lines += [
+        "",
+        "## Acceptance",
+        "",
+        f"Mean acceptance length (tokens per target forward): **{r['acceptance_length']:.2f}**",
+        "",
+        "| accepted drafts | " + " | ".join(str(i) for i in range(len(r["acceptance_histogram"]))) + " |",
+        "|---|" + "---|" * len(r["acceptance_histogram"]),
+        "| steps | " + " | ".join(str(x) for x in r["acceptance_histogram"]) + " |",
+        "",
+        "Per-position acceptance: " + ", ".join(f"{i + 1}: {p:.2f}" for i, p in enumerate(r["per_position_acceptance"])),
+        "",
+        "| category | AL | steps |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {c} | {v['acceptance_length']:.2f} | {v['steps']} |" for c, v in r["per_category"].items()]
+    lines += ["", "## Speed (batch 1, interleaved repetitions, median)", "", "| method | tokens/s |", "|---|---|"]
+    lines += [f"| {m} | {t:.1f} |" for m, t in r["tokens_per_s"].items()]
+    lines += [f"| {m} | skipped: {why} |" for m, why in r["skipped"].items()]
+    lines += [
+        "",
+        f"Speedup over HF generate: **{r['speedup_vs_hf']:.2f}x** (speedup / AL = {r['speedup_over_al']:.2f}); "
+        f"runtime without draft vs HF generate: {r['runtime_no_draft_vs_hf']:.2f}x.",
+    ]
+    s = r.get("sampling_check")
+    if s:
+        lines += ["", "## Sampling check", "",
+                  f"{s['samples']} samples of the first speculated token at temperature {s['temperature']}: chi-square "
+                  f"{s['chi2']} on {s['dof']} dof (threshold {s['threshold']}), total variation {s['total_variation']}: "
+                  f"**{'passed' if s['passed'] else 'FAILED'}**."]
+    if r.get("gates"):
+        lines += ["", "## Gates", ""] + [f"- {g['gate']}: {'passed' if g['passed'] else 'FAILED — ' + g['message']}" for g in r["gates"]]
+    lines += [""] + [f"![{p}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path, report: dict) -> list[Path]:
+    """Write report.json, report.md and the plots into `out`; returns the files written."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    plots = _plots(out, report)
+    (out / "report.md").write_text(_markdown(report, plots))
+    return [out / "report.json", out / "report.md"] + [out / p for p in plots]

@@ -1,0 +1,120 @@
+"""The EAGLE-3 draft as exported in bundle/draft (LlamaForCausalLMEagle3), with TensorRT-LLM's semantics.
+
+Draft position t reads the token *after* t and a hidden state of position t:
+
+    h_t    = fc(cat(aux_t))            for positions the target has verified (aux = target layer outputs)
+           = out_{t-1}                  for positions the draft itself proposed (its own pre-norm output)
+    x      = cat(input_layernorm(embed(token_{t+1})), hidden_norm(h_t))     -> layer 0's q/k/v
+    out_t  = layer0(x) with residual h_t  (then any further plain layers)
+    logits = lm_head(norm(out_t))  predicts token_{t+2};  target id = i + d2t[i] when the vocab is compressed
+
+Positions are those of the hidden state (t), as in modelopt's pseudo_speculative_generate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from trtspec.errors import ArtifactError
+from trtspec.runtime.model import Block, ModelArgs, read_config, read_safetensors, rms_norm, rope_tables
+
+
+@dataclass
+class Eagle3Info:
+    aux_layers: tuple[int, ...]
+    draft_vocab_size: int
+    vocab_size: int
+    hidden_size: int
+
+
+class Eagle3Draft(nn.Module):
+    def __init__(self, args: ModelArgs, num_aux: int, draft_vocab: int, has_norm: bool):
+        super().__init__()
+        H = args.hidden_size
+        self.args = args
+        self.fc = nn.Linear(num_aux * H, H, bias=False)
+        self.layers = nn.ModuleList(Block(args, attn_in=2 * H if i == 0 else None) for i in range(args.num_layers))
+        self.hidden_norm = nn.Parameter(torch.ones(H))
+        self.norm = nn.Parameter(torch.ones(H)) if has_norm else None
+        self.lm_head = nn.Linear(H, draft_vocab, bias=False)
+        self.register_buffer("draft_to_target", torch.arange(draft_vocab), persistent=False)
+        self.max_len = 0
+
+    def setup_cache(self, max_len: int) -> None:
+        p = self.fc.weight
+        for layer in self.layers:
+            layer.self_attn.setup_cache(max_len, p.dtype, p.device)
+        cos, sin = rope_tables(self.args, max_len)
+        self.cos, self.sin = cos.to(p), sin.to(p)
+        self.max_len = max_len
+
+    def forward(self, embeds: Tensor, h: Tensor, positions: Tensor, slots: Tensor, length: int, mask) -> tuple[Tensor, Tensor]:
+        """embeds/h [T, H] -> (draft-vocab logits [T, Vd], pre-norm output [T, H])."""
+        cos, sin = self.cos[positions], self.sin[positions]
+        first = self.layers[0]
+        eps = self.args.norm_eps
+        x = torch.cat((rms_norm(embeds, first.input_layernorm, eps), rms_norm(h, self.hidden_norm, eps)), dim=-1)
+        out = first(h[None], cos, sin, slots, length, mask, attn_input=x[None])
+        for layer in self.layers[1:]:
+            out = layer(out, cos, sin, slots, length, mask)
+        out = out[0]
+        normed = rms_norm(out, self.norm, eps) if self.norm is not None else out
+        return self.lm_head(normed), out
+
+
+def _runtime_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    out = {}
+    for k, v in state.items():
+        if k == "layers.0.hidden_norm.weight":
+            k = "hidden_norm"
+        elif k == "norm.weight":
+            k = "norm"
+        else:
+            k = k.replace("input_layernorm.weight", "input_layernorm").replace("post_attention_layernorm.weight", "post_attention_layernorm")
+        out[k] = v
+    return out
+
+
+def load_eagle3(folder: Path, target_lm_head: Tensor, target_hidden: int, dtype: torch.dtype = torch.float32) -> tuple[Eagle3Draft, Eagle3Info]:
+    """Load bundle/draft; the target's lm_head is used when the draft has none (TensorRT-LLM's rule)."""
+    folder = Path(folder)
+    cfg = read_config(folder)
+    archs = cfg.get("architectures") or []
+    if "LlamaForCausalLMEagle3" not in archs and "draft_vocab_size" not in cfg:
+        raise ArtifactError(f"'{folder}' is not an EAGLE-3 draft (architectures {archs})", "expected LlamaForCausalLMEagle3")
+    aux = tuple((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or ())
+    if not aux:
+        raise ArtifactError(f"'{folder}/config.json' has no eagle_config.eagle_aux_hidden_state_layer_ids")
+    args = ModelArgs.from_hf({**cfg, "architectures": ["LlamaForCausalLM"]})
+    vocab, dvocab = cfg["vocab_size"], cfg.get("draft_vocab_size") or cfg["vocab_size"]
+    if args.hidden_size != target_hidden:
+        raise ArtifactError(f"the draft's hidden size {args.hidden_size} does not match the target's {target_hidden}",
+                            "the draft was trained for another model")
+    if vocab != target_lm_head.shape[0]:
+        raise ArtifactError(f"the draft's vocab size {vocab} does not match the target's {target_lm_head.shape[0]}",
+                            "the draft was trained for another model")
+    state = _runtime_keys({k: v.to(dtype) if v.is_floating_point() else v for k, v in read_safetensors(folder).items()})
+    d2t = state.pop("d2t", None)
+    if "lm_head.weight" not in state:
+        if dvocab != vocab:
+            raise ArtifactError(f"'{folder}' has a compressed vocab ({dvocab}) but no lm_head.weight")
+        state["lm_head.weight"] = target_lm_head
+    if d2t is None and dvocab != vocab:
+        raise ArtifactError(f"'{folder}' has a compressed vocab ({dvocab}) but no d2t table")
+    fc = state.get("fc.weight")
+    if fc is None or fc.shape != (args.hidden_size, len(aux) * args.hidden_size):
+        raise ArtifactError(f"'{folder}': fc.weight should be [{args.hidden_size}, {len(aux) * args.hidden_size}]"
+                            f" for {len(aux)} aux layers, got {None if fc is None else list(fc.shape)}")
+    with torch.device("meta"):
+        model = Eagle3Draft(args, len(aux), dvocab, has_norm="norm" in state)
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        raise ArtifactError(f"weights in '{folder}' do not fit its config.json: {str(e)[:300]}") from None
+    model.draft_to_target = torch.arange(dvocab) + (d2t.long() if d2t is not None else 0)
+    info = Eagle3Info(aux, dvocab, vocab, args.hidden_size)
+    return model.eval().requires_grad_(False), info

@@ -1,0 +1,300 @@
+"""A minimal Llama-family decoder in plain torch with a static, roll-back-able KV cache (gpt-fast style).
+
+One forward serves prefill, single-token decode and tree verification:
+
+    logits, aux = model(tokens [T], positions [T], slots [T], length, mask [T, length] | None)
+
+`slots` are the cache rows the T new keys/values are written to; attention reads rows [0, length). The cache keeps
+no length of its own: the caller's pointer is the truth, so rolling back is just using a smaller length again.
+`aux` is the residual stream after the decoder layers listed in `aux_layers` (EAGLE-3's input), concatenated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from trtspec.errors import ArtifactError, ModelError
+
+
+@dataclass
+class ModelArgs:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict = field(default_factory=dict)
+    max_positions: int = 4096
+    tie_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False  # Qwen3
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> ModelArgs:
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ModelError(f"activation '{cfg.get('hidden_act')}' is not supported by the runtime (only silu)")
+        rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        heads = cfg["num_attention_heads"]
+        arch = (cfg.get("architectures") or [""])[0]
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            intermediate_size=cfg["intermediate_size"],
+            norm_eps=cfg.get("rms_norm_eps", 1e-5),
+            rope_theta=float(rope.get("rope_theta") or cfg.get("rope_theta") or 10000.0),
+            rope_scaling=rope,
+            max_positions=cfg.get("max_position_embeddings", 4096),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            qk_norm=arch == "Qwen3ForCausalLM",
+        )
+
+
+def rope_inv_freq(args: ModelArgs) -> tuple[Tensor, float]:
+    """(inverse frequencies, cos/sin scale); scaled ropes (llama3, yarn, linear, ...) via transformers' own tables."""
+    kind = args.rope_scaling.get("rope_type") or args.rope_scaling.get("type") or "default"
+    if kind == "default":
+        return 1.0 / (args.rope_theta ** (torch.arange(0, args.head_dim, 2, dtype=torch.float32) / args.head_dim)), 1.0
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if kind not in ROPE_INIT_FUNCTIONS or kind.startswith("dynamic"):
+        raise ModelError(f"rope scaling '{kind}' is not supported by the runtime", "supported: default, linear, llama3, yarn, longrope")
+    params = {**args.rope_scaling, "rope_type": kind, "rope_theta": args.rope_theta}
+    params.pop("type", None)
+    cfg = LlamaConfig(
+        hidden_size=args.hidden_size, num_attention_heads=args.num_heads, head_dim=args.head_dim,
+        max_position_embeddings=args.max_positions, rope_parameters=params,
+    )
+    inv, scale = ROPE_INIT_FUNCTIONS[kind](cfg, "cpu")
+    return inv.float(), float(scale)
+
+
+def rope_tables(args: ModelArgs, length: int) -> tuple[Tensor, Tensor]:
+    inv, scale = rope_inv_freq(args)
+    freqs = torch.outer(torch.arange(length, dtype=torch.float32), inv)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos() * scale, emb.sin() * scale
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [1, heads, T, D]; cos/sin [T, D] (HF's rotate_half convention)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, in_features: int | None = None):
+        super().__init__()
+        d, hd = in_features or args.hidden_size, args.head_dim
+        self.q_proj = nn.Linear(d, args.num_heads * hd, bias=args.attention_bias)
+        self.k_proj = nn.Linear(d, args.num_kv_heads * hd, bias=args.attention_bias)
+        self.v_proj = nn.Linear(d, args.num_kv_heads * hd, bias=args.attention_bias)
+        self.o_proj = nn.Linear(args.num_heads * hd, args.hidden_size, bias=False)
+        if args.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(hd))
+            self.k_norm = nn.Parameter(torch.ones(hd))
+        self.args = args
+        self.k_cache: Tensor | None = None
+        self.v_cache: Tensor | None = None
+
+    def setup_cache(self, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (1, self.args.num_kv_heads, max_len, self.args.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, length: int, mask: Tensor | None) -> Tensor:
+        T, a = x.shape[1], self.args
+        q = self.q_proj(x).view(1, T, a.num_heads, a.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(1, T, a.num_kv_heads, a.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(1, T, a.num_kv_heads, a.head_dim).transpose(1, 2)
+        if a.qk_norm:
+            q, k = rms_norm(q, self.q_norm, a.norm_eps), rms_norm(k, self.k_norm, a.norm_eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        self.k_cache.index_copy_(2, slots, k)
+        self.v_cache.index_copy_(2, slots, v)
+        keys, values = self.k_cache[:, :, :length], self.v_cache[:, :, :length]
+        # mask None: every cached row is visible (single-token decode); "causal": prefill of an empty cache
+        causal = isinstance(mask, str)
+        y = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=None if causal else mask, is_causal=causal, enable_gqa=True
+        )
+        return self.o_proj(y.transpose(1, 2).reshape(1, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, attn_in: int | None = None):
+        super().__init__()
+        self.self_attn = Attention(args, attn_in)
+        self.mlp = MLP(args)
+        self.input_layernorm = nn.Parameter(torch.ones(args.hidden_size))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(args.hidden_size))
+        self.eps = args.norm_eps
+
+    def forward(self, x: Tensor, cos, sin, slots, length, mask, attn_input: Tensor | None = None) -> Tensor:
+        h = rms_norm(x, self.input_layernorm, self.eps) if attn_input is None else attn_input
+        x = x + self.self_attn(h, cos, sin, slots, length, mask)
+        return x + self.mlp(rms_norm(x, self.post_attention_layernorm, self.eps))
+
+
+class Transformer(nn.Module):
+    """A Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3 dense) with a static KV cache."""
+
+    def __init__(self, args: ModelArgs, aux_layers: tuple[int, ...] = ()):
+        super().__init__()
+        self.args = args
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.num_layers))
+        self.norm = nn.Parameter(torch.ones(args.hidden_size))
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.aux_layers = tuple(aux_layers)
+        self.max_len = 0
+
+    def setup_cache(self, max_len: int) -> None:
+        """(Re)allocate the KV cache and the rope tables for max_len positions."""
+        p = self.lm_head.weight
+        for layer in self.layers:
+            layer.self_attn.setup_cache(max_len, p.dtype, p.device)
+        cos, sin = rope_tables(self.args, max_len)
+        self.cos, self.sin = cos.to(p), sin.to(p)
+        self.max_len = max_len
+
+    def forward(
+        self, tokens: Tensor, positions: Tensor, slots: Tensor, length: int, mask, logits_from: int = 0
+    ) -> tuple[Tensor, Tensor | None]:
+        """tokens/positions/slots [T] -> (logits [T - logits_from, V], aux [T, A] or None)."""
+        x = self.embed_tokens(tokens)[None]
+        cos, sin = self.cos[positions], self.sin[positions]
+        aux = []
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, slots, length, mask)
+            if i in self.aux_layers:
+                aux.append(x)
+        x = rms_norm(x[:, logits_from:], self.norm, self.args.norm_eps)
+        return self.lm_head(x)[0], torch.cat(aux, dim=-1)[0] if aux else None
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+
+def read_config(folder: Path) -> dict:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise ArtifactError(f"'{folder}' has no config.json", "is it a Hugging Face model folder?")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ArtifactError(f"'{path}' is not valid JSON ({e})") from None
+
+
+def read_safetensors(folder: Path) -> dict[str, Tensor]:
+    """All tensors of an HF folder (single file or sharded with an index)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ArtifactError(f"'{folder}' has no .safetensors weights", "re-run the stage that wrote it")
+    state: dict[str, Tensor] = {}
+    for f in files:
+        try:
+            state.update(load_file(str(f)))
+        except (SafetensorError, OSError) as e:
+            raise ArtifactError(f"'{f}' is not a readable safetensors file ({e})") from None
+    return state
+
+
+def dequantize(state: dict[str, Tensor], dtype: torch.dtype) -> tuple[dict[str, Tensor], list[str]]:
+    """Undo modelopt's weight quantization: W = W_q * weight_scale, pre_quant_scale folded into W's columns.
+
+    Activation and KV-cache quantization are not simulated (input_scale/k_scale/v_scale are dropped).
+    Returns the float state dict and notes on what was done.
+    """
+    out, notes = {}, set()
+    for k, v in state.items():
+        base = k.rsplit(".", 1)[0]
+        if k.endswith((".input_scale", ".k_scale", ".v_scale", ".output_scale", ".weight_scale", ".pre_quant_scale", ".weight_scale_2")):
+            notes.add(k.rsplit(".", 1)[1])
+            continue
+        if k.endswith(".weight") and f"{base}.weight_scale" in state:
+            if v.dtype in (torch.uint8, torch.int32) or f"{base}.weight_scale_2" in state:
+                raise ArtifactError(f"'{k}' is packed ({v.dtype}); the runtime dequantizes fp8/int8 weights only")
+            scale = state[f"{base}.weight_scale"].float()
+            w = v.float()
+            if scale.dim() == 1 and scale.numel() == w.shape[0]:
+                scale = scale[:, None]
+            w = w * scale
+            if f"{base}.pre_quant_scale" in state:  # y = W (x * s) = (W * s) x
+                w = w * state[f"{base}.pre_quant_scale"].float()[None, :]
+            v = w
+        out[k] = v.to(dtype) if v.is_floating_point() else v
+    return out, sorted(notes)
+
+
+def _strip(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    return {k.removeprefix(prefix): v for k, v in state.items()}
+
+
+def hf_to_runtime_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """HF Llama names -> this module's names (norm weights are plain parameters here)."""
+    out = {}
+    for k, v in _strip(state, "model.").items():
+        k = k.replace("input_layernorm.weight", "input_layernorm").replace("post_attention_layernorm.weight", "post_attention_layernorm")
+        k = k.replace("self_attn.q_norm.weight", "self_attn.q_norm").replace("self_attn.k_norm.weight", "self_attn.k_norm")
+        out["norm" if k == "norm.weight" else k] = v
+    return out
+
+
+def load_transformer(folder: Path, dtype: torch.dtype = torch.float32, aux_layers=(), device: str = "cpu") -> tuple[Transformer, list[str]]:
+    """Load an HF Llama-family folder into the runtime model. Returns (model, dequantization notes)."""
+    from trtspec.models import SUPPORTED_ARCHS
+
+    cfg = read_config(folder)
+    arch = (cfg.get("architectures") or ["?"])[0]
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelError(f"'{folder}': architecture '{arch}' is not supported by the runtime", f"supported: {', '.join(SUPPORTED_ARCHS)}")
+    args = ModelArgs.from_hf(cfg)
+    bad = [i for i in aux_layers if not 0 <= i < args.num_layers]
+    if bad:
+        raise ArtifactError(f"aux hidden state layers {bad} do not exist in a {args.num_layers}-layer target")
+    state, notes = dequantize(read_safetensors(folder), dtype)
+    state = hf_to_runtime_keys(state)
+    if "lm_head.weight" not in state:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    with torch.device("meta"):
+        model = Transformer(args, aux_layers)
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        raise ArtifactError(f"weights in '{folder}' do not fit its config.json: {str(e)[:300]}") from None
+    return model.to(device).eval().requires_grad_(False), notes
