@@ -163,7 +163,31 @@ _stage_command("train", "Train the EAGLE-3 draft head with the base frozen (HF T
 _stage_command("quantize", "Post-training quantization of the base model with modelopt (mtq).")
 _stage_command("export", "Export target + draft checkpoints, ONNX of the head, and the deployment bundle.")
 _stage_command("engine", "Load the bundle in TensorRT-LLM (needs tensorrt_llm and a GPU) and measure it.")
-_stage_command("validate", "Check outputs equal the PyTorch model's, and measure acceptance and speedup.")
+_validate = _stage_command("validate", "Check outputs equal the PyTorch model's, and measure acceptance and speedup.")
+# gates (and the prompt file) map onto validate.* config keys, so build and validate share one code path
+for _flag, _key, _type in (
+    ("--require-exact", "require_exact", None),
+    ("--min-speedup", "min_speedup", float),
+    ("--min-acceptance-length", "min_acceptance_length", float),
+    ("--prompts", "prompts", click.Path(dir_okay=False)),
+):
+    _validate.params.append(
+        click.Option([_flag], is_flag=_type is None, default=None, type=_type,
+                     help=f"Sets validate.{_key}" + (" (exit 1 when missed)." if _key != "prompts" else ": JSONL (prompt|messages) or text.")))
+
+
+def _validate_callback(config, out, overrides, force, as_json, require_exact, min_speedup, min_acceptance_length, prompts):
+    sets = list(overrides)
+    for key, value in (("require_exact", require_exact), ("min_speedup", min_speedup),
+                       ("min_acceptance_length", min_acceptance_length)):
+        if value:
+            sets.append(f"validate.{key}={str(value).lower() if isinstance(value, bool) else value}")
+    if prompts:
+        sets.append(f"validate.prompts={Path(prompts).resolve()}")
+    _build(config, out, sets, "validate" if force else None, "validate", False, as_json, stage_command=True)
+
+
+_validate.callback = _validate_callback
 
 
 @main.command(context_settings=CONTEXT)

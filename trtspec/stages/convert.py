@@ -83,7 +83,9 @@ def derive_eagle_config(base: Any, convert: Any) -> dict:
                 f"known: {', '.join(sorted(arch))}",
             )
         arch[key] = value
-    cfg.update(eagle_decoder_type="llama", eagle_offline=False, eagle_use_torch_compile=False)
+    # modelopt 0.47 writes a yarn rope (factor 32) into the exported draft config whenever training used the
+    # default rope; the draft would then be served with a rope it was never trained with. Export what we train.
+    cfg.update(eagle_decoder_type="llama", eagle_offline=False, eagle_use_torch_compile=False, eagle_export_rope_scaling={})
     return cfg
 
 
