@@ -1,9 +1,224 @@
-"""The export stage (placeholder until its issue lands: it records itself as skipped, never as done)."""
+"""The export stage: the deployment bundle (RUN_DIR/bundle), movable as one folder.
+
+  target/   the base as an HF folder: modelopt's unified checkpoint (export_hf_checkpoint, + hf_quant_config.json)
+            when quantized, else a plain save_pretrained; tokenizer and generation_config beside it
+  draft/    the EAGLE-3 head as modelopt's export_speculative_decoding writes it (LlamaForCausalLMEagle3), rebuilt
+            on the *unquantized* base from train/head.safetensors, checked against trtspec/checkpoint.py's table
+  onnx/     the draft head as ONNX, checked against PyTorch with onnxruntime (export.onnx)
+  README.md what was built and how to serve it; llm_api_options.yaml, serve.sh, triton/, snippets/ (serving.py)
+
+Every path written into the bundle is relative to it. The draft was trained on the unquantized base and is
+served with the quantized one: when the base is quantized, acceptance with both is measured here.
+"""
 
 from __future__ import annotations
 
-from trtspec.pipeline import StageContext, StageSkipped
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import ArtifactError
+from trtspec.pipeline import StageContext
+
+
+def load_eagle_config(train_dir: Path) -> dict:
+    from trtspec.artifacts import read_json
+
+    cfg = read_json(train_dir / "eagle_config.json")
+    # modelopt 0.47 writes a yarn rope_scaling (factor 32) into the exported config unless this is empty: the head
+    # was trained with the base's rope, and TensorRT-LLM / the PyTorch runtime must apply that same rope
+    cfg["eagle_export_rope_scaling"] = {}
+    return cfg
+
+
+def build_draft_model(base: Any, train_dir: Path) -> Any:
+    """The base with the trained EAGLE-3 head attached (trtspec.eagle), in eval mode."""
+    from trtspec import eagle
+
+    model = eagle.build_eagle_model(base, load_eagle_config(train_dir))
+    eagle.load_head(model, train_dir / eagle.HEAD_FILE)
+    return model.eval()
+
+
+def export_draft(model: Any, out: Path, dtype: Any) -> None:
+    """export_speculative_decoding with the head cast to `dtype`; config.json's torch_dtype says so."""
+    from modelopt.torch.export import export_speculative_decoding
+
+    model.eagle_module.to(dtype)  # floating tensors only: d2t stays int64
+    export_speculative_decoding(model, export_dir=out)
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def export_target(model: Any, tok: Any, out: Path, dtype: Any, quantized: bool) -> None:
+    """The target as an HF folder: modelopt's unified (quantized) checkpoint, or a plain save."""
+    if quantized:
+        from modelopt.torch.export import export_hf_checkpoint
+
+        export_hf_checkpoint(model, dtype=dtype, export_dir=out)
+    else:
+        model.to(dtype).save_pretrained(out)
+    tok.save_pretrained(out)
+    for name in ("config.json", "generation_config.json"):
+        if not (out / name).is_file():
+            raise ArtifactError(f"the target export wrote no {name}", "check the model's transformers version")
+
+
+def acceptance_lengths(ctx: StageContext, draft_model: Any, targets: dict[str, Any], k: int) -> dict[str, float]:
+    """AL@k of the trained head with each target `targets[name]()` loads (train stage's exact greedy simulation).
+
+    Each target writes its own greedy answers to the same held-out prompts as the train stage's evaluation, and
+    the head drafts from that target's hidden states: AL = tokens per target forward (1 = the draft never helps).
+    """
+    from trtspec.models import load_tokenizer, resolve_model
+    from trtspec.stages.train import build_eval_set, evaluate_acceptance
+
+    data_dir, _ = ctx.run.require("data")  # upstream of both train and quantize
+    lines = (data_dir / "heldout.jsonl").read_text(encoding="utf-8").splitlines()[: ctx.cfg.train.eval_prompts]
+    rows = [json.loads(line) for line in lines]
+    if not rows:
+        return {}
+    tok = load_tokenizer(resolve_model(ctx.cfg.model.source))
+    aux = draft_model.eagle_config.eagle_aux_hidden_state_layer_ids
+    out = {}
+    for name, load in targets.items():
+        base = load()  # one target in memory at a time
+        ctx.log(f"acceptance with the {name} target ({len(rows)} held-out prompts)")
+        cache = ctx.work / f"eval_{name}.pt"
+        eval_set = build_eval_set(base, tok, rows, aux, ctx.cfg.data.max_new_tokens, cache, ctx.log)
+        out[name] = evaluate_acceptance(draft_model, eval_set, k)[f"AL@{k}"]
+        del base, eval_set
+    return out
+
+
+def write_readme(bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
+    from trtspec.artifacts import package_versions
+
+    source = cfg.model.source
+    if not source.startswith("demo:") and Path(source).expanduser().exists():
+        source = Path(source).name  # a local folder: its name only, the bundle must not name this machine's paths
+    quant = info["quant_format"] + (" + fp8 KV cache" if info.get("kv_cache") == "fp8" else "")
+    lines = [
+        "# trtspec deployment bundle",
+        "",
+        f"Target `{source}` ({quant}, {info['target_dtype']}) with an EAGLE-3 draft head "
+        f"({info['draft_params'] / 1e6:.1f}M parameters, {info['draft_dtype']}, aux layers {info['aux_layers']}, "
+        f"draft vocab {info['draft_vocab_size']}).",
+        "",
+        "| folder | what |",
+        "|---|---|",
+        "| `target/` | the target, HF format" + (" (modelopt unified checkpoint, `hf_quant_config.json`)" if info["quant_format"] != "none" else "") + " |",
+        "| `draft/` | the EAGLE-3 draft (`LlamaForCausalLMEagle3`), as TensorRT-LLM, vLLM and SGLang load it |",
+    ]
+    if "onnx" in metrics:
+        lines.append("| `onnx/` | one draft step as ONNX (float32; inputs aux_hidden_states, input_embeds, position_ids) |")
+    lines += [
+        "| `llm_api_options.yaml` | TensorRT-LLM LLM-API options (speculative_config points at `./draft`) |",
+        "| `serve.sh`, `triton/`, `snippets/` | trtllm-serve, Triton and vLLM/SGLang launchers |",
+        "",
+        "## Run it",
+        "",
+        "```bash",
+        "cd bundle            # every path here is relative to this folder",
+        "./serve.sh           # trtllm-serve ./target --config llm_api_options.yaml",
+        "```",
+        "",
+        "## Checks done at export",
+        "",
+        f"- draft checkpoint matches the EAGLE-3 key/shape table ({info['draft_params']} parameters)",
+    ]
+    if "onnx" in metrics:
+        from trtspec.onnx_export import format_onnx_check
+
+        lines.append(f"- ONNX vs PyTorch, max abs diff: {format_onnx_check(metrics['onnx'])}")
+    if "acceptance_length_quantized" in metrics:
+        lines.append(
+            f"- acceptance length (greedy chains of {info['max_draft_len']} drafts, held-out prompts): "
+            f"{metrics['acceptance_length_unquantized']:.2f} with the unquantized target, "
+            f"{metrics['acceptance_length_quantized']:.2f} with the {info['quant_format']} target"
+        )
+    versions = ", ".join(f"{k} {v}" for k, v in package_versions().items())
+    lines += ["", "## Built with", "", versions, ""]
+    (bundle / "README.md").write_text("\n".join(lines), encoding="utf-8")
 
 
 def run(ctx: StageContext) -> dict:
-    raise StageSkipped("the export stage is not implemented yet")
+    from trtspec import serving
+    from trtspec.checkpoint import check_draft_checkpoint
+    from trtspec.models import load_model, load_tokenizer, resolve_model, torch_dtype
+    from trtspec.stages.quantize import fold_weights, read_quant_json, restore_quantized
+
+    t0 = time.time()
+    cfg, out = ctx.cfg, ctx.out
+    path = resolve_model(cfg.model.source)
+    tok = load_tokenizer(path)
+    quant_dir = ctx.inputs["quantize"]
+    quant = read_quant_json(quant_dir)
+    quantized = quant["format"] != "none"
+    dtype = torch_dtype(cfg.model.dtype)
+    draft_dtype = dtype if cfg.export.draft_dtype == "auto" else torch_dtype(cfg.export.draft_dtype)
+    train_dir = ctx.inputs["train"]
+    steps = cfg.engine.max_draft_len
+    metrics: dict[str, Any] = {}
+
+    ctx.log(f"draft: the trained EAGLE-3 head on the unquantized base, exported as {draft_dtype}")
+    t_draft = time.time()
+    draft_model = build_draft_model(load_model(path, cfg.model.dtype), train_dir)
+    export_draft(draft_model, out / "draft", draft_dtype)
+    draft = check_draft_checkpoint(out / "draft", path)
+    export_s = time.time() - t_draft
+
+    if quantized:  # the head was trained on the unquantized target and will be served with the quantized one
+        t_al = time.time()
+        draft_model.eagle_module.to(dtype)
+        targets = {"unquantized": lambda: load_model(path, cfg.model.dtype),
+                   quant["format"]: lambda: fold_weights(restore_quantized(load_model(path, cfg.model.dtype), quant_dir))}
+        al = acceptance_lengths(ctx, draft_model, targets, steps)
+        if al:
+            metrics.update(acceptance_length_unquantized=al["unquantized"], acceptance_length_quantized=al[quant["format"]],
+                           acceptance_s=round(time.time() - t_al, 1))
+    del draft_model
+
+    ctx.log(f"target: {'modelopt unified checkpoint, ' + quant['format'] if quantized else 'HF save'}, {dtype}")
+    target = load_model(path, cfg.model.dtype)
+    if quantized:
+        target = restore_quantized(target, quant_dir)
+    t_target = time.time()
+    export_target(target, tok, out / "target", dtype, quantized)
+    export_s += time.time() - t_target
+    del target
+
+    if cfg.export.onnx:
+        from trtspec.onnx_export import export_onnx, format_onnx_check
+
+        metrics["onnx"] = export_onnx(out / "draft", out / "onnx", cfg.export.onnx_tolerance)
+        ctx.log("onnx: " + format_onnx_check(metrics["onnx"]))
+
+    info = {
+        "target_dtype": str(dtype).removeprefix("torch."),
+        "draft_dtype": draft["dtype"],
+        "quant_format": quant["format"],
+        "kv_cache": quant.get("kv_cache", "none"),
+        "aux_layers": draft["aux_layers"],
+        "draft_vocab_size": draft["draft_vocab_size"],
+        "draft_params": draft["parameters"],
+        "max_draft_len": steps,
+    }
+    write_readme(out, cfg, info, metrics)
+    serving_files = serving.write_serving_files(out, cfg, info)
+    seconds = time.time() - t0
+    metrics.update(info, serving_files=serving_files, export_s=round(export_s, 1), stage_s=round(seconds, 1))
+    al = ""
+    if "acceptance_length_quantized" in metrics:
+        before, after = metrics["acceptance_length_unquantized"], metrics["acceptance_length_quantized"]
+        metrics["acceptance_change_pct"] = round(100 * (after / before - 1), 1)
+        al = f", AL {before:.2f} -> {after:.2f} with the {quant['format']} target"
+        if after < 0.9 * before:
+            ctx.log(f"warning: the {quant['format']} target lowers acceptance by {-metrics['acceptance_change_pct']:.0f}% "
+                    "(more than 10%): consider a milder format, or training the head on the quantized target")
+    onnx = f", ONNX ✓ (max diff {max(metrics['onnx']['max_abs_diff'].values()):.1g})" if "onnx" in metrics else ""
+    metrics["headline"] = f"target ({quant['format']}) + draft ({draft['dtype']}) written in {export_s:.0f}s{onnx}{al}"
+    return metrics

@@ -1,0 +1,210 @@
+"""The export stage on the tiny Llama: bundle layout, the draft key/shape table, ONNX vs PyTorch, movability."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from stagekit import make_data, make_train, stage_ctx, tiny_config
+
+from trtspec.checkpoint import check_draft_checkpoint, expected_keys
+from trtspec.errors import ArtifactError, ConfigError
+from trtspec.stages import export, quantize
+
+TEXT_SUFFIXES = {".json", ".yaml", ".yml", ".md", ".sh", ".txt", ".pbtxt", ".jinja", ".py", ""}
+
+
+def _export(tmp: Path, model_dir: Path, quant: dict) -> tuple:
+    run = tmp / "run"
+    data = make_data(run, model_dir)
+    train = make_train(run, model_dir)
+    cfg = tiny_config(model_dir, tmp, quantize={"calib_samples": 2, "eval_prompts": 1, "eval_new_tokens": 4, **quant},
+                      engine={"max_draft_len": 2})
+    qctx = stage_ctx(cfg, run, "quantize", {"data": data})
+    quantize.run(qctx)
+    ctx = stage_ctx(cfg, run, "export", {"train": train, "convert": train, "quantize": qctx.out})
+    return ctx, export.run(ctx)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory, tiny_model_dir):
+    return _export(tmp_path_factory.mktemp("plain"), tiny_model_dir, {"format": "none"})
+
+
+@pytest.fixture(scope="module")
+def fp8(tmp_path_factory, tiny_model_dir):
+    return _export(tmp_path_factory.mktemp("fp8"), tiny_model_dir, {"format": "fp8", "kv_cache": "fp8"})
+
+
+def test_bundle_layout(plain):
+    ctx, m = plain
+    b = ctx.out
+    for f in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (b / "target" / f).is_file(), f
+    assert not (b / "target" / "hf_quant_config.json").exists()
+    draft = json.loads((b / "draft" / "config.json").read_text())
+    assert draft["architectures"] == ["LlamaForCausalLMEagle3"] and draft["draft_vocab_size"] == 256
+    assert draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    # the head was trained with the base's rope: modelopt's default yarn override must not reach the bundle
+    assert (draft.get("rope_scaling") or {}).get("rope_type", "default") == "default"
+    assert (b / "onnx" / "draft_head.onnx").is_file() and (b / "README.md").is_file()
+    for f in m["serving_files"]:
+        assert (b / f).is_file(), f
+    assert m["draft_dtype"] == "float32" and m["quant_format"] == "none"
+    assert all(m["onnx"]["ok"].values()) and "ONNX ✓" in m["headline"]
+
+
+def test_draft_holds_the_trained_head(plain):
+    """The exported draft is the head from train/ (with d2t), not head_init or a re-initialized one."""
+    from safetensors.torch import load_file
+
+    ctx, _ = plain
+    head = load_file(str(ctx.inputs["train"] / "head.safetensors"))
+    draft = load_file(str(ctx.out / "draft" / "model.safetensors"))
+    assert set(draft) == set(head)  # the head has its own lm_head (compressed vocab) and d2t
+    for k in head:
+        assert (draft[k] == head[k]).all(), k
+
+
+def test_bundle_has_no_absolute_paths_and_moves(plain, tmp_path, tiny_model_dir):
+    """No text file in the bundle names a path of this machine (paths inside containers, like /tmp/repo, are fine)."""
+    from trtspec.models import cache_dir
+
+    ctx, _ = plain
+    forbidden = {str(ctx.run.path.parent), str(tiny_model_dir), str(cache_dir()), str(Path.home()),
+                 str(Path(__file__).resolve().parents[1])}
+    checked = 0
+    for p in ctx.out.rglob("*"):
+        if p.is_file() and p.suffix in TEXT_SUFFIXES:
+            text = p.read_text(encoding="utf-8", errors="replace")
+            checked += 1
+            for bad in forbidden:
+                assert bad not in text, f"{p.relative_to(ctx.out)} names {bad}"
+    assert checked >= 10
+    moved = tmp_path / "elsewhere" / "bundle"
+    shutil.copytree(ctx.out, moved)
+    info = check_draft_checkpoint(moved / "draft", moved / "target")
+    assert info["aux_layers"] == [0, 1, 2]
+
+
+def test_fp8_bundle_and_acceptance(fp8):
+    ctx, m = fp8
+    hf = json.loads((ctx.out / "target" / "hf_quant_config.json").read_text())["quantization"]
+    assert hf["quant_algo"] == "FP8" and hf["kv_cache_quant_algo"] == "FP8"
+    assert "lm_head" in hf["exclude_modules"]
+    assert (ctx.out / "target" / "tokenizer.json").is_file()
+    # the head (trained unquantized) measured with both targets
+    for k in ("acceptance_length_unquantized", "acceptance_length_quantized"):
+        assert 1.0 <= m[k] <= 3.0
+    assert "AL" in m["headline"]
+    assert m["quant_format"] == "fp8" and m["kv_cache"] == "fp8"
+
+
+def _rewrite(draft: Path, tensors: dict) -> None:
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(draft / "model.safetensors"))
+
+
+def test_checkpoint_table_lists_every_problem(plain, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    ctx, _ = plain
+    draft = tmp_path / "draft"
+    shutil.copytree(ctx.out / "draft", draft)
+    t = load_file(str(draft / "model.safetensors"))
+    del t["layers.0.hidden_norm.weight"]
+    t["fc.weight"] = torch.zeros(64, 128)  # 2 aux layers' width instead of 3
+    t["layers.0.extra.weight"] = torch.zeros(1)
+    t["d2t"] = torch.full((256,), 10**6)
+    _rewrite(draft, t)
+    with pytest.raises(ArtifactError) as e:
+        check_draft_checkpoint(draft, ctx.out / "target")
+    msg = e.value.message
+    assert "4 problem(s)" in msg
+    for part in ("missing required tensor 'layers.0.hidden_norm.weight'", "'fc.weight' has shape [64, 128], expected [64, 192]",
+                 "unexpected tensor 'layers.0.extra.weight'", "'d2t' maps draft ids outside"):
+        assert part in msg
+
+
+def test_checkpoint_config_against_target(plain, tmp_path):
+    ctx, _ = plain
+    draft = tmp_path / "draft"
+    shutil.copytree(ctx.out / "draft", draft)
+    target = json.loads((ctx.out / "target" / "config.json").read_text())
+    with pytest.raises(ArtifactError, match=r"hidden_size 64 != target's 128.*outside the target's 2 layers"):
+        check_draft_checkpoint(draft, {**target, "hidden_size": 128, "num_hidden_layers": 2})
+    cfg = json.loads((draft / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    del cfg["draft_vocab_size"]
+    (draft / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ArtifactError, match="lacks LlamaForCausalLMEagle3.*missing 'draft_vocab_size'"):
+        check_draft_checkpoint(draft, target)
+
+
+def test_expected_keys_follow_the_config():
+    cfg = {"hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4, "intermediate_size": 16,
+           "vocab_size": 100, "draft_vocab_size": 50, "num_hidden_layers": 2,
+           "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}}
+    keys = expected_keys(cfg)
+    assert keys["fc.weight"] == ((8, 24), True)
+    assert keys["layers.0.self_attn.q_proj.weight"] == ((8, 16), True)  # layer 0 reads cat(embeds, h): 2H
+    assert keys["layers.1.self_attn.k_proj.weight"] == ((4, 8), True)
+    assert "layers.1.hidden_norm.weight" not in keys
+    assert keys["d2t"] == ((50,), False) and keys["lm_head.weight"] == ((50, 8), False)
+
+
+def test_onnx_reports_every_output_over_tolerance(plain, tmp_path):
+    from trtspec.onnx_export import export_onnx
+
+    ctx, m = plain
+    assert max(m["onnx"]["max_abs_diff"].values()) < 1e-4
+    with pytest.raises(ArtifactError, match=r"logits: max abs diff .* > 1e-12; hidden_states: max abs diff"):
+        export_onnx(ctx.out / "draft", tmp_path / "onnx", tolerance=1e-12)
+
+
+def test_onnx_head_matches_modelopt_head(plain, tiny_model_dir):
+    """The exported draft, read back as plain torch (what the ONNX graph computes), equals modelopt's EAGLE-3
+    module with trtspec.eagle's first-layer semantics on the same inputs."""
+    import torch
+
+    from trtspec.models import load_model
+    from trtspec.onnx_export import load_draft_head, sample_inputs
+
+    ctx, _ = plain
+    head, cfg = load_draft_head(ctx.out / "draft")
+    model = export.build_draft_model(load_model(tiny_model_dir, "float32", "cpu"), ctx.inputs["train"])
+    aux, embeds, pos = sample_inputs(cfg, 2, 6)
+    mask = torch.full((6, 6), float("-inf")).triu(1)[None, None].expand(2, 1, 6, 6)
+    with torch.no_grad():
+        em = model.eagle_module
+        post, pre, _ = em(em.fc(aux), embeds, mask, position_ids=pos)
+        logits, hidden = head(aux, embeds, pos)
+    assert torch.allclose(hidden, pre, atol=1e-5) and torch.allclose(logits, em.lm_head(post), atol=1e-5)
+
+
+def test_refuses_to_overwrite_a_foreign_bundle(tmp_path):
+    from trtspec.artifacts import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.ensure()
+    (run.path / "bundle").mkdir()
+    (run.path / "bundle" / "my-notes.txt").write_text("not from trtspec")
+    with pytest.raises(ArtifactError, match="is not a trtspec artifact"):
+        run.invalidate("export")
+    assert (run.path / "bundle" / "my-notes.txt").is_file()
+
+
+def test_every_build_config_validates():
+    from trtspec.config import load_config
+
+    configs = sorted((Path(__file__).resolve().parents[1] / "build_configs").glob("*.yaml"))
+    assert len(configs) >= 5
+    for p in configs:
+        try:
+            load_config(p)
+        except ConfigError as e:  # name the file in the failure
+            pytest.fail(f"{p.name}: {e}")

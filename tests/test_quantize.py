@@ -1,0 +1,136 @@
+"""The quantize stage on the tiny Llama: up-front checks, PTQ formats, and that the saved state rebuilds the model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from stagekit import make_data, stage_ctx, tiny_config
+
+from trtspec.errors import ConfigError, MissingDependency
+from trtspec.stages import quantize
+
+
+def test_block_size_picks_largest_that_divides_every_layer():
+    assert quantize.pick_block_size({"a": 4096, "b": 14336}, None) == 128
+    # SmolLM2: hidden 576 = 9 * 64, not a multiple of 128
+    assert quantize.pick_block_size({"q_proj": 576, "down_proj": 1536}, None) == 64
+    assert quantize.pick_block_size({"q_proj": 576}, 32) == 32
+
+
+def test_block_size_errors_name_the_layers():
+    with pytest.raises(ConfigError, match=r"block_size 128.*q_proj \(576\)") as e:
+        quantize.pick_block_size({"model.layers.0.self_attn.q_proj": 576, "mlp.down_proj": 1536}, 128)
+    assert "down_proj" not in e.value.message  # 1536 is a multiple of 128: only the layer that fails is named
+    with pytest.raises(ConfigError, match=r"odd \(100\)"):
+        quantize.pick_block_size({"odd": 100, "even": 128}, None)
+
+
+class Q:  # a QuantizeSection stand-in for the checks
+    def __init__(self, **kw):
+        self.format, self.block_size, self.quantize_lm_head = kw.get("format", "fp8"), kw.get("block_size"), kw.get("lm", False)
+
+
+def test_nvfp4_needs_cuda(monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(MissingDependency, match="nvfp4 needs a CUDA GPU"):
+        quantize.check_quant_config(Q(format="nvfp4"))
+
+
+def test_config_checks():
+    with pytest.raises(ConfigError, match="block_size applies to int4_awq and w4a8_awq"):
+        quantize.check_quant_config(Q(format="fp8", block_size=64))
+
+    class Tied:
+        tie_word_embeddings = True
+
+    with pytest.raises(ConfigError, match="shares its weights with the embeddings"):
+        quantize.check_quant_config(Q(format="fp8", lm=True), Tied())
+
+
+def test_quant_config_sets_block_kv_and_lm_head():
+    cfg = quantize.quant_config("w4a8_awq", "fp8", 64, quantize_lm_head=True)
+    weight = next(e for e in cfg["quant_cfg"] if e.get("quantizer_name") == "*weight_quantizer")
+    assert weight["cfg"][0]["block_sizes"][-1] == 64
+    names = [e.get("quantizer_name") for e in cfg["quant_cfg"]]
+    assert "*[kv]_bmm_quantizer" in names and "*lm_head*" not in names
+    # the preset itself is untouched
+    assert "*lm_head*" in [e.get("quantizer_name") for e in quantize.quant_config("w4a8_awq", "none", 64, False)["quant_cfg"]]
+
+
+def test_format_none_writes_quant_json(tmp_path, tiny_model_dir):
+    ctx = stage_ctx(tiny_config(tiny_model_dir, tmp_path), tmp_path / "run", "quantize", {})
+    metrics = quantize.run(ctx)
+    assert json.loads((ctx.out / "quant.json").read_text()) == {"format": "none"}
+    assert "not quantized" in metrics["headline"]
+
+
+@pytest.fixture(scope="module")
+def fp8_run(tmp_path_factory, tiny_model_dir):
+    run = tmp_path_factory.mktemp("q") / "run"
+    data = make_data(run, tiny_model_dir)
+    cfg = tiny_config(tiny_model_dir, run.parent, quantize={"format": "fp8", "kv_cache": "fp8", "calib_samples": 4,
+                                                           "eval_prompts": 2, "eval_new_tokens": 8})
+    ctx = stage_ctx(cfg, run, "quantize", {"data": data})
+    return ctx, quantize.run(ctx)
+
+
+def test_fp8_metrics_and_state(fp8_run):
+    ctx, m = fp8_run
+    info = json.loads((ctx.out / "quant.json").read_text())
+    assert info["format"] == "fp8" and info["kv_cache"] == "fp8" and info["quantized_layers"] == 4 * 7
+    for f in info["files"]:
+        assert (ctx.out / f).is_file()
+    assert m["perplexity_before"] > 1 and m["perplexity_after"] > 1
+    assert 0 <= m["greedy_agreement"] <= 1 and 0 <= m["identical_outputs"] <= 2
+    assert m["restore_max_logit_diff"] == 0.0
+    assert "perplexity" in m["headline"] and "agreement" in m["headline"]
+
+
+def test_restore_rebuilds_a_quantized_model(fp8_run, tiny_model_dir):
+    import torch
+
+    from trtspec.models import load_model
+
+    ctx, _ = fp8_run
+    base = load_model(tiny_model_dir, "float32", "cpu")
+    ids = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = base(ids).logits
+        restored = quantize.restore_quantized(load_model(tiny_model_dir, "float32", "cpu"), ctx.out)
+        quant = restored(ids).logits
+    q = restored.model.layers[0].self_attn.k_proj
+    assert q.weight_quantizer.is_enabled and q.input_quantizer.amax is not None
+    assert restored.model.layers[0].self_attn.k_bmm_quantizer.is_enabled  # fp8 KV cache
+    assert not restored.lm_head.weight_quantizer.is_enabled  # lm_head stays unquantized
+    assert 0 < (plain - quant).abs().max() < 1.0  # quantization changed the logits, a little
+    with torch.no_grad():
+        folded = quantize.fold_weights(restored)(ids).logits
+    assert torch.allclose(folded, quant, atol=1e-5)  # folding the weights changes speed, not numbers
+
+
+def test_int4_awq_picks_block_and_exports(tmp_path, tiny_model_dir):
+    """The tiny model's widths are 64 and 128: block 64, and modelopt's exporter accepts it."""
+    from modelopt.torch.export import export_hf_checkpoint
+
+    from trtspec.models import load_model
+
+    run = tmp_path / "run"
+    data = make_data(run, tiny_model_dir)
+    cfg = tiny_config(tiny_model_dir, tmp_path, quantize={"format": "int4_awq", "calib_samples": 2, "eval_prompts": 1,
+                                                          "eval_new_tokens": 4})
+    ctx = stage_ctx(cfg, run, "quantize", {"data": data})
+    m = quantize.run(ctx)
+    assert m["block_size"] == 64 and "int4_awq/block 64" in m["headline"]
+    model = quantize.restore_quantized(load_model(tiny_model_dir, "float32", "cpu"), ctx.out)
+    export_hf_checkpoint(model, export_dir=tmp_path / "exported")
+    algo = json.loads((tmp_path / "exported" / "hf_quant_config.json").read_text())["quantization"]
+    assert algo["quant_algo"] == "W4A16_AWQ" and algo["group_size"] == 64
+
+
+def test_block_size_that_does_not_divide_fails_before_calibration(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    cfg = tiny_config(tiny_model_dir, tmp_path, quantize={"format": "int4_awq", "block_size": 48})
+    ctx = stage_ctx(cfg, run, "quantize", {"data": run / "data-not-needed"})
+    with pytest.raises(ConfigError, match="block_size 48"):
+        quantize.run(ctx)
