@@ -64,8 +64,8 @@ def test_validate_writes_report(tmp_path, run_inputs):
     r = json.loads((tmp_path / "out" / "report.json").read_text())
     assert r["greedy_match"] == {"matched": 2, "total": 2, "first_divergence": {}, "runtime_no_draft_matched": 2}
     assert r["prompts"] == 2 and r["draft_len"] == 3 and r["acceptance_length"] >= 1.0
-    assert set(r["tokens_per_s"]) == {"hf_generate", "runtime_no_draft", "speculative", "hf_prompt_lookup"}
-    assert "hf_assisted" in r["skipped"]
+    assert set(r["tokens_per_s"]) == {"hf_generate", "runtime_no_draft", "speculative", "hf_prompt_lookup", "hf_assisted"}
+    assert "assistant_early_exit" in r["method_notes"]["hf_assisted"]
     assert r["speedup_vs_hf"] == pytest.approx(r["tokens_per_s"]["speculative"] / r["tokens_per_s"]["hf_generate"], rel=0.01)
     assert set(r["per_category"]) == {"math", "chat"}
     assert r["sampling_check"]["passed"], r["sampling_check"]

@@ -82,9 +82,10 @@ def _markdown(r: dict, plots: list[str]) -> str:
         "|---|---|---|",
     ]
     lines += [f"| {c} | {v['acceptance_length']:.2f} | {v['steps']} |" for c, v in r["per_category"].items()]
-    lines += ["", "## Speed (batch 1, interleaved repetitions, median)", "", "| method | tokens/s |", "|---|---|"]
-    lines += [f"| {m} | {t:.1f} |" for m, t in r["tokens_per_s"].items()]
-    lines += [f"| {m} | skipped: {why} |" for m, why in r["skipped"].items()]
+    lines += ["", "## Speed (batch 1, interleaved repetitions, median)", "", "| method | tokens/s | |", "|---|---|---|"]
+    notes = r.get("method_notes", {})
+    lines += [f"| {m} | {t:.1f} | {notes.get(m, '')} |" for m, t in r["tokens_per_s"].items()]
+    lines += [f"| {m} | – | skipped: {why} |" for m, why in r["skipped"].items()]
     lines += [
         "",
         f"Speedup over HF generate: **{r['speedup_vs_hf']:.2f}x** (speedup / AL = {r['speedup_over_al']:.2f}); "
