@@ -81,6 +81,7 @@ def test_overrides_apply_and_validate(tmp_path):
     p = write(tmp_path, MINIMAL)
     cfg = load_config(p, ["train.lr=1e-4", "convert.aux_layers=[1, 2, 3]", "quantize.block_size=null"])
     assert cfg.train.lr == 1e-4 and cfg.convert.aux_layers == [1, 2, 3] and cfg.quantize.block_size is None
+    assert load_config(p, ["quantize.format=none", "quantize.kv_cache=none"]).quantize.format == "none"
     with pytest.raises(ConfigError, match="train.nope"):
         load_config(p, ["train.nope=1"])
     with pytest.raises(ConfigError, match="no '='"):
@@ -100,9 +101,7 @@ def test_parse_override_roundtrips(key, value):
     text = ".".join(key) + "=" + (yaml.safe_dump(value).strip().removesuffix("...").strip())
     parts, parsed = parse_override(text)
     assert parts == key
-    if isinstance(value, str) and value in ("null", "none"):
-        assert parsed is None
-    elif isinstance(value, str):
+    if isinstance(value, str):
         assert parsed == yaml.safe_load(value)
     else:
         assert parsed == value

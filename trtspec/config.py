@@ -250,9 +250,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"--set '{text}': value is not valid YAML ({e.__class__.__name__})") from None
-    if isinstance(value, str) and value.lower() in ("null", "none", "~"):
-        value = None
-    return parts, value
+    return parts, value  # YAML already reads null and ~ as None; 'none' stays a string (quantize.format=none)
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:

@@ -33,7 +33,7 @@ DEPS: dict[str, tuple[str, ...]] = {
 # config sections each stage reads (besides its upstream stages)
 SECTIONS: dict[str, tuple[str, ...]] = {
     "data": ("model", "data", "seed"),
-    "convert": ("convert",),
+    "convert": ("convert", "seed"),
     "train": ("train", "seed"),
     "quantize": ("quantize", "seed"),
     "export": ("export", "engine"),  # the bundle's llm_api_options.yaml is written from engine.*

@@ -123,7 +123,11 @@ def run(ctx: StageContext) -> dict:
         f"intermediate {arch['intermediate_size']}, aux layers {arch['eagle_aux_hidden_state_layer_ids']}, "
         f"draft vocab {arch['draft_vocab_size']}/{arch['vocab_size']}"
     )
-    model = eagle.build_eagle_model(load_model(path, ctx.cfg.model.dtype), cfg)
+    import torch
+
+    base = load_model(path, ctx.cfg.model.dtype)
+    torch.manual_seed(ctx.cfg.seed)  # the head's initial weights: same seed, same head
+    model = eagle.build_eagle_model(base, cfg)
     metrics: dict[str, Any] = {}
     if arch["draft_vocab_size"] < arch["vocab_size"]:
         tokens = ctx.inputs["data"] / "train_tokens.pt"

@@ -320,8 +320,6 @@ def _read_rows(path: Path) -> list[dict]:
 def run(ctx: StageContext) -> dict:
     import time
 
-    from transformers.trainer_utils import get_last_checkpoint
-
     from trtspec import eagle
     from trtspec.models import load_model, load_tokenizer, resolve_model
 
@@ -353,7 +351,7 @@ def run(ctx: StageContext) -> dict:
 
     ckpt_dir = ctx.work / "checkpoints"
     log_file = ctx.work / "train_log.jsonl"
-    last_ckpt = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    last_ckpt = last_complete_checkpoint(ckpt_dir, ctx.log)
     if last_ckpt:
         ctx.log(f"resuming from {Path(last_ckpt).name}")
         _truncate_log(log_file, int(Path(last_ckpt).name.split("-")[-1]))
@@ -393,6 +391,19 @@ def run(ctx: StageContext) -> dict:
     }
     ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}")
     return metrics
+
+
+def last_complete_checkpoint(ckpt_dir: Path, log: Any) -> str | None:
+    """The newest checkpoint the Trainer finished writing (trainer_state.json is written last); a checkpoint
+    cut short by a kill is removed, never resumed from."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    while ckpt_dir.is_dir() and (last := get_last_checkpoint(str(ckpt_dir))):
+        if (Path(last) / "trainer_state.json").is_file():
+            return last
+        log(f"removing incomplete {Path(last).name} (interrupted while it was written)")
+        shutil.rmtree(last)
+    return None
 
 
 def _truncate_log(log_file: Path, step: int) -> None:

@@ -1,0 +1,103 @@
+"""The documentation cannot drift: the README's CLI reference is re-rendered from the commands' --help and compared;
+every recipe the docs name exists and loads; the repository keeps its top-level layout."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from trtspec.cli import main
+from trtspec.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+def gen_cli_reference():
+    spec = importlib.util.spec_from_file_location("gen_cli_reference", ROOT / "scripts" / "gen_cli_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_cli_reference_is_up_to_date():
+    gen = gen_cli_reference()
+    text = README.read_text(encoding="utf-8")
+    assert text == gen.replace_section(text, gen.render()), (
+        "README.md's CLI reference differs from the commands' --help: run `python scripts/gen_cli_reference.py`"
+    )
+
+
+def test_cli_reference_is_what_help_prints():
+    """The rendered block of a command is exactly what `trtspec <cmd> --help` prints (same width, same options)."""
+    gen = gen_cli_reference()
+    rendered = gen.render()
+    for args in (["--help"], ["build", "--help"], ["deploy", "triton", "--help"]):
+        out = CliRunner().invoke(main, args, prog_name="trtspec", terminal_width=gen.WIDTH).output.rstrip()
+        assert out in rendered, f"trtspec {' '.join(args)} is not in the rendered reference"
+
+
+def test_every_command_is_in_the_reference():
+    text = README.read_text(encoding="utf-8")
+    for name in main.commands:
+        assert f"#### `trtspec {name}`" in text, name
+
+
+def test_replace_section_keeps_the_rest():
+    gen = gen_cli_reference()
+    text = f"top\n{gen.START}\nold\n{gen.END}\nbottom\n"
+    assert gen.replace_section(text, "new\n") == f"top\n{gen.START}\nnew\n{gen.END}\nbottom\n"
+    with pytest.raises(SystemExit):
+        gen.replace_section("no markers", "x")
+
+
+def test_readme_starts_with_the_two_commands():
+    text = README.read_text(encoding="utf-8")
+    first_block = text.split("```bash", 1)[1].split("```", 1)[0]
+    assert "bash scripts/demo.sh" in first_block and "bash scripts/test.sh" in first_block
+
+
+def named_recipes() -> set[str]:
+    docs = README.read_text(encoding="utf-8") + (ROOT / "build_configs" / "README.md").read_text(encoding="utf-8")
+    return set(re.findall(r"[\w.-]+-eagle3[\w.-]*\.yaml", docs))
+
+
+def test_named_recipes_exist_and_load():
+    names = named_recipes()
+    assert "smollm2-135m-eagle3.yaml" in names and "smollm2-135m-eagle3-ci.yaml" in names
+    missing = sorted(n for n in names if not (ROOT / "build_configs" / n).is_file())
+    assert not missing, f"the docs name recipes that build_configs/ does not have: {missing}"
+    for name in names:
+        load_config(ROOT / "build_configs" / name)
+
+
+def test_every_recipe_loads():
+    for path in sorted((ROOT / "build_configs").glob("*.yaml")):
+        cfg = load_config(path)
+        for src in cfg.data.sources:
+            if src.kind != "hf":
+                assert cfg.resolve_path(src.path).is_file(), f"{path.name}: {src.path} does not exist"
+
+
+def test_relative_links_resolve():
+    for doc in (README, ROOT / "build_configs" / "README.md"):
+        for target in re.findall(r"\]\(([^)#:]+)\)", doc.read_text(encoding="utf-8")):
+            assert (doc.parent / target).exists(), f"{doc.name} links to missing {target}"
+
+
+def test_top_level_layout():
+    """What git tracks (or would add) at the top level: exactly the documented layout, plus dotfiles."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    top = {p.split("/", 1)[0] for p in listed if not p.startswith(".")}
+    expected = {"pyproject.toml", "trtspec", "build_configs", "scripts", "tests", "notebooks", "README.md"}
+    assert top == expected, f"top level differs from the documented layout: {sorted(top ^ expected)}"
