@@ -1,4 +1,4 @@
-"""The validate report: report.json, report.md and PNG plots (matplotlib, Agg backend)."""
+"""The validate report: report.json, report.md and PNG plots (matplotlib Figure objects, no pyplot state)."""
 
 from __future__ import annotations
 
@@ -6,39 +6,35 @@ import json
 from pathlib import Path
 
 
+def _save(out: Path, name: str, fig) -> str:
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=100)
+    return name
+
+
 def _plots(out: Path, r: dict) -> list[str]:
-    import matplotlib
+    # Figure objects, not pyplot: no global backend switch (an inline Jupyter backend keeps working)
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    files = []
     k = r["draft_len"]
-
-    fig, ax = plt.subplots(figsize=(5, 3))
+    fig = Figure(figsize=(5, 3))
+    ax = fig.subplots()
     ax.bar(range(k + 1), r["acceptance_histogram"], color="tab:blue")
     ax.set(xlabel="draft tokens accepted per target forward", ylabel="steps", title=f"acceptance (AL {r['acceptance_length']:.2f})")
-    files.append("acceptance_histogram.png")
-    fig.tight_layout()
-    fig.savefig(out / files[-1], dpi=100)
-    plt.close(fig)
+    files = [_save(out, "acceptance_histogram.png", fig)]
 
-    fig, ax = plt.subplots(figsize=(5, 3))
+    fig = Figure(figsize=(5, 3))
+    ax = fig.subplots()
     ax.plot(range(1, k + 1), r["per_position_acceptance"], marker="o")
     ax.set(xlabel="draft position", ylabel="P(accepted | proposed)", ylim=(0, 1.05), title="per-position acceptance")
-    files.append("per_position_acceptance.png")
-    fig.tight_layout()
-    fig.savefig(out / files[-1], dpi=100)
-    plt.close(fig)
+    files.append(_save(out, "per_position_acceptance.png", fig))
 
     tps = r["tokens_per_s"]
-    fig, ax = plt.subplots(figsize=(6, 3))
+    fig = Figure(figsize=(6, 3))
+    ax = fig.subplots()
     ax.barh(list(tps), list(tps.values()), color=["tab:gray" if m != "speculative" else "tab:green" for m in tps])
     ax.set(xlabel="tokens/s (batch 1)", title=f"speed: {r['speedup_vs_hf']:.2f}x over HF generate")
-    files.append("speed.png")
-    fig.tight_layout()
-    fig.savefig(out / files[-1], dpi=100)
-    plt.close(fig)
+    files.append(_save(out, "speed.png", fig))
     return files
 
 
