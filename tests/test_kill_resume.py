@@ -35,7 +35,7 @@ ROWS = [
 KILL_POINTS = [
     ("data", ".tmp-data"),
     ("convert", ".tmp-convert"),
-    ("train", ".work/train-*/checkpoints/checkpoint-*"),  # mid-training: after a checkpoint, before the end
+    ("train", ".work/train-*/checkpoints/checkpoint-*/trainer_state.json"),  # mid-training, after a full checkpoint
     ("quantize", ".tmp-quantize"),
     ("export", ".tmp-export/draft"),  # mid-export: the draft written, the rest not yet
     ("validate", ".tmp-validate"),
