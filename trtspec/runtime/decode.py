@@ -175,6 +175,16 @@ def _finish(out: list[int], max_new_tokens: int, eos: set[int]) -> tuple[list[in
     return out[:max_new_tokens], len(out) >= max_new_tokens
 
 
+def _begin(target: Transformer, prompt: Tensor, max_new_tokens: int, spec: DraftSpec | None, temperature: float,
+           generator, first_token: int | None) -> tuple[list[int], Tensor | None, int]:
+    """Reserve cache room, prefill the prompt, pick the first new token -> (out, aux of the prompt, cache rows)."""
+    max_len = _check_room(target, prompt, max_new_tokens, spec)
+    if target.max_len < max_len:
+        target.setup_cache(max_len)
+    logits, aux = prefill(target, prompt)
+    return [sample(logits, temperature, generator) if first_token is None else first_token], aux, max_len
+
+
 @torch.inference_mode()
 def generate(
     target: Transformer,
@@ -187,11 +197,7 @@ def generate(
 ) -> Generation:
     """Plain autoregressive decoding with the static cache (the no-draft baseline)."""
     eos = eos or set()
-    max_len = _check_room(target, prompt, max_new_tokens, None)
-    if target.max_len < max_len:
-        target.setup_cache(max_len)
-    logits, _ = prefill(target, prompt)
-    out = [sample(logits, temperature, generator) if first_token is None else first_token]
+    out, _, _ = _begin(target, prompt, max_new_tokens, None, temperature, generator, first_token)
     length = prompt.numel()
     stats = Stats()
     while True:
@@ -219,12 +225,8 @@ def speculative_decode(
 ) -> Generation:
     """Speculative decoding; with temperature 0 the output equals `generate`'s token for token."""
     eos = eos or set()
-    max_len = _check_room(target, prompt, max_new_tokens, spec)
-    if target.max_len < max_len:
-        target.setup_cache(max_len)
+    out, aux, max_len = _begin(target, prompt, max_new_tokens, spec, temperature, generator, first_token)
     drafter.setup(max_len + spec.max_nodes())
-    logits, aux = prefill(target, prompt)
-    out = [sample(logits, temperature, generator) if first_token is None else first_token]
     drafter.start(prompt, out[0], aux)
     length = prompt.numel()  # target cache rows; out[-1] (the root) is not in it yet
     stats = Stats()
