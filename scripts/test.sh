@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . "${TRTSPEC_VENV:-.venv}/bin/activate"
 ruff check trtspec tests scripts
-python -m pytest -q -ra --timeout=1800 "$@"
+python -m pytest -q -ra --timeout=3600 "$@"

@@ -84,7 +84,7 @@ def test_notebook_runs(name, notebook_run, monkeypatch):
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     nb = read(name)
     client = NotebookClient(
-        nb, timeout=1500, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK_DIR)}}
+        nb, timeout=3000, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK_DIR)}}
     )
     try:
         client.execute()
