@@ -43,3 +43,14 @@ def tiny_prompts_file(tmp_path_factory) -> Path:
 
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return p
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny ops on a shared 2-core box: one torch thread is ~10x faster than two fighting over the cores."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

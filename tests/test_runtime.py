@@ -25,13 +25,7 @@ SHAPES = ["chain", "tree", "dynamic_tree"]
 NEW = 24
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny ops on a shared 2-core box: one thread is ~10x faster than two fighting over the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def rerandomized(src: Path, dst: Path, seed: int) -> Path:

@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from test_runtime import export_random_eagle, rerandomized
 
 from trtspec.artifacts import RunDir
@@ -15,13 +14,7 @@ from trtspec.config import config_from_dict
 from trtspec.errors import ArtifactError, DataError, ValidationFailed
 from trtspec.pipeline import StageContext
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
