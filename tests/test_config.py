@@ -60,6 +60,35 @@ def test_conflicting_options(tmp_path):
         load_config(write(tmp_path, {**MINIMAL, "engine": {"backend": "tensorrt"}}))
 
 
+def test_extends_merges_the_parent_under_the_child(tmp_path):
+    (tmp_path / "parent.yaml").write_text(yaml.safe_dump({**MINIMAL, "seed": 3, "train": {"epochs": 5.0, "lr": 1e-3}}))
+    (tmp_path / "child.yaml").write_text(yaml.safe_dump({"extends": "parent.yaml", "train": {"lr": 2e-4}}))
+    cfg = load_config(tmp_path / "child.yaml", ["train.batch_size=2"])
+    assert (cfg.seed, cfg.train.epochs, cfg.train.lr, cfg.train.batch_size) == (3, 5.0, 2e-4, 2)
+    assert cfg.data.sources == load_config(tmp_path / "parent.yaml").data.sources
+
+
+def test_extends_errors(tmp_path):
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(ConfigError, match="loops back"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("extends: missing.yaml\n")
+    with pytest.raises(ConfigError, match="missing.yaml' does not exist"):
+        load_config(tmp_path / "c.yaml")
+
+
+def test_shipped_fp8_recipe_is_the_demo_plus_fp8():
+    from pathlib import Path
+
+    from trtspec.config import dump_config
+
+    root = Path(__file__).resolve().parents[1] / "build_configs"
+    demo, fp8 = dump_config(load_config(root / "smollm2-135m-eagle3.yaml")), dump_config(load_config(root / "smollm2-135m-eagle3-fp8.yaml"))
+    assert fp8["quantize"]["format"] == "fp8" and demo["quantize"]["format"] == "none"
+    assert all(fp8[k] == demo[k] for k in ("model", "data", "convert", "train"))
+
+
 def test_yaml_syntax_error_has_line_number(tmp_path):
     with pytest.raises(ConfigError, match="line 2"):
         load_config(write(tmp_path, "seed: 1\n\tdata: x\n"))
