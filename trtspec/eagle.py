@@ -42,7 +42,22 @@ def build_eagle_model(base_model: Any, eagle_cfg: dict) -> Any:
     init_rope(model.eagle_module)
     patch_first_layer_norm(model.eagle_module)
     accept_draft_vocab_logits(model)
+    cache_ttt_masks_per_length(model)
     return model
+
+
+def cache_ttt_masks_per_length(model: Any) -> None:
+    """modelopt 0.47 caches each TTT step's attention mask for the first sequence length it sees (its recipes pad
+    every batch to one length); trtspec's batches are cut to their longest row, so key the cache by length too."""
+    masks: dict[tuple[int, int], Any] = {}
+
+    def get_mask(batch_size: int, seq_length: int, ttt_step: int) -> Any:
+        key = (seq_length, ttt_step)
+        if key not in masks:
+            masks[key] = model._compute_ttt_attention_mask(batch_size, seq_length, ttt_step)
+        return masks[key]
+
+    model._get_ttt_attention_mask = get_mask
 
 
 def accept_draft_vocab_logits(model: Any) -> None:

@@ -145,6 +145,25 @@ def torch_dtype(name: str):
     return getattr(torch, name)
 
 
+def cpu_has_native_bf16() -> bool:
+    """True on a CPU with bf16 dot-product instructions (AVX512-BF16 or AMX): bf16 matmuls there run ~3x
+    faster than fp32 (measured on the demo's 2-core box), where elsewhere they are emulated and slow."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def use_bf16(precision: str) -> bool:
+    """Whether a `precision: auto|float32|bfloat16` setting means bf16 math on this machine."""
+    import torch
+
+    if precision == "auto":
+        return torch.cuda.is_available() or cpu_has_native_bf16()
+    return precision == "bfloat16"
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 

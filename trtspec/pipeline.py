@@ -172,12 +172,23 @@ def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, upstream: dic
             "inputs": upstream,
             "versions": package_versions(),
             "wall_s": round(seconds, 2),
+            "peak_rss_gib": peak_rss_gib(),  # of the whole process so far (stages of one build share it)
             "created": time.time(),
             "pid": os.getpid(),
             "metrics": metrics,
         }
         run.commit(stage, tmp, manifest)
     return StageResult(stage, status, seconds, str(metrics.get("headline", "")), reason)
+
+
+def peak_rss_gib() -> float | None:
+    """The process's peak resident memory in GiB (Linux/macOS), None where the OS does not report it."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(kb / (2**30 if sys.platform == "darwin" else 2**20), 2)
 
 
 def format_exception_line(e: BaseException) -> str:

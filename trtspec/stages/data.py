@@ -273,7 +273,8 @@ def run(ctx: StageContext) -> dict:
 
     def target():
         if "model" not in loaded:
-            loaded["model"] = load_model(path, ctx.cfg.model.dtype)
+            dtype = ctx.cfg.data.dtype if ctx.cfg.data.dtype != "auto" else ctx.cfg.model.dtype
+            loaded["model"] = load_model(path, dtype)
         return loaded["model"], tok
 
     skips: Counter = Counter()

@@ -28,21 +28,28 @@ EVAL_MAX_DRAFT = 4  # acceptance measured for chain drafts of length 1..EVAL_MAX
 # ---------------------------------------------------------------- target hidden states
 
 
-def base_states(base: Any, input_ids: Any, attention_mask: Any, aux_layers: list[int]) -> tuple[Any, Any]:
-    """(aux, last): concat of the aux layers' outputs (pre-final-norm) [B, T, len(aux)*H], final post-norm [B, T, H]."""
+def base_states(base: Any, input_ids: Any, attention_mask: Any, aux_layers: list[int], bf16: bool = False) -> tuple[Any, Any]:
+    """(aux, last): concat of the aux layers' outputs (pre-final-norm) [B, T, len(aux)*H], final post-norm [B, T, H].
+    bf16: the target's matmuls in bfloat16 (autocast), its weights untouched."""
     import torch
 
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
         out = base.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
     if hasattr(base, "_aux_hidden_states"):
         base._aux_hidden_states.clear()  # modelopt's own hooks also collected them
     # hidden_states[0] = embeddings, hidden_states[i + 1] = output of decoder layer i
     aux = torch.cat([out.hidden_states[i + 1] for i in aux_layers], dim=-1)
-    return aux, out.last_hidden_state
+    return aux.float(), out.last_hidden_state.float()
 
 
-def cache_states(base: Any, tokens: dict, aux_layers: list[int], folder: Path, batch_size: int, log: Any) -> dict:
-    """Target hidden states of every training row in fp16 memmaps under `folder`; resumes after a kill."""
+def row_lengths(tokens: dict) -> list[int]:
+    """Real (unpadded) length of each right-padded row."""
+    return tokens["attention_mask"].sum(1).tolist()
+
+
+def cache_states(base: Any, tokens: dict, aux_layers: list[int], folder: Path, batch_size: int, log: Any, bf16: bool = False) -> dict:
+    """Target hidden states of every training row in fp16 memmaps under `folder`; resumes after a kill.
+    Rows go through the target shortest first, each batch cut to its longest row: little compute on padding."""
     import numpy as np
     import torch
     from tqdm import tqdm
@@ -56,24 +63,28 @@ def cache_states(base: Any, tokens: dict, aux_layers: list[int], folder: Path, b
     mode = "r+" if done else "w+"
     maps = {k: np.lib.format.open_memmap(folder / f"{k}.npy", mode=mode, dtype=np.float16, shape=s) for k, s in shapes.items()}
     if done < n:
-        log(f"caching target hidden states for {n} rows ({'resuming at ' + str(done) if done else 'once'})")
+        log(f"caching target hidden states for {n} rows ({'resuming at ' + str(done) if done else 'once'}, {'bf16' if bf16 else 'fp32'} math)")
+    lengths = row_lengths(tokens)
+    order = sorted(range(n), key=lambda i: (lengths[i], i))
     device = next(base.parameters()).device
     bar = tqdm(total=n, initial=done, desc="target hidden states", unit="row", disable=done >= n)
     for i in range(done, n, batch_size):
-        ids = tokens["input_ids"][i : i + batch_size].to(device)
-        aux, last = base_states(base, ids, tokens["attention_mask"][i : i + batch_size].to(device), aux_layers)
-        maps["aux"][i : i + len(ids)] = aux.to(torch.float16).cpu().numpy()
-        maps["last"][i : i + len(ids)] = last.to(torch.float16).cpu().numpy()
-        for m in maps.values():
-            m.flush()
-        progress.write_text(json.dumps({"rows": i + len(ids)}))
-        bar.update(len(ids))
+        rows = order[i : i + batch_size]
+        cut = max(1, max(lengths[r] for r in rows))
+        ids = tokens["input_ids"][rows, :cut].to(device)
+        aux, last = base_states(base, ids, tokens["attention_mask"][rows, :cut].to(device), aux_layers, bf16)
+        for k, v in (("aux", aux), ("last", last)):
+            maps[k][rows, :cut] = v.to(torch.float16).cpu().numpy()
+            maps[k].flush()
+        progress.write_text(json.dumps({"rows": i + len(rows)}))
+        bar.update(len(rows))
     bar.close()
     return {k: np.load(folder / f"{k}.npy", mmap_mode="r") for k in shapes}
 
 
 class HeadDataset:
-    """Rows of the data stage's tensors (+ cached hidden states offline), loss mask shifted to modelopt's convention:
+    """Rows of the data stage's tensors (+ cached hidden states offline), each cut to its real length;
+    `collate` pads a batch to its longest row. The loss mask is shifted to modelopt's convention:
     modelopt scores position t against the target's prediction *for t+1*, so loss_mask[t] = is_label[t+1]."""
 
     def __init__(self, tokens: dict, states: dict | None = None):
@@ -81,6 +92,7 @@ class HeadDataset:
 
         self.tokens = tokens
         self.states = states
+        self.lengths = [max(1, n) for n in row_lengths(tokens)]
         lm = tokens["loss_mask"]
         self.loss_mask = torch.cat([lm[:, 1:], torch.zeros_like(lm[:, :1])], dim=1)
 
@@ -90,15 +102,47 @@ class HeadDataset:
     def __getitem__(self, i: int) -> dict:
         import torch
 
+        n = self.lengths[i]
         row = {
-            "input_ids": self.tokens["input_ids"][i],
-            "attention_mask": self.tokens["attention_mask"][i].long(),
-            "loss_mask": self.loss_mask[i].long(),
+            "input_ids": self.tokens["input_ids"][i, :n],
+            "attention_mask": self.tokens["attention_mask"][i, :n].long(),
+            "loss_mask": self.loss_mask[i, :n].long(),
         }
         if self.states is not None:
-            row["aux_hidden_states"] = torch.from_numpy(self.states["aux"][i].copy())
-            row["base_model_hidden_states"] = torch.from_numpy(self.states["last"][i].copy())
+            row["aux_hidden_states"] = torch.from_numpy(self.states["aux"][i, :n].copy())
+            row["base_model_hidden_states"] = torch.from_numpy(self.states["last"][i, :n].copy())
         return row
+
+    @staticmethod
+    def collate(rows: list[dict]) -> dict:
+        """Right-pad every field to the batch's longest row, rounded up to a multiple of 16 (few distinct shapes:
+        few cached TTT masks); zeros are masked out by the attention and loss masks."""
+        import torch
+
+        n = -(-max(len(r["input_ids"]) for r in rows) // 16) * 16
+        pad = lambda x: torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, n - len(x)))  # noqa: E731
+        return {k: torch.stack([pad(r[k]) for r in rows]) for k in rows[0]}
+
+
+class LengthGroupedEpochSampler:
+    """Batches of similar length (transformers' length grouping: little padding), shuffled from seed + epoch,
+    so a run resumed mid-epoch sees the same order as one that never stopped."""
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int):
+        self.lengths, self.batch_size, self.seed, self.epoch = lengths, batch_size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        import torch
+        from transformers.trainer_pt_utils import get_length_grouped_indices
+
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=g))
 
 
 def draft_target_logits(model: Any, last: Any) -> Any:
@@ -192,6 +236,32 @@ def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int = EVAL_MAX_
     return {**al, "accept_rate_by_position": [round(a / max(steps, 1), 3) for a in per_pos]}
 
 
+def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, batch_size: int = 16) -> list[dict]:
+    """The target's greedy answers to rows' prompts (left-padded batches), as {input_ids: prompt + answer, start}."""
+    import torch
+
+    device = next(base.parameters()).device
+    side, tok.padding_side = tok.padding_side, "left"
+    out = []
+    try:
+        for i in range(0, len(rows), batch_size):
+            texts = [tok.apply_chat_template(r["messages"][:-1], tokenize=False, add_generation_prompt=True) for r in rows[i : i + batch_size]]
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+            with torch.no_grad():
+                seqs = base.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, top_p=None, top_k=None,
+                                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            width = enc["input_ids"].shape[1]
+            for mask, seq in zip(enc["attention_mask"], seqs, strict=True):
+                pads = int((mask == 0).sum())
+                answer = seq[width:].tolist()
+                if tok.eos_token_id in answer:  # keep the eos, drop the padding generate adds after it
+                    answer = answer[: answer.index(tok.eos_token_id) + 1]
+                out.append({"input_ids": torch.tensor(seq[pads:width].tolist() + answer), "start": width - pads})
+    finally:
+        tok.padding_side = side
+    return out
+
+
 def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int], max_new_tokens: int, cache: Path, log: Any) -> list[dict]:
     """The target's greedy answers to held-out prompts, with their hidden states (cached in ctx.work)."""
     import torch
@@ -200,15 +270,7 @@ def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int],
         seqs = torch.load(cache, weights_only=True)
     else:
         log(f"generating greedy target answers for {len(rows)} held-out prompts (acceptance evaluation)")
-        seqs = []
-        device = next(base.parameters()).device
-        for row in rows:
-            prompt = tok.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, return_tensors="pt", return_dict=True)
-            ids = prompt["input_ids"].to(device)
-            with torch.no_grad():
-                out = base.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                    do_sample=False, top_p=None, top_k=None, pad_token_id=tok.pad_token_id)
-            seqs.append({"input_ids": out[0].cpu(), "start": ids.shape[1]})
+        seqs = greedy_answers(base, tok, rows, max_new_tokens)
         torch.save(seqs, cache)
     out = []
     for s in seqs:
@@ -262,6 +324,10 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
             step_log.buf.append((float(out.loss.detach()), [float(a) for a in out.train_acc[0]]))
             return (out.loss, out) if return_outputs else out.loss
 
+        def _get_train_sampler(self, train_dataset=None):
+            ds = train_dataset or self.train_dataset
+            return LengthGroupedEpochSampler(ds.lengths, self.args.train_batch_size * self.args.gradient_accumulation_steps, self.args.seed)
+
         def _save(self, output_dir=None, state_dict=None):
             # checkpoints hold the head only (the base is frozen and already on disk)
             eagle.save_head(self.model, Path(output_dir or self.args.output_dir) / eagle.HEAD_FILE)
@@ -269,12 +335,14 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
         def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
             eagle.load_head(self.model, Path(resume_from_checkpoint) / eagle.HEAD_FILE)
 
-    return EagleTrainer(model=model, args=args, train_dataset=dataset, callbacks=[step_log])
+    return EagleTrainer(model=model, args=args, train_dataset=dataset, data_collator=HeadDataset.collate, callbacks=[step_log])
 
 
 def training_args(ctx: StageContext, out_dir: Path) -> Any:
     import torch
     from transformers import TrainingArguments
+
+    from trtspec.models import use_bf16
 
     t = ctx.cfg.train
     gpu = torch.cuda.is_available()
@@ -292,7 +360,7 @@ def training_args(ctx: StageContext, out_dir: Path) -> Any:
         save_steps=t.save_steps,
         save_total_limit=2,
         logging_steps=t.logging_steps,
-        bf16=gpu,  # bf16 on a GPU; fp32 on a CPU (bf16 matmuls are slow there)
+        bf16=use_bf16(t.precision),  # autocast; the head's weights and optimizer state stay fp32
         use_cpu=not gpu,
         seed=ctx.cfg.seed,
         data_seed=ctx.cfg.seed,
@@ -321,7 +389,7 @@ def run(ctx: StageContext) -> dict:
     import time
 
     from trtspec import eagle
-    from trtspec.models import load_model, load_tokenizer, resolve_model
+    from trtspec.models import load_model, load_tokenizer, resolve_model, use_bf16
 
     t_cfg = ctx.cfg.train
     data_dir, conv_dir = ctx.inputs["data"], ctx.inputs["convert"]
@@ -342,7 +410,7 @@ def run(ctx: StageContext) -> dict:
     t0 = time.time()
     states = None
     if t_cfg.mode == "offline":
-        states = cache_states(base, tokens, aux_layers, ctx.work / "states", max(t_cfg.batch_size, 8), ctx.log)
+        states = cache_states(base, tokens, aux_layers, ctx.work / "states", max(t_cfg.batch_size, 16), ctx.log, use_bf16(t_cfg.precision))
         eagle_cfg["eagle_offline"] = True  # modelopt drops the target's decoder layers
     cache_s = time.time() - t0
     model = eagle.build_eagle_model(base, eagle_cfg)
@@ -374,6 +442,7 @@ def run(ctx: StageContext) -> dict:
     rows = _read_rows(ctx.out / "train_log.jsonl")
     final = rows[-1] if rows else {}
     label_tokens = int(tokens["loss_mask"].sum())
+    mean_len = float(tokens["attention_mask"].sum()) / max(len(tokens["attention_mask"]), 1)
     k_head = min(3, EVAL_MAX_DRAFT)
     metrics = {
         "mode": t_cfg.mode,
@@ -383,7 +452,9 @@ def run(ctx: StageContext) -> dict:
         "final_acc_ttt": final.get("acc_ttt"),
         "cache_states_s": round(cache_s, 1),
         "train_s": round(train_s, 1),
-        "train_tokens_per_s": round(steps * t_cfg.batch_size * t_cfg.grad_accum * tokens["input_ids"].shape[1] / max(train_s, 1e-9), 1),
+        # real (unpadded) tokens: batches are grouped by length and cut to their longest row
+        "train_tokens_per_s": round(steps * t_cfg.batch_size * t_cfg.grad_accum * mean_len / max(train_s, 1e-9), 1),
+        "precision": "bfloat16" if use_bf16(t_cfg.precision) else "float32",
         "label_tokens": label_tokens,
         "eval_prompts": len(eval_set),
         **acc,
