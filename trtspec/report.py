@@ -87,6 +87,9 @@ def _markdown(r: dict, plots: list[str]) -> str:
         f"Speedup over HF generate: **{r['speedup_vs_hf']:.2f}x** (speedup / AL = {r['speedup_over_al']:.2f}); "
         f"runtime without draft vs HF generate: {r['runtime_no_draft_vs_hf']:.2f}x.",
     ]
+    if "step_cost_vs_decode" in r:
+        lines += ["", f"One speculative step (drafts + verify) costs {r['step_cost_vs_decode']:.2f} plain decode steps, and "
+                  f"yields AL = {r['acceptance_length']:.2f} tokens: speculation pays while AL exceeds the step cost."]
     s = r.get("sampling_check")
     if s:
         lines += ["", "## Sampling check", "",

@@ -146,6 +146,7 @@ def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temp
 
 def run(ctx: StageContext) -> dict:
     import torch
+    from tqdm import tqdm
 
     from trtspec.models import load_model, load_tokenizer, resolve_model
     from trtspec.runtime import (
@@ -207,18 +208,22 @@ def run(ctx: StageContext) -> dict:
     outputs: dict[str, list] = {m: [None] * len(prompts) for m in methods}
     seconds = {m: [0.0] * v.repeats for m in methods}
     tokens = {m: [0] * v.repeats for m in methods}
+    bar = tqdm(total=v.repeats * len(prompts) * len(methods), desc="timed generations", unit="run")
     with torch.inference_mode():
         for rep in range(v.repeats):
             for i, p in enumerate(prompts):
                 for m, fn in methods.items():
+                    bar.set_postfix_str(f"rep {rep + 1}, prompt {i + 1}, {m}")
                     t0 = time.perf_counter()
                     out = fn(p)
                     seconds[m][rep] += time.perf_counter() - t0
+                    bar.update()
                     toks = out if isinstance(out, list) else out.tokens
                     tokens[m][rep] += len(toks)
                     if rep == 0:
                         outputs[m][i] = out
             ctx.log(f"repetition {rep + 1}/{v.repeats}: " + ", ".join(f"{m} {tokens[m][rep] / seconds[m][rep]:.1f} tok/s" for m in methods))
+    bar.close()
     tps = {m: round(statistics.median(t / s for t, s in zip(tokens[m], seconds[m], strict=True)), 2) for m in methods}
 
     # 1. exactness
@@ -285,6 +290,9 @@ def run(ctx: StageContext) -> dict:
         "sampling_check": sampling,
     }
     report["speedup_over_al"] = round(report["speedup_vs_hf"] / al, 3)
+    # what one speculative step (k draft passes + one verify pass over k+1 tokens) costs, in plain decode steps:
+    # speculative_vs_no_draft = AL / step_cost, so speculation pays only while AL > step_cost
+    report["step_cost_vs_decode"] = round(al / report["speculative_vs_no_draft"], 3)
     report["gates"] = gates = check_gates(v, report)
 
     from trtspec.report import write_report
