@@ -60,6 +60,8 @@ def test_validate_writes_report(tmp_path, run_inputs):
     assert set(r["tokens_per_s"]) == {"hf_generate", "runtime_no_draft", "speculative", "hf_prompt_lookup", "hf_assisted"}
     assert "assistant_early_exit" in r["method_notes"]["hf_assisted"]
     assert r["speedup_vs_hf"] == pytest.approx(r["tokens_per_s"]["speculative"] / r["tokens_per_s"]["hf_generate"], rel=0.01)
+    # the cost model: speculative / no-draft speed = AL / (cost of one speculative step in decode steps)
+    assert r["speculative_vs_no_draft"] == pytest.approx(r["acceptance_length"] / r["step_cost_vs_decode"], rel=0.01)
     assert set(r["per_category"]) == {"math", "chat"}
     assert r["sampling_check"]["passed"], r["sampling_check"]
     for f in ("report.md", "acceptance_histogram.png", "per_position_acceptance.png", "speed.png"):
