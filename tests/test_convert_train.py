@@ -144,6 +144,33 @@ def test_length_grouped_sampler_is_a_seeded_permutation_per_epoch():
     assert spread(first) < spread(list(range(64))) / 2
 
 
+def test_cached_states_equal_a_direct_forward_and_resume(tiny_model_dir, tmp_path):
+    import json
+
+    from trtspec.models import load_model
+
+    base = load_model(tiny_model_dir, "float32")
+    tokens = _tokens([5, 40, 17, 9, 23], width=40)
+    tokens["input_ids"] = tokens["input_ids"] * 3 + 7
+    full = train.cache_states(base, tokens, [1, 2], tmp_path / "a", 2, print)
+    for r, n in enumerate([5, 40, 17, 9, 23]):  # each row as if run alone, cut to its length
+        aux, last = train.base_states(base, tokens["input_ids"][r : r + 1, :n], tokens["attention_mask"][r : r + 1, :n], [1, 2])
+        assert torch.allclose(torch.from_numpy(full["aux"][r, :n].astype("float32")), aux[0], atol=2e-3)
+        assert torch.allclose(torch.from_numpy(full["last"][r, :n].astype("float32")), last[0], atol=2e-3)
+    # a run killed after the first batch resumes from it; progress saved in another row order is not trusted
+    import numpy as np
+
+    progress, expected = tmp_path / "a" / "rows_done.json", full["aux"].copy()
+    # the first batch holds the two shortest rows (0 and 3: 5 and 9 tokens); a kill after it left 1, 2, 4 unwritten
+    for saved, wiped in (({"rows": 2, "order": "by_length"}, [1, 2, 4]), ({"rows": 4}, [0, 1, 2, 3, 4])):
+        m = np.load(tmp_path / "a" / "aux.npy", mmap_mode="r+")
+        m[wiped] = 0  # what the kill left unwritten (resume) / a cache that must not be trusted (redo)
+        m.flush()
+        progress.write_text(json.dumps(saved))
+        again = train.cache_states(base, tokens, [1, 2], tmp_path / "a", 2, print)
+        assert (again["aux"] == expected).all() and json.loads(progress.read_text())["rows"] == 5
+
+
 def test_chain_drafts_match_step_by_step_drafting(tiny_model_dir):
     """The parallel (TTT-mask) drafts equal modelopt's one-sequence-at-a-time pseudo_speculative_generate."""
     model = _head(tiny_model_dir, draft_vocab=64).eval()

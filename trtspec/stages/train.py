@@ -59,7 +59,8 @@ def cache_states(base: Any, tokens: dict, aux_layers: list[int], folder: Path, b
     folder.mkdir(parents=True, exist_ok=True)
     shapes = {"aux": (n, t, h * len(aux_layers)), "last": (n, t, h)}
     progress = folder / "rows_done.json"
-    done = json.loads(progress.read_text())["rows"] if progress.is_file() else 0
+    saved = json.loads(progress.read_text()) if progress.is_file() else {}
+    done = saved["rows"] if saved.get("order") == "by_length" else 0  # a cache filled in another order: start over
     mode = "r+" if done else "w+"
     maps = {k: np.lib.format.open_memmap(folder / f"{k}.npy", mode=mode, dtype=np.float16, shape=s) for k, s in shapes.items()}
     if done < n:
@@ -76,7 +77,7 @@ def cache_states(base: Any, tokens: dict, aux_layers: list[int], folder: Path, b
         for k, v in (("aux", aux), ("last", last)):
             maps[k][rows, :cut] = v.to(torch.float16).cpu().numpy()
             maps[k].flush()
-        progress.write_text(json.dumps({"rows": i + len(rows)}))
+        progress.write_text(json.dumps({"rows": i + len(rows), "order": "by_length"}))
         bar.update(len(rows))
     bar.close()
     return {k: np.load(folder / f"{k}.npy", mmap_mode="r") for k in shapes}
