@@ -139,7 +139,6 @@ def read_prompts(path: Path, skips: Counter) -> list[dict]:
 def regenerate(prompts: list[dict], model: Any, tok: Any, answers_file: Path, cfg: Any, log: Any) -> list[dict]:
     """Answer each prompt with the target (batched, left-padded generate), appending answers to `answers_file`
     as batches finish so a killed run resumes where it stopped."""
-    import torch
     from tqdm import tqdm
 
     done: dict[str, str] = {}
@@ -155,22 +154,13 @@ def regenerate(prompts: list[dict], model: Any, tok: Any, answers_file: Path, cf
         log(f"resuming: {len(prompts) - len(todo)} of {len(prompts)} prompts already answered")
     texts = {p["id"]: tok.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True) for p in todo}
     todo.sort(key=lambda p: len(texts[p["id"]]))  # similar lengths per batch: less padding
-    tok.padding_side = "left"
-    device = next(model.parameters()).device
-    sample = cfg.temperature > 0
     bar = tqdm(total=len(todo), desc="regenerating answers", unit="prompt", disable=not todo)
     with open(answers_file, "a", encoding="utf-8") as f:
         for i in range(0, len(todo), cfg.batch_size):
             batch = todo[i : i + cfg.batch_size]
-            enc = tok([texts[p["id"]] for p in batch], return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-            with torch.no_grad():
-                out = model.generate(
-                    **enc, max_new_tokens=cfg.max_new_tokens, do_sample=sample,
-                    temperature=cfg.temperature if sample else None, top_p=None, top_k=None,
-                    pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                )
-            for p, seq in zip(batch, out[:, enc["input_ids"].shape[1] :], strict=True):
-                done[p["id"]] = tok.decode(seq, skip_special_tokens=True).strip()
+            answers = generate_batch(model, tok, [texts[p["id"]] for p in batch], cfg.max_new_tokens, cfg.temperature)
+            for p, (_, answer) in zip(batch, answers, strict=True):
+                done[p["id"]] = tok.decode(answer, skip_special_tokens=True).strip()
                 f.write(json.dumps({"id": p["id"], "answer": done[p["id"]]}) + "\n")
             f.flush()
             bar.update(len(batch))
@@ -180,6 +170,32 @@ def regenerate(prompts: list[dict], model: Any, tok: Any, answers_file: Path, cf
         if done.get(p["id"]):
             rows.append({**p, "messages": p["messages"] + [{"role": "assistant", "content": done[p["id"]]}]})
     return rows
+
+
+def generate_batch(model: Any, tok: Any, texts: list[str], max_new_tokens: int, temperature: float = 0.0) -> list[tuple[list[int], list[int]]]:
+    """Answer chat-templated `texts` in one left-padded generate call -> (prompt ids, answer ids) per text; an
+    answer ends with its eos (the padding generate writes after it is dropped). Greedy at temperature 0."""
+    import torch
+
+    side, tok.padding_side = tok.padding_side, "left"
+    try:
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(next(model.parameters()).device)
+    finally:
+        tok.padding_side = side
+    sample = temperature > 0
+    with torch.no_grad():
+        seqs = model.generate(
+            **enc, max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature if sample else None,
+            top_p=None, top_k=None, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        )
+    width = enc["input_ids"].shape[1]
+    out = []
+    for mask, seq in zip(enc["attention_mask"], seqs.tolist(), strict=True):
+        answer = seq[width:]
+        if tok.eos_token_id in answer:
+            answer = answer[: answer.index(tok.eos_token_id) + 1]
+        out.append((seq[int((mask == 0).sum()) : width], answer))
+    return out
 
 
 def tokenize_row(row: dict, tok: Any, seq_len: int) -> tuple[list[int], list[int], bool]:

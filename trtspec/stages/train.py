@@ -238,28 +238,15 @@ def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int = EVAL_MAX_
 
 
 def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, batch_size: int = 16) -> list[dict]:
-    """The target's greedy answers to rows' prompts (left-padded batches), as {input_ids: prompt + answer, start}."""
+    """The target's greedy answers to rows' prompts (batched), as {input_ids: prompt + answer, start}."""
     import torch
 
-    device = next(base.parameters()).device
-    side, tok.padding_side = tok.padding_side, "left"
+    from trtspec.stages.data import generate_batch
+
     out = []
-    try:
-        for i in range(0, len(rows), batch_size):
-            texts = [tok.apply_chat_template(r["messages"][:-1], tokenize=False, add_generation_prompt=True) for r in rows[i : i + batch_size]]
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-            with torch.no_grad():
-                seqs = base.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, top_p=None, top_k=None,
-                                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-            width = enc["input_ids"].shape[1]
-            for mask, seq in zip(enc["attention_mask"], seqs, strict=True):
-                pads = int((mask == 0).sum())
-                answer = seq[width:].tolist()
-                if tok.eos_token_id in answer:  # keep the eos, drop the padding generate adds after it
-                    answer = answer[: answer.index(tok.eos_token_id) + 1]
-                out.append({"input_ids": torch.tensor(seq[pads:width].tolist() + answer), "start": width - pads})
-    finally:
-        tok.padding_side = side
+    for i in range(0, len(rows), batch_size):
+        texts = [tok.apply_chat_template(r["messages"][:-1], tokenize=False, add_generation_prompt=True) for r in rows[i : i + batch_size]]
+        out += [{"input_ids": torch.tensor(prompt + answer), "start": len(prompt)} for prompt, answer in generate_batch(base, tok, texts, max_new_tokens)]
     return out
 
 
