@@ -147,6 +147,21 @@ def test_regenerate_resumes_after_a_kill(tmp_path, tiny_model_dir, tiny_prompts_
     assert len([x for x in answers.read_text().splitlines() if x.startswith("{") and x.endswith("}")]) == 6
 
 
+def test_batched_generate_matches_one_prompt_at_a_time(tiny_model_dir, tiny_prompts_file):
+    """Left padding changes nothing (each answer equals its unbatched greedy answer), and the output head gets a
+    contiguous input (load_model's hook: the strided last-position slice costs 250x at batch 64 in bf16)."""
+    from trtspec.models import load_model, load_tokenizer
+
+    model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    contiguous = []
+    model.get_output_embeddings().register_forward_pre_hook(lambda _m, args: contiguous.append(args[0].is_contiguous()))
+    texts = [tok.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True)
+             for p in data.read_prompts(tiny_prompts_file, Counter())]
+    batched = data.generate_batch(model, tok, texts, 6)
+    assert batched == [data.generate_batch(model, tok, [t], 6)[0] for t in texts]
+    assert contiguous and all(contiguous)
+
+
 def test_demo_prompts_are_varied():
     rows = [json.loads(x) for x in (Path(__file__).parents[1] / "build_configs/prompts/demo_prompts.jsonl").read_text().splitlines()]
     cats = Counter(r["category"] for r in rows)

@@ -191,8 +191,19 @@ def load_model(path: Path, dtype: str = "auto", device: str | None = None):
     except Exception as e:
         raise ModelError(f"cannot load model weights from '{path}': {e.__class__.__name__}: {str(e)[:200]}", "the checkpoint may be corrupted") from None
     model.eval().requires_grad_(False)
+    contiguous_lm_head_input(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device)
+
+
+def contiguous_lm_head_input(model: Any) -> None:
+    """Hand the output head a contiguous input. HF slices the last position (`hidden[:, -1:, :]`) before the lm_head
+    in a batched prefill; torch's matmul then cannot fold the strided [B, 1, H] input and expands the weight to
+    [B, H, vocab] for a bmm: 4.6 s instead of 18 ms for SmolLM2's 49k-token head at batch 64 in bf16 (torch 2.13, CPU).
+    """
+    head = model.get_output_embeddings()
+    if head is not None:
+        head.register_forward_pre_hook(lambda _module, args: (args[0].contiguous(), *args[1:]))
 
 
 def load_model_and_tokenizer(source: str, dtype: str = "auto"):
