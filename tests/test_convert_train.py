@@ -238,7 +238,16 @@ def test_train_few_steps_writes_head_and_log(upstream, tiny_model_dir, tmp_path,
     assert (ctx.out / "head.safetensors").is_file()
     cfg = json.loads((ctx.out / "eagle_config.json").read_text())
     assert cfg["eagle_offline"] is False and cfg["eagle_ttt_steps"] == 3
-    assert (ctx.work / "states" / "aux.npy").is_file() == (mode == "offline")
+    aux = json.loads((inputs["convert"] / "eagle_config.json").read_text())["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]
+    states = train.target_states_dir(ctx, aux) / "states" / "aux.npy"
+    assert states.is_file() == (mode == "offline")
+    if mode == "offline":  # another recipe on the same data reuses the target's states
+        stamp = states.stat().st_mtime_ns
+        ctx2 = _stage_ctx(tmp_path, tiny_model_dir, "train", inputs, mode=mode, lr=3e-3)
+        ctx2.work = ctx.work.parent / "work-lr3e-3"  # the pipeline's scratch for another train fingerprint
+        ctx2.work.mkdir()
+        m2 = train.run(ctx2)
+        assert states.stat().st_mtime_ns == stamp and m2["steps"] == 4
 
 
 def test_train_resumes_from_checkpoint(upstream, tiny_model_dir, tmp_path, monkeypatch):

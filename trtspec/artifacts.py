@@ -4,6 +4,7 @@ RUN_DIR/
   trtspec-run.json        marks the folder as a trtspec run (a foreign folder is never written into)
   .lock                   pid + host of the process writing it; a stale lock (dead pid) is taken over
   .work/<stage>-<key>/    resumable scratch (training checkpoints, regenerated answers); survives kills
+  .work/target-<key>/     the frozen target's hidden states and held-out answers, shared by every train recipe
   <stage>/manifest.json   stage, fingerprint, resolved config, inputs, versions, wall time, metrics,
                           and the sha256 of every file it vouches for
 
@@ -84,6 +85,17 @@ def verify_files(folder: Path, manifest: dict) -> list[str]:
         elif sha256_file(p) != want["sha256"]:
             problems.append(f"{rel}: checksum differs")
     return problems
+
+
+def keyed_scratch(root: Path, name: str, key: str) -> Path:
+    """root/name-key, created; scratch of the same name under another key is removed (it can never be reused)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for old in root.glob(f"{name}-*"):
+        if old.name != f"{name}-{key}":
+            shutil.rmtree(old, ignore_errors=True)
+    d = root / f"{name}-{key}"
+    d.mkdir(exist_ok=True)
+    return d
 
 
 def package_versions() -> dict[str, str]:
@@ -183,14 +195,7 @@ class RunDir:
 
     def work_dir(self, stage: str, key: str) -> Path:
         """Resumable scratch for one stage and one fingerprint; other fingerprints' scratch is removed."""
-        root = self.path / ".work"
-        root.mkdir(parents=True, exist_ok=True)
-        for old in root.glob(f"{stage}-*"):
-            if old.name != f"{stage}-{key}":
-                shutil.rmtree(old, ignore_errors=True)
-        d = root / f"{stage}-{key}"
-        d.mkdir(exist_ok=True)
-        return d
+        return keyed_scratch(self.path / ".work", stage, key)
 
     def manifest(self, stage: str) -> dict | None:
         p = self.stage_dir(stage) / MANIFEST

@@ -360,6 +360,26 @@ def training_args(ctx: StageContext, out_dir: Path) -> Any:
     )
 
 
+def target_states_dir(ctx: StageContext, aux_layers: list[int]) -> Path:
+    """Scratch for what the frozen target computes (hidden states of the training rows, held-out greedy answers),
+    beside the stage's own scratch.
+
+    Keyed on the target, the data stage's files and the aux layers only: a new lr, schedule, epoch count or batch
+    size reuses it, so trying a recipe costs the training alone."""
+    from trtspec.artifacts import fingerprint, keyed_scratch, sha256_file
+    from trtspec.models import use_bf16
+
+    data_dir = ctx.inputs["data"]
+    key = fingerprint({
+        "model": [ctx.cfg.model.source, ctx.cfg.model.dtype],
+        "data": {f: sha256_file(data_dir / f) for f in ("train_tokens.pt", "heldout.jsonl")},
+        "aux_layers": aux_layers,
+        "bf16": use_bf16(ctx.cfg.train.precision),
+        "eval": [ctx.cfg.train.eval_prompts, ctx.cfg.data.max_new_tokens],
+    })
+    return keyed_scratch(ctx.work.parent, "target", key)
+
+
 def _load_tokens(folder: Path, name: str) -> dict:
     import torch
 
@@ -392,13 +412,14 @@ def run(ctx: StageContext) -> dict:
     base = load_model(path, ctx.cfg.model.dtype)
     base.config.num_orig_hidden_layers = base.config.num_hidden_layers
 
+    target_dir = target_states_dir(ctx, aux_layers)
     heldout = _read_rows(data_dir / "heldout.jsonl")[: t_cfg.eval_prompts]
-    eval_set = build_eval_set(base, tok, heldout, aux_layers, ctx.cfg.data.max_new_tokens, ctx.work / "eval_seqs.pt", ctx.log)
+    eval_set = build_eval_set(base, tok, heldout, aux_layers, ctx.cfg.data.max_new_tokens, target_dir / "eval_seqs.pt", ctx.log)
 
     t0 = time.time()
     states = None
     if t_cfg.mode == "offline":
-        states = cache_states(base, tokens, aux_layers, ctx.work / "states", max(t_cfg.batch_size, 16), ctx.log, use_bf16(t_cfg.precision))
+        states = cache_states(base, tokens, aux_layers, target_dir / "states", 16, ctx.log, use_bf16(t_cfg.precision))
         eagle_cfg["eagle_offline"] = True  # modelopt drops the target's decoder layers
     cache_s = time.time() - t0
     model = eagle.build_eagle_model(base, eagle_cfg)
