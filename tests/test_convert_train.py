@@ -243,11 +243,12 @@ def test_train_few_steps_writes_head_and_log(upstream, tiny_model_dir, tmp_path,
     assert states.is_file() == (mode == "offline")
     if mode == "offline":  # another recipe on the same data reuses the target's states
         stamp = states.stat().st_mtime_ns
-        ctx2 = _stage_ctx(tmp_path, tiny_model_dir, "train", inputs, mode=mode, lr=3e-3)
+        ctx2 = _stage_ctx(tmp_path, tiny_model_dir, "train", inputs, mode=mode, lr=3e-3, max_rows=2)
         ctx2.work = ctx.work.parent / "work-lr3e-3"  # the pipeline's scratch for another train fingerprint
         ctx2.work.mkdir()
         m2 = train.run(ctx2)
         assert states.stat().st_mtime_ns == stamp and m2["steps"] == 4
+        assert m2["train_rows"] == 2 < m["train_rows"] and m2["label_tokens"] < m["label_tokens"]
 
 
 def test_train_resumes_from_checkpoint(upstream, tiny_model_dir, tmp_path, monkeypatch):

@@ -77,6 +77,9 @@ class TrainSection(Section):
     epochs: float = Field(default=3.0, gt=0)
     # stop after this many optimizer steps (null = epochs decide)
     max_steps: int | None = Field(default=None, ge=1)
+    # train on the first N training rows only (a random sample: the data stage shuffles); null = all of them.
+    # For learning curves (scripts/bench_recipe.py): the target's hidden states are still those of every row
+    max_rows: int | None = Field(default=None, ge=1)
     batch_size: int = Field(default=4, ge=1)
     grad_accum: int = Field(default=1, ge=1)
     lr: float = Field(default=5e-4, gt=0, lt=1)

@@ -375,7 +375,6 @@ def target_states_dir(ctx: StageContext, aux_layers: list[int]) -> Path:
         "data": {f: sha256_file(data_dir / f) for f in ("train_tokens.pt", "heldout.jsonl")},
         "aux_layers": aux_layers,
         "bf16": use_bf16(ctx.cfg.train.precision),
-        "eval": [ctx.cfg.train.eval_prompts, ctx.cfg.data.max_new_tokens],
     })
     return keyed_scratch(ctx.work.parent, "target", key)
 
@@ -414,7 +413,8 @@ def run(ctx: StageContext) -> dict:
 
     target_dir = target_states_dir(ctx, aux_layers)
     heldout = _read_rows(data_dir / "heldout.jsonl")[: t_cfg.eval_prompts]
-    eval_set = build_eval_set(base, tok, heldout, aux_layers, ctx.cfg.data.max_new_tokens, target_dir / "eval_seqs.pt", ctx.log)
+    eval_file = target_dir / f"eval_seqs-{len(heldout)}x{ctx.cfg.data.max_new_tokens}.pt"
+    eval_set = build_eval_set(base, tok, heldout, aux_layers, ctx.cfg.data.max_new_tokens, eval_file, ctx.log)
 
     t0 = time.time()
     states = None
@@ -435,6 +435,9 @@ def run(ctx: StageContext) -> dict:
     elif log_file.exists():
         log_file.unlink()
 
+    if t_cfg.max_rows and t_cfg.max_rows < len(tokens["input_ids"]):
+        ctx.log(f"training on the first {t_cfg.max_rows} of {len(tokens['input_ids'])} rows (train.max_rows)")
+        tokens = {k: v[: t_cfg.max_rows] for k, v in tokens.items()}  # states rows line up: same order, a prefix
     trainer = make_trainer(model, HeadDataset(tokens, states), training_args(ctx, ckpt_dir), log_file,
                            lambda: evaluate_acceptance(model, eval_set), t_cfg.eval_steps)
     t1 = time.time()
@@ -464,6 +467,7 @@ def run(ctx: StageContext) -> dict:
         # real (unpadded) tokens: batches are grouped by length and cut to their longest row
         "train_tokens_per_s": round(steps * t_cfg.batch_size * t_cfg.grad_accum * mean_len / max(train_s, 1e-9), 1),
         "precision": "bfloat16" if use_bf16(t_cfg.precision) else "float32",
+        "train_rows": len(tokens["input_ids"]),
         "label_tokens": label_tokens,
         "eval_prompts": len(eval_set),
         **acc,

@@ -1,0 +1,97 @@
+"""Compare head-training recipes on one data stage, side by side in one run: held-out AL, per-position acceptance,
+training time. This is how to measure which knob matters (lr, epochs, batch size, TTT steps, data volume).
+
+    python scripts/bench_recipe.py build_configs/smollm2-135m-eagle3.yaml --out runs/abl \\
+        --recipe base: --recipe lr3e-3:train.lr=3e-3 --recipe half-data:train.max_rows=700
+
+A recipe is NAME:KEY=VALUE[,KEY=VALUE...] (config overrides, as `trtspec build --set`). Every recipe reuses the run's
+data and convert stages and the target's hidden states (computed once, by the first recipe that needs them), so
+each one costs its training alone. The run's train/ folder ends as the last recipe's; each recipe's metrics and
+training log are kept in OUT/recipes/NAME.json, a finished recipe is not trained again, and --plot draws the
+held-out AL@3 of every recipe over its training (with train.eval_steps set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def parse_recipe(text: str) -> tuple[str, list[str]]:
+    name, _, sets = text.partition(":")
+    if not name or "/" in name:
+        sys.exit(f"Error: recipe '{text}' needs a name: NAME:KEY=VALUE[,KEY=VALUE...]")
+    return name, [s for s in sets.split(",") if s]
+
+
+def train_recipe(config: str, base_sets: list[str], out: Path, name: str, sets: list[str]) -> dict:
+    """Train one recipe (or read it back if it finished before) -> {name, sets, metrics, log}."""
+    from trtspec.config import load_config
+    from trtspec.pipeline import run_build
+
+    saved = out / "recipes" / f"{name}.json"
+    if saved.is_file():
+        return json.loads(saved.read_text())
+    cfg = load_config(config, base_sets + sets)
+    run_build(cfg, out, until="train")
+    train_dir = out / "train"
+    log = [json.loads(x) for x in (train_dir / "train_log.jsonl").read_text().splitlines() if x.strip()]
+    row = {"name": name, "sets": sets, "metrics": json.loads((train_dir / "manifest.json").read_text())["metrics"],
+           "evals": [{"step": r["step"], "epoch": r["epoch"], **r["eval"]} for r in log if "eval" in r]}
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(row, indent=1) + "\n")
+    return row
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'recipe':14s} {'steps':>5s} {'train s':>7s} {'tok/s':>6s} {'acc_ttt (last step)':>20s} "
+          f"{'AL@1':>5s} {'AL@2':>5s} {'AL@3':>5s} {'AL@4':>5s}  accept rate by position")
+    for r in rows:
+        m = r["metrics"]
+        acc = "/".join(f"{a:.2f}" for a in (m.get("final_acc_ttt") or []))
+        print(f"{r['name']:14s} {m['steps']:5d} {m['train_s']:7.0f} {m['train_tokens_per_s']:6.0f} {acc:>20s} "
+              + " ".join(f"{m[f'AL@{k}']:5.2f}" for k in range(1, 5)) + f"  {m['accept_rate_by_position']}")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        if r["evals"]:
+            ax.plot([e["epoch"] for e in r["evals"]], [e["AL@3"] for e in r["evals"]], marker="o", label=r["name"])
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("held-out AL@3")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap.add_argument("config")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--recipe", action="append", required=True, help="NAME:KEY=VALUE[,KEY=VALUE...]")
+    ap.add_argument("--set", action="append", default=[], dest="overrides", help="applied to every recipe")
+    ap.add_argument("--plot", action="store_true", help="write OUT/recipes/al_curve.png")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = ap.parse_args()
+    rows = [train_recipe(args.config, args.overrides, args.out, *parse_recipe(r)) for r in args.recipe]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print_table(rows)
+    if args.plot:
+        plot(rows, args.out / "recipes" / "al_curve.png")
+
+
+if __name__ == "__main__":
+    main()
