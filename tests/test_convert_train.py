@@ -206,7 +206,14 @@ def _stage_ctx(tmp_path, model_dir, stage, inputs, **train_kw):
     out, work = tmp_path / stage / "out", tmp_path / stage / "work"
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    return _Ctx(cfg=cfg, out=out, work=work, inputs=inputs, manifests={}, stage=stage)
+    return _Ctx(cfg=cfg, out=out, work=work, inputs=inputs, manifests=_manifests(inputs), stage=stage)
+
+
+def _manifests(inputs: dict) -> dict:
+    """What the pipeline hands a stage about its upstream folders: at least the files' hashes."""
+    from trtspec.artifacts import file_table
+
+    return {k: {"files": file_table(v)} for k, v in inputs.items()}
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +308,7 @@ def test_demo_model_short_budget(tmp_path, demo_model_dir):
         out, work = tmp_path / stage, tmp_path / f"{stage}.work"
         out.mkdir()
         work.mkdir()
-        m = mod.run(_Ctx(cfg=cfg, out=out, work=work, inputs=dict(outs), manifests={}, stage=stage))
+        m = mod.run(_Ctx(cfg=cfg, out=out, work=work, inputs=dict(outs), manifests=_manifests(outs), stage=stage))
         outs[stage] = out
     arch = json.loads((outs["convert"] / "eagle_config.json").read_text())["eagle_architecture_config"]
     assert arch["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26] and arch["hidden_size"] == 576

@@ -366,13 +366,13 @@ def target_states_dir(ctx: StageContext, aux_layers: list[int]) -> Path:
 
     Keyed on the target, the data stage's files and the aux layers only: a new lr, schedule, epoch count or batch
     size reuses it, so trying a recipe costs the training alone."""
-    from trtspec.artifacts import fingerprint, keyed_scratch, sha256_file
+    from trtspec.artifacts import fingerprint, keyed_scratch
     from trtspec.models import use_bf16
 
-    data_dir = ctx.inputs["data"]
+    files = ctx.manifests["data"]["files"]  # sha256 recorded by the data stage (and checked by the pipeline)
     key = fingerprint({
         "model": [ctx.cfg.model.source, ctx.cfg.model.dtype],
-        "data": {f: sha256_file(data_dir / f) for f in ("train_tokens.pt", "heldout.jsonl")},
+        "data": {f: files[f]["sha256"] for f in ("train_tokens.pt", "heldout.jsonl")},
         "aux_layers": aux_layers,
         "bf16": use_bf16(ctx.cfg.train.precision),
     })
