@@ -18,7 +18,7 @@ from trtspec.runtime.drafters import (
     load_draft_target,
     load_eagle3_drafter,
 )
-from trtspec.runtime.model import ModelArgs, Transformer, dequantize, load_transformer
+from trtspec.runtime.model import ModelArgs, Transformer, dequantize, load_transformer, small_rows_linear
 from trtspec.runtime.tree import Tree, static_tree
 
 SHAPES = ["chain", "tree", "dynamic_tree"]
@@ -140,6 +140,23 @@ def test_logits_and_aux_match_transformers(target_dir, hf_target):
         model(ids[:8], torch.arange(8), torch.arange(8), 8, "causal")
         tail, _ = model(ids[8:], torch.arange(8, 12), torch.arange(8, 12), 12, torch.ones(4, 12, dtype=torch.bool).tril(8))
         torch.testing.assert_close(tail, ref.logits[0, 8:], atol=1e-4, rtol=1e-4)
+
+
+def test_small_rows_linear_is_linear():
+    """The decode-time product (weight @ x.T for up to 5 rows, one row doubled) equals F.linear for any row count,
+    leading dims and bias; under autograd it is F.linear itself."""
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(300, 64, generator=g), torch.randn(300, generator=g)
+    with torch.no_grad():
+        for shape in [(1, 64), (1, 1, 64), (1, 3, 64), (4, 64), (5, 64), (2, 3, 64), (7, 64), (0, 64)]:
+            x = torch.randn(*shape, generator=g)
+            for bias in (None, b):
+                y = small_rows_linear(x, w, bias)
+                assert y.shape == (*shape[:-1], 300)
+                torch.testing.assert_close(y, torch.nn.functional.linear(x, w, bias), atol=1e-5, rtol=1e-5)
+    x = torch.randn(1, 64, requires_grad=True)
+    small_rows_linear(x, w).sum().backward()
+    torch.testing.assert_close(x.grad, w.sum(0, keepdim=True))
 
 
 def test_generate_without_draft_equals_hf(target, prompts, hf_greedy):

@@ -20,7 +20,16 @@ import torch
 from torch import Tensor, nn
 
 from trtspec.errors import ArtifactError
-from trtspec.runtime.model import Block, ModelArgs, read_config, read_safetensors, rms_norm, rope_tables
+from trtspec.runtime.model import (
+    Block,
+    Linear,
+    ModelArgs,
+    fuse_projections,
+    read_config,
+    read_safetensors,
+    rms_norm,
+    rope_tables,
+)
 
 
 @dataclass
@@ -36,11 +45,11 @@ class Eagle3Draft(nn.Module):
         super().__init__()
         H = args.hidden_size
         self.args = args
-        self.fc = nn.Linear(num_aux * H, H, bias=False)
+        self.fc = Linear(num_aux * H, H, bias=False)
         self.layers = nn.ModuleList(Block(args, attn_in=2 * H if i == 0 else None) for i in range(args.num_layers))
         self.hidden_norm = nn.Parameter(torch.ones(H))
         self.norm = nn.Parameter(torch.ones(H)) if has_norm else None
-        self.lm_head = nn.Linear(H, draft_vocab, bias=False)
+        self.lm_head = Linear(H, draft_vocab, bias=False)
         self.register_buffer("draft_to_target", torch.arange(draft_vocab), persistent=False)
         self.max_len = 0
 
@@ -76,7 +85,7 @@ def _runtime_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
         else:
             k = k.replace("input_layernorm.weight", "input_layernorm").replace("post_attention_layernorm.weight", "post_attention_layernorm")
         out[k] = v
-    return out
+    return fuse_projections(out)
 
 
 def load_eagle3(folder: Path, target_lm_head: Tensor, target_hidden: int, dtype: torch.dtype = torch.float32) -> tuple[Eagle3Draft, Eagle3Info]:
