@@ -6,7 +6,8 @@
 
 Reads RUN_DIR/bundle (target + EAGLE-3 draft), RUN_DIR/data/heldout.jsonl (prompts) and the model source from
 RUN_DIR/data/manifest.json. For each k, every prompt runs HF generate, the runtime without draft, the
-speculative runtime and HF prompt lookup in turn (interleaved, so machine noise hits all alike).
+speculative runtime and HF prompt lookup in turn (interleaved, so machine noise hits all alike). `exact` counts the
+prompts whose speculative output is token-identical to HF generate's.
 """
 
 from __future__ import annotations
@@ -28,14 +29,16 @@ def load_prompts(run: Path, tok, n: int) -> list[list[int]]:
     return [encode(tok, m) for m in msgs]
 
 
-def timed(fn, prompts) -> tuple[float, list]:
-    """(tokens/s over all prompts, outputs)"""
-    outs, t0 = [], time.perf_counter()
+def interleaved(methods: dict, prompts) -> dict[str, tuple[float, list]]:
+    """Each prompt through every method in turn -> {method: (tokens/s over all prompts, outputs)}."""
+    secs, outs = dict.fromkeys(methods, 0.0), {m: [] for m in methods}
     for p in prompts:
-        outs.append(fn(p))
-    dt = time.perf_counter() - t0
-    n = sum(len(o if isinstance(o, list) else o.tokens) for o in outs)
-    return n / dt, outs
+        for m, fn in methods.items():
+            t0 = time.perf_counter()
+            outs[m].append(fn(p))
+            secs[m] += time.perf_counter() - t0
+    tokens = {m: [o if isinstance(o, list) else o.tokens for o in outs[m]] for m in methods}
+    return {m: (sum(map(len, tokens[m])) / secs[m], outs[m]) for m in methods}
 
 
 def main() -> None:
@@ -74,24 +77,28 @@ def main() -> None:
     with torch.inference_mode():
         for k in [int(x) for x in a.ks.split(",")]:
             spec = DraftSpec(shape=a.shape, k=k, topk=4, total=max(8, 4 * k))
-            hf_tps, _ = timed(lambda p: hf_generate(hf, p, new, eos), prompts)
-            base_tps, _ = timed(lambda p: generate(target, torch.tensor(p), new, eos), prompts)
-            spec_tps, outs = timed(lambda p, s=spec: speculative_decode(target, drafter, torch.tensor(p), new, s, eos), prompts)
-            pl_tps, _ = timed(lambda p, k=k: hf_generate(hf, p, new, eos, prompt_lookup_num_tokens=k), prompts)
+            res = interleaved({
+                "hf": lambda p: hf_generate(hf, p, new, eos),
+                "base": lambda p: generate(target, torch.tensor(p), new, eos),
+                "spec": lambda p, s=spec: speculative_decode(target, drafter, torch.tensor(p), new, s, eos),
+                "lookup": lambda p, k=k: hf_generate(hf, p, new, eos, prompt_lookup_num_tokens=k),
+            }, prompts)
+            (hf_tps, hf_outs), (base_tps, _), (spec_tps, outs), (pl_tps, _) = res["hf"], res["base"], res["spec"], res["lookup"]
             stats = Stats()
             for g in outs:
                 stats.merge(g.stats)
             al = stats.acceptance_length()
-            rows.append({"k": k, "acceptance_length": round(al, 3), "hf_generate": round(hf_tps, 2), "runtime_no_draft": round(base_tps, 2),
+            exact = sum(g.tokens == list(h) for g, h in zip(outs, hf_outs, strict=True))
+            rows.append({"k": k, "acceptance_length": round(al, 3), "exact": exact, "hf_generate": round(hf_tps, 2), "runtime_no_draft": round(base_tps, 2),
                          "speculative": round(spec_tps, 2), "hf_prompt_lookup": round(pl_tps, 2),
                          "speedup_vs_hf": round(spec_tps / hf_tps, 3), "speedup_vs_no_draft": round(spec_tps / base_tps, 3),
                          "no_draft_vs_hf": round(base_tps / hf_tps, 3), "speedup_over_al": round(spec_tps / hf_tps / al, 3)})
             if not a.json:
                 r = rows[-1]
                 if len(rows) == 1:
-                    print(f"{'k':>2} {'AL':>5} | {'HF gen':>7} {'no-draft':>8} {'spec':>7} {'lookup':>7} | tok/s"
+                    print(f"{'k':>2} {'AL':>5} {'exact':>5} | {'HF gen':>7} {'no-draft':>8} {'spec':>7} {'lookup':>7} | tok/s"
                           f" | {'spec/HF':>7} {'spec/nd':>7} {'nd/HF':>6} {'(spec/HF)/AL':>12}")
-                print(f"{k:>2} {r['acceptance_length']:>5.2f} | {r['hf_generate']:>7.1f} {r['runtime_no_draft']:>8.1f} "
+                print(f"{k:>2} {r['acceptance_length']:>5.2f} {exact:>2}/{len(prompts):<2} | {r['hf_generate']:>7.1f} {r['runtime_no_draft']:>8.1f} "
                       f"{r['speculative']:>7.1f} {r['hf_prompt_lookup']:>7.1f} |       | {r['speedup_vs_hf']:>6.2f}x "
                       f"{r['speedup_vs_no_draft']:>6.2f}x {r['no_draft_vs_hf']:>5.2f}x {r['speedup_over_al']:>12.2f}", flush=True)
     if a.json:
