@@ -95,3 +95,19 @@ def test_bad_inputs_are_one_line_errors(tmp_path, run_inputs):
     ctx.inputs["export"] = broken
     with pytest.raises(ArtifactError, match=r"missing draft/model.safetensors"):
         validate.run(ctx)
+
+
+def test_bench_speculative_script(tmp_path, run_inputs):
+    """scripts/bench_speculative.py on the tiny run: one row per k, and the speculative outputs equal HF generate's."""
+    import subprocess
+    import sys
+
+    root, source, bundle, data = run_inputs
+    (data / "manifest.json").write_text(json.dumps({"config": {"model": {"source": str(source)}}}))
+    script = Path(__file__).parents[1] / "scripts" / "bench_speculative.py"
+    out = subprocess.run([sys.executable, str(script), str(root), "--prompts", "2", "--max-new-tokens", "8", "--ks", "1,2", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout[out.stdout.index("{"):])["rows"]
+    assert [r["k"] for r in rows] == [1, 2]
+    assert all(r["exact"] == 2 and r["acceptance_length"] >= 1.0 and r["hf_generate"] > 0 for r in rows)
