@@ -88,7 +88,7 @@ def main() -> None:
             for g in outs:
                 stats.merge(g.stats)
             al = stats.acceptance_length()
-            exact = sum(g.tokens == list(h) for g, h in zip(outs, hf_outs, strict=True))
+            exact = sum(g.tokens == h for g, h in zip(outs, hf_outs, strict=True))
             rows.append({"k": k, "acceptance_length": round(al, 3), "exact": exact, "hf_generate": round(hf_tps, 2), "runtime_no_draft": round(base_tps, 2),
                          "speculative": round(spec_tps, 2), "hf_prompt_lookup": round(pl_tps, 2),
                          "speedup_vs_hf": round(spec_tps / hf_tps, 3), "speedup_vs_no_draft": round(spec_tps / base_tps, 3),

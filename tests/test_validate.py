@@ -32,6 +32,7 @@ def run_inputs(tmp_path_factory, tiny_model_dir):
         {"id": "b", "category": "chat", "messages": [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello!"}]},
     ]
     (data / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (data / "manifest.json").write_text(json.dumps({"config": {"model": {"source": str(target)}}}))  # the source, as recorded
     return root, target, bundle, data
 
 
@@ -102,8 +103,7 @@ def test_bench_speculative_script(tmp_path, run_inputs):
     import subprocess
     import sys
 
-    root, source, bundle, data = run_inputs
-    (data / "manifest.json").write_text(json.dumps({"config": {"model": {"source": str(source)}}}))
+    root = run_inputs[0]
     script = Path(__file__).parents[1] / "scripts" / "bench_speculative.py"
     out = subprocess.run([sys.executable, str(script), str(root), "--prompts", "2", "--max-new-tokens", "8", "--ks", "1,2", "--json"],
                          capture_output=True, text=True, timeout=300)
