@@ -7,7 +7,8 @@
 Reads RUN_DIR/bundle (target + EAGLE-3 draft), RUN_DIR/data/heldout.jsonl (prompts) and the model source from
 RUN_DIR/data/manifest.json. For each k, every prompt runs HF generate, the runtime without draft, the
 speculative runtime and HF prompt lookup in turn (interleaved, so machine noise hits all alike). `exact` counts the
-prompts whose speculative output is token-identical to HF generate's.
+prompts whose speculative output is token-identical to HF generate's. The runtime's decode/verify pass is
+torch.compile'd first, as in `trtspec validate` (`--no-compile`: eager).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--ks", default="1,2,3,4,5,6", help="draft lengths, comma separated")
     ap.add_argument("--shape", default="chain", choices=["chain", "tree", "dynamic_tree"])
+    ap.add_argument("--no-compile", action="store_true", help="run the runtime eagerly (no torch.compile)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     a = ap.parse_args()
 
@@ -57,6 +59,7 @@ def main() -> None:
     from trtspec.runtime import (
         DraftSpec,
         Stats,
+        compile_steps,
         generate,
         load_eagle3_drafter,
         load_transformer,
@@ -73,9 +76,19 @@ def main() -> None:
     target, _ = load_transformer(bundle / "target")
     drafter = load_eagle3_drafter(bundle / "draft", target)
 
+    ks = [int(x) for x in a.ks.split(",")]
+    compile_note = "off (--no-compile)"
+    if not a.no_compile:
+        t0 = time.perf_counter()
+        compile_note = compile_steps([target, drafter.net], lambda: (generate(target, torch.tensor(prompts[0]), new, eos),
+                                                      speculative_decode(target, drafter, torch.tensor(prompts[0]), new, DraftSpec(shape=a.shape, k=ks[0]), eos)))
+        compile_note = compile_note or f"compiled in {time.perf_counter() - t0:.0f} s"
+    if not a.json:
+        print(f"runtime: {compile_note}", flush=True)
+
     rows = []
     with torch.inference_mode():
-        for k in [int(x) for x in a.ks.split(",")]:
+        for k in ks:
             spec = DraftSpec(shape=a.shape, k=k, topk=4, total=max(8, 4 * k))
             res = interleaved({
                 "hf": lambda p: hf_generate(hf, p, new, eos),
@@ -102,7 +115,7 @@ def main() -> None:
                       f"{r['speculative']:>7.1f} {r['hf_prompt_lookup']:>7.1f} |       | {r['speedup_vs_hf']:>6.2f}x "
                       f"{r['speedup_vs_no_draft']:>6.2f}x {r['no_draft_vs_hf']:>5.2f}x {r['speedup_over_al']:>12.2f}", flush=True)
     if a.json:
-        print(json.dumps({"run_dir": str(run), "prompts": len(prompts), "max_new_tokens": new, "shape": a.shape,
+        print(json.dumps({"run_dir": str(run), "prompts": len(prompts), "max_new_tokens": new, "shape": a.shape, "compile": compile_note,
                           "threads": torch.get_num_threads(), "rows": rows}, indent=2))
 
 

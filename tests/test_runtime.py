@@ -18,7 +18,14 @@ from trtspec.runtime.drafters import (
     load_draft_target,
     load_eagle3_drafter,
 )
-from trtspec.runtime.model import ModelArgs, Transformer, dequantize, load_transformer, small_rows_linear
+from trtspec.runtime.model import (
+    ModelArgs,
+    Transformer,
+    compile_steps,
+    dequantize,
+    load_transformer,
+    small_rows_linear,
+)
 from trtspec.runtime.tree import Tree, static_tree
 
 SHAPES = ["chain", "tree", "dynamic_tree"]
@@ -193,6 +200,32 @@ def test_eagle3_draft_keeps_greedy_output(eagle_export, target_dir, prompts, hf_
     assert target.aux_layers == (0, 1)
     for p, ref in zip(prompts, hf_greedy, strict=True):
         assert speculative_decode(target, drafter, p, NEW, DraftSpec(shape=shape, k=3, topk=3, total=8), eos={2}).tokens == ref
+
+
+def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts, hf_greedy):
+    """torch.compile'd decode/verify/draft passes (what validate times): the same greedy tokens as HF generate for
+    plain decoding, chains and both trees; graphs really are compiled, and a failed compile falls back to eager."""
+    from torch._dynamo.utils import counters
+
+    target = load_transformer(target_dir)[0]
+    drafter = load_eagle3_drafter(eagle_export[0], target)
+    specs = [DraftSpec(shape=s, k=3, topk=3, total=8) for s in SHAPES]
+    before = counters["stats"]["unique_graphs"]
+    runs = lambda: [  # noqa: E731
+        [generate(target, p, NEW, eos={2}).tokens for p in prompts],
+        *[[speculative_decode(target, drafter, p, NEW, s, eos={2}).tokens for p in prompts] for s in specs],
+    ]
+    assert compile_steps([target, drafter.net], runs) == ""
+    assert target.compiled_step is not None and counters["stats"]["unique_graphs"] > before
+    for outputs in runs():
+        assert outputs == hf_greedy
+
+    def broken():
+        raise RuntimeError("no C++ compiler")
+
+    assert "no C++ compiler" in compile_steps([target, drafter.net], broken)
+    assert target.compiled_step is None and drafter.net.compiled_step is None
+    assert [generate(target, p, NEW, eos={2}).tokens for p in prompts] == hf_greedy
 
 
 def test_ngram_draft_keeps_greedy_output(target, prompts, hf_greedy):

@@ -68,6 +68,9 @@ def test_validate_writes_report(tmp_path, run_inputs):
     for f in ("report.md", "acceptance_histogram.png", "per_position_acceptance.png", "speed.png"):
         assert (tmp_path / "out" / f).stat().st_size > 0
     assert "2/2" in metrics["headline"]
+    # the timed runtime is the compiled one (this machine and CI have a C++ compiler), and the report says so
+    assert r["runtime_compiled"] is True and "torch.compile" in r["compile"]["note"]
+    assert "Compilation:" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_gate_fails_after_writing_the_report(tmp_path, run_inputs):

@@ -46,6 +46,10 @@ def _markdown(r: dict, plots: list[str]) -> str:
         f"Runtime: {r['runtime']}  ",
         f"Prompts: {r['prompts']} from {r['prompt_source']}, {r['max_new_tokens']} new tokens, draft {r['draft_shape']} "
         f"of length {r['draft_len']}, {r['threads']} CPU thread(s)",
+    ]
+    if "compile" in r:
+        lines.append(f"Compilation: {r['compile']['note']} ({r['compile']['seconds']:.0f} s, before timing)")
+    lines += [
         "",
         "## Greedy outputs",
         "",

@@ -11,7 +11,7 @@ from trtspec.runtime.drafters import (
     load_draft_target,
     load_eagle3_drafter,
 )
-from trtspec.runtime.model import Transformer, load_transformer
+from trtspec.runtime.model import Transformer, compile_steps, load_transformer
 
 __all__ = [
     "DraftSpec",
@@ -21,6 +21,7 @@ __all__ = [
     "NgramDrafter",
     "Stats",
     "Transformer",
+    "compile_steps",
     "generate",
     "load_draft_target",
     "load_eagle3_drafter",

@@ -79,7 +79,7 @@ def prefill(target: Transformer, prompt: Tensor) -> tuple[Tensor, Tensor | None]
 
 def decode_one_token(target: Transformer, token: int, length: int) -> Tensor:
     pos = torch.tensor([length])
-    return target(torch.tensor([token]), pos, pos, length + 1, None)[0][0]
+    return target.step(torch.tensor([token]), pos, pos, length + 1, None)[0][0]
 
 
 def verify_tree(target: Transformer, tree: Tree, length: int) -> tuple[Tensor, Tensor | None]:
@@ -91,7 +91,7 @@ def verify_tree(target: Transformer, tree: Tree, length: int) -> tuple[Tensor, T
         mask = torch.ones(n, length + n, dtype=torch.bool).tril(length) if n > 1 else None
     else:
         mask = torch.cat((torch.ones(n, length, dtype=torch.bool), tree.ancestor_mask()), dim=1)
-    return target(torch.tensor(tree.tokens), positions, slots, length + n, mask)
+    return target.step(torch.tensor(tree.tokens), positions, slots, length + n, mask)
 
 
 def compact_cache(model: Transformer, length: int, path: list[int]) -> None:

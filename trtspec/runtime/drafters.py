@@ -196,7 +196,7 @@ class LMDrafter(ModelDrafter):
             self.model.setup_cache(max_len)
 
     def _forward(self, tokens, hidden, positions, slots, length, mask):
-        return self.model(tokens, positions, slots, length, mask)[0], None
+        return self.model.step(tokens, positions, slots, length, mask)[0], None
 
     def start(self, prompt: Tensor, first: int, aux: Tensor | None) -> None:
         self.length = 0
@@ -223,7 +223,7 @@ class Eagle3Drafter(ModelDrafter):
         return self.net.fc(aux)
 
     def _forward(self, tokens, hidden, positions, slots, length, mask):
-        return self.net(self.embed(tokens), hidden, positions, slots, length, mask)
+        return self.net.step(self.embed(tokens), hidden, positions, slots, length, mask)
 
     def start(self, prompt: Tensor, first: int, aux: Tensor | None) -> None:
         # draft position t reads (token t+1, aux_t): the prompt shifted left by one, then the first target token

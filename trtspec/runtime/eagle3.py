@@ -24,6 +24,7 @@ from trtspec.runtime.model import (
     Block,
     Linear,
     ModelArgs,
+    Stepper,
     fuse_projections,
     read_config,
     read_safetensors,
@@ -40,7 +41,7 @@ class Eagle3Info:
     hidden_size: int
 
 
-class Eagle3Draft(nn.Module):
+class Eagle3Draft(Stepper):
     def __init__(self, args: ModelArgs, num_aux: int, draft_vocab: int, has_norm: bool):
         super().__init__()
         H = args.hidden_size
