@@ -150,7 +150,7 @@ class ValidateSection(Section):
     tree_topk: int = Field(default=4, ge=1)
     tree_total_tokens: int = Field(default=16, ge=1)
     repeats: int = Field(default=2, ge=1)
-    # torch.compile the runtime's decode/verify pass (inductor, needs a C++ compiler; falls back to eager without)
+    # torch.compile the runtime's decode/verify/draft passes (inductor, needs a C++ compiler; else eager, and the report says why)
     compile: bool = True
     # also time HF assisted generation and prompt lookup
     compare_hf_assisted: bool = True

@@ -279,7 +279,7 @@ def run(ctx: StageContext) -> dict:
     report = {
         "runtime": "trtspec PyTorch speculative runtime (EAGLE-3 draft from bundle/draft), CPU float32",
         "runtime_compiled": target.compiled_step is not None,
-        "compile": {"seconds": compile_s, "note": compile_note or "decode/verify pass compiled with torch.compile (inductor); prefill eager"},
+        "compile": {"seconds": compile_s, "note": compile_note or "decode, verify and draft passes compiled with torch.compile (inductor); prefills eager"},
         "bundle": str(bundle),
         "prompts": len(prompts),
         "prompt_source": v.prompts or "data/heldout.jsonl",
