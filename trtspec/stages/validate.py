@@ -208,7 +208,7 @@ def run(ctx: StageContext) -> dict:
     # compile the runtime's steps before timing: the first generations of each kind trigger it
     t0 = time.perf_counter()
     if v.compile:
-        ctx.log("compiling the runtime's decode/verify steps (torch.compile, first run of a model: ~1-2 min on a CPU)")
+        ctx.log("compiling the runtime's decode, verify and draft passes (torch.compile; ~1-2 min on a CPU the first time)")
         compile_note = compile_steps([target, drafter.net], lambda: [methods[m](prompts[0]) for m in ("runtime_no_draft", "speculative")])
         if compile_note:
             ctx.log(compile_note)
