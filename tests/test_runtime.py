@@ -210,6 +210,7 @@ def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts,
     target = load_transformer(target_dir)[0]
     drafter = load_eagle3_drafter(eagle_export[0], target)
     specs = [DraftSpec(shape=s, k=3, topk=3, total=8) for s in SHAPES]
+    torch._dynamo.reset()  # graphs compiled by an earlier test (same code, same shapes) would be reused silently
     before = counters["stats"]["unique_graphs"]
     runs = lambda: [  # noqa: E731
         [generate(target, p, NEW, eos={2}).tokens for p in prompts],
