@@ -19,6 +19,7 @@ from trtspec.runtime.drafters import (
     load_eagle3_drafter,
 )
 from trtspec.runtime.model import (
+    COMPILED,
     ModelArgs,
     Transformer,
     compile_steps,
@@ -216,7 +217,7 @@ def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts,
         [generate(target, p, NEW, eos={2}).tokens for p in prompts],
         *[[speculative_decode(target, drafter, p, NEW, s, eos={2}).tokens for p in prompts] for s in specs],
     ]
-    assert compile_steps([target, drafter.net], runs) == ""
+    assert compile_steps([target, drafter.net], runs)[1] == COMPILED
     assert target.compiled_step is not None and counters["stats"]["unique_graphs"] > before
     for outputs in runs():
         assert outputs == hf_greedy
@@ -224,7 +225,7 @@ def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts,
     def broken():
         raise RuntimeError("no C++ compiler")
 
-    assert "no C++ compiler" in compile_steps([target, drafter.net], broken)
+    assert "no C++ compiler" in compile_steps([target, drafter.net], broken)[1]
     assert target.compiled_step is None and drafter.net.compiled_step is None
     assert [generate(target, p, NEW, eos={2}).tokens for p in prompts] == hf_greedy
 

@@ -12,6 +12,7 @@ no length of its own: the caller's pointer is the truth, so rolling back is just
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -243,7 +244,10 @@ class Transformer(Stepper):
         return self.lm_head(x)[0], torch.cat(aux, dim=-1)[0] if aux else None
 
 
-def compile_steps(models: list[Stepper], warm_up: Callable[[], object]) -> str:
+COMPILED = "decode, verify and draft passes compiled with torch.compile (inductor); prefills eager"
+
+
+def compile_steps(models: list[Stepper], warm_up: Callable[[], object]) -> tuple[float, str]:
     """torch.compile the networks' few-token passes (inductor), then call `warm_up` to compile them.
 
     Decoding a small model on a CPU spends a quarter of each step outside the GEMMs: per layer two norms, two ropes,
@@ -252,8 +256,10 @@ def compile_steps(models: list[Stepper], warm_up: Callable[[], object]) -> str:
     per pass): a network compiles one graph for 1 token and one for several, on first use, so `warm_up` should run
     the generations that will be timed. Prefills stay eager. Outputs differ from eager ones in the last bits (fused
     sums in another order, ~1e-4 on logits): greedy equality with HF is measured on the compiled runtime, by validate
-    and the tests. Returns '' or why it fell back to eager (e.g. no C++ compiler).
+    and the tests. Returns (seconds spent, what happened): `COMPILED`, or why it fell back to eager (e.g. no C++
+    compiler).
     """
+    t0 = time.perf_counter()
     for m in models:
         m.compiled_step = torch.compile(m.forward, dynamic=True)
     try:
@@ -262,8 +268,8 @@ def compile_steps(models: list[Stepper], warm_up: Callable[[], object]) -> str:
         for m in models:
             m.compiled_step = None
         first = (str(e).strip().splitlines() or [""])[0][:200]
-        return f"torch.compile failed ({type(e).__name__}: {first}); eager runtime"
-    return ""
+        return round(time.perf_counter() - t0, 1), f"torch.compile failed ({type(e).__name__}: {first}); eager runtime"
+    return round(time.perf_counter() - t0, 1), COMPILED
 
 
 # ---------------------------------------------------------------------------------------------- loading

@@ -206,15 +206,11 @@ def run(ctx: StageContext) -> dict:
         skipped["hf_assisted"] = skipped["hf_prompt_lookup"] = "validate.compare_hf_assisted is false"
 
     # compile the runtime's steps before timing: the first generations of each kind trigger it
-    t0 = time.perf_counter()
+    compile_s, compile_note = 0.0, "off (validate.compile: false)"
     if v.compile:
         ctx.log("compiling the runtime's decode, verify and draft passes (torch.compile; ~1-2 min on a CPU the first time)")
-        compile_note = compile_steps([target, drafter.net], lambda: [methods[m](prompts[0]) for m in ("runtime_no_draft", "speculative")])
-        if compile_note:
-            ctx.log(compile_note)
-    else:
-        compile_note = "off (validate.compile: false)"
-    compile_s = round(time.perf_counter() - t0, 1)
+        compile_s, compile_note = compile_steps([target, drafter.net], lambda: [methods[m](prompts[0]) for m in ("runtime_no_draft", "speculative")])
+        ctx.log(f"{compile_note} ({compile_s:.0f} s)")
 
     # interleaved repetitions: every prompt runs every method in turn, so machine noise hits all of them alike
     outputs: dict[str, list] = {m: [None] * len(prompts) for m in methods}
@@ -279,7 +275,7 @@ def run(ctx: StageContext) -> dict:
     report = {
         "runtime": "trtspec PyTorch speculative runtime (EAGLE-3 draft from bundle/draft), CPU float32",
         "runtime_compiled": target.compiled_step is not None,
-        "compile": {"seconds": compile_s, "note": compile_note or "decode, verify and draft passes compiled with torch.compile (inductor); prefills eager"},
+        "compile": {"seconds": compile_s, "note": compile_note},
         "bundle": str(bundle),
         "prompts": len(prompts),
         "prompt_source": v.prompts or "data/heldout.jsonl",
