@@ -1,9 +1,9 @@
 """Measure the head-training recipe: wall time of data+convert+train, held-out acceptance, offline vs online
-training throughput (same batch, one run, side by side), peak RSS.
+training throughput (same batch, one run, their steps interleaved), peak RSS.
 
     python scripts/bench_head.py build_configs/smollm2-135m-eagle3.yaml --out runs/bench [--set train.epochs=4]
 
-Timings on a shared CPU are noisy: run it twice and read the ratio, not the absolute figures.
+Timings on a shared CPU are noisy: read the ratio, not the absolute figures.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 
-def step_throughput(cfg, run_dir: Path, mode: str, steps: int) -> float:
-    """Training tokens/s (real, unpadded) of `steps` optimizer steps in `mode` on one batch of the data stage's
-    rows, cut and padded as the train stage does, with the train stage's precision (bf16 autocast or fp32)."""
+def training_step(cfg, run_dir: Path, mode: str):
+    """(one optimizer step in `mode` on the first batch of the data stage's rows, its real token count), the batch
+    cut and padded as the train stage does, with the train stage's precision (bf16 autocast or fp32)."""
     import torch
 
     from trtspec import eagle
@@ -29,7 +29,6 @@ def step_throughput(cfg, run_dir: Path, mode: str, steps: int) -> float:
     aux_layers = eagle_cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]
     ds = train.HeadDataset(tokens)
     batch = train.HeadDataset.collate([ds[i] for i in range(cfg.train.batch_size)])
-    real_tokens = int(batch["attention_mask"].sum())
     bf16 = use_bf16(cfg.train.precision)
     base = load_model(resolve_model(cfg.model.source), cfg.model.dtype)
     if mode == "offline":
@@ -40,10 +39,8 @@ def step_throughput(cfg, run_dir: Path, mode: str, steps: int) -> float:
     eagle.load_head(model, run_dir / "convert" / "head_init.safetensors")
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    t0 = time.perf_counter()
-    for i in range(steps + 1):
-        if i == 1:
-            t0 = time.perf_counter()  # the first step warms up
+
+    def step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             kwargs = {}
             if mode == "offline":  # what the train stage's compute_loss passes
@@ -53,7 +50,21 @@ def step_throughput(cfg, run_dir: Path, mode: str, steps: int) -> float:
         out.loss.backward()
         opt.step()
         opt.zero_grad()
-    return steps * real_tokens / (time.perf_counter() - t0)
+
+    return step, int(batch["attention_mask"].sum())
+
+
+def throughputs(cfg, run_dir: Path, steps: int) -> dict[str, float]:
+    """Training tokens/s (real, unpadded) offline and online, their steps interleaved (offline, online, offline,
+    ...) so that a drift in the machine's speed hits both alike; the first step of each warms up."""
+    runs = {mode: training_step(cfg, run_dir, mode) for mode in ("offline", "online")}
+    seconds = dict.fromkeys(runs, 0.0)
+    for i in range(steps + 1):
+        for mode, (step, _) in runs.items():
+            t0 = time.perf_counter()
+            step()
+            seconds[mode] += (time.perf_counter() - t0) if i else 0.0
+    return {mode: steps * tokens / seconds[mode] for mode, (_, tokens) in runs.items()}
 
 
 def main() -> None:
@@ -61,7 +72,7 @@ def main() -> None:
     ap.add_argument("config")
     ap.add_argument("--out", default="runs/bench")
     ap.add_argument("--set", action="append", default=[], dest="overrides")
-    ap.add_argument("--throughput-steps", type=int, default=5)
+    ap.add_argument("--throughput-steps", type=int, default=10)
     args = ap.parse_args()
 
     from trtspec.config import load_config
@@ -79,10 +90,10 @@ def main() -> None:
     print("held-out acceptance: " + ", ".join(f"{k} {v}" for k, v in metrics.items() if k.startswith("AL@"))
           + f"; by draft position {metrics['accept_rate_by_position']}")
     print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
-    off = step_throughput(cfg, Path(args.out), "offline", args.throughput_steps)
-    on = step_throughput(cfg, Path(args.out), "online", args.throughput_steps)
+    speed = throughputs(cfg, Path(args.out), args.throughput_steps)
+    off, on = speed["offline"], speed["online"]
     print(f"train throughput, batch {cfg.train.batch_size}, {'bf16' if use_bf16(cfg.train.precision) else 'fp32'}: offline {off:.0f} tok/s | "
-          f"online {on:.0f} tok/s | offline/online {off / on:.2f}x  (shared CPU: noisy)")
+          f"online {on:.0f} tok/s | offline/online {off / on:.2f}x  steps interleaved")
 
 
 if __name__ == "__main__":

@@ -313,3 +313,19 @@ def test_demo_model_short_budget(tmp_path, demo_model_dir):
     arch = json.loads((outs["convert"] / "eagle_config.json").read_text())["eagle_architecture_config"]
     assert arch["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26] and arch["hidden_size"] == 576
     assert m["AL@3"] >= 1.0 and Path(outs["train"] / "head.safetensors").is_file()
+
+
+def test_bench_head_throughputs_interleave_offline_and_online(upstream, tiny_model_dir, tmp_path):
+    """scripts/bench_head.py's throughput comparison runs on a run's data and convert folders, both modes timed."""
+    import importlib.util
+
+    _, inputs = upstream
+    run = tmp_path / "run"
+    run.mkdir()
+    for name, folder in inputs.items():
+        (run / name).symlink_to(folder)
+    spec = importlib.util.spec_from_file_location("bench_head", Path(__file__).parents[1] / "scripts" / "bench_head.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    speed = bench.throughputs(_stage_ctx(tmp_path, tiny_model_dir, "train", inputs).cfg, run, steps=2)
+    assert set(speed) == {"offline", "online"} and all(v > 0 for v in speed.values())
