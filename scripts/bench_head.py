@@ -33,7 +33,7 @@ def training_step(cfg, run_dir: Path, mode: str):
     base = load_model(resolve_model(cfg.model.source), cfg.model.dtype)
     if mode == "offline":
         aux, last = train.base_states(base, batch["input_ids"], batch["attention_mask"], aux_layers, bf16)
-        aux, last = aux.half().float(), last.half().float()  # as stored in the cache
+        batch["aux_hidden_states"], batch["base_model_hidden_states"] = aux.half(), last.half()  # as cached
         eagle_cfg["eagle_offline"] = True
     model = eagle.build_eagle_model(base, eagle_cfg)
     eagle.load_head(model, run_dir / "convert" / "head_init.safetensors")
@@ -42,11 +42,7 @@ def training_step(cfg, run_dir: Path, mode: str):
 
     def step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            kwargs = {}
-            if mode == "offline":  # what the train stage's compute_loss passes
-                kwargs["base_model_outputs"] = {"aux_hidden_states": aux, "base_model_hidden_states": last,
-                                                "base_model_logits": train.draft_target_logits(model, last)}
-            out = model(**batch, **kwargs)
+            out = train.head_forward(model, batch)  # what the train stage's compute_loss runs
         out.loss.backward()
         opt.step()
         opt.zero_grad()

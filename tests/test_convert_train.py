@@ -171,6 +171,53 @@ def test_cached_states_equal_a_direct_forward_and_resume(tiny_model_dir, tmp_pat
         assert (again["aux"] == expected).all() and json.loads(progress.read_text())["rows"] == 5
 
 
+@pytest.mark.parametrize("offline", [False, True])
+def test_logits_only_where_scored_leave_loss_and_gradients_unchanged(tiny_model_dir, offline):
+    """head_forward computes draft (and, offline, target) logits only at positions the loss reads; the loss and
+    every gradient equal a forward that computes them everywhere."""
+    model = _head(tiny_model_dir, draft_vocab=64, offline=offline)
+    eagle.set_draft_vocab(model, torch.arange(64) * 3)
+    model.train()
+    tokens = _tokens([21, 30, 12], width=32)
+    tokens["input_ids"] = tokens["input_ids"] * 5 % 200 + 3
+    tokens["loss_mask"][:, :8] = False  # a prompt: not scored
+    batch = train.HeadDataset.collate([train.HeadDataset(tokens)[i] for i in range(3)])
+    if offline:
+        from trtspec.models import load_model
+
+        aux, last = train.base_states(load_model(tiny_model_dir), batch["input_ids"], batch["attention_mask"], model.eagle_config.eagle_aux_hidden_state_layer_ids)
+        batch["aux_hidden_states"], batch["base_model_hidden_states"] = aux, last
+
+    def loss_and_grads(fn):
+        model.zero_grad()
+        torch.manual_seed(0)
+        loss = fn().loss
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    def everywhere():  # the same forward without the shortcut: logits at every position
+        b = dict(batch)
+        kw = {}
+        if offline:
+            last = b.pop("base_model_hidden_states")
+            kw["base_model_outputs"] = {"aux_hidden_states": b.pop("aux_hidden_states"), "base_model_hidden_states": last,
+                                        "base_model_logits": train.draft_target_logits(model, last)}
+        return model(**b, **kw)
+
+    calls = []
+    # positions with logits (non-zero rows) in each TTT step's lm_head output
+    model.eagle_module.lm_head.register_forward_hook(lambda m, args, out: calls.append(int((out != 0).any(-1).sum())))
+    loss, grads = loss_and_grads(lambda: train.head_forward(model, batch))
+    assert calls == [int(batch["loss_mask"][:, 1:].sum())] * 3  # the scored positions only, in each TTT step
+    calls.clear()
+    ref_loss, ref_grads = loss_and_grads(everywhere)
+    assert calls == [batch["input_ids"].numel()] * 3  # and here every position
+    assert torch.allclose(loss, ref_loss, atol=1e-5) and loss > 0
+    for name, g in ref_grads.items():
+        assert torch.allclose(grads[name], g, atol=1e-5), name
+    assert "forward" not in vars(model.eagle_module.lm_head)  # the lm_head is itself again after the step
+
+
 def test_chain_drafts_match_step_by_step_drafting(tiny_model_dir):
     """The parallel (TTT-mask) drafts equal modelopt's one-sequence-at-a-time pseudo_speculative_generate."""
     model = _head(tiny_model_dir, draft_vocab=64).eval()

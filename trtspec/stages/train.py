@@ -16,6 +16,7 @@ import gc
 import json
 import math
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -146,8 +147,15 @@ class LengthGroupedEpochSampler:
         return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=g))
 
 
-def draft_target_logits(model: Any, last: Any) -> Any:
+def rows_at(keep: Any, x: Any, fn: Any) -> Any:
+    """fn applied to the rows of x where `keep` [B, T] is true, zeros elsewhere: [B, T, out]."""
+    vals = fn(x[keep])
+    return vals.new_zeros(*keep.shape, vals.shape[-1]).index_put((keep,), vals)
+
+
+def draft_target_logits(model: Any, last: Any, keep: Any = None) -> Any:
     """The target's logits restricted to the draft vocab (all of it without one): lm_head rows d2t maps to.
+    keep [B, T]: only at these positions, zeros elsewhere (where the loss does not look).
 
     Computing 8k logits instead of 49k is most of what makes offline steps cheap; softmax over the draft
     vocab is what modelopt would take after its own gather."""
@@ -157,7 +165,49 @@ def draft_target_logits(model: Any, last: Any) -> Any:
         import torch
 
         weight = weight[torch.arange(len(d2t), device=d2t.device) + d2t]
-    return last.to(weight.dtype) @ weight.T
+    logits = lambda h: h.to(weight.dtype) @ weight.T  # noqa: E731
+    return logits(last) if keep is None else rows_at(keep, last, logits)
+
+
+@contextmanager
+def draft_logits_where_scored(model: Any, loss_mask: Any):
+    """Within: the head's lm_head computes logits only where modelopt's loss reads them, zeros elsewhere.
+
+    modelopt's TTT step s scores the draft logits at position p against the target's prediction at p + 1,
+    weighted by loss_mask[p + 1] (for p >= s). Zero logits elsewhere change neither the loss (their weight is 0)
+    nor the gradients, and skip the lm_head's matmuls (a third of a step's FLOPs) on prompt tokens and padding,
+    about 30% of the positions of the demo's rows. Only a head with its own lm_head (a draft vocab): the
+    target's lm_head also makes the target's logits when training online."""
+    lm_head = getattr(model.eagle_module, "lm_head", None)
+    if lm_head is None:
+        yield
+        return
+    import torch
+
+    keep = torch.nn.functional.pad(loss_mask[:, 1:], (0, 1)).bool()
+    full = lm_head.forward
+    lm_head.forward = lambda h: rows_at(keep, h, full)
+    try:
+        yield
+    finally:
+        del lm_head.forward  # back to the class's own forward
+
+
+def head_forward(model: Any, batch: dict) -> Any:
+    """One training forward of the head on a batch of HeadDataset.collate: modelopt's EAGLE-3 loss (TTT steps).
+    Offline batches carry the target's cached states; the target's logits are computed here, where scored."""
+    batch = dict(batch)
+    kwargs = {}
+    if "aux_hidden_states" in batch:
+        dtype = model.eagle_module.fc.weight.dtype
+        last = batch.pop("base_model_hidden_states").to(dtype)
+        kwargs["base_model_outputs"] = {
+            "aux_hidden_states": batch.pop("aux_hidden_states").to(dtype),
+            "base_model_hidden_states": last,
+            "base_model_logits": draft_target_logits(model, last, batch["loss_mask"].bool()),
+        }
+    with draft_logits_where_scored(model, batch["loss_mask"]):
+        return model(**batch, **kwargs)
 
 
 # ---------------------------------------------------------------- acceptance
@@ -299,16 +349,7 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
 
     class EagleTrainer(Trainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            kwargs = {}
-            if "aux_hidden_states" in inputs:
-                dtype = model.eagle_module.fc.weight.dtype
-                last = inputs.pop("base_model_hidden_states").to(dtype)
-                kwargs["base_model_outputs"] = {
-                    "aux_hidden_states": inputs.pop("aux_hidden_states").to(dtype),
-                    "base_model_hidden_states": last,
-                    "base_model_logits": draft_target_logits(model, last),
-                }
-            out = model(**inputs, **kwargs)
+            out = head_forward(model, inputs)
             step_log.buf.append((float(out.loss.detach()), [float(a) for a in out.train_acc[0]]))
             return (out.loss, out) if return_outputs else out.loss
 
