@@ -176,7 +176,7 @@ def draft_logits_where_scored(model: Any, loss_mask: Any):
     modelopt's TTT step s scores the draft logits at position p against the target's prediction at p + 1,
     weighted by loss_mask[p + 1] (for p >= s). Zero logits elsewhere change neither the loss (their weight is 0)
     nor the gradients, and skip the lm_head's matmuls (a third of a step's FLOPs) on prompt tokens and padding,
-    about 30% of the positions of the demo's rows. Only a head with its own lm_head (a draft vocab): the
+    a quarter of the positions in the demo's batches. Only a head with its own lm_head (a draft vocab): the
     target's lm_head also makes the target's logits when training online."""
     lm_head = getattr(model.eagle_module, "lm_head", None)
     if lm_head is None:
