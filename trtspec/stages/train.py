@@ -193,20 +193,22 @@ def draft_logits_where_scored(model: Any, loss_mask: Any):
         del lm_head.forward  # back to the class's own forward
 
 
-def head_forward(model: Any, batch: dict) -> Any:
+def head_forward(model: Any, batch: dict, unwrapped: Any = None) -> Any:
     """One training forward of the head on a batch of HeadDataset.collate: modelopt's EAGLE-3 loss (TTT steps).
-    Offline batches carry the target's cached states; the target's logits are computed here, where scored."""
+    Offline batches carry the target's cached states; the target's logits are computed here, where scored.
+    `unwrapped`: the EAGLE model inside `model` when a DDP/FSDP wrapper runs the forward (multi-GPU)."""
+    eagle_model = unwrapped or model
     batch = dict(batch)
     kwargs = {}
     if "aux_hidden_states" in batch:
-        dtype = model.eagle_module.fc.weight.dtype
+        dtype = eagle_model.eagle_module.fc.weight.dtype
         last = batch.pop("base_model_hidden_states").to(dtype)
         kwargs["base_model_outputs"] = {
             "aux_hidden_states": batch.pop("aux_hidden_states").to(dtype),
             "base_model_hidden_states": last,
-            "base_model_logits": draft_target_logits(model, last, batch["loss_mask"].bool()),
+            "base_model_logits": draft_target_logits(eagle_model, last, batch["loss_mask"].bool()),
         }
-    with draft_logits_where_scored(model, batch["loss_mask"]):
+    with draft_logits_where_scored(eagle_model, batch["loss_mask"]):
         return model(**batch, **kwargs)
 
 
@@ -349,7 +351,7 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
 
     class EagleTrainer(Trainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            out = head_forward(model, inputs)
+            out = head_forward(model, inputs, self.accelerator.unwrap_model(model))
             step_log.buf.append((float(out.loss.detach()), [float(a) for a in out.train_acc[0]]))
             return (out.loss, out) if return_outputs else out.loss
 
