@@ -218,30 +218,19 @@ def test_logits_only_where_scored_leave_loss_and_gradients_unchanged(tiny_model_
     assert "forward" not in vars(model.eagle_module.lm_head)  # the lm_head is itself again after the step
 
 
-def test_head_forward_under_a_ddp_wrapper(tiny_model_dir):
-    """Multi-GPU training (torchrun/accelerate) hands compute_loss a DDP-wrapped model: head_forward reads the head
-    through the unwrapped one and runs the forward through the wrapper (one gloo process here)."""
-    import socket
-
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
+def test_head_forward_under_a_wrapper(tiny_model_dir):
+    """Multi-GPU training (torchrun/accelerate) hands compute_loss a wrapped model (DDP, DataParallel), which does not
+    forward attributes: head_forward reads the head through the unwrapped one and runs the forward through the
+    wrapper. DataParallel stands in for DDP here: a real torch wrapper that needs no process group on a CPU."""
     model = _head(tiny_model_dir, draft_vocab=64)
     eagle.set_draft_vocab(model, torch.arange(64) * 3)
     model.train()
     batch = train.HeadDataset.collate([train.HeadDataset(_tokens([21, 12], width=24))[i] for i in range(2)])
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        ddp = DistributedDataParallel(model)
-        with pytest.raises(AttributeError):
-            ddp.eagle_module  # noqa: B018  (why the unwrapped model is passed)
-        out = train.head_forward(ddp, batch, ddp.module)
-        out.loss.backward()
-    finally:
-        dist.destroy_process_group()
+    wrapped = torch.nn.DataParallel(model)
+    with pytest.raises(AttributeError):
+        wrapped.eagle_module  # noqa: B018  (why the unwrapped model is passed)
+    out = train.head_forward(wrapped, batch, wrapped.module)
+    out.loss.backward()
     assert torch.isfinite(out.loss) and model.eagle_module.fc.weight.grad.abs().sum() > 0
 
 
