@@ -306,6 +306,8 @@ def test_train_few_steps_writes_head_and_log(upstream, tiny_model_dir, tmp_path,
     assert m["steps"] == 4 and m["headline"].startswith("AL@3 ") and 1.0 <= m["AL@3"] <= 4.0
     assert m["AL@1"] <= m["AL@2"] + 1e-9 or m["AL@1"] <= 2.0
     assert (ctx.out / "head.safetensors").is_file()
+    seqs = torch.load(ctx.out / train.EVAL_SEQS, weights_only=True)  # the held-out greedy answers, for export
+    assert len(seqs) == m["eval_prompts"] and all(s["input_ids"].numel() > s["start"] for s in seqs)
     cfg = json.loads((ctx.out / "eagle_config.json").read_text())
     assert cfg["eagle_offline"] is False and cfg["eagle_ttt_steps"] == 3
     aux = json.loads((inputs["convert"] / "eagle_config.json").read_text())["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]

@@ -11,7 +11,7 @@ from stagekit import make_data, make_train, stage_ctx, tiny_config
 
 from trtspec.checkpoint import check_draft_checkpoint, expected_keys
 from trtspec.errors import ArtifactError, ConfigError
-from trtspec.stages import export, quantize
+from trtspec.stages import export, quantize, train
 
 TEXT_SUFFIXES = {".json", ".yaml", ".yml", ".md", ".sh", ".txt", ".pbtxt", ".jinja", ".py", ""}
 
@@ -100,6 +100,23 @@ def test_fp8_bundle_and_acceptance(fp8):
         assert 1.0 <= m[k] <= 3.0
     assert "AL" in m["headline"]
     assert m["quant_format"] == "fp8" and m["kv_cache"] == "fp8"
+
+
+def test_fp8_acceptance_reuses_the_train_stage_answers(fp8):
+    """The unquantized target's greedy answers are the train stage's (train/eval_seqs.pt), not generated again."""
+    ctx, m = fp8
+    generated = ctx.work / "eval_unquantized.pt"  # the fixture's train dir had none: export generated them
+    assert generated.is_file()
+    given = ctx.inputs["train"] / train.EVAL_SEQS
+    shutil.move(generated, given)
+    try:
+        shutil.rmtree(ctx.out)
+        ctx.out.mkdir()
+        again = export.run(ctx)
+    finally:
+        given.unlink()
+    assert not generated.exists()
+    assert again["acceptance_length_unquantized"] == m["acceptance_length_unquantized"]
 
 
 def _rewrite(draft: Path, tensors: dict) -> None:

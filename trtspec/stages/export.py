@@ -72,9 +72,10 @@ def acceptance_lengths(ctx: StageContext, draft_model: Any, targets: dict[str, A
 
     Each target writes its own greedy answers to the same held-out prompts as the train stage's evaluation, and
     the head drafts from that target's hidden states: AL = tokens per target forward (1 = the draft never helps).
+    The unquantized target's answers are the train stage's (same prompts, model and dtype): read, not regenerated.
     """
     from trtspec.models import load_tokenizer, resolve_model
-    from trtspec.stages.train import build_eval_set, evaluate_acceptance
+    from trtspec.stages.train import EVAL_SEQS, build_eval_set, evaluate_acceptance
 
     data_dir, _ = ctx.run.require("data")  # upstream of both train and quantize
     lines = (data_dir / "heldout.jsonl").read_text(encoding="utf-8").splitlines()[: ctx.cfg.train.eval_prompts]
@@ -87,7 +88,8 @@ def acceptance_lengths(ctx: StageContext, draft_model: Any, targets: dict[str, A
     for name, load in targets.items():
         base = load()  # one target in memory at a time
         ctx.log(f"acceptance with the {name} target ({len(rows)} held-out prompts)")
-        cache = ctx.work / f"eval_{name}.pt"
+        trained_on = ctx.inputs["train"] / EVAL_SEQS
+        cache = trained_on if name == "unquantized" and trained_on.is_file() else ctx.work / f"eval_{name}.pt"
         eval_set = build_eval_set(base, tok, rows, aux, ctx.cfg.data.max_new_tokens, cache, ctx.log)
         out[name] = evaluate_acceptance(draft_model, eval_set, k)[f"AL@{k}"]
         del base, eval_set

@@ -302,6 +302,9 @@ def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, b
     return out
 
 
+EVAL_SEQS = "eval_seqs.pt"  # the unquantized target's greedy answers to the first train.eval_prompts held-out prompts
+
+
 def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int], max_new_tokens: int, cache: Path, log: Any) -> list[dict]:
     """The target's greedy answers to held-out prompts, with their hidden states (cached in ctx.work)."""
     import torch
@@ -491,6 +494,7 @@ def run(ctx: StageContext) -> dict:
     ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts")
     acc = evaluate_acceptance(model, eval_set)
     eagle.save_head(model, ctx.out / eagle.HEAD_FILE)
+    shutil.copyfile(eval_file, ctx.out / EVAL_SEQS)  # export's acceptance check reuses these greedy answers
     eagle_cfg["eagle_offline"] = False  # the head is used with a full target from here on
     (ctx.out / "eagle_config.json").write_text(json.dumps(eagle_cfg, indent=2) + "\n")
     shutil.copyfile(log_file, ctx.out / "train_log.jsonl") if log_file.is_file() else (ctx.out / "train_log.jsonl").touch()
