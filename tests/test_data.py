@@ -147,12 +147,16 @@ def test_regenerate_resumes_after_a_kill(tmp_path, tiny_model_dir, tiny_prompts_
     assert len([x for x in answers.read_text().splitlines() if x.startswith("{") and x.endswith("}")]) == 6
 
 
-def test_batched_generate_matches_one_prompt_at_a_time(tiny_model_dir, tiny_prompts_file):
-    """Left padding changes nothing (each answer equals its unbatched greedy answer), and the output head gets a
-    contiguous input (load_model's hook: the strided last-position slice costs 250x at batch 64 in bf16)."""
-    from trtspec.models import load_model, load_tokenizer
+@pytest.mark.parametrize("attention", ["sdpa", "matmul"])
+def test_batched_generate_matches_one_prompt_at_a_time(tiny_model_dir, tiny_prompts_file, attention):
+    """Left padding changes nothing (each answer equals its unbatched greedy answer), with transformers' SDPA and
+    with the data stage's matmul attention, and the output head gets a contiguous input (load_model's hook: the
+    strided last-position slice costs 250x at batch 64 in bf16)."""
+    from trtspec.models import load_model, load_tokenizer, use_matmul_attention
 
     model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    if attention == "matmul":
+        use_matmul_attention(model)
     contiguous = []
     model.get_output_embeddings().register_forward_pre_hook(lambda _m, args: contiguous.append(args[0].is_contiguous()))
     texts = [tok.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True)
@@ -162,8 +166,52 @@ def test_batched_generate_matches_one_prompt_at_a_time(tiny_model_dir, tiny_prom
     assert contiguous and all(contiguous)
 
 
+def test_matmul_attention_equals_sdpa(tiny_model_dir):
+    """Same logits as SDPA on a left-padded batch (prefill and a cached decode step), padding rows included: they
+    see nothing, and must stay finite so that no NaN reaches the real rows through the next layer. And on one
+    unpadded prompt, for which transformers passes no mask at all (causal is implied)."""
+    import torch
+
+    from trtspec.models import MATMUL_ATTENTION, load_model, load_tokenizer, use_matmul_attention
+
+    model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    tok.padding_side = "left"
+    enc = tok(["a longer prompt with several more words in it", "short"], return_tensors="pt", padding=True)
+    assert int((enc["attention_mask"] == 0).sum()) > 3
+    step = {"input_ids": torch.tensor([[5], [7]]), "attention_mask": torch.cat((enc["attention_mask"], torch.ones(2, 1, dtype=torch.long)), 1)}
+    real = enc["attention_mask"].bool()  # padding positions' logits are garbage under either attention
+
+    def logits(attention: str) -> list:
+        model.set_attn_implementation("sdpa") if attention == "sdpa" else use_matmul_attention(model)
+        with torch.no_grad():
+            first = model(**enc, use_cache=True)
+            nxt = model(**step, past_key_values=first.past_key_values)
+            alone = model(**tok(["one prompt without padding"], return_tensors="pt"))
+        return [first.logits[real], nxt.logits, alone.logits]
+
+    for a, b in zip(logits("sdpa"), logits(MATMUL_ATTENTION), strict=True):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+
 def test_demo_prompts_are_varied():
     rows = [json.loads(x) for x in (Path(__file__).parents[1] / "build_configs/prompts/demo_prompts.jsonl").read_text().splitlines()]
     cats = Counter(r["category"] for r in rows)
     assert len(rows) >= 300 and len({r["prompt"] for r in rows}) == len(rows)
     assert set(cats) == {"chat", "explanation", "lists", "code", "math", "writing"} and min(cats.values()) >= 30
+
+
+def test_bench_regenerate_reports_each_variant(tiny_model_dir, tiny_prompts_file, tmp_path):
+    """scripts/bench_regenerate.py times the data stage's generation per attention and batch size, in one run."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"model": {"source": str(tiny_model_dir)}, "data": {
+        "sources": [{"kind": "regenerate", "path": str(tiny_prompts_file)}], "max_new_tokens": 4}}))
+    script = Path(__file__).parents[1] / "scripts" / "bench_regenerate.py"
+    out = subprocess.run([sys.executable, str(script), str(cfg), "--prompts", "4", "--repeats", "1", "--json",
+                          "--variant", "sdpa:2", "--variant", "matmul:4"], capture_output=True, text=True, check=True)
+    rows = json.loads(out.stdout)
+    assert [(r["attention"], r["batch"]) for r in rows] == [("sdpa", 2), ("matmul", 4)]
+    assert rows[0]["ratio"] == 1.0 and all(r["tokens_per_s"] > 0 for r in rows)

@@ -279,7 +279,7 @@ def load_source(src: Any, ctx: StageContext, skips: Counter, target: Any) -> lis
 def run(ctx: StageContext) -> dict:
     import torch
 
-    from trtspec.models import load_model, load_tokenizer, resolve_model
+    from trtspec.models import load_model, load_tokenizer, resolve_model, use_matmul_attention
 
     path = resolve_model(ctx.cfg.model.source)
     tok = load_tokenizer(path)
@@ -290,7 +290,8 @@ def run(ctx: StageContext) -> dict:
     def target():
         if "model" not in loaded:
             dtype = ctx.cfg.data.dtype if ctx.cfg.data.dtype != "auto" else ctx.cfg.model.dtype
-            loaded["model"] = load_model(path, dtype)
+            model = load_model(path, dtype)
+            loaded["model"] = use_matmul_attention(model) if model.device.type == "cpu" else model
         return loaded["model"], tok
 
     skips: Counter = Counter()
