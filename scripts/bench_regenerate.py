@@ -26,8 +26,8 @@ def main() -> None:
     variants = [(a, int(b)) for a, _, b in (v.partition(":") for v in args.variant or ["sdpa:64", "matmul:128"])]
 
     from trtspec.config import load_config
-    from trtspec.models import load_model, load_tokenizer, resolve_model, use_matmul_attention
-    from trtspec.stages.data import generate_batch, read_prompts
+    from trtspec.models import load_tokenizer, resolve_model, use_matmul_attention
+    from trtspec.stages.data import generate_batch, load_answering_model, read_prompts
 
     cfg = load_config(args.config)
     src = next((s for s in cfg.data.sources if s.kind == "regenerate"), None)
@@ -35,8 +35,8 @@ def main() -> None:
         raise SystemExit("Error: the config has no 'regenerate' data source")
     path = resolve_model(cfg.model.source)
     tok = load_tokenizer(path)
-    dtype = cfg.data.dtype if cfg.data.dtype != "auto" else cfg.model.dtype
-    model = load_model(path, dtype)
+    model = load_answering_model(path, cfg)
+    dtype = str(model.dtype).removeprefix("torch.")
     prompts = read_prompts(cfg.resolve_path(src.path), Counter())[: args.prompts]
     texts = sorted((tok.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True) for p in prompts), key=len)
 

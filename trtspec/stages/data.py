@@ -172,6 +172,14 @@ def regenerate(prompts: list[dict], model: Any, tok: Any, answers_file: Path, cf
     return rows
 
 
+def load_answering_model(path: Path, cfg: Any) -> Any:
+    """The target as regeneration runs it: in data.dtype (auto = model.dtype), with the matmul attention on a CPU."""
+    from trtspec.models import load_model, use_matmul_attention
+
+    model = load_model(path, cfg.data.dtype if cfg.data.dtype != "auto" else cfg.model.dtype)
+    return use_matmul_attention(model) if model.device.type == "cpu" else model
+
+
 def generate_batch(model: Any, tok: Any, texts: list[str], max_new_tokens: int, temperature: float = 0.0) -> list[tuple[list[int], list[int]]]:
     """Answer chat-templated `texts` in one left-padded generate call -> (prompt ids, answer ids) per text; an
     answer ends with its eos (the padding generate writes after it is dropped). Greedy at temperature 0."""
@@ -279,7 +287,7 @@ def load_source(src: Any, ctx: StageContext, skips: Counter, target: Any) -> lis
 def run(ctx: StageContext) -> dict:
     import torch
 
-    from trtspec.models import load_model, load_tokenizer, resolve_model, use_matmul_attention
+    from trtspec.models import load_tokenizer, resolve_model
 
     path = resolve_model(ctx.cfg.model.source)
     tok = load_tokenizer(path)
@@ -289,9 +297,7 @@ def run(ctx: StageContext) -> dict:
 
     def target():
         if "model" not in loaded:
-            dtype = ctx.cfg.data.dtype if ctx.cfg.data.dtype != "auto" else ctx.cfg.model.dtype
-            model = load_model(path, dtype)
-            loaded["model"] = use_matmul_attention(model) if model.device.type == "cpu" else model
+            loaded["model"] = load_answering_model(path, ctx.cfg)
         return loaded["model"], tok
 
     skips: Counter = Counter()
