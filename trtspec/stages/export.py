@@ -75,20 +75,19 @@ def acceptance_lengths(ctx: StageContext, draft_model: Any, targets: dict[str, A
     The unquantized target's answers are the train stage's (same prompts, model and dtype): read, not regenerated.
     """
     from trtspec.models import load_tokenizer, resolve_model
-    from trtspec.stages.train import EVAL_SEQS, build_eval_set, evaluate_acceptance
+    from trtspec.stages.train import EVAL_SEQS, _read_rows, build_eval_set, evaluate_acceptance
 
     data_dir, _ = ctx.run.require("data")  # upstream of both train and quantize
-    lines = (data_dir / "heldout.jsonl").read_text(encoding="utf-8").splitlines()[: ctx.cfg.train.eval_prompts]
-    rows = [json.loads(line) for line in lines]
+    rows = _read_rows(data_dir / "heldout.jsonl")[: ctx.cfg.train.eval_prompts]  # the train stage's evaluation prompts
     if not rows:
         return {}
     tok = load_tokenizer(resolve_model(ctx.cfg.model.source))
     aux = draft_model.eagle_config.eagle_aux_hidden_state_layer_ids
+    trained_on = ctx.inputs["train"] / EVAL_SEQS
     out = {}
     for name, load in targets.items():
         base = load()  # one target in memory at a time
         ctx.log(f"acceptance with the {name} target ({len(rows)} held-out prompts)")
-        trained_on = ctx.inputs["train"] / EVAL_SEQS
         cache = trained_on if name == "unquantized" and trained_on.is_file() else ctx.work / f"eval_{name}.pt"
         eval_set = build_eval_set(base, tok, rows, aux, ctx.cfg.data.max_new_tokens, cache, ctx.log)
         out[name] = evaluate_acceptance(draft_model, eval_set, k)[f"AL@{k}"]
