@@ -57,6 +57,25 @@ def test_model_change_redoes_everything(tmp_path, calls):
     assert calls == list(STAGES)
 
 
+def test_edited_data_file_redoes_data_and_downstream(tmp_path, calls):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "a"}\n')
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("a\n")
+    raw = {"data": {"sources": [{"kind": "regenerate", "path": str(rows)}]}, "validate": {"prompts": str(prompts)}}
+    pipeline.run_build(config_from_dict(raw), tmp_path / "r")
+    calls.clear()
+    pipeline.run_build(config_from_dict(raw), tmp_path / "r")
+    assert calls == []
+    prompts.write_text("b\n")
+    pipeline.run_build(config_from_dict(raw), tmp_path / "r")
+    assert calls == ["validate"]
+    calls.clear()
+    rows.write_text('{"prompt": "b"}\n')
+    pipeline.run_build(config_from_dict(raw), tmp_path / "r")
+    assert calls == list(STAGES)
+
+
 def test_corrupted_stage_is_redone_and_identical_output_keeps_downstream(tmp_path, calls):
     pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
     (tmp_path / "r" / "convert" / "convert.txt").write_text("tampered")

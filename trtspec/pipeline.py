@@ -1,7 +1,8 @@
 """Run the stages in order, skipping those whose manifest still matches.
 
-A stage's fingerprint hashes its own config section(s) and its upstream stages' fingerprints, so changing
-`train.lr` redoes train, export and validate, and nothing else.
+A stage's fingerprint hashes its own config section(s), the local data files it reads and its upstream stages'
+fingerprints, so changing `train.lr` redoes train, export and validate, and nothing else, and editing a prompt file
+redoes everything from the data stage on.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtspec.artifacts import RunDir, fingerprint, package_versions
+from trtspec.artifacts import RunDir, fingerprint, package_versions, sha256_file
 from trtspec.config import STAGES, BuildConfig, dump_config
 from trtspec.errors import ConfigError, TrtspecError
 
@@ -80,9 +81,23 @@ def _section_values(cfg: BuildConfig, stage: str) -> dict[str, Any]:
     return {s: full[s] for s in SECTIONS[stage]}
 
 
+def input_files(cfg: BuildConfig, stage: str) -> dict[str, str]:
+    """sha256 of the local files a stage reads by path (data sources, validate's prompts), so that editing one in
+    place redoes the stage and what follows, as a changed key does. Model folders are not hashed (gigabytes)."""
+    paths = []
+    if stage == "data":
+        paths = [s.path for s in cfg.data.sources if s.kind != "hf"]
+    elif stage == "validate" and cfg.validate_.prompts:
+        paths = [cfg.validate_.prompts]
+    files = {p: cfg.resolve_path(p) for p in paths}
+    return {p: sha256_file(f) if f.is_file() else "missing" for p, f in files.items()}
+
+
 def stage_fingerprint(cfg: BuildConfig, stage: str, upstream: dict[str, str]) -> str:
     env = getattr(stage_module(stage), "environment_key", lambda: None)()
-    return fingerprint({"stage": stage, "config": _section_values(cfg, stage), "inputs": upstream, "env": env})
+    key = {"stage": stage, "config": _section_values(cfg, stage), "inputs": upstream, "env": env}
+    files = input_files(cfg, stage)
+    return fingerprint({**key, "files": files} if files else key)
 
 
 def select_stages(start: str | None, until: str | None) -> tuple[list[str], list[str]]:
