@@ -4,7 +4,7 @@ The draft head learns from the target's answers to these prompts, and its held-o
 so the set is large (the head overfits a few hundred conversations) and spread over six kinds of task.
 Deterministic: the same seed writes the same file.
 
-    python scripts/make_demo_prompts.py                # 1600 prompts
+    python scripts/make_demo_prompts.py                # 2400 prompts
     python scripts/make_demo_prompts.py --n 400 --out /tmp/p.jsonl
 """
 
@@ -52,7 +52,10 @@ famous scientists, famous painters, rivers in Africa, kitchen tools, hobbies you
 rainy day, ways to reduce waste, indoor plants, dog breeds, cat breeds, parts of a computer, parts of a flower,
 winter sports, desserts, spices, jobs in a hospital, tools for woodworking, things to see in Paris, free time
 activities for kids, ways to be kind, ideas for a birthday party, things that use electricity, noisy animals,
-shapes, units of measurement, famous inventions, common English idioms, types of bread""".split(",")
+shapes, units of measurement, famous inventions, common English idioms, types of bread, root vegetables, herbs for
+cooking, reptiles, insects, mammals that live in cold places, national parks, space missions, Greek gods, ancient
+wonders of the world, card games, outdoor games for children, classic novels, types of pasta, cheeses, flowers that
+bloom in spring, trees that lose their leaves, gemstones, metals, musical genres, dance styles""".split(",")
 
 LANGS = ["Python", "JavaScript", "Java", "C", "C++", "Go", "Rust", "TypeScript", "Ruby", "Bash", "SQL"]
 CODE_TASKS = """reverses a string, checks if a number is prime, computes the nth Fibonacci number, counts words in a
@@ -60,12 +63,19 @@ sentence, checks if a year is a leap year, finds the largest number in a list, r
 checks if a string is a palindrome, sorts a list of numbers, computes the factorial of a number, converts Celsius to
 Fahrenheit, merges two sorted lists, counts the vowels in a string, computes the average of a list, finds the second
 largest number in a list, checks if two strings are anagrams, flattens a nested list, computes the greatest common
-divisor of two numbers, capitalizes every word in a sentence, sums the digits of a number""".split(",")
+divisor of two numbers, capitalizes every word in a sentence, sums the digits of a number, counts how often each word
+appears in a text, converts a binary string to a number, finds the smallest number in a list, reverses the words in a
+sentence, checks if a list is sorted, computes the power of a number, returns the even numbers of a list, counts the
+lines in a file, checks if a number is a perfect square, joins a list of strings with commas, removes spaces from a
+string, computes the length of a list without a built-in function""".split(",")
 CODE_QUESTIONS = """What is a variable in programming?; What is recursion?; What does a for loop do?; What is an API?;
 What is the difference between a list and a tuple in Python?; What is a class in object-oriented programming?;
 Explain what Git is used for.; What is a hash table?; What does Big O notation mean?; What is a unit test?;
 Explain the difference between a compiler and an interpreter.; What is a race condition?; What does JSON look like?;
-What is a pointer in C?; What is the difference between == and === in JavaScript?""".split(";")
+What is a pointer in C?; What is the difference between == and === in JavaScript?; What is a function?;
+What is a loop?; What is an array?; What is a string in programming?; What does an if statement do?; What is a
+bug?; What is open source software?; What is a library in programming?; What is the difference between a bit and a
+byte?; What is version control?""".split(";")
 
 WRITING_FORMS = ["Write a short poem about {}.", "Write a haiku about {}.", "Write a limerick about {}.",
                  "Write a two-sentence story about {}.", "Write a short diary entry about {}.",
@@ -75,7 +85,9 @@ WRITING_SUBJECTS = """dogs, snow, the stars, a train journey, a rainy morning, c
 autumn, a lighthouse, mountains, cats, an old library, a busy market, a quiet forest, a city at night, the first day
 of school, a lost key, a robot learning to paint, a summer festival, a thunderstorm, a small bakery, an empty beach,
 a bicycle ride, a grandmother's kitchen, a broken clock, the last day of winter, a paper boat, a street musician,
-a snowy village, a sleepy cat, the smell of rain""".split(",")
+a snowy village, a sleepy cat, the smell of rain, a hot air balloon, a forgotten umbrella, the first snow, a
+spring morning, a crowded train station, a sunflower field, an old bookshop, a night sky full of stars, a birthday
+cake, a walk in the park, a campfire, a rainy Sunday afternoon""".split(",")
 WRITING_TASKS = """Write an email asking a colleague for a meeting tomorrow.; Write a polite message declining an
 invitation.; Write a short thank-you note to a teacher.; Write an apology message for missing a meeting.; Write a
 birthday message for a friend.; Write a short speech welcoming new students.; Write a short bio for a software
@@ -96,12 +108,14 @@ Romeo and Juliet?; How do I say thank you in Spanish?; What rhymes with cat?; Wh
 should I name my new plant?; What is a good gift for a friend who likes music?; How far is the moon from Earth?;
 What language is spoken in Brazil?""".split(";")
 CHAT_FORMS = ["I need help with {}. Where do I start?", "Any advice on {}?", "Can you talk me through {}?",
-              "Do you have any tips for {}?", "I want to get better at {}. What should I do first?"]
+              "Do you have any tips for {}?", "I want to get better at {}. What should I do first?",
+              "I'm a beginner at {}. Any advice?", "How do I get started with {}?", "What helps most with {}?"]
 
 EXPLAIN_FORMS = ["Explain {} in simple terms.", "How does {} work?", "What is {}? Give a short explanation.",
                  "Explain {} to a ten-year-old.", "Can you describe {} in a few sentences?", "Why is {} important?",
                  "Tell me three facts about {}."]
-LIST_FORMS = ["List some {}.", "Give me a list of {}.", "What are some {}?", "Name five {}."]
+LIST_FORMS = ["List some {}.", "Give me a list of {}.", "What are some {}?", "Name five {}.", "Name three {}.",
+              "Can you list a few {}?", "Which {} are the most popular?"]
 ACTIVITY_LIST_FORMS = ["Give me five tips for {}.", "Make a short checklist for {}.", "List some simple steps for {}.",
                        "What are three common mistakes with {}?"]
 
@@ -169,7 +183,7 @@ def build(n: int, seed: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", type=int, default=1600)
+    ap.add_argument("--n", type=int, default=2400)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path(__file__).parents[1] / "build_configs/prompts/demo_prompts.jsonl")
     a = ap.parse_args()
