@@ -71,9 +71,12 @@ def test_edited_data_file_redoes_data_and_downstream(tmp_path, calls):
     pipeline.run_build(config_from_dict(raw), tmp_path / "r")
     assert calls == ["validate"]
     calls.clear()
+    (scratch,) = (tmp_path / "r/.work").glob("data-*")  # the data stage's answers live here, keyed by prompt
+    (scratch / "answers.jsonl").write_text("kept")
     rows.write_text('{"prompt": "b"}\n')
     pipeline.run_build(config_from_dict(raw), tmp_path / "r")
     assert calls == list(STAGES)
+    assert (scratch / "answers.jsonl").read_text() == "kept"  # so only the edited file's new prompts are answered
 
 
 def test_corrupted_stage_is_redone_and_identical_output_keeps_downstream(tmp_path, calls):

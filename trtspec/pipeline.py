@@ -93,11 +93,18 @@ def input_files(cfg: BuildConfig, stage: str) -> dict[str, str]:
     return {p: sha256_file(f) if f.is_file() else "missing" for p, f in files.items()}
 
 
-def stage_fingerprint(cfg: BuildConfig, stage: str, upstream: dict[str, str]) -> str:
+def work_key(cfg: BuildConfig, stage: str, upstream: dict[str, str]) -> str:
+    """A stage's config, upstream stages and environment: the key of its resumable scratch (.work), which an edited
+    input file does not void (the data stage's regenerated answers are keyed by prompt, so only new prompts are
+    answered)."""
     env = getattr(stage_module(stage), "environment_key", lambda: None)()
-    key = {"stage": stage, "config": _section_values(cfg, stage), "inputs": upstream, "env": env}
-    files = input_files(cfg, stage)
-    return fingerprint({**key, "files": files} if files else key)
+    return fingerprint({"stage": stage, "config": _section_values(cfg, stage), "inputs": upstream, "env": env})
+
+
+def stage_fingerprint(cfg: BuildConfig, stage: str, upstream: dict[str, str]) -> str:
+    """What a finished stage must match to be reused: its work key and the files it reads."""
+    key, files = work_key(cfg, stage, upstream), input_files(cfg, stage)
+    return fingerprint({"key": key, "files": files}) if files else key
 
 
 def select_stages(start: str | None, until: str | None) -> tuple[list[str], list[str]]:
@@ -167,7 +174,7 @@ def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, upstream: dic
     print(f"[{stage}] running ({why})", file=sys.stderr, flush=True)
     t0 = time.time()
     with run.staging(stage) as tmp:
-        ctx = StageContext(cfg, run, stage, tmp, run.work_dir(stage, fp), inputs, manifests)
+        ctx = StageContext(cfg, run, stage, tmp, run.work_dir(stage, work_key(cfg, stage, upstream)), inputs, manifests)
         status, reason, metrics = "done", "", {}
         try:
             if skipped_deps:
