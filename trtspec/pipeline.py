@@ -101,9 +101,8 @@ def work_key(cfg: BuildConfig, stage: str, upstream: dict[str, str]) -> str:
     return fingerprint({"stage": stage, "config": _section_values(cfg, stage), "inputs": upstream, "env": env})
 
 
-def stage_fingerprint(cfg: BuildConfig, stage: str, upstream: dict[str, str]) -> str:
-    """What a finished stage must match to be reused: its work key and the files it reads."""
-    key, files = work_key(cfg, stage, upstream), input_files(cfg, stage)
+def stage_fingerprint(key: str, files: dict[str, str]) -> str:
+    """What a finished stage must match to be reused: its work key and the files it reads (input_files)."""
     return fingerprint({"key": key, "files": files}) if files else key
 
 
@@ -142,14 +141,15 @@ def run_build(
     with run.locked():
         for stage in needed:
             upstream = {d: fps[d] for d in DEPS[stage]}
-            fp = stage_fingerprint(cfg, stage, upstream)
+            key = work_key(cfg, stage, upstream)
+            fp = stage_fingerprint(key, input_files(cfg, stage))
             why = "forced" if stage in redo else run.check_stage(stage, fp)
             if why is None:
                 m = run.manifest(stage) or {}
                 res = StageResult(stage, "cached", 0.0, m.get("metrics", {}).get("headline", ""), m.get("reason", ""))
             else:
                 try:
-                    res = _run_stage(cfg, run, stage, fp, upstream, why)
+                    res = _run_stage(cfg, run, stage, fp, key, upstream, why)
                 except BaseException as e:
                     results.append(StageResult(stage, "failed", 0.0, "", format_exception_line(e)))
                     if on_result:
@@ -164,7 +164,7 @@ def run_build(
     return results
 
 
-def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, upstream: dict[str, str], why: str) -> StageResult:
+def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, key: str, upstream: dict[str, str], why: str) -> StageResult:
     inputs, manifests = {}, {}
     skipped_deps = [d for d in DEPS[stage] if (run.manifest(d) or {}).get("status") == "skipped"]
     for dep in DEPS[stage]:
@@ -174,7 +174,7 @@ def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, upstream: dic
     print(f"[{stage}] running ({why})", file=sys.stderr, flush=True)
     t0 = time.time()
     with run.staging(stage) as tmp:
-        ctx = StageContext(cfg, run, stage, tmp, run.work_dir(stage, work_key(cfg, stage, upstream)), inputs, manifests)
+        ctx = StageContext(cfg, run, stage, tmp, run.work_dir(stage, key), inputs, manifests)
         status, reason, metrics = "done", "", {}
         try:
             if skipped_deps:
