@@ -194,6 +194,23 @@ def test_matmul_attention_equals_sdpa(tiny_model_dir):
         torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
 
 
+def test_matmul_attention_on_cpu_is_undone_after(tiny_model_dir):
+    """The train stage answers its held-out prompts with the matmul attention, then computes states with the
+    model's own attention again: the switch is scoped, and undone after an error too."""
+    from trtspec.models import MATMUL_ATTENTION, load_model, matmul_attention_on_cpu
+
+    model = load_model(tiny_model_dir)
+    prior = model.config._attn_implementation
+    assert prior != MATMUL_ATTENTION
+    with matmul_attention_on_cpu(model):
+        assert model.config._attn_implementation == MATMUL_ATTENTION
+        assert model.model.layers[0].self_attn.config._attn_implementation == MATMUL_ATTENTION
+    assert model.config._attn_implementation == prior
+    with pytest.raises(KeyError), matmul_attention_on_cpu(model):
+        raise KeyError
+    assert model.model.layers[0].self_attn.config._attn_implementation == prior
+
+
 def test_demo_prompts_are_varied():
     rows = [json.loads(x) for x in (Path(__file__).parents[1] / "build_configs/prompts/demo_prompts.jsonl").read_text().splitlines()]
     cats = Counter(r["category"] for r in rows)

@@ -305,7 +305,11 @@ def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, b
 EVAL_SEQS = "eval_seqs.pt"  # the unquantized target's greedy answers to the first train.eval_prompts held-out prompts
 
 
-def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int], max_new_tokens: int, cache: Path, log: Any) -> list[dict]:
+EVAL_BATCH = 64  # held-out prompts answered at once by the unquantized target (the train stage's evaluation)
+
+
+def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int], max_new_tokens: int, cache: Path, log: Any,
+                   batch_size: int = 16) -> list[dict]:
     """The target's greedy answers to held-out prompts, with their hidden states (cached in ctx.work)."""
     import torch
 
@@ -313,7 +317,7 @@ def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int],
         seqs = torch.load(cache, weights_only=True)
     else:
         log(f"generating greedy target answers for {len(rows)} held-out prompts (acceptance evaluation)")
-        seqs = greedy_answers(base, tok, rows, max_new_tokens)
+        seqs = greedy_answers(base, tok, rows, max_new_tokens, batch_size)
         torch.save(seqs, cache)
     out = []
     for s in seqs:
@@ -442,7 +446,7 @@ def run(ctx: StageContext) -> dict:
     import time
 
     from trtspec import eagle
-    from trtspec.models import load_model, load_tokenizer, resolve_model, use_bf16
+    from trtspec.models import load_model, load_tokenizer, matmul_attention_on_cpu, resolve_model, use_bf16
 
     t_cfg = ctx.cfg.train
     data_dir, conv_dir = ctx.inputs["data"], ctx.inputs["convert"]
@@ -460,7 +464,8 @@ def run(ctx: StageContext) -> dict:
     target_dir = target_states_dir(ctx, aux_layers)
     heldout = _read_rows(data_dir / "heldout.jsonl")[: t_cfg.eval_prompts]
     eval_file = target_dir / f"eval_seqs-{len(heldout)}x{ctx.cfg.data.max_new_tokens}.pt"
-    eval_set = build_eval_set(base, tok, heldout, aux_layers, ctx.cfg.data.max_new_tokens, eval_file, ctx.log)
+    with matmul_attention_on_cpu(base):
+        eval_set = build_eval_set(base, tok, heldout, aux_layers, ctx.cfg.data.max_new_tokens, eval_file, ctx.log, EVAL_BATCH)
 
     t0 = time.time()
     states = None
