@@ -218,7 +218,6 @@ def test_demo_prompts_are_varied():
     assert set(cats) == {"chat", "explanation", "lists", "code", "math", "writing"} and min(cats.values()) >= 30
 
 
-
 def test_demo_prompts_are_what_the_generator_writes():
     """build_configs/prompts/demo_prompts.jsonl is scripts/make_demo_prompts.py's output at its defaults (no hand
     edits that the script would lose), and the script is deterministic."""
@@ -228,6 +227,7 @@ def test_demo_prompts_are_what_the_generator_writes():
     gen = runpy.run_path(str(root / "scripts/make_demo_prompts.py"))
     shipped = [json.loads(x) for x in (root / "build_configs/prompts/demo_prompts.jsonl").read_text().splitlines()]
     assert gen["build"](len(shipped), 0) == shipped
+
 
 def test_bench_regenerate_reports_each_variant(tiny_model_dir, tiny_prompts_file, tmp_path):
     """scripts/bench_regenerate.py times the data stage's generation per attention and batch size, in one run."""
