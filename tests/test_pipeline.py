@@ -57,6 +57,23 @@ def test_model_change_redoes_everything(tmp_path, calls):
     assert calls == list(STAGES)
 
 
+def test_local_model_replaced_in_place_redoes_everything(tmp_path, calls):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"old weights")
+    raw = {**RAW, "model": {"source": str(model)}}
+    pipeline.run_build(config_from_dict(raw), tmp_path / "r")
+    calls.clear()
+    pipeline.run_build(config_from_dict(raw), tmp_path / "r")
+    assert calls == []
+    (old_scratch,) = (tmp_path / "r/.work").glob("data-*")
+    (model / "model.safetensors").write_bytes(b"new weights, a new size")  # retrained into the same folder
+    pipeline.run_build(config_from_dict(raw), tmp_path / "r")
+    assert calls == list(STAGES)
+    assert not old_scratch.exists()  # the old model's regenerated answers are not reused
+
+
 def test_edited_data_file_redoes_data_and_downstream(tmp_path, calls):
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "a"}\n')

@@ -104,7 +104,8 @@ def resolve_model(source: str) -> Path:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelError(f"GGUF file '{source}' does not exist")
-        return gguf_to_hf(path.resolve(), cache_dir() / "models" / f"{path.stem}-{path.stat().st_size}")
+        st = path.stat()
+        return gguf_to_hf(path.resolve(), cache_dir() / "models" / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}")
     if path.exists() or source.startswith((".", "/", "~")):
         if not path.is_dir():
             raise ModelError(f"model path '{source}' does not exist or is not a folder", "give an HF model folder, a .gguf file, or demo:smollm2-135m-instruct")
@@ -112,6 +113,23 @@ def resolve_model(source: str) -> Path:
             raise ModelError(f"model folder '{source}' has no config.json", "is it a Hugging Face model folder?")
         return path.resolve()
     return _download_hub(source)
+
+
+def model_stamp(source: str) -> dict | None:
+    """Size and mtime of each file of a local model (an HF folder or a .gguf file), so that a model replaced in
+    place redoes the stages that read it; cheap (no hashing of gigabytes). None for demo: and hub sources, whose
+    name is their identity, and for a path that does not exist (resolve_model says so)."""
+    if source.startswith("demo:"):
+        return None
+    path = Path(source).expanduser()
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(f for f in path.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(path).parts))
+    else:
+        return None
+    root = path.parent if path.is_file() else path
+    return {f.relative_to(root).as_posix(): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
 
 
 def _download_hub(repo_id: str) -> Path:

@@ -20,6 +20,7 @@ from typing import Any
 from trtspec.artifacts import RunDir, fingerprint, package_versions, sha256_file
 from trtspec.config import STAGES, BuildConfig, dump_config
 from trtspec.errors import ConfigError, TrtspecError
+from trtspec.models import model_stamp
 
 # upstream stages each stage reads
 DEPS: dict[str, tuple[str, ...]] = {
@@ -83,7 +84,8 @@ def _section_values(cfg: BuildConfig, stage: str) -> dict[str, Any]:
 
 def input_files(cfg: BuildConfig, stage: str) -> dict[str, str]:
     """sha256 of the local files a stage reads by path (data sources, validate's prompts), so that editing one in
-    place redoes the stage and what follows, as a changed key does. Model folders are not hashed (gigabytes)."""
+    place redoes the stage and what follows, as a changed key does. Model files are not hashed (gigabytes): the
+    work key has their sizes and mtimes (models.model_stamp)."""
     paths = []
     if stage == "data":
         paths = [s.path for s in cfg.data.sources if s.kind != "hf"]
@@ -98,7 +100,10 @@ def work_key(cfg: BuildConfig, stage: str, upstream: dict[str, str]) -> str:
     input file does not void (the data stage's regenerated answers are keyed by prompt, so only new prompts are
     answered)."""
     env = getattr(stage_module(stage), "environment_key", lambda: None)()
-    return fingerprint({"stage": stage, "config": _section_values(cfg, stage), "inputs": upstream, "env": env})
+    key = {"stage": stage, "config": _section_values(cfg, stage), "inputs": upstream, "env": env}
+    if "model" in SECTIONS[stage] and (stamp := model_stamp(cfg.model.source)):
+        key["model_files"] = stamp  # a local model replaced in place: every stage after is keyed on this one
+    return fingerprint(key)
 
 
 def stage_fingerprint(key: str, files: dict[str, str]) -> str:

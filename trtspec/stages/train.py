@@ -414,18 +414,21 @@ def target_states_dir(ctx: StageContext, aux_layers: list[int]) -> Path:
     """Scratch for what the frozen target computes (hidden states of the training rows, held-out greedy answers),
     beside the stage's own scratch.
 
-    Keyed on the target, the data stage's files and the aux layers only: a new lr, schedule, epoch count or batch
-    size reuses it, so trying a recipe costs the training alone."""
+    Keyed on the target (a local one by its files' sizes and mtimes too), the data stage's files and the aux layers
+    only: a new lr, schedule, epoch count or batch size reuses it, so trying a recipe costs the training alone."""
     from trtspec.artifacts import fingerprint, keyed_scratch
-    from trtspec.models import use_bf16
+    from trtspec.models import model_stamp, use_bf16
 
     files = ctx.manifests["data"]["files"]  # sha256 recorded by the data stage (and checked by the pipeline)
-    key = fingerprint({
+    what = {
         "model": [ctx.cfg.model.source, ctx.cfg.model.dtype],
         "data": {f: files[f]["sha256"] for f in ("train_tokens.pt", "heldout.jsonl")},
         "aux_layers": aux_layers,
         "bf16": use_bf16(ctx.cfg.train.precision),
-    })
+    }
+    if stamp := model_stamp(ctx.cfg.model.source):
+        what["model_files"] = stamp
+    key = fingerprint(what)
     return keyed_scratch(ctx.work.parent, "target", key)
 
 
