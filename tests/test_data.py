@@ -127,24 +127,56 @@ def test_tokenizer_without_chat_template(tmp_path, tiny_model_dir):
         data.run(_ctx(tmp_path, model, [{"kind": "jsonl", "path": "c.jsonl"}]))
 
 
+def _talkative(model):
+    """The tiny random model with an output head of its own: with its tied one it repeats its last input token, the
+    generation prompt's newline, and every answer is whitespace (a regenerated row with an empty answer is dropped)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    head = model.get_output_embeddings()
+    head.weight = torch.nn.Parameter(torch.randn(head.weight.shape, generator=g))
+    return model
+
+
 def test_regenerate_resumes_after_a_kill(tmp_path, tiny_model_dir, tiny_prompts_file):
     from trtspec.models import load_model, load_tokenizer
 
-    model, tok = load_model(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    model, tok = _talkative(load_model(tiny_model_dir)), load_tokenizer(tiny_model_dir)
     prompts = data.read_prompts(tiny_prompts_file, Counter())
     answers = tmp_path / "answers.jsonl"
     cfg = SimpleNamespace(batch_size=4, max_new_tokens=3, temperature=0.0)
     full = data.regenerate(prompts, model, tok, answers, cfg, print)
-    assert all(r["messages"][-1]["role"] == "assistant" and r["messages"][-1]["content"] for r in full)
+    assert len(full) == len(prompts) and all(r["messages"][-1]["role"] == "assistant" and r["messages"][-1]["content"] for r in full)
     assert {json.loads(x)["id"] for x in answers.read_text().splitlines()} == {p["id"] for p in prompts}
     # a kill after the first batch, mid-write of the second: the first batch is kept, the torn line ignored
     lines = answers.read_text().splitlines()
     answers.write_text("\n".join(lines[:4]) + "\n" + lines[4][:10])
     kept = {json.loads(x)["id"]: json.loads(x)["answer"] for x in lines[:4]}
     again = data.regenerate(prompts, model, tok, answers, cfg, print)
-    assert all(r["messages"][-1]["content"] == kept[r["id"]] for r in again if r["id"] in kept)
+    assert len(again) == len(prompts) and all(r["messages"][-1]["content"] == kept[r["id"]] for r in again if r["id"] in kept)
     # only the 2 unanswered prompts were generated again
     assert len([x for x in answers.read_text().splitlines() if x.startswith("{") and x.endswith("}")]) == 6
+
+
+def test_regenerated_rows_train_on_the_targets_own_tokens(tmp_path, tiny_model_dir, tiny_prompts_file):
+    """A regenerated row's tokens are the prompt and answer as the target wrote them, and the loss covers the answer
+    exactly; re-tokenizing the decoded answer would not always give them back."""
+    from trtspec.models import load_model, load_tokenizer
+
+    model, tok = _talkative(load_model(tiny_model_dir)), load_tokenizer(tiny_model_dir)
+    prompts = data.read_prompts(tiny_prompts_file, Counter())
+    cfg = SimpleNamespace(batch_size=4, max_new_tokens=5, temperature=0.0)
+    rows = data.regenerate(prompts, model, tok, tmp_path / "answers.jsonl", cfg, print)
+    assert len(rows) == len(prompts)
+    texts = [tok.apply_chat_template(r["messages"][:-1], tokenize=False, add_generation_prompt=True) for r in rows]
+    for row, (prompt, answer) in zip(rows, data.generate_batch(model, tok, texts, 5), strict=True):
+        ids, mask, cut = data.tokenize_row(row, tok, 512)
+        assert ids == prompt + answer and not cut
+        assert [t for t, m in zip(ids, mask, strict=True) if m] == answer
+    # an answers file from before the tokens were kept: those prompts are answered again, not trusted
+    (tmp_path / "old.jsonl").write_text(json.dumps({"id": prompts[0]["id"], "answer": "text only"}) + "\n")
+    again = data.regenerate(prompts[:1], model, tok, tmp_path / "old.jsonl", cfg, print)
+    assert again[0]["messages"][-1]["content"] != "text only" and again[0]["input_ids"] == rows[0]["input_ids"]
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "matmul"])

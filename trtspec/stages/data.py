@@ -138,17 +138,22 @@ def read_prompts(path: Path, skips: Counter) -> list[dict]:
 
 def regenerate(prompts: list[dict], model: Any, tok: Any, answers_file: Path, cfg: Any, log: Any) -> list[dict]:
     """Answer each prompt with the target (batched, left-padded generate), appending answers to `answers_file`
-    as batches finish so a killed run resumes where it stopped."""
+    as batches finish so a killed run resumes where it stopped.
+
+    A row keeps the target's own tokens (`input_ids` = prompt + answer, `label_start`) beside the answer's text:
+    training uses those, because the decoded text tokenized again is not always what the target wrote (22% of the
+    demo's answers split differently somewhere, e.g. "\\n\\n1." in lists), and from there on the row would show the
+    head contexts the target never produces."""
     from tqdm import tqdm
 
-    done: dict[str, str] = {}
+    done: dict[str, dict] = {}
     if answers_file.is_file():
         for line in answers_file.read_text(encoding="utf-8").splitlines():
             try:
                 row = json.loads(line)
-                done[row["id"]] = row["answer"]
+                done[row["id"]] = {"answer": str(row["answer"]), "prompt_ids": list(row["prompt_ids"]), "ids": list(row["ids"])}
             except (json.JSONDecodeError, KeyError, TypeError):
-                continue  # a half-written last line from a kill
+                continue  # a half-written last line from a kill (or an answer saved without its tokens)
     todo = [p for p in prompts if p["id"] not in done]
     if done:
         log(f"resuming: {len(prompts) - len(todo)} of {len(prompts)} prompts already answered")
@@ -159,16 +164,17 @@ def regenerate(prompts: list[dict], model: Any, tok: Any, answers_file: Path, cf
         for i in range(0, len(todo), cfg.batch_size):
             batch = todo[i : i + cfg.batch_size]
             answers = generate_batch(model, tok, [texts[p["id"]] for p in batch], cfg.max_new_tokens, cfg.temperature)
-            for p, (_, answer) in zip(batch, answers, strict=True):
-                done[p["id"]] = tok.decode(answer, skip_special_tokens=True).strip()
-                f.write(json.dumps({"id": p["id"], "answer": done[p["id"]]}) + "\n")
+            for p, (prompt_ids, ids) in zip(batch, answers, strict=True):
+                done[p["id"]] = {"answer": tok.decode(ids, skip_special_tokens=True).strip(), "prompt_ids": prompt_ids, "ids": ids}
+                f.write(json.dumps({"id": p["id"], **done[p["id"]]}) + "\n")
             f.flush()
             bar.update(len(batch))
     bar.close()
     rows = []
     for p in prompts:
-        if done.get(p["id"]):
-            rows.append({**p, "messages": p["messages"] + [{"role": "assistant", "content": done[p["id"]]}]})
+        if (a := done.get(p["id"])) and a["answer"]:
+            rows.append({**p, "messages": p["messages"] + [{"role": "assistant", "content": a["answer"]}],
+                         "input_ids": a["prompt_ids"] + a["ids"], "label_start": len(a["prompt_ids"])})
     return rows
 
 
@@ -207,9 +213,13 @@ def generate_batch(model: Any, tok: Any, texts: list[str], max_new_tokens: int, 
 
 
 def tokenize_row(row: dict, tok: Any, seq_len: int) -> tuple[list[int], list[int], bool]:
-    """(input_ids, loss_mask, truncated): chat template applied, loss on assistant tokens only."""
+    """(input_ids, loss_mask, truncated): chat template applied, loss on assistant tokens only. A regenerated row
+    brings the target's own tokens (input_ids, label_start: see regenerate); they are used as they are."""
     msgs = row["messages"]
-    if row.get("category") == "text" and len(msgs) == 1:
+    if "input_ids" in row:
+        ids = list(row["input_ids"])
+        mask = [0] * row["label_start"] + [1] * (len(ids) - row["label_start"])
+    elif row.get("category") == "text" and len(msgs) == 1:
         ids = tok(msgs[0]["content"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         mask = [1] * len(ids)
     else:
