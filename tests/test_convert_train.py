@@ -112,6 +112,15 @@ def test_acceptance_counting():
     assert train.acceptance(drafts, seq, start=2, k=1)[:2] == (5, 3)
 
 
+def test_al_interval_brackets_the_pooled_al_and_vanishes_when_prompts_agree():
+    same = [(30, 15)] * 20  # every prompt at AL 2: no draw of prompts moves it
+    assert train.al_interval(same) == [2.0, 2.0]
+    mixed = [(10, 10)] * 10 + [(40, 10)] * 10  # prompts at AL 1 and 4: pooled AL 2.5
+    lo, hi = train.al_interval(mixed)
+    assert 1.0 < lo < 2.5 < hi < 4.0 and train.al_interval(mixed) == [lo, hi]  # seeded: the same every run
+    assert hi - lo > train.al_interval(mixed * 4)[1] - train.al_interval(mixed * 4)[0]  # more prompts, narrower
+
+
 def _tokens(lengths, width=40):
     ids = torch.zeros(len(lengths), width, dtype=torch.long)
     attn = torch.zeros(len(lengths), width, dtype=torch.bool)

@@ -267,26 +267,41 @@ def acceptance(drafts: Any, seq: Any, start: int, k: int) -> tuple[int, int, lis
     return tokens, forwards, per_pos
 
 
+def al_interval(per_prompt: list[tuple[int, int]], resamples: int = 1000, seed: int = 0) -> list[float]:
+    """95% bootstrap interval of AL = sum(tokens) / sum(forwards) over prompts drawn again with replacement: how
+    much the figure would move on another draw of held-out prompts (not on another training run)."""
+    import torch
+
+    counts = torch.tensor(per_prompt, dtype=torch.float64)  # [prompts, (tokens, forwards)]
+    idx = torch.randint(len(counts), (resamples, len(counts)), generator=torch.Generator().manual_seed(seed))
+    sums = counts[idx].sum(1)
+    al = sums[:, 0] / sums[:, 1].clamp_min(1)
+    return [round(float(q), 3) for q in torch.quantile(al, torch.tensor([0.025, 0.975], dtype=torch.float64))]
+
+
 def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int = EVAL_MAX_DRAFT) -> dict:
-    """AL (tokens per target forward) for chain drafts of length 1..k_max, and per-position acceptance at k_max."""
-    totals = {k: [0, 0] for k in range(1, k_max + 1)}
+    """AL (tokens per target forward) for chain drafts of length 1..k_max with its 95% bootstrap interval over the
+    prompts, and per-position acceptance at k_max."""
+    per_prompt: dict[int, list[tuple[int, int]]] = {k: [] for k in range(1, k_max + 1)}
     per_pos, steps = [0] * k_max, 0
     was_training = model.training
     model.eval()
     for ex in eval_set:
         ids = ex["input_ids"][None]
         drafts = chain_drafts(model, ids, ex["aux"][None], ex["last"][None], k_max)[0]
-        for k in totals:
+        for k in per_prompt:
             tok, fwd, pos = acceptance(drafts, ex["input_ids"], ex["start"], k)
-            totals[k][0] += tok
-            totals[k][1] += fwd
+            per_prompt[k].append((tok, fwd))
             if k == k_max:
                 per_pos = [a + b for a, b in zip(per_pos, pos, strict=True)]
                 steps += fwd
     model.train(was_training)
-    al = {f"AL@{k}": round(t / max(f, 1), 3) for k, (t, f) in totals.items()}
+    out: dict[str, Any] = {}
+    for k, counts in per_prompt.items():
+        out[f"AL@{k}"] = round(sum(t for t, _ in counts) / max(sum(f for _, f in counts), 1), 3)
+        out[f"AL@{k}_ci95"] = al_interval(counts) if counts else None
     # acceptance of draft position i = share of verification steps whose first i+1 drafts were all accepted
-    return {**al, "accept_rate_by_position": [round(a / max(steps, 1), 3) for a in per_pos]}
+    return {**out, "accept_rate_by_position": [round(a / max(steps, 1), 3) for a in per_pos]}
 
 
 def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, batch_size: int = 16) -> list[dict]:
@@ -526,7 +541,9 @@ def run(ctx: StageContext) -> dict:
         "label_tokens": label_tokens,
         "eval_prompts": len(eval_set),
         **acc,
-        "headline": f"AL@{k_head} {acc[f'AL@{k_head}']:.2f} held-out ({len(eval_set)} prompts), {steps} steps {t_cfg.mode}",
+        "headline": f"AL@{k_head} {acc[f'AL@{k_head}']:.2f} held-out ({len(eval_set)} prompts"
+        + (", 95% CI {:.2f}-{:.2f}".format(*acc[f"AL@{k_head}_ci95"]) if acc[f"AL@{k_head}_ci95"] else "")
+        + f"), {steps} steps {t_cfg.mode}",
     }
     ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}")
     return metrics
