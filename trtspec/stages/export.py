@@ -67,15 +67,16 @@ def export_target(model: Any, tok: Any, out: Path, dtype: Any, quantized: bool) 
             raise ArtifactError(f"the target export wrote no {name}", "check the model's transformers version")
 
 
-def acceptance_lengths(ctx: StageContext, draft_model: Any, targets: dict[str, Any], k: int) -> dict[str, float]:
-    """AL@k of the trained head with each target `targets[name]()` loads (train stage's exact greedy simulation).
+def acceptance_lengths(ctx: StageContext, draft_model: Any, targets: dict[str, tuple[Any, Path | None]], k: int) -> dict[str, float]:
+    """AL@k of the trained head with each target: targets[name] = (load, answers), where load() loads the target
+    and `answers` is a file of its greedy answers written before (None, or missing: generate them here).
 
     Each target writes its own greedy answers to the same held-out prompts as the train stage's evaluation, and
-    the head drafts from that target's hidden states: AL = tokens per target forward (1 = the draft never helps).
-    The unquantized target's answers are the train stage's (same prompts, model and dtype): read, not regenerated.
+    the head drafts from that target's hidden states (train stage's exact greedy simulation): AL = tokens per
+    target forward (1 = the draft never helps).
     """
     from trtspec.models import load_tokenizer, resolve_model
-    from trtspec.stages.train import EVAL_SEQS, _read_rows, build_eval_set, evaluate_acceptance
+    from trtspec.stages.train import _read_rows, build_eval_set, evaluate_acceptance
 
     data_dir, _ = ctx.run.require("data")  # upstream of both train and quantize
     rows = _read_rows(data_dir / "heldout.jsonl")[: ctx.cfg.train.eval_prompts]  # the train stage's evaluation prompts
@@ -83,12 +84,11 @@ def acceptance_lengths(ctx: StageContext, draft_model: Any, targets: dict[str, A
         return {}
     tok = load_tokenizer(resolve_model(ctx.cfg.model.source))
     aux = draft_model.eagle_config.eagle_aux_hidden_state_layer_ids
-    trained_on = ctx.inputs["train"] / EVAL_SEQS
     out = {}
-    for name, load in targets.items():
+    for name, (load, answers) in targets.items():
         base = load()  # one target in memory at a time
         ctx.log(f"acceptance with the {name} target ({len(rows)} held-out prompts)")
-        cache = trained_on if name == "unquantized" and trained_on.is_file() else ctx.work / f"eval_{name}.pt"
+        cache = answers if answers and answers.is_file() else ctx.work / f"eval_{name}.pt"
         eval_set = build_eval_set(base, tok, rows, aux, ctx.cfg.data.max_new_tokens, cache, ctx.log)
         out[name] = evaluate_acceptance(draft_model, eval_set, k)[f"AL@{k}"]
         del base, eval_set
@@ -151,6 +151,7 @@ def run(ctx: StageContext) -> dict:
     from trtspec.checkpoint import check_draft_checkpoint
     from trtspec.models import load_model, load_tokenizer, resolve_model, torch_dtype
     from trtspec.stages.quantize import fold_weights, read_quant_json, restore_quantized
+    from trtspec.stages.train import EVAL_SEQS
 
     t0 = time.time()
     cfg, out = ctx.cfg, ctx.out
@@ -175,8 +176,9 @@ def run(ctx: StageContext) -> dict:
     if quantized:  # the head was trained on the unquantized target and will be served with the quantized one
         t_al = time.time()
         draft_model.eagle_module.to(dtype)
-        targets = {"unquantized": lambda: load_model(path, cfg.model.dtype),
-                   quant["format"]: lambda: fold_weights(restore_quantized(load_model(path, cfg.model.dtype), quant_dir))}
+        # the unquantized target's answers are the train stage's (same prompts, model and dtype): read, not regenerated
+        targets = {"unquantized": (lambda: load_model(path, cfg.model.dtype), train_dir / EVAL_SEQS),
+                   quant["format"]: (lambda: fold_weights(restore_quantized(load_model(path, cfg.model.dtype), quant_dir)), None)}
         al = acceptance_lengths(ctx, draft_model, targets, steps)
         if al:
             metrics.update(acceptance_length_unquantized=al["unquantized"], acceptance_length_quantized=al[quant["format"]],
