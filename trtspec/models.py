@@ -123,13 +123,12 @@ def model_stamp(source: str) -> dict | None:
         return None
     path = Path(source).expanduser()
     if path.is_file():
-        files = [path]
+        root, files = path.parent, [path]
     elif path.is_dir():
-        files = sorted(f for f in path.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(path).parts))
+        root, files = path, sorted(f for f in path.rglob("*") if f.is_file() and not any(part.startswith(".") for part in f.relative_to(path).parts))
     else:
         return None
-    root = path.parent if path.is_file() else path
-    return {f.relative_to(root).as_posix(): [f.stat().st_size, f.stat().st_mtime_ns] for f in files}
+    return {f.relative_to(root).as_posix(): [(st := f.stat()).st_size, st.st_mtime_ns] for f in files}
 
 
 def _download_hub(repo_id: str) -> Path:

@@ -283,7 +283,7 @@ def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int = EVAL_MAX_
     """AL (tokens per target forward) for chain drafts of length 1..k_max with its 95% bootstrap interval over the
     prompts, and per-position acceptance at k_max."""
     per_prompt: dict[int, list[tuple[int, int]]] = {k: [] for k in range(1, k_max + 1)}
-    per_pos, steps = [0] * k_max, 0
+    per_pos = [0] * k_max
     was_training = model.training
     model.eval()
     for ex in eval_set:
@@ -294,8 +294,8 @@ def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int = EVAL_MAX_
             per_prompt[k].append((tok, fwd))
             if k == k_max:
                 per_pos = [a + b for a, b in zip(per_pos, pos, strict=True)]
-                steps += fwd
     model.train(was_training)
+    steps = sum(f for _, f in per_prompt[k_max])  # verification steps at k_max
     out: dict[str, Any] = {}
     for k, counts in per_prompt.items():
         out[f"AL@{k}"] = round(sum(t for t, _ in counts) / max(sum(f for _, f in counts), 1), 3)
