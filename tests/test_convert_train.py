@@ -361,6 +361,10 @@ def test_train_resumes_from_checkpoint(upstream, tiny_model_dir, tmp_path, monke
     m = train.run(ctx)
     rows = [json.loads(x) for x in (ctx.out / "train_log.jsonl").read_text().splitlines()]
     assert m["steps"] == 4 and [r["step"] for r in rows] == [1, 2, 3, 4]  # step 3 logged once, after the resume
+    assert m["resumed_from_step"] == 2
+    again = train.run(ctx)  # a forced redo of the finished stage (same scratch) trains again, from step 1
+    rows = [json.loads(x) for x in (ctx.out / "train_log.jsonl").read_text().splitlines()]
+    assert again["resumed_from_step"] == 0 and [r["step"] for r in rows] == [1, 2, 3, 4]
 
 
 @pytest.mark.integration

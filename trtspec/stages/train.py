@@ -521,6 +521,9 @@ def run(ctx: StageContext) -> dict:
     eagle_cfg["eagle_offline"] = False  # the head is used with a full target from here on
     (ctx.out / "eagle_config.json").write_text(json.dumps(eagle_cfg, indent=2) + "\n")
     shutil.copyfile(log_file, ctx.out / "train_log.jsonl") if log_file.is_file() else (ctx.out / "train_log.jsonl").touch()
+    # the head is in the stage's output now; a finished run's checkpoints would only make a forced redo (--force,
+    # --from train) "resume" at its last step and train nothing. Killed between here and the manifest: it retrains.
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
     rows = _read_rows(ctx.out / "train_log.jsonl")
     final = rows[-1] if rows else {}
     label_tokens = int(tokens["loss_mask"].sum())
