@@ -83,6 +83,38 @@ def test_first_layer_norm_matches_trtllm(tiny_model_dir):
     torch.testing.assert_close(seen["x"], want)
 
 
+def test_head_from_target_starts_as_the_target_layer_after_the_deepest_aux_layer(tiny_model_dir):
+    from trtspec.models import load_model
+
+    model = _head(tiny_model_dir, draft_vocab=32)
+    ids = torch.arange(0, 3200, 100)
+    eagle.set_draft_vocab(model, ids)
+    target = model._base_model
+    with torch.no_grad():  # distinct norm weights, so a norm copied to the wrong place would show
+        for p in target.parameters():
+            if p.ndim == 1:
+                p.uniform_(0.5, 2.0)
+    aux = model.eagle_config.eagle_aux_hidden_state_layer_ids
+    assert eagle.init_head_from_target(model) == aux[-1] + 1
+    head, layer = model.eagle_module, model.eagle_module.layers[0]
+    with torch.no_grad():  # without the token half, layer 0 must be exactly the target's layer aux[-1] + 1
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            proj.weight[:, : proj.weight.shape[1] // 2] = 0
+        tokens = torch.randint(0, 3000, (1, 7))
+        hs = target(tokens, output_hidden_states=True).hidden_states  # hs[i + 1]: output of layer i
+        h = head.fc(torch.cat([hs[i + 1] for i in aux], -1))
+        torch.testing.assert_close(h, hs[aux[-1] + 1])  # fc passes the deepest aux layer through
+        mask = model._prepare_decoder_attention_mask(None, (1, 7), 0, h.device, h.dtype)
+        post_norm, pre_norm, _ = head(h, torch.randn(1, 7, 64), attention_mask=mask)
+        torch.testing.assert_close(pre_norm, hs[aux[-1] + 2], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(head.lm_head(post_norm), model._base_model_lm_head(target.norm(pre_norm))[..., ids])
+    from trtspec.errors import ConfigError
+
+    resized = convert.derive_eagle_config(model.config, ConvertSection(overrides={"intermediate_size": 96}))
+    with pytest.raises(ConfigError, match="not shaped like the target"):
+        eagle.init_head_from_target(eagle.build_eagle_model(load_model(tiny_model_dir), resized))
+
+
 def test_d2t_round_trip_and_save_load(tiny_model_dir, tmp_path):
     model = _head(tiny_model_dir, draft_vocab=32)
     counts = torch.zeros(model.eagle_config.vocab_size, dtype=torch.long)

@@ -140,6 +140,9 @@ def run(ctx: StageContext) -> dict:
         coverage = float(counts[ids].sum() / counts.sum().clamp_min(1))
         metrics["draft_vocab_coverage"] = round(coverage, 4)
         ctx.log(f"draft vocab covers {coverage:.2%} of training label tokens")
+    if ctx.cfg.convert.init_from_target:  # after the draft vocab: lm_head takes its rows
+        metrics["init_from_layer"] = eagle.init_head_from_target(model)
+        ctx.log(f"head initialised from target layer {metrics['init_from_layer']}, its final norm and lm_head")
     (ctx.out / "eagle_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     eagle.save_head(model, ctx.out / "head_init.safetensors")
     params = sum(p.numel() for p in model.eagle_module.parameters())
