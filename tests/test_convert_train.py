@@ -39,6 +39,12 @@ def test_convert_derives_arch_from_base(base_config):
     assert cfg["eagle_use_torch_compile"] is False and arch["use_aux_hidden_state"] is True
 
 
+def test_aux_layers_are_kept_ascending(base_config):
+    # modelopt's hooks (online) and TensorRT-LLM concatenate aux states in layer order; offline states follow the list
+    cfg = convert.derive_eagle_config(base_config, ConvertSection(aux_layers=[2, 0, 1]))
+    assert cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+
+
 def test_convert_rejects_bad_settings(base_config):
     with pytest.raises(ConfigError, match="aux_layers"):
         convert.derive_eagle_config(base_config, ConvertSection(aux_layers=[0, 9]))

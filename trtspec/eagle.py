@@ -194,7 +194,7 @@ def init_head_from_target(model: Any) -> int:
     head, target = model.eagle_module, model._base_model
     aux = model.eagle_config.eagle_aux_hidden_state_layer_ids
     hidden = head.fc.weight.shape[0]
-    first = min(aux[-1] + 1, len(target.layers) - 1)
+    first = aux[-1] + 1  # aux layers are ascending and below the last layer (convert.derive_eagle_config)
     pairs = []  # (head parameter, target weight)
     for i, layer in enumerate(head.layers):
         src = target.layers[min(first + i, len(target.layers) - 1)]

@@ -44,7 +44,8 @@ def derive_eagle_config(base: Any, convert: Any) -> dict:
             f"supported: {', '.join(LLAMA_FAMILY)}",
         )
     layers = text.num_hidden_layers
-    aux = list(convert.aux_layers) if convert.aux_layers is not None else default_aux_layers(layers)
+    # ascending, as modelopt's hooks and TensorRT-LLM's capture set concatenate them (offline states follow the list)
+    aux = sorted(convert.aux_layers) if convert.aux_layers is not None else default_aux_layers(layers)
     bad = [i for i in aux if not 0 <= i < layers - 1]  # hidden_states[L] is post-norm: not an aux layer
     if bad or len(set(aux)) != len(aux):
         raise ConfigError(f"convert.aux_layers {aux}: need distinct layer ids in 0..{layers - 2}")
