@@ -114,7 +114,6 @@ def test_head_from_target_starts_as_the_target_layer_after_the_deepest_aux_layer
         post_norm, pre_norm, _ = head(h, torch.randn(1, 7, 64), attention_mask=mask)
         torch.testing.assert_close(pre_norm, hs[aux[-1] + 2], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(head.lm_head(post_norm), model._base_model_lm_head(target.norm(pre_norm))[..., ids])
-    from trtspec.errors import ConfigError
 
     resized = convert.derive_eagle_config(model.config, ConvertSection(overrides={"intermediate_size": 96}))
     with pytest.raises(ConfigError, match="not shaped like the target"):
