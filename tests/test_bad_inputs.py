@@ -38,6 +38,8 @@ class Case:
     code: int
     pattern: str
     failing_stage: str | None = None
+    # caught by the pipeline's preflight: before the data stage ran (it would have spent minutes regenerating)
+    before_data: bool = False
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -199,6 +201,18 @@ def case_int4_block_size(tmp, model, mp):
     return build(tmp, config(tmp, model, quantize={"format": "int4_awq", "block_size": 48}), "--until", "quantize")
 
 
+def case_aux_layer_out_of_range(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "convert.aux_layers=[0,40]")
+
+
+def case_init_from_resized_head(tmp, model, mp):
+    return build(tmp, config(tmp, model, convert={"init_from_target": True, "overrides": {"intermediate_size": 96}}))
+
+
+def case_quant_tied_lm_head(tmp, model, mp):
+    return build(tmp, config(tmp, model, quantize={"format": "fp8", "quantize_lm_head": True}))
+
+
 def case_out_is_foreign_dir(tmp, model, mp):
     (tmp / "run").mkdir()
     (tmp / "run" / "thesis.tex").write_text("years of work")
@@ -266,7 +280,7 @@ CASES = [
     Case("model-missing", case_model_missing, 2, r"model path .*no-such-model' does not exist", "data"),
     Case("model-no-config", case_model_no_config, 2, r"has no config\.json", "data"),
     Case("model-unknown-demo", case_unknown_demo, 2, r"unknown demo model 'demo:gpt-17'", "data"),
-    Case("model-unsupported-arch", case_unsupported_arch, 2, r"Llama-family.*'gpt2'|architecture 'GPT2LMHeadModel' is not supported", "convert"),
+    Case("model-unsupported-arch", case_unsupported_arch, 2, r"Llama-family.*'gpt2'", "convert", before_data=True),
     Case("model-corrupted-weights", case_corrupted_weights, 2, r"cannot load model weights", "convert"),
     Case("model-no-chat-template", case_no_chat_template, 2, r"no chat template", "data"),
     Case("data-missing", case_data_missing, 2, r"data file .*data\.jsonl' does not exist", "data"),
@@ -275,8 +289,11 @@ CASES = [
     Case("data-no-assistant-turn", case_data_no_assistant, 2, r"no usable conversation", "data"),
     Case("data-binary", case_data_binary, 2, r"cannot be read as UTF-8", "data"),
     Case("prompts-unparsable", case_regenerate_prompts_unparsable, 2, r"prompt", "data"),
-    Case("quant-nvfp4-on-cpu", case_nvfp4_on_cpu, 3, r"nvfp4.*CUDA", "quantize"),
+    Case("quant-nvfp4-on-cpu", case_nvfp4_on_cpu, 3, r"nvfp4.*CUDA", "quantize", before_data=True),
     Case("quant-int4-block-size", case_int4_block_size, 2, r"block", "quantize"),
+    Case("convert-aux-layers", case_aux_layer_out_of_range, 2, r"aux_layers \[0, 40\]: need distinct layer ids in 0\.\.2", "convert", before_data=True),
+    Case("convert-init-resized-head", case_init_from_resized_head, 2, r"init_from_target.*resizes the head \(intermediate_size\)", "convert", before_data=True),
+    Case("quant-tied-lm-head", case_quant_tied_lm_head, 2, r"shares its weights with the embeddings", "quantize", before_data=True),
     Case("rundir-foreign", case_out_is_foreign_dir, 2, r"not a trtspec run directory; refusing to write"),
     Case("rundir-is-file", case_out_is_file, 2, r"is a file"),
     Case("rundir-locked", case_locked, 4, r"in use by another trtspec process"),
@@ -304,6 +321,8 @@ def test_bad_input(case, tmp_path, tiny_model_dir, monkeypatch):
         stage_dir = run / ("bundle" if case.failing_stage == "export" else case.failing_stage)
         assert not (stage_dir / "manifest.json").exists(), "a failed stage left a manifest a later run would trust"
         assert not (run / f".tmp-{case.failing_stage}").exists()
+    if case.before_data:
+        assert not (tmp_path / "run" / "data" / "manifest.json").exists(), "preflight should have stopped the build before the data stage"
     if (tmp_path / "run" / "thesis.tex").exists():
         assert (tmp_path / "run" / "thesis.tex").read_text() == "years of work"
 

@@ -160,3 +160,26 @@ def test_skipped_stage_skips_dependents(tmp_path, calls, monkeypatch):
     res = {r.stage: r for r in pipeline.run_build(config_from_dict(RAW), tmp_path / "r")}
     assert res["export"].status == "skipped" and res["engine"].status == "skipped" and res["validate"].status == "skipped"
     assert "export" in res["validate"].reason
+
+
+def test_preflight_checks_only_stages_that_will_run_before_any_stage(tmp_path, calls, monkeypatch):
+    checked, loads = [], []
+    for stage in ("convert", "quantize"):
+        pipeline.stage_module(stage).preflight = lambda cfg, mc, stage=stage: checked.append((stage, mc))
+    monkeypatch.setattr(pipeline, "load_model_config", lambda source: loads.append(source) or "model-config")
+    pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
+    assert checked == [("convert", "model-config"), ("quantize", "model-config")] and len(loads) == 1
+    checked.clear(), loads.clear(), calls.clear()
+    pipeline.run_build(config_from_dict(RAW), tmp_path / "r")  # all cached: the model is not even resolved
+    assert checked == [] and loads == []
+    pipeline.run_build(config_from_dict({**RAW, "quantize": {"format": "fp8"}}), tmp_path / "r")
+    assert [s for s, _ in checked] == ["quantize"] and calls == ["quantize", "export", "engine", "validate"]
+
+    def refuse(cfg, mc):
+        raise ConfigError("bad convert setting")
+
+    checked.clear(), calls.clear()
+    pipeline.stage_module("convert").preflight = refuse
+    with pytest.raises(ConfigError, match="bad convert setting"):
+        pipeline.run_build(config_from_dict({**RAW, "model": {"source": "other/model"}}), tmp_path / "r")
+    assert calls == []  # not even the data stage ran

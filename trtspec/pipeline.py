@@ -144,6 +144,7 @@ def run_build(
     results: list[StageResult] = []
     fps: dict[str, str] = {}
     with run.locked():
+        preflight(cfg, run, needed, redo)
         for stage in needed:
             upstream = {d: fps[d] for d in DEPS[stage]}
             key = work_key(cfg, stage, upstream)
@@ -167,6 +168,36 @@ def run_build(
             if on_result:
                 on_result(res)
     return results
+
+
+def likely_to_run(cfg: BuildConfig, run: RunDir, needed: list[str], redo: set[str]) -> list[str]:
+    """The stages of `needed` that this build will run: redone, never finished, or whose config sections or an
+    upstream stage's changed. Edited input files are missed here; the stages check again when they run."""
+    changed: set[str] = set()
+    for stage in needed:
+        m = run.manifest(stage)
+        if stage in redo or not m or m.get("status") != "done" or m.get("config") != _section_values(cfg, stage) or changed & set(DEPS[stage]):
+            changed.add(stage)
+    return [s for s in needed if s in changed]
+
+
+def load_model_config(source: str) -> Any:
+    """The HF config of a config's model.source (the demo's GGUF is converted once, as the data stage would)."""
+    from transformers import AutoConfig
+
+    from trtspec.models import resolve_model
+
+    return AutoConfig.from_pretrained(resolve_model(source))
+
+
+def preflight(cfg: BuildConfig, run: RunDir, needed: list[str], redo: set[str]) -> None:
+    """Settings that only the model's config can judge (convert's aux layers, quantize's lm_head...) are checked
+    before the first stage runs: a bad one fails in seconds, not after the data stage's regeneration."""
+    checks = [f for s in likely_to_run(cfg, run, needed, redo) if (f := getattr(stage_module(s), "preflight", None))]
+    if checks:
+        model_config = load_model_config(cfg.model.source)
+        for check in checks:
+            check(cfg, model_config)
 
 
 def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, key: str, upstream: dict[str, str], why: str) -> StageResult:

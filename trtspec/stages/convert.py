@@ -90,6 +90,22 @@ def derive_eagle_config(base: Any, convert: Any) -> dict:
     return cfg
 
 
+# eagle_architecture_config fields that init_from_target needs equal to the target's (it copies a target layer)
+LAYER_SHAPE = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+def preflight(cfg: Any, model_config: Any) -> None:
+    """The convert settings checked against the model's config alone, before the data stage spends minutes."""
+    arch = derive_eagle_config(model_config, cfg.convert)["eagle_architecture_config"]
+    if cfg.convert.init_from_target:
+        plain = derive_eagle_config(model_config, cfg.convert.model_copy(update={"overrides": {}}))["eagle_architecture_config"]
+        if resized := [k for k in LAYER_SHAPE if arch[k] != plain[k]]:
+            raise ConfigError(
+                f"convert.init_from_target copies a target layer, but convert.overrides resizes the head ({', '.join(resized)})",
+                "drop those overrides, or set convert.init_from_target: false",
+            )
+
+
 def token_counts(tokens_file: Path, vocab: int) -> Any:
     """How often each target token is a training label (assistant tokens) in the data stage's tensors."""
     import torch

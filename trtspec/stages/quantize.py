@@ -90,6 +90,12 @@ def check_quant_config(q: Any, model_config: Any = None) -> None:
         )
 
 
+def preflight(cfg: Any, model_config: Any) -> None:
+    """The quantize settings checked against the model's config, before the stages ahead of quantize run."""
+    if cfg.quantize.format != "none":
+        check_quant_config(cfg.quantize, model_config)
+
+
 def quant_config(fmt: str, kv_cache: str, block_size: int | None, quantize_lm_head: bool) -> dict:
     """The modelopt config: the preset for `fmt`, its int4 block size set, lm_head enabled on request, + fp8 KV cache."""
     import modelopt.torch.quantization as mtq
