@@ -101,7 +101,7 @@ def test_head_from_target_starts_as_the_target_layer_after_the_deepest_aux_layer
             if p.ndim == 1:
                 p.uniform_(0.5, 2.0)
     aux = model.eagle_config.eagle_aux_hidden_state_layer_ids
-    assert eagle.init_head_from_target(model) == aux[-1] + 1
+    assert eagle.init_head_from_target(model) == (aux[-1] + 1, [])
     head, layer = model.eagle_module, model.eagle_module.layers[0]
     with torch.no_grad():  # without the token half, layer 0 must be exactly the target's layer aux[-1] + 1
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
@@ -118,6 +118,38 @@ def test_head_from_target_starts_as_the_target_layer_after_the_deepest_aux_layer
     resized = convert.derive_eagle_config(model.config, ConvertSection(overrides={"intermediate_size": 96}))
     with pytest.raises(ConfigError, match="not shaped like the target"):
         eagle.init_head_from_target(eagle.build_eagle_model(load_model(tiny_model_dir), resized))
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_head_from_target_on_qwen(family):
+    """Qwen2's q/k/v biases are copied (the head gets attention_bias), so its first layer is the target's exactly;
+    Qwen3's q/k norms have no place in an EAGLE-3 head: the copy is close, not equal, and says what it left out."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[family]
+    torch.manual_seed(0)
+    base = model_cls(config_cls(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                                num_key_value_heads=2, head_dim=16, max_position_embeddings=128)).eval()
+    with torch.no_grad():  # biases and norm weights far from their zero/one init, so a missed copy would show
+        for name, p in base.named_parameters():
+            if p.ndim == 1:
+                p.normal_(0, 0.5) if name.endswith("bias") else p.uniform_(0.5, 2.0)
+    cfg = convert.derive_eagle_config(base.config, ConvertSection(init_from_target=True))
+    assert cfg["eagle_architecture_config"]["attention_bias"] is (family == "qwen2")
+    model = eagle.build_eagle_model(base, cfg)
+    aux = model.eagle_config.eagle_aux_hidden_state_layer_ids
+    first, dropped = eagle.init_head_from_target(model)
+    assert dropped == ([] if family == "qwen2" else ["self_attn.k_norm.weight", "self_attn.q_norm.weight"])
+    head, layer = model.eagle_module, model.eagle_module.layers[0]
+    with torch.no_grad():
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            proj.weight[:, : proj.weight.shape[1] // 2] = 0
+        hs = model._base_model(torch.randint(0, 256, (1, 7)), output_hidden_states=True).hidden_states
+        h = head.fc(torch.cat([hs[i + 1] for i in aux], -1))
+        mask = model._prepare_decoder_attention_mask(None, (1, 7), 0, h.device, h.dtype)
+        _, pre_norm, _ = head(h, torch.randn(1, 7, 64), attention_mask=mask)
+    err = float((pre_norm - hs[first + 1]).abs().max() / hs[first + 1].abs().max())
+    assert err < 1e-5 if family == "qwen2" else err > 1e-2
 
 
 def test_d2t_round_trip_and_save_load(tiny_model_dir, tmp_path):

@@ -89,11 +89,12 @@ def random_draft_dir(tmp_path_factory, tiny_model_dir) -> Path:
     return rerandomized(tiny_model_dir, tmp_path_factory.mktemp("rand") / "model", seed=7)
 
 
-def export_random_eagle(target_dir: Path, out: Path, keep_rope: bool = True):
+def export_random_eagle(target_dir: Path, out: Path, keep_rope: bool = True, **convert):
     """A random EAGLE-3 head (draft vocab 512 with d2t) on `target_dir`, exported by modelopt into `out`.
 
     Returns the modelopt model (for pseudo_speculative_generate). keep_rope: export the trained rope instead of
-    modelopt's default yarn override, so the export and modelopt's own forward agree exactly."""
+    modelopt's default yarn override, so the export and modelopt's own forward agree exactly. convert: more
+    ConvertSection fields."""
     from modelopt.torch.export import export_speculative_decoding
     from transformers import AutoModelForCausalLM
 
@@ -102,7 +103,7 @@ def export_random_eagle(target_dir: Path, out: Path, keep_rope: bool = True):
     from trtspec.stages.convert import derive_eagle_config
 
     base = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    cfg = derive_eagle_config(base.config, ConvertSection(draft_vocab_size=512))
+    cfg = derive_eagle_config(base.config, ConvertSection(draft_vocab_size=512, **convert))
     if keep_rope:
         cfg["eagle_export_rope_scaling"] = {}
     torch.manual_seed(0)
@@ -121,11 +122,15 @@ def export_random_eagle(target_dir: Path, out: Path, keep_rope: bool = True):
 def eagle_export(tmp_path_factory, target_dir):
     """Exported random head + modelopt's own draft tokens for a prompt."""
     out = tmp_path_factory.mktemp("eagle") / "draft"
-    model = export_random_eagle(target_dir, out)
+    return (out, *modelopt_draft(export_random_eagle(target_dir, out)))
+
+
+def modelopt_draft(model) -> tuple:
+    """(prompt, the target's next token, modelopt's 5 draft tokens after it) for a fixed prompt."""
     ids = torch.tensor([[1, 504, 3000, 77, 12, 900, 45, 8]])
     with torch.no_grad():
         base_tok, draft_toks = model.pseudo_speculative_generate(ids, steps=5)
-    return out, ids[0], int(base_tok), draft_toks[0].tolist()
+    return ids[0], int(base_tok), draft_toks[0].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -235,8 +240,12 @@ def test_ngram_draft_keeps_greedy_output(target, prompts, hf_greedy):
         assert speculative_decode(target, NgramDrafter(), p, NEW, DraftSpec(k=4), eos={2}).tokens == ref
 
 
-def test_eagle3_draft_matches_modelopt(eagle_export, target_dir):
-    """Same tokens as modelopt's pseudo_speculative_generate (no cache, whole sequence recomputed each step)."""
+@pytest.mark.parametrize("bias", [False, True], ids=["plain", "attention-bias"])
+def test_eagle3_draft_matches_modelopt(eagle_export, target_dir, tmp_path, bias):
+    """Same tokens as modelopt's pseudo_speculative_generate (no cache, whole sequence recomputed each step); with
+    attention_bias (q/k/v and o_proj biases, as convert gives a head initialised from a Qwen2 target) too."""
+    if bias:
+        eagle_export = (tmp_path / "draft", *modelopt_draft(export_random_eagle(target_dir, tmp_path / "draft", overrides={"attention_bias": True})))
     draft_dir, ids, base_tok, want = eagle_export
     target = load_transformer(target_dir)[0]
     drafter = load_eagle3_drafter(draft_dir, target)

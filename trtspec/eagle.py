@@ -178,14 +178,16 @@ def set_draft_vocab(model: Any, draft_to_target: Any) -> None:
     d2t.copy_(ids - torch.arange(ids.numel()))
 
 
-def init_head_from_target(model: Any) -> int:
-    """Start the head from the target's own weights instead of random ones; returns the target layer copied.
+def init_head_from_target(model: Any) -> tuple[int, list[str]]:
+    """Start the head from the target's own weights instead of random ones.
 
     With a = the deepest aux layer, fc starts as passing aux layer a's state through ([0 | ... | I]) and head
     layer i starts as a copy of target layer a + 1 + i: the layer that reads that state inside the target. Layer 0
     reads cat(norm(embed(tok)), norm(h)): the h half of q/k/v is the target's, the token half keeps its random
     init, so before training the head computes target layer a + 1 on aux layer a's state, nudged by the token.
-    norm and lm_head are the target's final norm and its lm_head (the draft vocab's rows, through d2t).
+    norm and lm_head are the target's final norm and its lm_head (the draft vocab's rows, through d2t). Biases the
+    head has and the target lacks start at zero. Returns (the target layer copied, the parameters of the copied
+    layers the head has no place for, e.g. Qwen3's q/k norms: then the head starts close to the layer, not equal).
     """
     import torch
 
@@ -195,29 +197,37 @@ def init_head_from_target(model: Any) -> int:
     aux = model.eagle_config.eagle_aux_hidden_state_layer_ids
     hidden = head.fc.weight.shape[0]
     first = aux[-1] + 1  # aux layers are ascending and below the last layer (convert.derive_eagle_config)
-    pairs = []  # (head parameter, target weight)
+    pairs = []  # (head parameter, target weight or None for zero)
+    dropped: set[str] = set()
     for i, layer in enumerate(head.layers):
         src = target.layers[min(first + i, len(target.layers) - 1)]
-        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
-            w = layer.get_submodule(name).weight
-            pairs.append((w[:, hidden:] if i == 0 else w, src.get_submodule(name).weight))
-        for name in ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "post_attention_layernorm"):
-            pairs.append((layer.get_submodule(name).weight, src.get_submodule(name).weight))
+        used = set()
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                     "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "post_attention_layernorm"):
+            w, b = layer.get_submodule(name).weight, getattr(layer.get_submodule(name), "bias", None)
+            token_half = i == 0 and name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+            pairs.append((w[:, hidden:] if token_half else w, src.get_submodule(name).weight))
+            src_b = getattr(src.get_submodule(name), "bias", None)
+            if b is not None:
+                pairs.append((b, src_b))
+            used.update({f"{name}.weight", f"{name}.bias"} if b is not None else {f"{name}.weight"})
         norm = layer.hidden_norm if i == 0 else layer.input_layernorm
         pairs.append((norm.weight, src.input_layernorm.weight))
+        used.add("input_layernorm.weight")
+        dropped |= {n for n, _ in src.named_parameters()} - used
     pairs.append((head.norm.weight, model._base_model_norm.weight))
     if hasattr(head, "lm_head"):
         rows = draft_to_target_ids(model, torch.arange(head.lm_head.weight.shape[0], device=head.lm_head.weight.device))
         pairs.append((head.lm_head.weight, model._base_model_lm_head.weight[rows]))
-    if bad := [tuple(w.shape) for w, src in pairs if w.shape != src.shape]:
+    if bad := [tuple(w.shape) for w, src in pairs if src is not None and w.shape != src.shape]:
         raise ConfigError(f"convert.init_from_target: the head's layers are not shaped like the target's ({bad[0]})",
                           "drop the convert.overrides that resize the head, or set init_from_target: false")
     with torch.no_grad():
         for w, src in pairs:
-            w.copy_(src)
+            w.zero_() if src is None else w.copy_(src)
         head.fc.weight.zero_()
         head.fc.weight[:, (len(aux) - 1) * hidden :] = torch.eye(hidden)  # aux states are concatenated in order
-    return first
+    return first, sorted(dropped)
 
 
 def draft_to_target_ids(model: Any, draft_ids: Any) -> Any:

@@ -38,7 +38,8 @@ class ModelArgs:
     rope_scaling: dict = field(default_factory=dict)
     max_positions: int = 4096
     tie_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # q/k/v biases (Qwen2; Llama's attention_bias)
+    o_bias: bool = False  # o_proj bias (Llama's attention_bias: true, not Qwen2)
     qk_norm: bool = False  # Qwen3
 
     @classmethod
@@ -62,6 +63,7 @@ class ModelArgs:
             max_positions=cfg.get("max_position_embeddings", 4096),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+            o_bias=bool(cfg.get("attention_bias", False)),
             qk_norm=arch == "Qwen3ForCausalLM",
         )
 
@@ -149,7 +151,7 @@ class Attention(nn.Module):
         super().__init__()
         d, hd = in_features or args.hidden_size, args.head_dim
         self.qkv_proj = Linear(d, (args.num_heads + 2 * args.num_kv_heads) * hd, bias=args.attention_bias)  # fused
-        self.o_proj = Linear(args.num_heads * hd, args.hidden_size, bias=False)
+        self.o_proj = Linear(args.num_heads * hd, args.hidden_size, bias=args.o_bias)
         if args.qk_norm:
             self.q_norm = nn.Parameter(torch.ones(hd))
             self.k_norm = nn.Parameter(torch.ones(hd))

@@ -77,6 +77,8 @@ def derive_eagle_config(base: Any, convert: Any) -> dict:
         use_last_layernorm=True,
         torch_dtype="float32",
     )
+    if convert.init_from_target and getattr(text, "attention_bias", text.model_type == "qwen2"):
+        arch["attention_bias"] = True  # the copied layer's q/k/v biases need a place (o_proj's stays zero for Qwen2)
     for key, value in convert.overrides.items():
         if key not in arch and key not in ("attention_bias", "mlp_bias"):
             raise ConfigError(
@@ -158,8 +160,11 @@ def run(ctx: StageContext) -> dict:
         metrics["draft_vocab_coverage"] = round(coverage, 4)
         ctx.log(f"draft vocab covers {coverage:.2%} of training label tokens")
     if ctx.cfg.convert.init_from_target:  # after the draft vocab: lm_head takes its rows
-        metrics["init_from_layer"] = eagle.init_head_from_target(model)
+        metrics["init_from_layer"], dropped = eagle.init_head_from_target(model)
         ctx.log(f"head initialised from target layer {metrics['init_from_layer']}, its final norm and lm_head")
+        if dropped:  # e.g. Qwen3's q/k norms: an EAGLE-3 head (modelopt's, TensorRT-LLM's) has no place for them
+            metrics["init_not_copied"] = dropped
+            ctx.log(f"warning: the head cannot hold {', '.join(dropped)} of that layer: it starts close to it, not equal")
     (ctx.out / "eagle_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     eagle.save_head(model, ctx.out / "head_init.safetensors")
     params = sum(p.numel() for p in model.eagle_module.parameters())
