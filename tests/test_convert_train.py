@@ -249,6 +249,22 @@ def test_cached_states_equal_a_direct_forward_and_resume(tiny_model_dir, tmp_pat
         assert (again["aux"] == expected).all() and json.loads(progress.read_text())["rows"] == 5
 
 
+def test_training_rows_set_reads_the_cached_states_and_starts_at_the_first_label(tiny_model_dir, tmp_path):
+    from trtspec.models import load_model
+
+    base = load_model(tiny_model_dir, "float32")
+    tokens = _tokens([12, 30, 9, 20])
+    tokens["loss_mask"][:, :4] = False  # a 4-token prompt before each answer
+    tokens["loss_mask"][1] = False  # a row with nothing to score is passed over
+    cached = train.cache_states(base, tokens, [1, 2], tmp_path / "s", 2, print)
+    offline = train.training_rows_set(tokens, cached, base, [1, 2], 2)
+    online = train.training_rows_set(tokens, None, base, [1, 2], 2)
+    assert [len(r["input_ids"]) for r in offline] == [12, 9] and [r["start"] for r in offline] == [4, 4]
+    for a, b in zip(offline, online, strict=True):
+        assert torch.equal(a["input_ids"], b["input_ids"]) and a["start"] == b["start"]
+        assert torch.allclose(a["aux"], b["aux"], atol=2e-3) and torch.allclose(a["last"], b["last"], atol=2e-3)
+
+
 @pytest.mark.parametrize("offline", [False, True])
 def test_logits_only_where_scored_leave_loss_and_gradients_unchanged(tiny_model_dir, offline):
     """head_forward computes draft (and, offline, target) logits only at positions the loss reads; the loss and
@@ -382,6 +398,7 @@ def test_train_few_steps_writes_head_and_log(upstream, tiny_model_dir, tmp_path,
     rows = [json.loads(x) for x in (ctx.out / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and len(rows[0]["acc_ttt"]) == 3
     assert m["steps"] == 4 and m["headline"].startswith("AL@3 ") and 1.0 <= m["AL@3"] <= 4.0
+    assert 1.0 <= m["fit"]["AL@3"] <= 4.0 and len(m["fit"]["accept_rate_by_position"]) == train.EVAL_MAX_DRAFT
     assert m["AL@1"] <= m["AL@2"] + 1e-9 or m["AL@1"] <= 2.0
     assert (ctx.out / "head.safetensors").is_file()
     seqs = torch.load(ctx.out / train.EVAL_SEQS, weights_only=True)  # the held-out greedy answers, for export
@@ -476,3 +493,42 @@ def test_bench_head_throughputs_interleave_offline_and_online(upstream, tiny_mod
     spec.loader.exec_module(bench)
     speed = bench.throughputs(_stage_ctx(tmp_path, tiny_model_dir, "train", inputs).cfg, run, steps=2)
     assert set(speed) == {"offline", "online"} and all(v > 0 for v in speed.values())
+
+
+def test_bench_data_scaling_fits_the_trend_and_prices_the_rows_it_needs(tmp_path, monkeypatch):
+    """scripts/bench_data_scaling.py: the log2 trend through the sizes it trained, the rows a target AL needs on it,
+    and their cost at the run's own per-row seconds (sizes faked here: AL@3 = 1 + 0.25 * log2(rows / 100))."""
+    import importlib.util
+    import math
+
+    spec = importlib.util.spec_from_file_location("bench_data_scaling", Path(__file__).parents[1] / "scripts" / "bench_data_scaling.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    trained = []
+
+    def fake_recipe(config, sets, out, name, recipe_sets):
+        rows = int(recipe_sets[0].split("=")[1]) if recipe_sets else 800
+        trained.append((name, recipe_sets))
+        al = 1 + 0.25 * math.log2(rows / 100)
+        return {"name": name, "sets": recipe_sets, "evals": [], "metrics": {
+            "train_rows": rows, "AL@3": al, "fit": {"AL@3": al + 0.3}, "cache_states_s": rows * 0.5, "train_s": rows * 4.0}}
+
+    monkeypatch.setattr(bench, "train_recipe", fake_recipe)
+    monkeypatch.setattr("trtspec.config.load_config", lambda config, sets: SimpleNamespace(train=SimpleNamespace(epochs=4)))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps({"wall_s": 1000.0, "metrics": {"train_rows": 800, "heldout_rows": 200}}))
+    s = bench.scaling("cfg.yaml", tmp_path, [], [0.125, 0.5], target=3.0)
+    assert trained == [("rows-all", []), ("rows-400", ["train.max_rows=400"]), ("rows-100", ["train.max_rows=100"])]
+    assert s["rows"] == [100, 400, 800] and s["gain_per_doubling"] == [0.25, 0.25]
+    assert s["fit"] == {"a": pytest.approx(1 - 0.25 * math.log2(100), abs=1e-4), "b_per_doubling": 0.25}
+    assert s["rows_needed"] == 25600 and s["times_the_data"] == 32.0  # 2 AL above 100 rows: 8 doublings
+    # 1 s/row answering (1000 s over 1000 rows), 0.5 s/row states, 1 s/row per epoch of training, 4 epochs
+    assert s["per_row_s"] == {"answer_s": 1.0, "states_s": 0.5, "train_epoch_s": 1.0, "epochs": 4}
+    assert s["projected_min"] == {"data": 640.0, "data_and_training": 2346.7, "data_and_one_epoch": 1066.7}
+    assert s["fit_AL"] == pytest.approx([a + 0.3 for a in s["heldout_AL"]])
+    # 30 min = 1800 s at 1 + 0.5 + 4 * 1 = 5.5 s/row: 327 rows, fewer than the 800 here; 60 min: 655
+    assert s["budget"]["rows"] == 327 and s["budget"]["doublings_over_these"] < 0
+    wide = bench.scaling("cfg.yaml", tmp_path, [], [0.125, 0.5], target=3.0, budget_min=293.3333)
+    assert wide["budget"]["rows"] == 3200 and wide["budget"]["doublings_over_these"] == 2.0  # 3200 = 4 x 800
+    # on the trend 1 + 0.25 * log2(32) = 2.25 there; from 1.75 at 800 rows to 3.0 in 2 doublings: 0.625 each
+    assert wide["budget"]["AL_on_trend"] == 2.25 and wide["budget"]["gain_per_doubling_needed"] == 0.625

@@ -342,6 +342,32 @@ def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int],
     return out
 
 
+def training_rows_set(tokens: dict, states: dict | None, base: Any, aux_layers: list[int], n: int) -> list[dict]:
+    """The first n training rows as an acceptance set, with the states the head trained on (the offline cache, else
+    a target forward): how well the head fits what it learned from. Against the held-out AL this tells a head
+    short of data (fits, does not generalise) from one short of capacity or training (does not even fit).
+    A row is a greedy answer of the target only when the data stage regenerated it; other rows measure the head
+    against the data's own tokens."""
+    import torch
+
+    device = next(base.parameters()).device
+    out = []
+    for i in range(len(tokens["input_ids"])):
+        if len(out) == n:
+            break
+        length = int(tokens["attention_mask"][i].sum())
+        labels = tokens["loss_mask"][i, :length].nonzero()
+        if len(labels) == 0:
+            continue
+        ids = tokens["input_ids"][i, :length].to(device)
+        if states is not None:
+            aux, last = (torch.from_numpy(states[k][i, :length].astype("float32")).to(device) for k in ("aux", "last"))
+        else:
+            aux, last = (x[0] for x in base_states(base, ids[None], torch.ones_like(ids[None]), aux_layers))
+        out.append({"input_ids": ids, "start": int(labels[0]), "aux": aux, "last": last})
+    return out
+
+
 # ---------------------------------------------------------------- training
 
 
@@ -514,8 +540,9 @@ def run(ctx: StageContext) -> dict:
     train_s = time.time() - t1
     steps = trainer.state.global_step
 
-    ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts")
+    ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts and {len(eval_set)} training rows")
     acc = evaluate_acceptance(model, eval_set)
+    fit = evaluate_acceptance(model, training_rows_set(tokens, states, model, aux_layers, len(eval_set)))
     eagle.save_head(model, ctx.out / eagle.HEAD_FILE)
     shutil.copyfile(eval_file, ctx.out / EVAL_SEQS)  # export's acceptance check reuses these greedy answers
     eagle_cfg["eagle_offline"] = False  # the head is used with a full target from here on
@@ -544,11 +571,13 @@ def run(ctx: StageContext) -> dict:
         "label_tokens": label_tokens,
         "eval_prompts": len(eval_set),
         **acc,
+        # the same measure on training rows: far above the held-out AL = short of data, close to it = short of fit
+        "fit": {k: v for k, v in fit.items() if "ci95" not in k},
         "headline": f"AL@{k_head} {acc[f'AL@{k_head}']:.2f} held-out ({len(eval_set)} prompts"
         + (", 95% CI {:.2f}-{:.2f}".format(*acc[f"AL@{k_head}_ci95"]) if acc[f"AL@{k_head}_ci95"] else "")
         + f"), {steps} steps {t_cfg.mode}",
     }
-    ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}")
+    ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k_head} {fit[f'AL@{k_head}']:.2f}")
     return metrics
 
 
