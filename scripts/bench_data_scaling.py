@@ -38,13 +38,12 @@ def fit_log2(rows: list[int], al: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
-def per_row_costs(out: Path, full: dict) -> dict:
-    """Seconds per training row on this machine, from the run's manifests: answering a prompt (the data stage's wall
-    time over every row it wrote, held-out ones included), the target's states, and one epoch of training."""
+def per_row_costs(out: Path, m: dict, epochs: float) -> dict:
+    """Seconds per training row on this machine, from the run's manifests and the full-size train metrics `m`:
+    answering a prompt (the data stage's wall time over every row it wrote, held-out ones included), the target's
+    states (0 when an earlier train stage had cached them: then the costs read low) and one epoch of training."""
     data = json.loads((out / "data" / "manifest.json").read_text())
-    m = full["metrics"]
     rows = data["metrics"]["train_rows"] + data["metrics"]["heldout_rows"]
-    epochs = full.get("epochs", 1)
     return {"answer_s": data["wall_s"] / rows, "states_s": m["cache_states_s"] / m["train_rows"],
             "train_epoch_s": m["train_s"] / m["train_rows"] / epochs, "epochs": epochs}
 
@@ -54,14 +53,13 @@ def scaling(config: str, out: Path, sets: list[str], fractions: list[float], tar
 
     full = train_recipe(config, sets, out, "rows-all", [])
     n = full["metrics"]["train_rows"]
-    full["epochs"] = load_config(config, sets).train.epochs
     runs = [full] + [train_recipe(config, sets, out, f"rows-{round(n * f)}", [f"train.max_rows={round(n * f)}"])
-                     for f in sorted(fractions, reverse=True) if f < 1]
+                     for f in sorted(fractions, reverse=True)]
     runs.sort(key=lambda r: r["metrics"]["train_rows"])
     rows = [r["metrics"]["train_rows"] for r in runs]
     held = [r["metrics"][f"AL@{K}"] for r in runs]
     a, b = fit_log2(rows, held)
-    costs = per_row_costs(out, full)
+    costs = per_row_costs(out, full["metrics"], load_config(config, sets).train.epochs)
     need = 2 ** ((target - a) / b) if b > 0 else math.inf
     data_s = need * (costs["answer_s"] + costs["states_s"])  # the data alone: no recipe trains without it
     row_s = costs["answer_s"] + costs["states_s"] + costs["epochs"] * costs["train_epoch_s"]
@@ -104,7 +102,7 @@ def report(s: dict) -> None:
     print(f"AL@3 {s['target_AL']} on that trend needs ~{s['rows_needed']} rows ({s['times_the_data']}x these); at this "
           f"run's costs ({c['answer_s']:.3f} s/row answering, {c['states_s']:.3f} s/row states, {c['train_epoch_s']:.3f} "
           f"s/row/epoch training) that is {p['data']:.0f} min for the data alone, {p['data_and_one_epoch']:.0f} min with "
-          f"one epoch, {p['data_and_training']:.0f} min with {c['epochs']} epochs")
+          f"one epoch, {p['data_and_training']:.0f} min with {c['epochs']:g} epochs")
 
 
 def plot(s: dict, path: Path) -> None:
