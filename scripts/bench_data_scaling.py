@@ -1,5 +1,6 @@
-"""Held-out acceptance against the volume of training data, measured side by side in one run, and what the trend
-says a target AL would cost on this machine.
+"""Held-out acceptance against the volume of training data (side by side in one run), and what a target AL would cost.
+
+The trend through the sizes measured, priced at this machine's own speed.
 
     python scripts/bench_data_scaling.py build_configs/smollm2-135m-eagle3.yaml --out runs/scaling --target-al 3.0 --plot
 
