@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_recipe import print_table, train_recipe  # noqa: E402
+from bench_recipe import print_table, save_figure, train_recipe  # noqa: E402
 
 K = 3  # chain drafts of 3, the and the engine's default
 
@@ -127,9 +127,7 @@ def plot(s: dict, path: Path) -> None:
     ax.set_ylabel("AL@3 (chain drafts of 3)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    save_figure(fig, path)
 
 
 def main() -> None:

@@ -69,6 +69,10 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_ylabel("held-out AL@3")
     ax.grid(alpha=0.3)
     ax.legend()
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
