@@ -540,9 +540,10 @@ def run(ctx: StageContext) -> dict:
     train_s = time.time() - t1
     steps = trainer.state.global_step
 
-    ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts and {len(eval_set)} training rows")
+    fit_set = training_rows_set(tokens, states, model, aux_layers, len(eval_set))
+    ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts and {len(fit_set)} training rows")
     acc = evaluate_acceptance(model, eval_set)
-    fit = evaluate_acceptance(model, training_rows_set(tokens, states, model, aux_layers, len(eval_set)))
+    fit = evaluate_acceptance(model, fit_set)
     eagle.save_head(model, ctx.out / eagle.HEAD_FILE)
     shutil.copyfile(eval_file, ctx.out / EVAL_SEQS)  # export's acceptance check reuses these greedy answers
     eagle_cfg["eagle_offline"] = False  # the head is used with a full target from here on
