@@ -75,7 +75,7 @@ def scaling(config: str, out: Path, sets: list[str], fractions: list[float], tar
         "times_the_data": None if math.isinf(need) else round(need / n, 1),
         "per_row_s": {k: round(v, 4) for k, v in costs.items()},
         "projected_min": {"data": round(data_s / 60, 1),
-                          "data_and_training": round((data_s + need * costs["epochs"] * costs["train_epoch_s"]) / 60, 1),
+                          "data_and_training": round(need * row_s / 60, 1),
                           "data_and_one_epoch": round((data_s + need * costs["train_epoch_s"]) / 60, 1)},
         "budget": {"minutes": budget_min, "rows": round(budget_rows), "doublings_over_these": round(doublings, 2),
                    "AL_on_trend": round(a + b * math.log2(budget_rows), 3),

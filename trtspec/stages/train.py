@@ -334,6 +334,13 @@ def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int],
         log(f"generating greedy target answers for {len(rows)} held-out prompts (acceptance evaluation)")
         seqs = greedy_answers(base, tok, rows, max_new_tokens, batch_size)
         torch.save(seqs, cache)
+    return with_states(base, seqs, aux_layers)
+
+
+def with_states(base: Any, seqs: list[dict], aux_layers: list[int]) -> list[dict]:
+    """Acceptance-set entries {input_ids, start, aux, last}: each sequence's target states from a forward of its own."""
+    import torch
+
     out = []
     for s in seqs:
         ids = s["input_ids"].to(next(base.parameters()).device)[None]
@@ -350,22 +357,20 @@ def training_rows_set(tokens: dict, states: dict | None, base: Any, aux_layers: 
     against the data's own tokens."""
     import torch
 
-    device = next(base.parameters()).device
-    out = []
-    for i in range(len(tokens["input_ids"])):
-        if len(out) == n:
-            break
-        length = int(tokens["attention_mask"][i].sum())
+    picked = []  # (row, its length, its first label)
+    for i, length in enumerate(row_lengths(tokens)):
         labels = tokens["loss_mask"][i, :length].nonzero()
-        if len(labels) == 0:
-            continue
-        ids = tokens["input_ids"][i, :length].to(device)
-        if states is not None:
-            aux, last = (torch.from_numpy(states[k][i, :length].astype("float32")).to(device) for k in ("aux", "last"))
-        else:
-            aux, last = (x[0] for x in base_states(base, ids[None], torch.ones_like(ids[None]), aux_layers))
-        out.append({"input_ids": ids, "start": int(labels[0]), "aux": aux, "last": last})
-    return out
+        if len(labels):
+            picked.append((i, length, int(labels[0])))
+        if len(picked) == n:
+            break
+    seqs = [{"input_ids": tokens["input_ids"][i, :length], "start": start} for i, length, start in picked]
+    if states is None:
+        return with_states(base, seqs, aux_layers)
+    device = next(base.parameters()).device
+    return [{"input_ids": s["input_ids"].to(device), "start": s["start"],
+             **{k: torch.from_numpy(states[k][i, :length].astype("float32")).to(device) for k in ("aux", "last")}}
+            for s, (i, length, _) in zip(seqs, picked, strict=True)]
 
 
 # ---------------------------------------------------------------- training
