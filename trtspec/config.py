@@ -55,9 +55,10 @@ class DataSection(Section):
     holdout_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
     # regenerate with a system prompt-less chat template, greedy (the draft learns the greedy target)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    # the target's dtype while it writes answers; auto = model.dtype. bfloat16 is ~2x faster on a CPU with
-    # native bf16 (AVX512-BF16/AMX) and its greedy tokens agree ~98% with float32's: fine for training text
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # the target's dtype while it writes answers; auto = model.dtype; fastest = bfloat16 on a GPU or a CPU with native
+    # bf16 (AVX512-BF16/AMX: ~2x faster there, greedy tokens agree ~98% with float32's, fine for training text), else
+    # model.dtype (elsewhere bf16 is emulated and several times slower)
+    dtype: Literal["auto", "fastest", "float32", "bfloat16", "float16"] = "auto"
 
 
 class ConvertSection(Section):

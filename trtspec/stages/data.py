@@ -179,10 +179,14 @@ def regenerate(prompts: list[dict], model: Any, tok: Any, answers_file: Path, cf
 
 
 def load_answering_model(path: Path, cfg: Any) -> Any:
-    """The target as regeneration runs it: in data.dtype (auto = model.dtype), with the matmul attention on a CPU."""
-    from trtspec.models import load_model, use_matmul_attention
+    """The target as regeneration runs it: in data.dtype (auto = model.dtype; fastest = bf16 where it is native),
+    with the matmul attention on a CPU."""
+    from trtspec.models import load_model, use_bf16, use_matmul_attention
 
-    model = load_model(path, cfg.data.dtype if cfg.data.dtype != "auto" else cfg.model.dtype)
+    dtype = cfg.data.dtype
+    if dtype == "fastest":
+        dtype = "bfloat16" if use_bf16("auto") else "auto"
+    model = load_model(path, dtype if dtype != "auto" else cfg.model.dtype)
     return use_matmul_attention(model) if model.device.type == "cpu" else model
 
 
