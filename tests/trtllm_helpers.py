@@ -32,9 +32,9 @@ def make_bundle(bundle: Path, cfg, target_from: Path | None = None, info: dict |
         (bundle / "target" / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     (bundle / "draft").mkdir()
     (bundle / "draft" / "config.json").write_text(json.dumps(
-        {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 64, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 1, 0]}}))
+        {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 64, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}}))
     (bundle / "draft" / "model.safetensors").write_bytes(b"\0" * 8)
-    info = info or {"target_dtype": "bfloat16", "draft_dtype": "bfloat16", "quant_format": "none"}
+    info = info or {"target_dtype": "bfloat16", "draft_dtype": "bfloat16", "quant_format": "none", "aux_layers": [0, 1, 2]}
     write_serving_files(bundle, cfg, info)
     return bundle
 

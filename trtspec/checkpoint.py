@@ -4,7 +4,7 @@ The draft folder is what TensorRT-LLM (and vLLM, SGLang) load next to the target
 architectures ["LlamaForCausalLMEagle3"], draft_vocab_size and eagle_config.eagle_aux_hidden_state_layer_ids,
 and model.safetensors with the keys below. Shapes are written in the draft config's symbols:
 
-    H  hidden_size           A  number of aux layers (fc reads cat(aux_1..aux_A): A*H wide)
+    H  hidden_size           A  number of aux layers (fc reads cat(aux_1..aux_A): A*H wide)   V  vocab_size
     Q  num_attention_heads * head_dim      KV  num_key_value_heads * head_dim
     I  intermediate_size     DV draft_vocab_size     IN  layer input width (2H for layer 0: cat(embeds, h))
 
@@ -41,6 +41,7 @@ DRAFT_KEYS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("norm.weight", ("H",), True),
     ("lm_head.weight", ("DV", "H"), False),  # absent: the runtime takes the target's (then DV must equal V)
     ("d2t", ("DV",), False),  # required when DV < V: draft id i -> target id i + d2t[i]
+    ("t2d", ("V",), False),  # bool, True at the target ids d2t reaches (speculators keeps d2t only with it)
 )
 FIRST_LAYER_ONLY = ("hidden_norm",)
 SHAPE_KEYS = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
@@ -52,6 +53,7 @@ def _dims(cfg: dict) -> dict[str, int]:
     aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or []
     return {
         "H": int(cfg["hidden_size"]),
+        "V": int(cfg["vocab_size"]),
         "A": len(aux),
         "Q": heads * head_dim,
         "KV": int(cfg.get("num_key_value_heads") or heads) * head_dim,
@@ -137,16 +139,24 @@ def _tensor_problems(cfg: dict, tensors: dict) -> list[str]:
     d2t = tensors.get("d2t")
     if draft_vocab < vocab and d2t is None:
         problems.append(f"missing 'd2t': the draft vocab ({draft_vocab}) is smaller than the target's ({vocab})")
+    d2t_ok = False  # a d2t that maps every draft id into the target vocab
     if d2t is not None and tuple(d2t.shape) == (draft_vocab,):
         if d2t.dtype not in (torch.int64, torch.int32):
             problems.append(f"'d2t' has dtype {d2t.dtype}, expected an integer type")
         else:
             target_ids = d2t.long() + torch.arange(draft_vocab)
-            if target_ids.min() < 0 or target_ids.max() >= vocab:
+            d2t_ok = bool(target_ids.min() >= 0 and target_ids.max() < vocab)
+            if not d2t_ok:
                 problems.append(f"'d2t' maps draft ids outside the target vocab [0, {vocab})")
+    t2d = tensors.get("t2d")
+    if t2d is not None and d2t_ok and tuple(t2d.shape) == (vocab,):
+        from trtspec.compat import t2d_from_d2t
+
+        if t2d.dtype != torch.bool or not torch.equal(t2d, t2d_from_d2t(d2t, vocab)):
+            problems.append("'t2d' is not the bool mask of the target ids d2t maps to")
     if "lm_head.weight" not in tensors and draft_vocab != vocab:
         problems.append("no 'lm_head.weight' although the draft vocab differs from the target's (the target's cannot be used)")
-    dtypes = {str(t.dtype).removeprefix("torch.") for k, t in tensors.items() if k != "d2t"}
+    dtypes = {str(t.dtype).removeprefix("torch.") for k, t in tensors.items() if k not in ("d2t", "t2d")}
     if len(dtypes) > 1:
         problems.append(f"weights have mixed dtypes {sorted(dtypes)}")
     return problems
@@ -180,7 +190,7 @@ def check_draft_checkpoint(draft_dir: str | Path, target_config: Any = None) -> 
             + "; ".join(problems),
             "re-export it with `trtspec build ... --from export`",
         )
-    dtypes = sorted({str(t.dtype).removeprefix("torch.") for k, t in tensors.items() if k != "d2t"})
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for k, t in tensors.items() if k not in ("d2t", "t2d")})
     return {
         "dtype": dtypes[0],
         "hidden_size": cfg["hidden_size"],
@@ -188,5 +198,6 @@ def check_draft_checkpoint(draft_dir: str | Path, target_config: Any = None) -> 
         "draft_vocab_size": cfg["draft_vocab_size"],
         "aux_layers": list(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
         "num_layers": int(cfg.get("num_hidden_layers", 1)),
-        "parameters": sum(t.numel() for t in tensors.values()),
+        "parameters": sum(t.numel() for k, t in tensors.items() if k not in ("d2t", "t2d")),
+        "tensors": sorted(tensors),
     }

@@ -233,7 +233,7 @@ def doctor(as_json):
         click.echo(f"{k:<16} {v}")
     click.echo("")
     for stage, (ok, why) in info["stages"].items():
-        click.echo(f"{stage:<10} {'yes' if ok else 'no ':<4} {why}")
+        click.echo(f"{stage:<14} {'yes' if ok else 'no ':<4} {why}")
 
 
 @main.group(cls=Group, context_settings=CONTEXT)

@@ -120,13 +120,17 @@ class QuantizeSection(Section):
 class ExportSection(Section):
     # draft dtype in the checkpoint; auto = the target's compute dtype
     draft_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # also export one draft step as ONNX and check it against PyTorch with onnxruntime
     onnx: bool = True
+    # that check: max |onnxruntime - PyTorch| as a fraction of each output's scale (max |PyTorch|)
     onnx_tolerance: float = Field(default=1e-3, gt=0)
 
 
 class EngineSection(Section):
-    # pytorch: LLM API (EAGLE-3); tensorrt: TensorRT engines (draft-target / n-gram, older releases only)
-    backend: Literal["pytorch", "tensorrt"] = "pytorch"
+    # where the engine stage runs the bundle: pytorch = TensorRT-LLM's LLM API (PyTorch backend, EAGLE-3; needs a GPU);
+    # vllm = vLLM (its CPU build runs here: bash scripts/setup.sh --engines vllm); tensorrt = TensorRT-LLM's TensorRT
+    # engines (draft-target / n-gram, releases before its removal only)
+    backend: Literal["pytorch", "vllm", "tensorrt"] = "pytorch"
     decoding: Literal["eagle3", "draft_target", "ngram"] = "eagle3"
     max_draft_len: int = Field(default=3, ge=1, le=16)
     tensor_parallel_size: int = Field(default=1, ge=1)
@@ -137,10 +141,12 @@ class EngineSection(Section):
     max_total_draft_tokens: int | None = Field(default=None, ge=1)
     free_gpu_memory_fraction: float = Field(default=0.8, gt=0, le=1)
     enable_block_reuse: bool = False
+    # requests submitted together when timing (1 = one at a time; more = concurrent load, where speculation can stop
+    # paying on a compute-bound machine); the first one's speedup is the headline
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 8])
     # draft model for decoding: draft_target (HF folder or demo:...)
     draft_model: str | None = None
-    # prompts (built-in, chat-templated) and answer length for the TensorRT-LLM checks
+    # prompts (built-in, chat-templated) and answer length for the engine's checks
     num_prompts: int = Field(default=8, ge=1, le=64)
     max_new_tokens: int = Field(default=128, ge=1, le=8192)
     # n-gram drafting: longest prompt suffix matched against the pool

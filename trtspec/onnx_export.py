@@ -92,7 +92,7 @@ def _draft_head_class():
             self.eps = float(cfg.get("rms_norm_eps", 1e-5))
             self.register_buffer("inv_freq", _inv_freq(cfg), persistent=False)
             self.rope_scale = _rope_attention_scaling(cfg)
-            weights = {k: v.float() for k, v in tensors.items() if k != "d2t"}
+            weights = {k: v.float() for k, v in tensors.items() if k not in ("d2t", "t2d")}  # vocab maps: not weights
             missing, unexpected = self.load_state_dict(weights, strict=False)
             if missing or unexpected:
                 raise ArtifactError(f"draft weights do not fit the head: missing {missing[:4]}, unexpected {unexpected[:4]}")
@@ -181,8 +181,8 @@ def sample_inputs(cfg: dict, batch: int, seq: int, seed: int = 0) -> tuple:
 def export_onnx(draft_dir: str | Path, out_dir: str | Path, tolerance: float) -> dict:
     """Export the draft head to out_dir/draft_head.onnx, run it with onnxruntime, compare with PyTorch.
 
-    Returns {"file", "opset", "max_abs_diff": {output: float}, "ok": {output: bool}}; raises one ArtifactError
-    listing every output whose max abs diff exceeds `tolerance`.
+    Returns {"file", "opset", "max_abs_diff", "max_rel_diff", "ok": {output: ...}, "top1_agree"};
+    raises one ArtifactError listing every output that fails check_outputs.
     """
     import torch
 
@@ -196,19 +196,18 @@ def export_onnx(draft_dir: str | Path, out_dir: str | Path, tolerance: float) ->
         torch.onnx.export(head, sample_inputs(cfg, 2, 5), str(path), input_names=list(INPUTS), output_names=list(OUTPUTS),
                           dynamic_shapes=dynamic, opset_version=OPSET, dynamo=True, verbose=False)
     # check at a batch and length other than the traced ones: the axes must really be dynamic
-    diffs = compare_with_onnxruntime(head, path, sample_inputs(cfg, 2, 9, seed=1))
-    ok = {name: d <= tolerance for name, d in diffs.items()}
+    got, want = run_both(head, path, sample_inputs(cfg, 2, 9, seed=1))
     result = {"file": path.name, "opset": OPSET, "dtype": "float32", "tolerance": tolerance,
-              "max_abs_diff": diffs, "ok": ok}
-    failed = [f"{name}: max abs diff {diffs[name]:.3g} > {tolerance:g}" for name in OUTPUTS if not ok[name]]
+              **check_outputs(got, want, tolerance)}
+    failed = [f"{name}: {why}" for name, why in result.pop("why").items()]
     if failed:
         raise ArtifactError("the ONNX draft head disagrees with PyTorch: " + "; ".join(failed),
                             "raise export.onnx_tolerance if the difference is rounding, or set export.onnx: false")
     return result
 
 
-def compare_with_onnxruntime(head: Any, path: Path, inputs: tuple) -> dict[str, float]:
-    """Max abs difference per output between the PyTorch head and onnxruntime on the same inputs."""
+def run_both(head: Any, path: Path, inputs: tuple) -> tuple[dict[str, Any], dict[str, Any]]:
+    """({output: onnxruntime's tensor}, {output: PyTorch's tensor}) on the same inputs."""
     import onnxruntime as ort
     import torch
 
@@ -217,10 +216,31 @@ def compare_with_onnxruntime(head: Any, path: Path, inputs: tuple) -> dict[str, 
     got = sess.run(list(OUTPUTS), feed)
     with torch.no_grad():
         want = head(*inputs)
-    return {name: float((torch.from_numpy(g) - w).abs().max()) for name, g, w in zip(OUTPUTS, got, want, strict=True)}
+    return {n: torch.from_numpy(g) for n, g in zip(OUTPUTS, got, strict=True)}, dict(zip(OUTPUTS, want, strict=True))
+
+
+def check_outputs(got: dict[str, Any], want: dict[str, Any], tolerance: float) -> dict:
+    """Two runs of one graph compared so that float rounding never fails a sound export: every output's max
+    |got - want| relative to its scale (max |want|) must be <= tolerance. Un-normalised hidden states reach values
+    in the hundreds, where an absolute bound fails on fp32's last bits.
+
+    The draft's top tokens are reported too (`top1_agree`): within the bound they can only differ where PyTorch's own
+    top two are within 2 x the difference of each other, a tie that rounding breaks either way.
+    Returns {"max_abs_diff", "max_rel_diff", "ok": {output: ...}, "top1_agree": fraction, "why": {failed: reason}}.
+    """
+    abs_diff, rel_diff, ok, why = {}, {}, {}, {}
+    for name in OUTPUTS:
+        g, w = got[name].float(), want[name].float()
+        abs_diff[name] = float((g - w).abs().max())
+        rel_diff[name] = abs_diff[name] / max(float(w.abs().max()), 1e-30)
+        ok[name] = rel_diff[name] <= tolerance
+        if not ok[name]:
+            why[name] = f"max diff {abs_diff[name]:.3g} is {rel_diff[name]:.3g} of the output's scale > {tolerance:g}"
+    agree = (got["logits"].argmax(-1) == want["logits"].argmax(-1)).float().mean()
+    return {"max_abs_diff": abs_diff, "max_rel_diff": rel_diff, "ok": ok, "top1_agree": round(float(agree), 4), "why": why}
 
 
 def format_onnx_check(result: dict) -> str:
-    """'logits 2.1e-06 ✓, hidden_states 9.5e-07 ✓ (tolerance 0.001)'"""
+    """'logits 2.1e-06 ✓, hidden_states 9.5e-07 ✓ (max abs diff; relative tolerance 0.001; top token 100%)'"""
     parts = [f"{n} {result['max_abs_diff'][n]:.2g} {'✓' if result['ok'][n] else '✗'}" for n in OUTPUTS]
-    return ", ".join(parts) + f" (tolerance {result['tolerance']:g})"
+    return ", ".join(parts) + f" (max abs diff; relative tolerance {result['tolerance']:g}; top token {result['top1_agree']:.0%})"

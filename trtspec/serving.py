@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from trtspec.compat import ENGINES_CHECKED, SGLANG_MIN, vllm_aux_ids
 from trtspec.errors import ArtifactError
 
 OPTIONS_FILE = "llm_api_options.yaml"
@@ -64,8 +65,12 @@ TRITON_OUTPUTS = [
 ]
 
 
-def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = None) -> dict[str, Any]:
-    """`speculative_config` for the LLM API (field names of TensorRT-LLM 1.2/main; see trtllm.py for older ones)."""
+def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = None,
+                        aux_layers: list[int] | None = None) -> dict[str, Any]:
+    """`speculative_config` for the LLM API (field names of TensorRT-LLM 1.2/main; see trtllm.py for older ones).
+
+    `aux_layers`: the target layers the EAGLE-3 head was trained on. TensorRT-LLM reads them from here only (never
+    from the draft's config.json) and numbers them as trtspec does; without them it captures its default layers."""
     e = cfg.engine
     decoding = decoding or e.decoding
     if decoding == "ngram":
@@ -78,6 +83,8 @@ def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = 
         "speculative_model": draft_rel,
         "eagle3_one_model": e.eagle3_one_model,
     }
+    if aux_layers is not None:
+        spec["eagle3_layers_to_capture"] = sorted(aux_layers)
     if e.use_dynamic_tree:
         # EAGLE-2 style tree: top-K expansions per draft layer, at most max_total_draft_tokens nodes
         # (TensorRT-LLM checks max_draft_len <= max_total_draft_tokens <= topK * max_draft_len)
@@ -100,7 +107,7 @@ def llm_api_options(cfg, draft_rel: str = "./draft", info: dict | None = None, d
     """The LLM-API options the bundle is served with (trtllm-serve --config, Triton model.yaml, engine stage)."""
     e = cfg.engine
     return {
-        "speculative_config": speculative_options(cfg, draft_rel, decoding),
+        "speculative_config": speculative_options(cfg, draft_rel, decoding, (info or {}).get("aux_layers")),
         "kv_cache_config": {
             "enable_block_reuse": bool(e.enable_block_reuse and not dtypes_differ(info)),
             "free_gpu_memory_fraction": e.free_gpu_memory_fraction,
@@ -149,21 +156,47 @@ exec trtllm-serve {target} "$flag" {options} --host "${{HOST:-0.0.0.0}}" --port 
 
 VLLM_SH = """\
 #!/usr/bin/env bash
-# vLLM loading the same EAGLE-3 draft (pip install vllm). Run from anywhere.
+# vLLM serving the target with this EAGLE-3 draft: OpenAI API on http://${{HOST:-127.0.0.1}}:${{PORT:-8000}}/v1.
+#   GPU: pip install vllm        CPU: vLLM's CPU build (trtspec: bash scripts/setup.sh --engines vllm), then e.g.
+#        VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0-1 ./snippets/vllm.sh   (2 cores: bind both)
+# vLLM reads the aux layers from draft/config.json's top-level eagle_aux_hidden_state_layer_ids (its numbering).
+# python -m ...api_server rather than `vllm serve`: the CLI entry point needs the distribution to be named `vllm`,
+# and the CPU build's is `vllm-cpu`. Checked with: {checked}
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec vllm serve ./target --tensor-parallel-size {tp} \\
-  --speculative-config '{spec}' "$@"
+exec python -m vllm.entrypoints.openai.api_server --model ./target --tensor-parallel-size {tp} \\
+  --speculative-config '{spec}' --host "${{HOST:-127.0.0.1}}" --port "${{PORT:-8000}}" "$@"
 """
 
 SGLANG_SH = """\
 #!/usr/bin/env bash
-# SGLang loading the same EAGLE-3 draft (pip install "sglang[all]"). Run from anywhere.
+# SGLang loading the same EAGLE-3 draft (pip install "sglang[all]>={sglang_min}"). Run from anywhere.
+# SGLang {sglang_min}+ loads the draft's layers.0.* weights; 0.4.10-0.5.11 read only midlayer.* and skip the rest
+# silently, so older releases are refused here. Aux layers: draft/config.json's eagle_config (trtspec's numbering).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+python - <<'PY'
+import sys
+from importlib.metadata import version
+from packaging.version import Version
+v = version("sglang")
+if Version(v) < Version("{sglang_min}"):
+    sys.exit(f"sglang {{v}} cannot load this draft's layers.0.* weights: install sglang>={sglang_min}")
+PY
 exec python -m sglang.launch_server --model-path ./target --tp {tp} \\
   --speculative-algorithm EAGLE3 --speculative-draft-model-path ./draft \\
   --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k1} "$@"
+"""
+
+SPECULATORS_SH = """\
+#!/usr/bin/env bash
+# The draft in speculators' format (what vLLM users keep on the hub), written to ./draft-speculators.
+# pip install speculators. Its converter reads no aux layers from the draft: they are passed here, in vLLM's
+# numbering; it keeps d2t only because the draft also carries t2d. Checked with: {checked}
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec speculators convert ./draft --algorithm eagle3 --verifier ./target --output-path ./draft-speculators \\
+  --algorithm-kwargs '{kwargs}' "$@"
 """
 
 LAUNCH_SH = """\
@@ -234,13 +267,21 @@ def _script(path: Path, text: str) -> Path:
     return path
 
 
+def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
+    """vLLM's `speculative_config` for the bundle's draft (the aux layers come from the draft's config.json)."""
+    return {"method": "eagle3", "model": draft, "num_speculative_tokens": options["speculative_config"]["max_draft_len"]}
+
+
 def write_snippets(folder: Path, options: dict) -> list[Path]:
     spec = options["speculative_config"]
     k, tp = spec["max_draft_len"], options.get("tensor_parallel_size", 1)
-    vllm_spec = json.dumps({"method": "eagle3", "model": "./draft", "num_speculative_tokens": k})
+    aux = spec.get("eagle3_layers_to_capture")
+    kwargs = json.dumps({"eagle_aux_hidden_state_layer_ids": vllm_aux_ids(aux)} if aux else {})
     return [
-        _script(folder / "vllm.sh", VLLM_SH.format(tp=tp, spec=vllm_spec)),
-        _script(folder / "sglang.sh", SGLANG_SH.format(tp=tp, k=k, k1=k + 1)),
+        _script(folder / "vllm.sh", VLLM_SH.format(tp=tp, spec=json.dumps(vllm_speculative_config(options)),
+                                                   checked=ENGINES_CHECKED["vLLM"])),
+        _script(folder / "sglang.sh", SGLANG_SH.format(tp=tp, k=k, k1=k + 1, sglang_min=SGLANG_MIN)),
+        _script(folder / "speculators.sh", SPECULATORS_SH.format(kwargs=kwargs, checked=ENGINES_CHECKED["speculators"])),
     ]
 
 

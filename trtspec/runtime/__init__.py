@@ -2,7 +2,7 @@
 with a static KV cache, EAGLE-3 / draft-target / n-gram drafters, chain and tree drafts, greedy and lossless
 sampling verification. Used by the validate stage anywhere (CPU included)."""
 
-from trtspec.runtime.decode import Generation, Stats, generate, speculative_decode
+from trtspec.runtime.decode import Generation, Stats, generate, speculative_decode, speculative_on_prompts
 from trtspec.runtime.drafters import (
     DraftSpec,
     Eagle3Drafter,
@@ -27,4 +27,5 @@ __all__ = [
     "load_eagle3_drafter",
     "load_transformer",
     "speculative_decode",
+    "speculative_on_prompts",
 ]

@@ -247,3 +247,14 @@ def speculative_decode(
         stats.accepted.append(len(path) - 1)
         stats.drafted.append(max(tree.depth))
         drafter.accepted(torch.tensor(new), None if aux is None else aux[path])
+
+
+def speculative_on_prompts(target: Transformer, drafter, prompts: list[list[int]], max_new_tokens: int, spec: DraftSpec,
+                           eos: set[int]) -> tuple[list[list[int]], Stats]:
+    """Greedy speculative decoding of each prompt in turn -> (outputs, the steps' statistics pooled over prompts)."""
+    outputs, stats = [], Stats()
+    for p in prompts:
+        g = speculative_decode(target, drafter, torch.tensor(p), max_new_tokens, spec, eos)
+        outputs.append(g.tokens)
+        stats.merge(g.stats)
+    return outputs, stats

@@ -109,6 +109,7 @@ def load_eagle3(folder: Path, target_lm_head: Tensor, target_hidden: int, dtype:
                             "the draft was trained for another model")
     state = _runtime_keys({k: v.to(dtype) if v.is_floating_point() else v for k, v in read_safetensors(folder).items()})
     d2t = state.pop("d2t", None)
+    state.pop("t2d", None)  # the inverse map, for converters that want it: d2t says the same
     if "lm_head.weight" not in state:
         if dvocab != vocab:
             raise ArtifactError(f"'{folder}' has a compressed vocab ({dvocab}) but no lm_head.weight")

@@ -20,8 +20,9 @@ from typing import Any
 
 from trtspec import trtllm
 from trtspec.errors import ArtifactError, ConfigError
+from trtspec.generation import compare, tokens_per_s
 from trtspec.pipeline import StageContext, StageSkipped
-from trtspec.serving import llm_api_options, read_options
+from trtspec.serving import llm_api_options, read_options, speculative_options
 
 # built-in prompts (chat-templated with the target's tokenizer); a spread of the usual categories
 PROMPTS = [
@@ -45,14 +46,23 @@ PROMPTS = [
 
 
 def environment_key() -> dict:
-    """Part of the stage fingerprint: a machine that gains tensorrt_llm or a GPU re-attempts the stage."""
-    return {"tensorrt_llm": trtllm.version(), "cuda": trtllm.cuda_available()}
+    """Part of the stage fingerprint: a machine that gains tensorrt_llm, vllm or a GPU re-attempts the stage."""
+    from trtspec import vllm_engine
+
+    return {"tensorrt_llm": trtllm.version(), "vllm": vllm_engine.version(), "cuda": trtllm.cuda_available()}
 
 
 def run(ctx: StageContext) -> dict:
     e = ctx.cfg.engine
     if e.backend == "tensorrt" and e.decoding == "eagle3":
         raise ConfigError("engine.decoding=eagle3 needs engine.backend=pytorch: TensorRT-LLM's engine backend never supported EAGLE-3")
+    if e.backend == "vllm":
+        from trtspec import vllm_engine
+
+        ok, why = vllm_engine.availability()
+        if not ok:
+            raise StageSkipped(f"{why}; the bundle's snippets/vllm.sh serves it wherever vLLM is installed")
+        return run_vllm(ctx, ctx.inputs["export"])
     ok, why = trtllm.availability()
     if not ok:
         raise StageSkipped(f"{why}; the bundle's serve.sh and triton/ run on a GPU server")
@@ -89,8 +99,11 @@ def options_for(ctx: StageContext, bundle: Path) -> dict:
     if e.decoding != "eagle3":
         draft = str(resolve_source(ctx, e.draft_model)) if e.draft_model else "./draft"
         return llm_api_options(ctx.cfg, draft, decoding=e.decoding)
+    from trtspec.artifacts import read_json
+
     options = read_options(bundle)
-    want = llm_api_options(ctx.cfg, "./draft", decoding="eagle3")["speculative_config"]
+    aux = read_json(bundle / "draft" / "config.json")["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    want = speculative_options(ctx.cfg, "./draft", "eagle3", aux)
     if options["speculative_config"] != want:
         raise ArtifactError(
             f"{bundle}/llm_api_options.yaml was written for other engine settings ({options['speculative_config']})",
@@ -102,21 +115,12 @@ def options_for(ctx: StageContext, bundle: Path) -> dict:
 # --- measuring ------------------------------------------------------------------------------------
 
 
-def chunks(items: list, size: int) -> list[list]:
-    """Consecutive batches of `size`, cycling the items so there is at least one full batch."""
-    items = (items * (size // len(items) + 1))[: max(size, len(items))]
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
 def trt_generate(llm: Any, prompts: list[list[int]], params: Any) -> list[Any]:
     return list(llm.generate(prompts, params))
 
 
 def trt_tokens_per_s(llm: Any, prompts: list[list[int]], params: Any, batch_size: int) -> float:
-    n, t0 = 0, time.perf_counter()
-    for batch in chunks(prompts, batch_size):
-        n += sum(len(o.outputs[0].token_ids) for o in trt_generate(llm, batch, params))
-    return n / (time.perf_counter() - t0)
+    return tokens_per_s(lambda batch: [list(o.outputs[0].token_ids) for o in trt_generate(llm, batch, params)], prompts, batch_size)
 
 
 def sampling_params(SamplingParams: type, max_tokens: int) -> Any:
@@ -145,17 +149,6 @@ def acceptance(outputs: list[Any], draft_per_step: int) -> dict:
     }
 
 
-def compare(got: list[list[int]], want: list[list[int]]) -> dict:
-    """Greedy agreement: exact sequences, and the mean length of the common prefix relative to the reference."""
-    exact = sum(g == w for g, w in zip(got, want, strict=True))
-    prefix = []
-    for g, w in zip(got, want, strict=True):
-        k = next((i for i, (a, b) in enumerate(zip(g, w, strict=False)) if a != b), min(len(g), len(w)))
-        prefix.append(k / max(len(w), 1))
-    return {"exact": exact, "total": len(want), "exact_fraction": round(exact / max(len(want), 1), 4),
-            "mean_common_prefix": round(sum(prefix) / max(len(prefix), 1), 4)}
-
-
 def hf_reference(source: Path, prompts: list[list[int]], max_new: int, batch_sizes: list[int], dtype: str) -> dict:
     """Greedy outputs (one prompt at a time) and tokens/s of HF generate on the original model."""
     import torch
@@ -181,13 +174,22 @@ def hf_reference(source: Path, prompts: list[list[int]], max_new: int, batch_siz
 
     with torch.inference_mode():
         outputs = [generate([p])[0] for p in prompts]
-        speed = {}
-        for bs in batch_sizes:
-            n, t0 = 0, time.perf_counter()
-            for batch in chunks(prompts, bs):
-                n += sum(map(len, generate(batch)))
-            speed[bs] = n / (time.perf_counter() - t0)
+        speed = {bs: tokens_per_s(generate, prompts, bs) for bs in batch_sizes}
     return {"outputs": outputs, "tokens_per_s": speed}
+
+
+def speed_table(spec: dict[int, float], base: dict[int, float], hf: dict[int, float], engine: str) -> dict[str, dict]:
+    """{batch size: tokens/s with the draft, without it (same engine), HF generate's, and the ratios}."""
+    return {
+        str(bs): {
+            "tokens_per_s": round(spec[bs], 1),
+            f"{engine}_base_tokens_per_s": round(base[bs], 1),
+            "hf_tokens_per_s": round(hf[bs], 1),
+            f"speedup_vs_{engine}": round(spec[bs] / base[bs], 3),
+            "speedup_vs_hf": round(spec[bs] / hf[bs], 3),
+        }
+        for bs in spec
+    }
 
 
 # --- PyTorch backend (LLM API) --------------------------------------------------------------------
@@ -225,16 +227,7 @@ def run_llm_api(ctx: StageContext, bundle: Path) -> dict:
     ctx.log("Hugging Face generate on the original model")
     hf = hf_reference(resolve_source(ctx, ctx.cfg.model.source), prompts, e.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
 
-    speed = {
-        str(bs): {
-            "tokens_per_s": round(spec_tps[bs], 1),
-            "trtllm_base_tokens_per_s": round(base_tps[bs], 1),
-            "hf_tokens_per_s": round(hf["tokens_per_s"][bs], 1),
-            "speedup_vs_trtllm": round(spec_tps[bs] / base_tps[bs], 3),
-            "speedup_vs_hf": round(spec_tps[bs] / hf["tokens_per_s"][bs], 3),
-        }
-        for bs in e.batch_sizes
-    }
+    speed = speed_table(spec_tps, base_tps, hf["tokens_per_s"], "trtllm")
     vs_hf, vs_base = compare(spec_tokens, hf["outputs"]), compare(spec_tokens, base_tokens)
     bs0 = str(e.batch_sizes[0])
     al = acc["acceptance_length"]
@@ -265,6 +258,57 @@ def _torch_versions() -> dict:
 
     return {"torch": torch.__version__, "cuda": torch.version.cuda,
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+# --- vLLM ------------------------------------------------------------------------------------------
+
+
+def crossover(speed: dict[str, dict], engine: str) -> str:
+    """Where speculation stops paying, in words: 'pays at 1-8 concurrent requests; costs at 32 (0.64x)'."""
+    pays = [bs for bs, row in speed.items() if row[f"speedup_vs_{engine}"] >= 1]
+    costs = [f"{bs} ({row[f'speedup_vs_{engine}']}x)" for bs, row in speed.items() if row[f"speedup_vs_{engine}"] < 1]
+    parts = [f"pays at {', '.join(pays)} concurrent request(s)"] if pays else []
+    parts += [f"costs at {', '.join(costs)}"] if costs else []
+    return "; ".join(parts)
+
+
+def run_vllm(ctx: StageContext, bundle: Path) -> dict:
+    from trtspec import vllm_engine
+
+    e = ctx.cfg.engine
+    options = options_for(ctx, bundle)
+    k = options["speculative_config"]["max_draft_len"]
+    target = bundle / "target"
+    prompts = prompt_ids(target, e.num_prompts)
+    ctx.log(f"vllm {vllm_engine.version()}: {len(prompts)} prompts, EAGLE-3 k={k}, batch sizes {e.batch_sizes}")
+    spec = vllm_engine.measure(target, bundle / "draft", k, prompts, e.max_new_tokens, e.batch_sizes)
+    ctx.log("vLLM without speculation")
+    base = vllm_engine.measure(target, None, k, prompts, e.max_new_tokens, e.batch_sizes)
+    ctx.log("Hugging Face generate on the original model")
+    hf = hf_reference(resolve_source(ctx, ctx.cfg.model.source), prompts, e.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
+
+    speed = speed_table(spec["tokens_per_s"], base["tokens_per_s"], hf["tokens_per_s"], "vllm")
+    vs_hf, vs_base = compare(spec["outputs"], hf["outputs"]), compare(spec["outputs"], base["outputs"])
+    acc = spec["acceptance"]
+    bs0 = str(e.batch_sizes[0])
+    where = crossover(speed, "vllm")
+    headline = (f"vLLM {vllm_engine.version()}: AL {acc['acceptance_length']} (k={k}), {speed[bs0]['speedup_vs_vllm']}x vs vLLM "
+                f"at bs {bs0}; greedy = HF on {vs_hf['exact']}/{vs_hf['total']}; speculation {where}")
+    return {
+        "headline": headline,
+        "backend": "vllm",
+        "decoding": "eagle3",
+        "vllm_speculative_config": {"method": "eagle3", "model": "./draft", "num_speculative_tokens": k},
+        "versions": {"vllm": vllm_engine.version(), **_torch_versions()},
+        "load_s": {"speculative": spec["load_s"], "base": base["load_s"]},
+        **acc,
+        "greedy_vs_hf": vs_hf,
+        "greedy_vs_vllm_base": vs_base,
+        "speed": speed,
+        "crossover": where,
+        "prompts": len(prompts),
+        "max_new_tokens": e.max_new_tokens,
+    }
 
 
 # --- TensorRT engine backend (draft_target / n-gram) ----------------------------------------------

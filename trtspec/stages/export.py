@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtspec.errors import ArtifactError
+from trtspec.compat import add_engine_fields, add_legacy_config_keys
+from trtspec.errors import ArtifactError, ConfigError
 from trtspec.pipeline import StageContext
 
 
@@ -51,6 +52,7 @@ def export_draft(model: Any, out: Path, dtype: Any) -> None:
     cfg = json.loads(cfg_path.read_text())
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    add_engine_fields(out)
 
 
 def export_target(model: Any, tok: Any, out: Path, dtype: Any, quantized: bool) -> None:
@@ -65,6 +67,29 @@ def export_target(model: Any, tok: Any, out: Path, dtype: Any, quantized: bool) 
     for name in ("config.json", "generation_config.json"):
         if not (out / name).is_file():
             raise ArtifactError(f"the target export wrote no {name}", "check the model's transformers version")
+    add_legacy_config_keys(out)
+
+
+def preflight(cfg: Any, model_config: Any) -> None:
+    """The draft is exported for engines that load one draft layer as trtspec trains it: refuse more, early."""
+    if cfg.convert.num_layers != 1:
+        raise ConfigError(
+            f"convert.num_layers {cfg.convert.num_layers}: no engine loads such a draft as it is trained (TensorRT-LLM "
+            "expects hidden_norm on every draft layer; SGLang and speculators load one layer)",
+            "set convert.num_layers: 1, or stop before the export stage (--until train)",
+        )
+
+
+def check_engines_load(draft_dir: Path, target_dir: Path, tensors: list[str]) -> None:
+    """One ArtifactError naming the engine and the field when a draft would not load (or load wrongly) in one."""
+    from trtspec.artifacts import read_json
+    from trtspec.compat import engine_problems
+
+    problems = engine_problems(read_json(draft_dir / "config.json"), read_json(target_dir / "config.json"), set(tensors))
+    lines = [f"{engine}: {'; '.join(p)}" for engine, p in problems.items() if p]
+    if lines:
+        raise ArtifactError(f"the draft in '{draft_dir}' would not serve as trained: " + " | ".join(lines),
+                            "re-export it with `trtspec build ... --from export`")
 
 
 def acceptance_lengths(ctx: StageContext, draft_model: Any, targets: dict[str, tuple[Any, Path | None]], k: int) -> dict[str, float]:
@@ -134,7 +159,7 @@ def write_readme(bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
     if "onnx" in metrics:
         from trtspec.onnx_export import format_onnx_check
 
-        lines.append(f"- ONNX vs PyTorch, max abs diff: {format_onnx_check(metrics['onnx'])}")
+        lines.append(f"- ONNX vs PyTorch: {format_onnx_check(metrics['onnx'])}")
     if "acceptance_length_quantized" in metrics:
         lines.append(
             f"- acceptance length (greedy chains of {info['max_draft_len']} drafts, held-out prompts): "
@@ -193,6 +218,8 @@ def run(ctx: StageContext) -> dict:
     export_target(target, tok, out / "target", dtype, quantized)
     export_s += time.time() - t_target
     del target
+
+    check_engines_load(out / "draft", out / "target", draft["tensors"])
 
     if cfg.export.onnx:
         from trtspec.onnx_export import export_onnx, format_onnx_check

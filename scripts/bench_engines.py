@@ -1,0 +1,102 @@
+#!/usr/bin/env python
+"""A run's bundle in vLLM beside trtspec's runtime and HF generate, on the same held-out prompts, in one run.
+
+    python scripts/bench_engines.py runs/demo                          # table on stdout
+    python scripts/bench_engines.py runs/demo --prompts 8 --k 3 --concurrency 1,32 --json
+
+Acceptance: trtspec's runtime (greedy chains of k drafts) and vLLM's own counters (EAGLE-3, k speculative tokens),
+prompt by prompt; AL, per-position rates and their ratio. Greedy outputs: vLLM with the draft against HF generate
+on the original model, against the runtime, and against vLLM without the draft. Speed: vLLM's tokens/s with and
+without the draft at each concurrency (that many requests submitted together), measured one engine after the
+other in this run. Needs vLLM (bash scripts/setup.sh --engines vllm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--prompts", type=int, default=8, help="held-out prompts (the first N)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=3, help="draft tokens per step")
+    ap.add_argument("--concurrency", default="1,32", help="requests submitted together when timing, comma separated")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    a = ap.parse_args()
+
+    from bench_speculative import load_prompts
+
+    from trtspec import vllm_engine
+    from trtspec.generation import compare
+    from trtspec.models import load_model, load_tokenizer, resolve_model
+    from trtspec.runtime import DraftSpec, load_eagle3_drafter, load_transformer, speculative_on_prompts
+    from trtspec.stages.validate import check_bundle, eos_ids, hf_generate
+
+    ok, why = vllm_engine.availability()
+    if not ok:
+        sys.exit(f"error: {why}")
+    run, bundle = a.run_dir, a.run_dir / "bundle"
+    check_bundle(bundle)
+    source = resolve_model(json.loads((run / "data" / "manifest.json").read_text())["config"]["model"]["source"])
+    tok = load_tokenizer(bundle / "target")
+    prompts, eos, new = load_prompts(run, tok, a.prompts), eos_ids(bundle / "target", tok), a.max_new_tokens
+    levels = [int(x) for x in a.concurrency.split(",")]
+
+    print(f"HF generate on {len(prompts)} prompts", file=sys.stderr)
+    hf = load_model(source, "float32", "cpu")
+    hf_out = [hf_generate(hf, p, new, eos) for p in prompts]
+    del hf
+    print(f"trtspec runtime, chains of {a.k}", file=sys.stderr)
+    t0 = time.perf_counter()
+    target, _ = load_transformer(bundle / "target")
+    drafter = load_eagle3_drafter(bundle / "draft", target)
+    rt_out, stats = speculative_on_prompts(target, drafter, prompts, new, DraftSpec(shape="chain", k=a.k), eos)
+    rt_s = time.perf_counter() - t0
+    del target, drafter
+    print(f"vLLM {vllm_engine.version()} with the draft, then without", file=sys.stderr)
+    spec = vllm_engine.measure(bundle / "target", bundle / "draft", a.k, prompts, new, levels)
+    base = vllm_engine.measure(bundle / "target", None, a.k, prompts, new, levels)
+
+    acc = spec["acceptance"]
+    rt_al, rt_pos = stats.acceptance_length(), stats.per_position(a.k)
+    result = {
+        "prompts": len(prompts), "max_new_tokens": new, "k": a.k, "vllm": vllm_engine.version(),
+        "acceptance": {
+            "runtime": {"acceptance_length": round(rt_al, 4), "per_position": [round(x, 4) for x in rt_pos], "steps": stats.steps},
+            "vllm": {k: acc[k] for k in ("acceptance_length", "per_position", "drafts")},
+            "vllm_over_runtime": round(acc["acceptance_length"] / rt_al, 4),
+        },
+        "greedy": {"vllm_vs_hf": compare(spec["outputs"], hf_out), "vllm_vs_runtime": compare(spec["outputs"], rt_out),
+                   "vllm_vs_vllm_alone": compare(spec["outputs"], base["outputs"]), "runtime_vs_hf": compare(rt_out, hf_out)},
+        "vllm_tokens_per_s": {str(c): {"with_draft": round(spec["tokens_per_s"][c], 1), "without": round(base["tokens_per_s"][c], 1),
+                                       "ratio": round(spec["tokens_per_s"][c] / base["tokens_per_s"][c], 3)} for c in levels},
+        "runtime_s": round(rt_s, 1),
+    }
+    if a.json:
+        print(json.dumps(result, indent=2))
+        return
+    r = result["acceptance"]
+    print(f"\nacceptance at k={a.k} on {len(prompts)} held-out prompts ({new} new tokens)")
+    print(f"  {'':18}{'AL':>7}  per position")
+    print(f"  {'trtspec runtime':18}{r['runtime']['acceptance_length']:>7.3f}  {r['runtime']['per_position']}")
+    print(f"  {'vLLM counters':18}{r['vllm']['acceptance_length']:>7.3f}  {r['vllm']['per_position']}")
+    print(f"  vLLM / runtime: {r['vllm_over_runtime']:.4f}")
+    print("\ngreedy outputs identical (prompts)")
+    for name, c in result["greedy"].items():
+        print(f"  {name:22}{c['exact']}/{c['total']}  (mean common prefix {c['mean_common_prefix']:.0%})")
+    print("\nvLLM tokens/s")
+    print(f"  {'concurrent':>10}{'with draft':>12}{'without':>10}{'ratio':>8}")
+    for c, row in result["vllm_tokens_per_s"].items():
+        print(f"  {c:>10}{row['with_draft']:>12.1f}{row['without']:>10.1f}{row['ratio']:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""vLLM's CPU build runs the bundle: greedy outputs equal HF generate's and trtspec's runtime, and vLLM's own
+acceptance counters match the runtime's on the same prompts (the aux layers reach vLLM in its numbering)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of RAM per engine: plenty for a few short prompts
+
+K, MAX_NEW = 3, 48
+
+
+@pytest.fixture(scope="module")
+def prompts(ci_run) -> list[list[int]]:
+    from trtspec.models import load_tokenizer
+    from trtspec.stages.validate import encode
+
+    tok = load_tokenizer(ci_run / "bundle" / "target")
+    rows = [json.loads(line) for line in (ci_run / "data" / "heldout.jsonl").read_text().splitlines() if line.strip()]
+    return [encode(tok, r["messages"][:-1]) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def hf_outputs(ci_run, prompts) -> list[list[int]]:
+    from trtspec.models import load_model, load_tokenizer, resolve_model
+    from trtspec.stages.validate import eos_ids, hf_generate
+
+    target = ci_run / "bundle" / "target"
+    model = load_model(resolve_model("demo:smollm2-135m-instruct"), "float32", "cpu")
+    eos = eos_ids(target, load_tokenizer(target))
+    return [hf_generate(model, p, MAX_NEW, eos) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def runtime(ci_bundle, prompts) -> tuple[list[list[int]], object]:
+    """trtspec's own runtime, greedy chains of K drafts: (outputs, Stats)."""
+    from trtspec.models import load_tokenizer
+    from trtspec.runtime import DraftSpec, load_eagle3_drafter, load_transformer, speculative_on_prompts
+    from trtspec.stages.validate import eos_ids
+
+    target, _ = load_transformer(ci_bundle / "target")
+    drafter = load_eagle3_drafter(ci_bundle / "draft", target)
+    eos = eos_ids(ci_bundle / "target", load_tokenizer(ci_bundle / "target"))
+    return speculative_on_prompts(target, drafter, prompts, MAX_NEW, DraftSpec(shape="chain", k=K), eos)
+
+
+def vllm_run(bundle: Path, draft: Path | None, prompts: list[list[int]]) -> tuple[list[list[int]], dict]:
+    """Each prompt alone through vLLM -> (greedy outputs, acceptance from vLLM's counters)."""
+    from trtspec import vllm_engine as vl
+
+    llm = vl.load(bundle / "target", draft, K, max(map(len, prompts)) + MAX_NEW + 16, 4)
+    try:
+        before = vl.spec_counters(llm)
+        outputs = [vl.generate(llm, [p], MAX_NEW)[0] for p in prompts]
+        return outputs, vl.acceptance(before, vl.spec_counters(llm)) if draft else {}
+    finally:
+        vl.shutdown(llm)
+
+
+@pytest.fixture(scope="module")
+def vllm_spec(ci_bundle, prompts):
+    return vllm_run(ci_bundle, ci_bundle / "draft", prompts)
+
+
+def test_vllm_greedy_equals_hf_the_runtime_and_vllm_alone(ci_bundle, prompts, hf_outputs, runtime, vllm_spec):
+    outputs, _ = vllm_spec
+    assert outputs == hf_outputs
+    assert outputs == runtime[0]
+    alone, _ = vllm_run(ci_bundle, None, prompts)
+    assert outputs == alone
+
+
+def test_vllm_acceptance_matches_the_runtime(runtime, vllm_spec):
+    """Per-position acceptance at k=3 from vLLM's counters vs the runtime's steps: equal within 2%."""
+    stats = runtime[1]
+    acc = vllm_spec[1]
+    assert stats.acceptance_length() > 1.3  # a head that drafts: a wrong aux layer could not hide
+    assert acc["acceptance_length"] == pytest.approx(stats.acceptance_length(), rel=0.02)
+    assert acc["per_position"] == pytest.approx(stats.per_position(K), abs=0.02)
+
+
+def test_without_vllm_numbering_the_draft_reads_other_layers(ci_bundle, prompts, runtime, tmp_path):
+    """The control: the same draft without the top-level ids makes vLLM read eagle_config's ids in its own
+    numbering (one layer early) and accept less: what the bundle shipped before, silently."""
+    draft = tmp_path / "draft"
+    shutil.copytree(ci_bundle / "draft", draft)
+    cfg = json.loads((draft / "config.json").read_text())
+    del cfg["eagle_aux_hidden_state_layer_ids"]
+    (draft / "config.json").write_text(json.dumps(cfg))
+    _, acc = vllm_run(ci_bundle, draft, prompts)
+    assert acc["acceptance_length"] < runtime[1].acceptance_length() * 0.98
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def test_the_bundle_vllm_snippet_serves(ci_bundle, prompts, hf_outputs, tmp_path):
+    """snippets/vllm.sh as a user runs it (OpenAI server on 127.0.0.1) answers like HF generate."""
+    port = free_port()
+    env = {**os.environ, "PORT": str(port), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen([str(ci_bundle / "snippets" / "vllm.sh"), "--max-model-len", "1024", "--enforce-eager"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + 300
+        while True:
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            try:
+                models = json.loads(urllib.request.urlopen(f"{base}/models", timeout=5).read())
+                break
+            except OSError:
+                assert time.time() < deadline, "vllm.sh did not serve within 300 s"
+                time.sleep(2)
+        name = models["data"][0]["id"]
+        out = post(f"{base}/completions", {"model": name, "prompt": prompts[0], "max_tokens": MAX_NEW,
+                                          "temperature": 0, "return_token_ids": True})
+        choice = out["choices"][0]
+        want = hf_outputs[0]
+        if choice.get("token_ids") is not None:
+            assert list(choice["token_ids"]) == want
+        else:
+            from trtspec.models import load_tokenizer
+
+            assert choice["text"] == load_tokenizer(ci_bundle / "target").decode(want, skip_special_tokens=True)
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=60)
+        log.close()

