@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""A run's bundle in vLLM beside trtspec's runtime and HF generate, on the same held-out prompts, in one run.
+"""A run's bundle in vLLM beside trtspec's runtime and HF generate, on the same prompts, in one run.
 
     python scripts/bench_engines.py runs/demo                          # table on stdout
     python scripts/bench_engines.py runs/demo --prompts 8 --k 3 --concurrency 1,32 --json
@@ -25,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--prompts", type=int, default=8, help="held-out prompts (the first N)")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts (the first N of the split)")
+    ap.add_argument("--split", default="heldout", choices=["heldout", "train"],
+                    help="the data stage's held-out prompts, or those the head trained on (high acceptance)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=3, help="draft tokens per step")
     ap.add_argument("--concurrency", default="1,32", help="requests submitted together when timing, comma separated")
@@ -47,7 +49,7 @@ def main() -> None:
     check_bundle(bundle)
     source = resolve_model(json.loads((run / "data" / "manifest.json").read_text())["config"]["model"]["source"])
     tok = load_tokenizer(bundle / "target")
-    prompts, eos, new = load_prompts(run, tok, a.prompts), eos_ids(bundle / "target", tok), a.max_new_tokens
+    prompts, eos, new = load_prompts(run, tok, a.prompts, a.split), eos_ids(bundle / "target", tok), a.max_new_tokens
     levels = [int(x) for x in a.concurrency.split(",")]
 
     print(f"HF generate on {len(prompts)} prompts", file=sys.stderr)
@@ -68,7 +70,7 @@ def main() -> None:
     acc = spec["acceptance"]
     rt_al, rt_pos = stats.acceptance_length(), stats.per_position(a.k)
     result = {
-        "prompts": len(prompts), "max_new_tokens": new, "k": a.k, "vllm": vllm_engine.version(),
+        "prompts": len(prompts), "split": a.split, "max_new_tokens": new, "k": a.k, "vllm": vllm_engine.version(),
         "acceptance": {
             "runtime": {"acceptance_length": round(rt_al, 4), "per_position": [round(x, 4) for x in rt_pos], "steps": stats.steps},
             "vllm": {k: acc[k] for k in ("acceptance_length", "per_position", "drafts")},
@@ -84,7 +86,7 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         return
     r = result["acceptance"]
-    print(f"\nacceptance at k={a.k} on {len(prompts)} held-out prompts ({new} new tokens)")
+    print(f"\nacceptance at k={a.k} on {len(prompts)} {a.split} prompts ({new} new tokens)")
     print(f"  {'':18}{'AL':>7}  per position")
     print(f"  {'trtspec runtime':18}{r['runtime']['acceptance_length']:>7.3f}  {r['runtime']['per_position']}")
     print(f"  {'vLLM counters':18}{r['vllm']['acceptance_length']:>7.3f}  {r['vllm']['per_position']}")

@@ -20,13 +20,15 @@ import time
 from pathlib import Path
 
 
-def load_prompts(run: Path, tok, n: int) -> list[list[int]]:
+def load_prompts(run: Path, tok, n: int, split: str = "heldout") -> list[list[int]]:
+    """The first n prompts of the data stage's split (heldout | train), chat-templated."""
     from trtspec.stages.validate import encode
 
-    rows = [json.loads(line) for line in (run / "data" / "heldout.jsonl").read_text().splitlines() if line.strip()]
+    path = run / "data" / f"{split}.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     msgs = [r["messages"][:-1] for r in rows if len(r["messages"]) > 1][:n]
     if not msgs:
-        sys.exit(f"error: no prompts in {run / 'data' / 'heldout.jsonl'}")
+        sys.exit(f"error: no prompts in {path}")
     return [encode(tok, m) for m in msgs]
 
 

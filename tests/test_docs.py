@@ -99,5 +99,5 @@ def test_top_level_layout():
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout.split()
     top = {p.split("/", 1)[0] for p in listed if not p.startswith(".")}
-    expected = {"pyproject.toml", "trtspec", "build_configs", "scripts", "tests", "notebooks", "README.md"}
+    expected = {"pyproject.toml", "trtspec", "build_configs", "scripts", "tests", "notebooks", "README.md", "docs", "requirements"}
     assert top == expected, f"top level differs from the documented layout: {sorted(top ^ expected)}"

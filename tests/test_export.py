@@ -79,6 +79,8 @@ def test_bundle_tells_every_engine_what_the_head_was_trained_on(plain):
     assert t2d[torch.arange(draft["draft_vocab_size"]) + tensors["d2t"]].all()
     target = json.loads((b / "target" / "config.json").read_text())
     assert target["rope_theta"] == target["rope_parameters"]["rope_theta"] and target["torch_dtype"] == target["dtype"]
+    tok_cfg = json.loads((b / "target" / "tokenizer_config.json").read_text())
+    assert tok_cfg["tokenizer_class"] == "PreTrainedTokenizerFast"  # transformers 4.x has no TokenizersBackend
     assert engine_problems(draft, target, set(tensors)) == {name: [] for name in engine_problems(draft, target, set(tensors))}
 
 

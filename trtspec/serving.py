@@ -160,11 +160,12 @@ VLLM_SH = """\
 #   GPU: pip install vllm        CPU: vLLM's CPU build (trtspec: bash scripts/setup.sh --engines vllm), then e.g.
 #        VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0-1 ./snippets/vllm.sh   (2 cores: bind both)
 # vLLM reads the aux layers from draft/config.json's top-level eagle_aux_hidden_state_layer_ids (its numbering).
+# --dtype: the target's own (vLLM's "auto" downcasts a float32 model to bf16/fp16, another model than the validated).
 # python -m ...api_server rather than `vllm serve`: the CLI entry point needs the distribution to be named `vllm`,
 # and the CPU build's is `vllm-cpu`. Checked with: {checked}
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python -m vllm.entrypoints.openai.api_server --model ./target --tensor-parallel-size {tp} \\
+exec python -m vllm.entrypoints.openai.api_server --model ./target --dtype {dtype} --tensor-parallel-size {tp} \\
   --speculative-config '{spec}' --host "${{HOST:-127.0.0.1}}" --port "${{PORT:-8000}}" "$@"
 """
 
@@ -272,13 +273,13 @@ def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
     return {"method": "eagle3", "model": draft, "num_speculative_tokens": options["speculative_config"]["max_draft_len"]}
 
 
-def write_snippets(folder: Path, options: dict) -> list[Path]:
+def write_snippets(folder: Path, options: dict, dtype: str = "auto") -> list[Path]:
     spec = options["speculative_config"]
     k, tp = spec["max_draft_len"], options.get("tensor_parallel_size", 1)
     aux = spec.get("eagle3_layers_to_capture")
     kwargs = json.dumps({"eagle_aux_hidden_state_layer_ids": vllm_aux_ids(aux)} if aux else {})
     return [
-        _script(folder / "vllm.sh", VLLM_SH.format(tp=tp, spec=json.dumps(vllm_speculative_config(options)),
+        _script(folder / "vllm.sh", VLLM_SH.format(tp=tp, dtype=dtype, spec=json.dumps(vllm_speculative_config(options)),
                                                    checked=ENGINES_CHECKED["vLLM"])),
         _script(folder / "sglang.sh", SGLANG_SH.format(tp=tp, k=k, k1=k + 1, sglang_min=SGLANG_MIN)),
         _script(folder / "speculators.sh", SPECULATORS_SH.format(kwargs=kwargs, checked=ENGINES_CHECKED["speculators"])),
@@ -293,7 +294,7 @@ def write_serving_files(bundle_dir: Path, cfg, info: dict) -> list[str]:
     written = [bundle_dir / OPTIONS_FILE, _script(bundle_dir / "serve.sh", SERVE_SH.format(target="./target", options=OPTIONS_FILE))]
     written += write_model_repo(bundle_dir / "triton", options)
     written.append(_script(bundle_dir / "triton" / "launch.sh", LAUNCH_SH.format(image=TRITON_IMAGE, repo="triton", up="..")))
-    written += write_snippets(bundle_dir / "snippets", options)
+    written += write_snippets(bundle_dir / "snippets", options, info.get("target_dtype", "auto"))
     return [p.relative_to(bundle_dir).as_posix() for p in written]
 
 

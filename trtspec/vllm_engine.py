@@ -10,6 +10,7 @@ KV cache from VLLM_CPU_KVCACHE_SPACE GiB of RAM. Variables the user set are left
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import time
 from importlib import metadata
@@ -58,8 +59,15 @@ def cpu_environment(kv_cache_gib: int = 4) -> dict[str, str]:
     }
 
 
+def target_dtype(target: Path) -> str:
+    """The dtype the target was exported in. vLLM's dtype "auto" would downcast a float32 model to bf16/fp16: the
+    outputs would then be another model's than the one validated (a top-2 margin of 0.07 flipped on the CI bundle)."""
+    cfg = json.loads((Path(target) / "config.json").read_text())
+    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "auto")
+
+
 def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_seqs: int) -> Any:
-    """vLLM's LLM over the bundle's target; with `draft`, EAGLE-3 speculation of k tokens per step."""
+    """vLLM's LLM over the bundle's target, in the target's dtype; with `draft`, EAGLE-3 speculation of k tokens."""
     import torch
 
     if not torch.cuda.is_available():
@@ -68,7 +76,7 @@ def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_s
     from vllm import LLM
 
     spec = {"speculative_config": {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}} if draft else {}
-    return LLM(model=str(target), dtype="auto", max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+    return LLM(model=str(target), dtype=target_dtype(target), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                enforce_eager=not torch.cuda.is_available(), disable_log_stats=False, seed=0, **spec)
 
 

@@ -11,9 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CI_CONFIG = ROOT / "build_configs" / "smollm2-135m-eagle3-ci.yaml"
-# The CI recipe, with a head that starts as the target's layer after the deepest aux layer: it drafts well before
-# much training (acceptance far from 1), so an engine that fed it other layers' states would show in the counters.
-OVERRIDES = ["convert.init_from_target=true", "engine.max_draft_len=3"]
+# The CI recipe trained long enough that the head learns its 18 training answers by heart (AL@3 ~3.9 on them, 1.3
+# held out): on those prompts an engine that fed it other layers' states than it trained on accepts visibly less.
+OVERRIDES = ["train.epochs=24", "engine.max_draft_len=3"]
 
 
 def pytest_collection_modifyitems(items):

@@ -22,12 +22,13 @@ K, MAX_NEW = 3, 48
 
 @pytest.fixture(scope="module")
 def prompts(ci_run) -> list[list[int]]:
+    """Six of the head's training prompts: it knows their answers, so acceptance is high and sensitive."""
     from trtspec.models import load_tokenizer
     from trtspec.stages.validate import encode
 
     tok = load_tokenizer(ci_run / "bundle" / "target")
-    rows = [json.loads(line) for line in (ci_run / "data" / "heldout.jsonl").read_text().splitlines() if line.strip()]
-    return [encode(tok, r["messages"][:-1]) for r in rows]
+    rows = [json.loads(line) for line in (ci_run / "data" / "train.jsonl").read_text().splitlines() if line.strip()]
+    return [encode(tok, r["messages"][:-1]) for r in rows[:6]]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,7 @@ def test_vllm_acceptance_matches_the_runtime(runtime, vllm_spec):
     """Per-position acceptance at k=3 from vLLM's counters vs the runtime's steps: equal within 2%."""
     stats = runtime[1]
     acc = vllm_spec[1]
-    assert stats.acceptance_length() > 1.3  # a head that drafts: a wrong aux layer could not hide
+    assert stats.acceptance_length() > 2.0  # a head that drafts: a wrong aux layer could not hide
     assert acc["acceptance_length"] == pytest.approx(stats.acceptance_length(), rel=0.02)
     assert acc["per_position"] == pytest.approx(stats.per_position(K), abs=0.02)
 
@@ -98,7 +99,7 @@ def test_without_vllm_numbering_the_draft_reads_other_layers(ci_bundle, prompts,
     del cfg["eagle_aux_hidden_state_layer_ids"]
     (draft / "config.json").write_text(json.dumps(cfg))
     _, acc = vllm_run(ci_bundle, draft, prompts)
-    assert acc["acceptance_length"] < runtime[1].acceptance_length() * 0.98
+    assert acc["acceptance_length"] < runtime[1].acceptance_length() * 0.9
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtspec.compat import add_engine_fields, add_legacy_config_keys
+from trtspec.compat import ENGINES_CHECKED, add_engine_fields, add_legacy_keys
 from trtspec.errors import ArtifactError, ConfigError
 from trtspec.pipeline import StageContext
 
@@ -67,7 +67,7 @@ def export_target(model: Any, tok: Any, out: Path, dtype: Any, quantized: bool) 
     for name in ("config.json", "generation_config.json"):
         if not (out / name).is_file():
             raise ArtifactError(f"the target export wrote no {name}", "check the model's transformers version")
-    add_legacy_config_keys(out)
+    add_legacy_keys(out)
 
 
 def preflight(cfg: Any, model_config: Any) -> None:
@@ -143,14 +143,27 @@ def write_readme(bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
         lines.append("| `onnx/` | one draft step as ONNX (float32; inputs aux_hidden_states, input_embeds, position_ids) |")
     lines += [
         "| `llm_api_options.yaml` | TensorRT-LLM LLM-API options (speculative_config points at `./draft`) |",
-        "| `serve.sh`, `triton/`, `snippets/` | trtllm-serve, Triton and vLLM/SGLang launchers |",
+        "| `serve.sh`, `triton/`, `snippets/` | trtllm-serve, Triton, vLLM, SGLang and speculators launchers |",
         "",
         "## Run it",
         "",
         "```bash",
-        "cd bundle            # every path here is relative to this folder",
-        "./serve.sh           # trtllm-serve ./target --config llm_api_options.yaml",
+        "cd bundle                 # every path here is relative to this folder",
+        "./serve.sh                # TensorRT-LLM: trtllm-serve ./target --config llm_api_options.yaml",
+        "./triton/launch.sh        # Triton Inference Server with TensorRT-LLM's LLM-API backend",
+        "./snippets/vllm.sh        # vLLM (GPU, or its CPU build)",
+        "./snippets/sglang.sh      # SGLang",
+        "./snippets/speculators.sh # the draft in speculators' format, for vLLM users who keep that",
         "```",
+        "",
+        f"The head reads target layers {info['aux_layers']} (their outputs). Each engine is told so where it looks: "
+        "`eagle3_layers_to_capture` in llm_api_options.yaml (TensorRT-LLM), the draft config's top-level "
+        "`eagle_aux_hidden_state_layer_ids` in vLLM's numbering (one more: the state entering the next layer), its "
+        "`eagle_config` (SGLang), the converter's argument (speculators).",
+        "",
+        "| engine | checked |",
+        "|---|---|",
+        *[f"| {name} | {how} |" for name, how in ENGINES_CHECKED.items()],
         "",
         "## Checks done at export",
         "",
