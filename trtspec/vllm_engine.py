@@ -70,6 +70,7 @@ def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_s
     """vLLM's LLM over the bundle's target, in the target's dtype; with `draft`, EAGLE-3 speculation of k tokens."""
     import torch
 
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # progress on stderr, results on stdout
     if not torch.cuda.is_available():
         for key, value in cpu_environment().items():
             os.environ.setdefault(key, value)
