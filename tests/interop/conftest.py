@@ -23,6 +23,12 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
+def ci_config() -> tuple[Path, list[str]]:
+    """The recipe and overrides the interop run is built with (for tests that run further stages on it)."""
+    return CI_CONFIG, list(OVERRIDES)
+
+
+@pytest.fixture(scope="session")
 def ci_run(tmp_path_factory) -> Path:
     """A run of the CI recipe up to the bundle (TRTSPEC_INTEROP_RUN: reuse a finished one)."""
     if os.environ.get("TRTSPEC_INTEROP_RUN"):

@@ -147,3 +147,24 @@ def test_the_bundle_vllm_snippet_serves(ci_bundle, prompts, hf_outputs, tmp_path
         os.killpg(proc.pid, 15)
         proc.wait(timeout=60)
         log.close()
+
+
+
+def test_engine_stage_runs_the_bundle_in_vllm(ci_run, ci_config, tmp_path):
+    """`engine.backend: vllm` through the pipeline: greedy = HF and vLLM alone, acceptance and speed per batch size."""
+    from trtspec import pipeline
+    from trtspec.artifacts import read_json
+    from trtspec.config import load_config
+
+    run = tmp_path / "run"
+    shutil.copytree(ci_run, run)
+    config, overrides = ci_config
+    cfg = load_config(config, [*overrides, "engine.backend=vllm", "engine.batch_sizes=[1, 4]", "engine.num_prompts=2",
+                                  "engine.max_new_tokens=24"])
+    results = pipeline.run_build(cfg, run, until="engine")
+    assert [r.status for r in results if r.stage == "engine"] == ["done"], results
+    m = read_json(run / "engine" / "manifest.json")["metrics"]
+    assert m["backend"] == "vllm" and m["greedy_vs_vllm_base"]["exact"] == 2 and m["greedy_vs_hf"]["exact"] == 2
+    assert m["acceptance_length"] >= 1 and len(m["per_position"]) == 3 and m["drafts"] > 0
+    assert set(m["speed"]) == {"1", "4"} and all(row["tokens_per_s"] > 0 for row in m["speed"].values())
+    assert m["crossover"] and "vLLM" in m["headline"]
