@@ -162,7 +162,7 @@ _stage_command("convert", "Attach an EAGLE-3 head to the base model with modelop
 _stage_command("train", "Train the EAGLE-3 draft head with the base frozen (HF Trainer).")
 _stage_command("quantize", "Post-training quantization of the base model with modelopt (mtq).")
 _stage_command("export", "Export target + draft checkpoints, ONNX of the head, and the deployment bundle.")
-_stage_command("engine", "Load the bundle in TensorRT-LLM (needs tensorrt_llm and a GPU) and measure it.")
+_stage_command("engine", "Run the bundle in a serving engine and measure it: TensorRT-LLM (a GPU), or vLLM (engine.backend=vllm).")
 _validate = _stage_command("validate", "Check outputs equal the PyTorch model's, and measure acceptance and speedup.")
 # gates (and the prompt file) map onto validate.* config keys, so build and validate share one code path
 for _flag, _key, _type in (
