@@ -9,7 +9,6 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-FAKE_TRTLLM = Path(__file__).parent / "fake_trtllm"
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAKE_TRTLLM
 
 from trtspec.config import config_from_dict
 
 CONTRACT = json.loads((Path(__file__).parent / "contracts" / "trtllm_api.json").read_text())
+# defined here, not imported from a conftest: tests/interop has a conftest.py of its own, and `import conftest`
+# would get whichever of the two was imported first
+FAKE_TRTLLM = Path(__file__).parent / "fake_trtllm"
 
 
 def make_cfg(tmp: Path, model: str = "demo:smollm2-135m-instruct", **engine):
