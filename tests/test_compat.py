@@ -62,3 +62,24 @@ def test_export_refuses_multi_layer_heads_before_any_stage(tmp_path):
     cfg = config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "convert": {"num_layers": 2}})
     with pytest.raises(ConfigError, match="TensorRT-LLM expects hidden_norm on every draft layer"):
         export.preflight(cfg, None)
+
+
+def test_export_refuses_for_required_engines_and_skips_the_others_launchers(tmp_path):
+    """TensorRT-LLM (and the engine stage's engine) must load the draft; another that cannot gets no launcher."""
+    import json
+
+    from trtspec.errors import ArtifactError
+    from trtspec.serving import write_snippets
+    from trtspec.stages.export import check_engines_load
+
+    for name, cfg in (("draft", {**DRAFT, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 26]},
+                                 "eagle_aux_hidden_state_layer_ids": [2, 27]}), ("target", TARGET)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+    not_served = check_engines_load(tmp_path / "draft", tmp_path / "target", list(TENSORS), {"TensorRT-LLM"})
+    assert list(not_served) == ["speculators"] and "2 aux layers" in not_served["speculators"][0]
+    with pytest.raises(ArtifactError, match="speculators: 2 aux layers"):
+        check_engines_load(tmp_path / "draft", tmp_path / "target", list(TENSORS), {"TensorRT-LLM", "speculators"})
+    options = {"speculative_config": {"max_draft_len": 3, "eagle3_layers_to_capture": [1, 26]}}
+    written = write_snippets(tmp_path / "snippets", options, "float32", skip=set(not_served))
+    assert sorted(p.name for p in written) == ["sglang.sh", "vllm.sh"]

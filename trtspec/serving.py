@@ -273,20 +273,22 @@ def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
     return {"method": "eagle3", "model": draft, "num_speculative_tokens": options["speculative_config"]["max_draft_len"]}
 
 
-def write_snippets(folder: Path, options: dict, dtype: str = "auto") -> list[Path]:
+def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[str] = frozenset()) -> list[Path]:
+    """vllm.sh, sglang.sh and speculators.sh, less those of the engines in `skip` (which cannot load the draft)."""
     spec = options["speculative_config"]
     k, tp = spec["max_draft_len"], options.get("tensor_parallel_size", 1)
     aux = spec.get("eagle3_layers_to_capture")
     kwargs = json.dumps({"eagle_aux_hidden_state_layer_ids": vllm_aux_ids(aux)} if aux else {})
-    return [
-        _script(folder / "vllm.sh", VLLM_SH.format(tp=tp, dtype=dtype, spec=json.dumps(vllm_speculative_config(options)),
-                                                   checked=ENGINES_CHECKED["vLLM"])),
-        _script(folder / "sglang.sh", SGLANG_SH.format(tp=tp, k=k, k1=k + 1, sglang_min=SGLANG_MIN)),
-        _script(folder / "speculators.sh", SPECULATORS_SH.format(kwargs=kwargs, checked=ENGINES_CHECKED["speculators"])),
-    ]
+    scripts = {
+        "vLLM": ("vllm.sh", VLLM_SH.format(tp=tp, dtype=dtype, spec=json.dumps(vllm_speculative_config(options)),
+                                           checked=ENGINES_CHECKED["vLLM"])),
+        "SGLang": ("sglang.sh", SGLANG_SH.format(tp=tp, k=k, k1=k + 1, sglang_min=SGLANG_MIN)),
+        "speculators": ("speculators.sh", SPECULATORS_SH.format(kwargs=kwargs, checked=ENGINES_CHECKED["speculators"])),
+    }
+    return [_script(folder / name, text) for engine, (name, text) in scripts.items() if engine not in skip]
 
 
-def write_serving_files(bundle_dir: Path, cfg, info: dict) -> list[str]:
+def write_serving_files(bundle_dir: Path, cfg, info: dict, skip: set[str] = frozenset()) -> list[str]:
     """Write llm_api_options.yaml, serve.sh, triton/ and snippets/ into the bundle; returns relative paths."""
     bundle_dir = Path(bundle_dir)
     options = llm_api_options(cfg, "./draft", info, decoding="eagle3")
@@ -294,7 +296,7 @@ def write_serving_files(bundle_dir: Path, cfg, info: dict) -> list[str]:
     written = [bundle_dir / OPTIONS_FILE, _script(bundle_dir / "serve.sh", SERVE_SH.format(target="./target", options=OPTIONS_FILE))]
     written += write_model_repo(bundle_dir / "triton", options)
     written.append(_script(bundle_dir / "triton" / "launch.sh", LAUNCH_SH.format(image=TRITON_IMAGE, repo="triton", up="..")))
-    written += write_snippets(bundle_dir / "snippets", options, info.get("target_dtype", "auto"))
+    written += write_snippets(bundle_dir / "snippets", options, info.get("target_dtype", "auto"), skip)
     return [p.relative_to(bundle_dir).as_posix() for p in written]
 
 

@@ -80,16 +80,19 @@ def preflight(cfg: Any, model_config: Any) -> None:
         )
 
 
-def check_engines_load(draft_dir: Path, target_dir: Path, tensors: list[str]) -> None:
-    """One ArtifactError naming the engine and the field when a draft would not load (or load wrongly) in one."""
+def check_engines_load(draft_dir: Path, target_dir: Path, tensors: list[str], required: set[str]) -> dict[str, list[str]]:
+    """Where the draft would not load (or load wrongly): one ArtifactError naming the engine and the field for a
+    `required` engine (TensorRT-LLM, which the bundle is for, and the engine stage's own); for the others the
+    problems are returned, and the bundle ships no launcher for them."""
     from trtspec.artifacts import read_json
     from trtspec.compat import engine_problems
 
     problems = engine_problems(read_json(draft_dir / "config.json"), read_json(target_dir / "config.json"), set(tensors))
-    lines = [f"{engine}: {'; '.join(p)}" for engine, p in problems.items() if p]
+    lines = [f"{engine}: {'; '.join(p)}" for engine, p in problems.items() if p and engine in required]
     if lines:
         raise ArtifactError(f"the draft in '{draft_dir}' would not serve as trained: " + " | ".join(lines),
                             "re-export it with `trtspec build ... --from export`")
+    return {engine: p for engine, p in problems.items() if p}
 
 
 def acceptance_lengths(ctx: StageContext, draft_model: Any, targets: dict[str, tuple[Any, Path | None]], k: int) -> dict[str, float]:
@@ -163,7 +166,9 @@ def write_readme(bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
         "",
         "| engine | checked |",
         "|---|---|",
-        *[f"| {name} | {how} |" for name, how in ENGINES_CHECKED.items()],
+        *[f"| {name} | {how} |" if name not in metrics.get("engines_not_served", {}) else
+          f"| {name} | cannot load this draft as trained ({'; '.join(metrics['engines_not_served'][name])}): no launcher |"
+          for name, how in ENGINES_CHECKED.items()],
         "",
         "## Checks done at export",
         "",
@@ -232,7 +237,12 @@ def run(ctx: StageContext) -> dict:
     export_s += time.time() - t_target
     del target
 
-    check_engines_load(out / "draft", out / "target", draft["tensors"])
+    required = {"TensorRT-LLM", "vLLM"} if cfg.engine.backend == "vllm" else {"TensorRT-LLM"}
+    not_served = check_engines_load(out / "draft", out / "target", draft["tensors"], required)
+    for engine, problems in not_served.items():
+        ctx.log(f"warning: no {engine} launcher in the bundle: {'; '.join(problems)}")
+    if not_served:
+        metrics["engines_not_served"] = not_served
 
     if cfg.export.onnx:
         from trtspec.onnx_export import export_onnx, format_onnx_check
@@ -251,7 +261,7 @@ def run(ctx: StageContext) -> dict:
         "max_draft_len": steps,
     }
     write_readme(out, cfg, info, metrics)
-    serving_files = serving.write_serving_files(out, cfg, info)
+    serving_files = serving.write_serving_files(out, cfg, info, skip=set(not_served))
     seconds = time.time() - t0
     metrics.update(info, serving_files=serving_files, export_s=round(export_s, 1), stage_s=round(seconds, 1))
     al = ""
