@@ -44,6 +44,7 @@ DRAFT_KEYS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("t2d", ("V",), False),  # bool, True at the target ids d2t reaches (speculators keeps d2t only with it)
 )
 FIRST_LAYER_ONLY = ("hidden_norm",)
+VOCAB_MAPS = ("d2t", "t2d")  # integer/bool index tables, not weights: no dtype or parameter count of their own
 SHAPE_KEYS = ("hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
@@ -156,7 +157,7 @@ def _tensor_problems(cfg: dict, tensors: dict) -> list[str]:
             problems.append("'t2d' is not the bool mask of the target ids d2t maps to")
     if "lm_head.weight" not in tensors and draft_vocab != vocab:
         problems.append("no 'lm_head.weight' although the draft vocab differs from the target's (the target's cannot be used)")
-    dtypes = {str(t.dtype).removeprefix("torch.") for k, t in tensors.items() if k not in ("d2t", "t2d")}
+    dtypes = {str(t.dtype).removeprefix("torch.") for k, t in tensors.items() if k not in VOCAB_MAPS}
     if len(dtypes) > 1:
         problems.append(f"weights have mixed dtypes {sorted(dtypes)}")
     return problems
@@ -190,7 +191,7 @@ def check_draft_checkpoint(draft_dir: str | Path, target_config: Any = None) -> 
             + "; ".join(problems),
             "re-export it with `trtspec build ... --from export`",
         )
-    dtypes = sorted({str(t.dtype).removeprefix("torch.") for k, t in tensors.items() if k not in ("d2t", "t2d")})
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for k, t in tensors.items() if k not in VOCAB_MAPS})
     return {
         "dtype": dtypes[0],
         "hidden_size": cfg["hidden_size"],
@@ -198,6 +199,6 @@ def check_draft_checkpoint(draft_dir: str | Path, target_config: Any = None) -> 
         "draft_vocab_size": cfg["draft_vocab_size"],
         "aux_layers": list(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]),
         "num_layers": int(cfg.get("num_hidden_layers", 1)),
-        "parameters": sum(t.numel() for k, t in tensors.items() if k not in ("d2t", "t2d")),
+        "parameters": sum(t.numel() for k, t in tensors.items() if k not in VOCAB_MAPS),
         "tensors": sorted(tensors),
     }
