@@ -18,14 +18,15 @@ from trtspec.runtime.drafters import (
     load_draft_target,
     load_eagle3_drafter,
 )
+from trtspec.runtime.kernels import CANDIDATES, few_rows_linear
 from trtspec.runtime.model import (
     COMPILED,
+    Linear,
     ModelArgs,
     Transformer,
     compile_steps,
     dequantize,
     load_transformer,
-    small_rows_linear,
 )
 from trtspec.runtime.tree import Tree, static_tree
 
@@ -155,21 +156,35 @@ def test_logits_and_aux_match_transformers(target_dir, hf_target):
         torch.testing.assert_close(tail, ref.logits[0, 8:], atol=1e-4, rtol=1e-4)
 
 
-def test_small_rows_linear_is_linear():
-    """The decode-time product (weight @ x.T for up to 5 rows, one row doubled) equals F.linear for any row count,
-    leading dims and bias; under autograd it is F.linear itself."""
+@pytest.mark.parametrize("kernel", CANDIDATES)
+def test_every_kernel_is_linear(kernel):
+    """Each few-row kernel the start-up choice may pick equals F.linear for any row count, leading dims and bias
+    (a weight whose rows do not split into the blocks falls back); under autograd it is F.linear itself."""
     g = torch.Generator().manual_seed(0)
-    w, b = torch.randn(300, 64, generator=g), torch.randn(300, generator=g)
-    with torch.no_grad():
-        for shape in [(1, 64), (1, 1, 64), (1, 3, 64), (4, 64), (5, 64), (2, 3, 64), (7, 64), (0, 64)]:
-            x = torch.randn(*shape, generator=g)
-            for bias in (None, b):
-                y = small_rows_linear(x, w, bias)
-                assert y.shape == (*shape[:-1], 300)
-                torch.testing.assert_close(y, torch.nn.functional.linear(x, w, bias), atol=1e-5, rtol=1e-5)
+    for n in (304, 300):  # 304 = 8 * 38 splits into every block count, 300 not into 8
+        w, b = torch.randn(n, 64, generator=g), torch.randn(n, generator=g)
+        with torch.no_grad():
+            for shape in [(1, 64), (1, 1, 64), (1, 3, 64), (4, 64), (5, 64), (2, 3, 64), (7, 64), (0, 64)]:
+                x = torch.randn(*shape, generator=g)
+                for bias in (None, b):
+                    y = few_rows_linear(x, w, bias, (kernel, kernel))
+                    assert y.shape == (*shape[:-1], n)
+                    torch.testing.assert_close(y, torch.nn.functional.linear(x, w, bias), atol=1e-5, rtol=1e-5)
     x = torch.randn(1, 64, requires_grad=True)
-    small_rows_linear(x, w).sum().backward()
-    torch.testing.assert_close(x.grad, w.sum(0, keepdim=True))
+    few_rows_linear(x, w, None, (kernel, kernel)).sum().backward()
+    torch.testing.assert_close(x.grad, w.sum(0, keepdim=True), atol=1e-4, rtol=1e-5)
+
+
+def test_kernels_are_chosen_at_load(target_dir):
+    """Loading times every candidate on the model's own weights and sets the winners on each layer."""
+    model = load_transformer(target_dir)[0]
+    choice = model.kernel_choice
+    assert choice["one_row"] in CANDIDATES and choice["few_rows"] in CANDIDATES
+    assert set(choice["ms_per_pass"]) == {"1_rows", "2_rows", "4_rows"}
+    assert all(set(by) == set(CANDIDATES) and min(by.values()) > 0 for by in choice["ms_per_pass"].values())
+    fastest = min(choice["ms_per_pass"]["1_rows"], key=choice["ms_per_pass"]["1_rows"].get)
+    assert choice["one_row"] == fastest
+    assert {m.kernels for m in model.modules() if isinstance(m, Linear)} == {(choice["one_row"], choice["few_rows"])}
 
 
 def test_generate_without_draft_equals_hf(target, prompts, hf_greedy):

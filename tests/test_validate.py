@@ -71,6 +71,16 @@ def test_validate_writes_report(tmp_path, run_inputs):
     # the timed runtime is the compiled one (this machine and CI have a C++ compiler), and the report says so
     assert r["runtime_compiled"] is True and "torch.compile" in r["compile"]["note"]
     assert "Compilation:" in (tmp_path / "out" / "report.md").read_text()
+    # the kernels were chosen by timing on this machine, and the report says which and what bounds the speed
+    from trtspec.runtime.kernels import CANDIDATES
+
+    assert r["kernels"]["target"]["one_row"] in CANDIDATES and r["kernels"]["draft"]["few_rows"] in CANDIDATES
+    lim = r["limits"]
+    assert lim["bandwidth"]["gb_per_s"] > 0 and lim["limit_tokens_per_s"] > 0
+    assert lim["no_draft_fraction_of_limit"] == pytest.approx(lim["no_draft_tokens_per_s"] / lim["limit_tokens_per_s"], rel=0.01)
+    assert lim["no_draft_tokens_per_s"] == pytest.approx(r["tokens_per_s"]["runtime_no_draft"], rel=0.01)
+    assert r["machine"]["cores"] >= 1
+    assert "What limits the speed" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_gate_fails_after_writing_the_report(tmp_path, run_inputs):

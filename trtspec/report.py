@@ -94,6 +94,25 @@ def _markdown(r: dict, plots: list[str]) -> str:
     if "step_cost_vs_decode" in r:
         lines += ["", f"One speculative step (drafts + verify) costs {r['step_cost_vs_decode']:.2f} plain decode steps, and "
                   f"yields AL = {r['acceptance_length']:.2f} tokens: speculation pays while AL exceeds the step cost."]
+    lim = r.get("limits")
+    if lim:
+        m, k = r["machine"], r["kernels"]["target"]
+        lines += [
+            "", "## What limits the speed", "",
+            f"Machine: {m['model']}, {m['cores']} cores ({m['torch_threads']} torch threads), {', '.join(m['flags']) or 'no AVX2'}.",
+            f"Kernels chosen by timing on this machine: `{k['one_row']}` for one row (decode), `{k['few_rows']}` for a few "
+            "(verification, drafting).",
+            "",
+            "| | |", "|---|---|",
+            f"| memory bandwidth (best of a streaming read and a large matrix-vector product) | {lim['bandwidth_gb_per_s']:.1f} GB/s |",
+            f"| weights read per decoded token | {lim['weight_mb_per_token']:.0f} MB |",
+            f"| decode limit = bandwidth / weights | {lim['limit_tokens_per_s']:.1f} tokens/s |",
+            f"| runtime without draft | {lim['no_draft_tokens_per_s']:.1f} tokens/s = **{lim['no_draft_fraction_of_limit']:.0%} of the limit** |",
+            f"| decode step / of it in weight products | {lim['decode_step_ms']:.1f} ms / {lim['weight_products_ms']:.1f} ms "
+            f"({lim['weight_products_share']:.0%}; the rest is attention, norms, rope and Python) |",
+            f"| speculation: AL / step cost | {lim['acceptance_length']:.2f} / {lim['step_cost_vs_decode']:.2f} = "
+            f"{lim['speculative_over_no_draft']:.2f}x over no draft |",
+        ]
     s = r.get("sampling_check")
     if s:
         lines += ["", "## Sampling check", "",

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from trtspec.errors import ArtifactError
+from trtspec.runtime.kernels import choose_kernels
 from trtspec.runtime.model import (
     Block,
     Linear,
@@ -128,4 +129,6 @@ def load_eagle3(folder: Path, target_lm_head: Tensor, target_hidden: int, dtype:
         raise ArtifactError(f"weights in '{folder}' do not fit its config.json: {str(e)[:300]}") from None
     model.draft_to_target = torch.arange(dvocab) + (d2t.long() if d2t is not None else 0)
     info = Eagle3Info(aux, dvocab, vocab, args.hidden_size)
-    return model.eval().requires_grad_(False), info
+    model = model.eval().requires_grad_(False)
+    model.kernel_choice = choose_kernels(model)
+    return model, info

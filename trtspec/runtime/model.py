@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trtspec.errors import ArtifactError, ModelError
+from trtspec.runtime.kernels import DEFAULT, choose_kernels, few_rows_linear
 
 
 @dataclass
@@ -105,40 +106,20 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-SMALL_ROWS = 5  # decode (1 row), chain verification up to k = 4, the draft's own steps
-
-
-def small_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x [..., K] @ weight[N, K].T, with few fp32 rows on a CPU computed as (weight @ x.T).T.
-
-    Decoding is memory-bound: every step streams all weights once. torch's fp32 GEMV and small-M GEMM (MKL, torch
-    2.13, 2-core AMD EPYC) stream them at about half the speed of the same product with the weight as the left
-    operand; one row is doubled because a one-column product falls back to the slow GEMV, which also makes a
-    2-token verification cost what a 1-token decode does. SmolLM2-135M's GEMMs for 1 / 2 / 4 rows: 54 / 98 / 78 ms
-    with F.linear, 26 / 22 / 37 ms here (fused projections). Same math, another summation order (~1e-5 apart).
-    """
-    rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if not 0 < rows <= SMALL_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled():
-        return F.linear(x, weight, bias)
-    flat = x.reshape(rows, -1)
-    cols = torch.cat((flat, flat)) if rows == 1 else flat
-    # the product is [N, rows]: hand on a row-major copy, or the next layer's input arrives column-major and MKL
-    # takes another, 4x slower path for it (measured on down_proj)
-    y = (weight @ cols.T).T[:rows].contiguous().view(*x.shape[:-1], weight.shape[0])
-    return y if bias is None else y + bias
-
-
 class Linear(nn.Linear):
-    """nn.Linear with `small_rows_linear` (the runtime's decoding and verification products)."""
+    """nn.Linear whose decode/verification products use the kernels `choose_kernels` picked for this machine."""
+
+    kernels: tuple[str, str] = DEFAULT
 
     def forward(self, x: Tensor) -> Tensor:
-        return small_rows_linear(x, self.weight, self.bias)
+        return few_rows_linear(x, self.weight, self.bias, self.kernels)
 
 
 class Stepper(nn.Module):
     """A network whose few-token passes (decode, verification, drafting) `compile_steps` can compile."""
 
     compiled_step = None
+    kernel_choice: dict | None = None  # what `choose_kernels` measured on this machine when the network was loaded
 
     def step(self, *args):
         """forward(*args), compiled after `compile_steps`; a prefill (mask "causal", the last argument) stays eager."""
@@ -383,4 +364,6 @@ def load_transformer(folder: Path, dtype: torch.dtype = torch.float32, aux_layer
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:
         raise ArtifactError(f"weights in '{folder}' do not fit its config.json: {str(e)[:300]}") from None
-    return model.to(device).eval().requires_grad_(False), notes
+    model = model.to(device).eval().requires_grad_(False)
+    model.kernel_choice = choose_kernels(model)
+    return model, notes

@@ -159,6 +159,7 @@ def run(ctx: StageContext) -> dict:
         speculative_decode,
     )
     from trtspec.runtime.drafters import same_tokenizer
+    from trtspec.runtime.kernels import cpu_description, memory_bandwidth, speed_limits
 
     v = ctx.cfg.validate_
     bundle = ctx.inputs["export"]
@@ -181,6 +182,9 @@ def run(ctx: StageContext) -> dict:
     source = resolve_model(ctx.cfg.model.source)
     ctx.log(f"{len(prompts)} prompts, {v.max_new_tokens} new tokens, draft {v.draft_shape} k={v.draft_len}, threads {torch.get_num_threads()}")
 
+    kernels = target.kernel_choice
+    ctx.log(f"kernels chosen on this machine: {kernels['one_row']} for one row, {kernels['few_rows']} for a few")
+    bandwidth = memory_bandwidth(kernels["one_row"]) if "weight_mb" in kernels else None
     hf = load_model(source, "float32", "cpu")
     skipped: dict[str, str] = {}
     method_notes: dict[str, str] = {}
@@ -303,6 +307,12 @@ def run(ctx: StageContext) -> dict:
     # what one speculative step (k draft passes + one verify pass over k+1 tokens) costs, in plain decode steps:
     # speculative_vs_no_draft = AL / step_cost, so speculation pays only while AL > step_cost
     report["step_cost_vs_decode"] = round(al / report["speculative_vs_no_draft"], 3)
+    report["machine"] = cpu_description()
+    report["kernels"] = {"target": kernels, "draft": drafter.net.kernel_choice}
+    report["limits"] = None if bandwidth is None else {
+        "bandwidth": bandwidth,
+        **speed_limits(kernels, bandwidth, tps["runtime_no_draft"], al, report["step_cost_vs_decode"]),
+    }
     report["gates"] = gates = check_gates(v, report)
 
     from trtspec.report import write_report

@@ -1,0 +1,155 @@
+"""How the runtime hands its few-row products (decode: 1 row; verification and drafting: a few) to the BLAS on a
+CPU, chosen by timing the candidates on the model's own weights when it is loaded.
+
+A decode step of a small model is memory-bound: every weight is read once per token, so tokens/s can at best be
+(memory bandwidth) / (weight bytes). How close a product comes depends on how it reaches the BLAS, and that differs
+between CPUs and BLAS builds. MKL, for one, runs a matrix-vector product of a 135M model's sizes on a single core;
+viewing the weight as row blocks that one batched product spreads over the cores changes that on some machines and
+not on others. Nothing is assumed: `choose_kernels` times every candidate and the fastest is used.
+
+Candidates (all compute x @ W.T; they differ in summation order only, ~1e-6 relative):
+  linear       F.linear(x, W)
+  weight_left  (W @ x.T).T, one row doubled (a one-column product takes the GEMV path)
+  blocks{c}    W viewed as [c, N/c, K], one torch.bmm against x: the c blocks go to separate threads
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+FEW_ROWS = 5  # decode (1 row), chain verification up to k = 4, the draft's own steps
+BLOCKS = (2, 4, 8)
+CANDIDATES = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS))
+DEFAULT = ("linear", "linear")  # (one row, 2..FEW_ROWS rows) until a choice is made
+
+
+def product(x: Tensor, weight: Tensor, kernel: str) -> Tensor:
+    """x [rows, K] @ weight[N, K].T -> [rows, N] with the named kernel."""
+    if kernel == "weight_left":
+        cols = torch.cat((x, x)) if x.shape[0] == 1 else x
+        return (weight @ cols.T).T[: x.shape[0]].contiguous()
+    if kernel.startswith("blocks") and weight.shape[0] % int(kernel[6:]) == 0:
+        c, (n, k) = int(kernel[6:]), weight.shape
+        y = torch.bmm(weight.view(c, n // c, k), x.T.unsqueeze(0).expand(c, k, x.shape[0]))  # [c, N/c, rows]
+        return y.reshape(n, x.shape[0]).T.contiguous()
+    return F.linear(x, weight)
+
+
+def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tuple[str, str] = DEFAULT) -> Tensor:
+    """F.linear, except that 1..FEW_ROWS float32 rows on a CPU without autograd use the kernels chosen for them."""
+    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    if not 0 < rows <= FEW_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled():
+        return F.linear(x, weight, bias)
+    y = product(x.reshape(rows, -1), weight, kernels[0] if rows == 1 else kernels[1])
+    y = y.view(*x.shape[:-1], weight.shape[0])
+    return y if bias is None else y + bias
+
+
+def _time_pass(weights: list[Tensor], inputs: list[Tensor], kernel: str) -> float:
+    t0 = time.perf_counter()
+    for w, x in zip(weights, inputs, strict=True):
+        product(x, w, kernel)
+    return time.perf_counter() - t0
+
+
+def choose_kernels(model: nn.Module, repeats: int = 3) -> dict:
+    """Time every candidate over all of `model`'s runtime Linear weights, for 1 row and for 2 and 4 rows (chain
+    verification at k = 1 and 3), and set the fastest on each layer. Returns what was measured and chosen.
+
+    Rounds are interleaved (each round runs every candidate once) and the median is kept, so noise on a busy
+    machine hits all candidates alike. Off a CPU, or for weights that are not float32, F.linear is kept.
+    """
+    from trtspec.runtime.model import Linear
+
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    weights = [m.weight for m in layers]
+    if not weights or weights[0].device.type != "cpu" or weights[0].dtype != torch.float32:
+        return {"one_row": "linear", "few_rows": "linear", "note": "not a float32 CPU model: F.linear"}
+    gen = torch.Generator().manual_seed(0)
+    seconds: dict[int, dict[str, list[float]]] = {}
+    with torch.inference_mode():
+        for rows in (1, 2, 4):
+            inputs = [torch.randn(rows, w.shape[1], generator=gen) for w in weights]
+            seconds[rows] = {c: [] for c in CANDIDATES}
+            _time_pass(weights, inputs, "linear")  # first touch of the weights and the inputs
+            for _ in range(repeats):
+                for c in CANDIDATES:
+                    seconds[rows][c].append(_time_pass(weights, inputs, c))
+    ms = {rows: {c: statistics.median(t) * 1e3 for c, t in by.items()} for rows, by in seconds.items()}
+    one = min(CANDIDATES, key=lambda c: ms[1][c])
+    few = min(CANDIDATES, key=lambda c: ms[2][c] + ms[4][c])
+    for m in layers:
+        m.kernels = (one, few)
+    weight_mb = sum(w.numel() * w.element_size() for w in weights) / 1e6
+    return {
+        "one_row": one, "few_rows": few, "weight_mb": round(weight_mb, 1),
+        "ms_per_pass": {f"{rows}_rows": {c: round(t, 2) for c, t in by.items()} for rows, by in ms.items()},
+        "gb_per_s_one_row": round(weight_mb / ms[1][one], 2),
+    }
+
+
+def cpu_description() -> dict:
+    """The CPU the runtime measures on: model name, logical cores, threads torch uses, the vector extensions
+    that change which kernels win (AVX2, AVX-512, AMX)."""
+    import os
+    import platform
+    from pathlib import Path
+
+    name, flags = platform.processor() or platform.machine(), []
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), name)
+        words = set(next((ln.split(":", 1)[1] for ln in info.splitlines() if ln.startswith("flags")), "").split())
+        flags = sorted(f for f in words if f in ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile"))
+    except OSError:
+        pass
+    return {"model": name, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "flags": flags}
+
+
+def memory_bandwidth(kernel: str = "linear", mb: int = 512, repeats: int = 5) -> dict:
+    """Read bandwidth of this machine in GB/s, two ways: a streaming read (sum over `mb` megabytes, larger than any
+    cache) and a matrix-vector product over a weight of that size with `kernel` (what a decode step does). The
+    best of each over `repeats`; `gb_per_s` is the larger of the two: the bound a decode step cannot beat."""
+    n = mb * 2**20 // 4
+    data = torch.ones(n)
+    weight, x = data.view(n // 4096, 4096), torch.ones(1, 4096)
+    best = {"stream_read": 0.0, "gemv": 0.0}
+    with torch.inference_mode():
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            data.sum()
+            t1 = time.perf_counter()
+            product(x, weight, kernel)
+            t2 = time.perf_counter()
+            best["stream_read"] = max(best["stream_read"], n * 4 / (t1 - t0) / 1e9)
+            best["gemv"] = max(best["gemv"], n * 4 / (t2 - t1) / 1e9)
+    return {"stream_read_gb_per_s": round(best["stream_read"], 2), f"gemv_{kernel}_gb_per_s": round(best["gemv"], 2),
+            "gb_per_s": round(max(best.values()), 2), "megabytes": mb}
+
+
+def speed_limits(kernel_choice: dict, bandwidth: dict, no_draft_tps: float, acceptance_length: float,
+                 step_cost: float) -> dict:
+    """What bounds the runtime's speed on this machine, from what was measured.
+
+    Plain decoding reads every Linear weight once per token (the embedding row and the KV cache are small beside
+    them), so tokens/s <= bandwidth / weight bytes: `limit_tokens_per_s`. `no_draft_fraction_of_limit` is how close
+    the runtime comes; `weight_products_share` the part of a decode step spent in the weight products alone (the
+    rest: attention, norms, rope, Python). Speculation multiplies plain decoding by AL / step cost.
+    """
+    limit = bandwidth["gb_per_s"] * 1e3 / kernel_choice["weight_mb"]
+    step_ms = 1e3 / no_draft_tps
+    products_ms = kernel_choice["ms_per_pass"]["1_rows"][kernel_choice["one_row"]]
+    return {
+        "weight_mb_per_token": kernel_choice["weight_mb"], "bandwidth_gb_per_s": bandwidth["gb_per_s"],
+        "limit_tokens_per_s": round(limit, 2), "no_draft_tokens_per_s": round(no_draft_tps, 2),
+        "no_draft_fraction_of_limit": round(no_draft_tps / limit, 3),
+        "decode_step_ms": round(step_ms, 2), "weight_products_ms": round(products_ms, 2),
+        "weight_products_share": round(min(1.0, products_ms / step_ms), 3),
+        "acceptance_length": round(acceptance_length, 3), "step_cost_vs_decode": round(step_cost, 3),
+        "speculative_over_no_draft": round(acceptance_length / step_cost, 3),
+    }
