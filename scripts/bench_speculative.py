@@ -9,6 +9,9 @@ RUN_DIR/data/manifest.json. For each k, every prompt runs HF generate, the runti
 speculative runtime and HF prompt lookup in turn (interleaved, so machine noise hits all alike). `exact` counts the
 prompts whose speculative output is token-identical to HF generate's. The runtime's decode/verify pass is
 torch.compile'd first, as in `trtspec validate` (`--no-compile`: eager).
+
+Printed first: the CPU, the kernels the runtime chose by timing on it, the memory bandwidth and the decode limit it
+implies (bandwidth / weight bytes per token); each row gives the runtime's plain decoding as a fraction of it.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ def main() -> None:
         load_transformer,
         speculative_decode,
     )
+    from trtspec.runtime.kernels import cpu_description, memory_bandwidth, speed_limits
     from trtspec.stages.validate import check_bundle, eos_ids, hf_generate
 
     run, bundle = a.run_dir, a.run_dir / "bundle"
@@ -77,6 +81,15 @@ def main() -> None:
     hf = load_model(source, "float32", "cpu")
     target, _ = load_transformer(bundle / "target")
     drafter = load_eagle3_drafter(bundle / "draft", target)
+    machine, kernels = cpu_description(), target.kernel_choice
+    bandwidth = memory_bandwidth(kernels["one_row"])
+    limit = bandwidth["gb_per_s"] * 1e3 / kernels["weight_mb"]
+    gemv = bandwidth[f"gemv_{kernels['one_row']}_gb_per_s"]
+    if not a.json:
+        print(f"machine: {machine['model']}, {machine['cores']} cores, {machine['torch_threads']} threads, {' '.join(machine['flags'])}")
+        print(f"kernels for 1..{len(kernels['by_rows'])} rows: {' '.join(kernels['by_rows'])}; bandwidth {bandwidth['gb_per_s']:.1f} GB/s "
+              f"(stream {bandwidth['stream_read_gb_per_s']:.1f}, large GEMV {gemv:.1f}); "
+              f"{kernels['weight_mb']:.0f} MB of weights per token -> decode limit {limit:.1f} tok/s", flush=True)
 
     ks = [int(x) for x in a.ks.split(",")]
     specs = {k: DraftSpec(shape=a.shape, k=k, topk=4, total=max(8, 4 * k)) for k in ks}
@@ -106,18 +119,21 @@ def main() -> None:
             rows.append({"k": k, "acceptance_length": round(al, 3), "exact": exact, "hf_generate": round(hf_tps, 2), "runtime_no_draft": round(base_tps, 2),
                          "speculative": round(spec_tps, 2), "hf_prompt_lookup": round(pl_tps, 2),
                          "speedup_vs_hf": round(spec_tps / hf_tps, 3), "speedup_vs_no_draft": round(spec_tps / base_tps, 3),
-                         "no_draft_vs_hf": round(base_tps / hf_tps, 3), "speedup_over_al": round(spec_tps / hf_tps / al, 3)})
+                         "no_draft_vs_hf": round(base_tps / hf_tps, 3), "speedup_over_al": round(spec_tps / hf_tps / al, 3),
+                         "limits": speed_limits(kernels, bandwidth, base_tps, al, al * base_tps / spec_tps)})
             if not a.json:
                 r = rows[-1]
                 if len(rows) == 1:
                     print(f"{'k':>2} {'AL':>5} {'exact':>5} | {'HF gen':>7} {'no-draft':>8} {'spec':>7} {'lookup':>7} | tok/s"
-                          f" | {'spec/HF':>7} {'spec/nd':>7} {'nd/HF':>6} {'(spec/HF)/AL':>12}")
+                          f" | {'spec/HF':>7} {'spec/nd':>7} {'nd/HF':>6} {'(spec/HF)/AL':>12} | {'nd/limit':>8}")
                 print(f"{k:>2} {r['acceptance_length']:>5.2f} {exact:>2}/{len(prompts):<2} | {r['hf_generate']:>7.1f} {r['runtime_no_draft']:>8.1f} "
                       f"{r['speculative']:>7.1f} {r['hf_prompt_lookup']:>7.1f} |       | {r['speedup_vs_hf']:>6.2f}x "
-                      f"{r['speedup_vs_no_draft']:>6.2f}x {r['no_draft_vs_hf']:>5.2f}x {r['speedup_over_al']:>12.2f}", flush=True)
+                      f"{r['speedup_vs_no_draft']:>6.2f}x {r['no_draft_vs_hf']:>5.2f}x {r['speedup_over_al']:>12.2f} | "
+                      f"{r['limits']['no_draft_fraction_of_limit']:>8.0%}", flush=True)
     if a.json:
         print(json.dumps({"run_dir": str(run), "prompts": len(prompts), "max_new_tokens": new, "shape": a.shape, "compile": {"seconds": compile_s, "note": compile_note},
-                          "threads": torch.get_num_threads(), "rows": rows}, indent=2))
+                          "threads": torch.get_num_threads(), "machine": machine, "kernels": kernels, "bandwidth": bandwidth,
+                          "limit_tokens_per_s": round(limit, 2), "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from trtspec.runtime.drafters import (
     load_draft_target,
     load_eagle3_drafter,
 )
-from trtspec.runtime.kernels import CANDIDATES, few_rows_linear
+from trtspec.runtime.kernels import CANDIDATES, FEW_ROWS, few_rows_linear
 from trtspec.runtime.model import (
     COMPILED,
     Linear,
@@ -167,11 +167,16 @@ def test_every_kernel_is_linear(kernel):
             for shape in [(1, 64), (1, 1, 64), (1, 3, 64), (4, 64), (5, 64), (2, 3, 64), (7, 64), (0, 64)]:
                 x = torch.randn(*shape, generator=g)
                 for bias in (None, b):
-                    y = few_rows_linear(x, w, bias, (kernel, kernel))
+                    y = few_rows_linear(x, w, bias, (kernel,) * FEW_ROWS)
                     assert y.shape == (*shape[:-1], n)
                     torch.testing.assert_close(y, torch.nn.functional.linear(x, w, bias), atol=1e-5, rtol=1e-5)
+    if kernel == "native":  # an op torch.compile can trace: its fake gives the shape without running it
+        compiled = torch.compile(lambda x: few_rows_linear(x, w, None, (kernel,) * FEW_ROWS), fullgraph=True)
+        with torch.no_grad():
+            x = torch.randn(3, 64, generator=g)
+            torch.testing.assert_close(compiled(x), torch.nn.functional.linear(x, w), atol=1e-5, rtol=1e-5)
     x = torch.randn(1, 64, requires_grad=True)
-    few_rows_linear(x, w, None, (kernel, kernel)).sum().backward()
+    few_rows_linear(x, w, None, (kernel,) * FEW_ROWS).sum().backward()
     torch.testing.assert_close(x.grad, w.sum(0, keepdim=True), atol=1e-4, rtol=1e-5)
 
 
@@ -179,12 +184,13 @@ def test_kernels_are_chosen_at_load(target_dir):
     """Loading times every candidate on the model's own weights and sets the winners on each layer."""
     model = load_transformer(target_dir)[0]
     choice = model.kernel_choice
-    assert choice["one_row"] in CANDIDATES and choice["few_rows"] in CANDIDATES
-    assert set(choice["ms_per_pass"]) == {"1_rows", "2_rows", "4_rows"}
+    assert set(choice["by_rows"]) <= set(CANDIDATES) and len(choice["by_rows"]) == FEW_ROWS
+    assert set(choice["ms_per_pass"]) == {f"{rows}_rows" for rows in range(1, FEW_ROWS + 1)}
+    assert choice["native_kernel"] == "built"  # this machine and CI have a C++ compiler (inductor needs one too)
     assert all(set(by) == set(CANDIDATES) and min(by.values()) > 0 for by in choice["ms_per_pass"].values())
     fastest = min(choice["ms_per_pass"]["1_rows"], key=choice["ms_per_pass"]["1_rows"].get)
-    assert choice["one_row"] == fastest
-    assert {m.kernels for m in model.modules() if isinstance(m, Linear)} == {(choice["one_row"], choice["few_rows"])}
+    assert choice["one_row"] == choice["by_rows"][0] == fastest
+    assert {m.kernels for m in model.modules() if isinstance(m, Linear)} == {tuple(choice["by_rows"])}
 
 
 def test_generate_without_draft_equals_hf(target, prompts, hf_greedy):
@@ -223,7 +229,7 @@ def test_eagle3_draft_keeps_greedy_output(eagle_export, target_dir, prompts, hf_
         assert speculative_decode(target, drafter, p, NEW, DraftSpec(shape=shape, k=3, topk=3, total=8), eos={2}).tokens == ref
 
 
-def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts, hf_greedy):
+def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts, hf_greedy, monkeypatch, tmp_path):
     """torch.compile'd decode/verify/draft passes (what validate times): the same greedy tokens as HF generate for
     plain decoding, chains and both trees; graphs really are compiled, and a failed compile falls back to eager."""
     from torch._dynamo.utils import counters
@@ -245,9 +251,39 @@ def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts,
     def broken():
         raise RuntimeError("no C++ compiler")
 
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users-own-cache"))  # not trtspec's: left alone
+    (tmp_path / "users-own-cache").mkdir()
     assert "no C++ compiler" in compile_steps([target, drafter.net], broken)[1]
     assert target.compiled_step is None and drafter.net.compiled_step is None
+    assert (tmp_path / "users-own-cache").is_dir()
     assert [generate(target, p, NEW, eos={2}).tokens for p in prompts] == hf_greedy
+
+
+def test_a_broken_compile_cache_is_emptied_and_compiling_retried(target_dir, monkeypatch, tmp_path):
+    """A run killed mid-compilation can leave an entry that fails to load: trtspec's own cache folder is emptied
+    and compiling tried once more, instead of falling back to the slow eager runtime on every later run."""
+    cache = tmp_path / "trtspec" / "inductor-torch-test"
+    (cache / "fxgraph").mkdir(parents=True)
+    (cache / "fxgraph" / "half-written.so").write_bytes(b"")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    calls = []
+
+    def fails_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("half-written.so: file too short")
+
+    target = load_transformer(target_dir)[0]
+    assert compile_steps([target], fails_once)[1] == COMPILED
+    assert len(calls) == 2 and not (cache / "fxgraph" / "half-written.so").exists()
+
+
+def test_compile_cache_is_per_machine(monkeypatch, tmp_path):
+    from trtspec.runtime.model import compile_cache_dir
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert compile_cache_dir() == tmp_path / "trtspec" / f"inductor-torch{torch.__version__}"
 
 
 def test_ngram_draft_keeps_greedy_output(target, prompts, hf_greedy):

@@ -100,8 +100,8 @@ def _markdown(r: dict, plots: list[str]) -> str:
         lines += [
             "", "## What limits the speed", "",
             f"Machine: {m['model']}, {m['cores']} cores ({m['torch_threads']} torch threads), {', '.join(m['flags']) or 'no AVX2'}.",
-            f"Kernels chosen by timing on this machine: `{k['one_row']}` for one row (decode), `{k['few_rows']}` for a few "
-            "(verification, drafting).",
+            "Kernels chosen by timing on this machine, for 1 row (decode) and 2, 3, ... rows (verification, drafting): "
+            + ", ".join(f"`{c}`" for c in k["by_rows"]) + ".",
             "",
             "| | |", "|---|---|",
             f"| memory bandwidth (best of a streaming read and a large matrix-vector product) | {lim['bandwidth_gb_per_s']:.1f} GB/s |",

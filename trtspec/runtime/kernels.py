@@ -11,11 +11,11 @@ Candidates (all compute x @ W.T; they differ in summation order only, ~1e-6 rela
   linear       F.linear(x, W)
   weight_left  (W @ x.T).T, one row doubled (a one-column product takes the GEMV path)
   blocks{c}    W viewed as [c, N/c, K], one torch.bmm against x: the c blocks go to separate threads
+  native       trtspec's own few-row kernel (runtime/native.py), where the machine's C++ compiler builds it
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
@@ -24,12 +24,18 @@ from torch import Tensor, nn
 
 FEW_ROWS = 5  # decode (1 row), chain verification up to k = 4, the draft's own steps
 BLOCKS = (2, 4, 8)
-CANDIDATES = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS))
-DEFAULT = ("linear", "linear")  # (one row, 2..FEW_ROWS rows) until a choice is made
+CANDIDATES = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS), "native")
+DEFAULT = ("linear",) * FEW_ROWS  # the kernel for 1, 2, ..., FEW_ROWS rows, until a choice is made
+TIMED_MB = 256  # weights timed per candidate and row count (the lm_head always among them): enough to stream from memory
 
 
 def product(x: Tensor, weight: Tensor, kernel: str) -> Tensor:
     """x [rows, K] @ weight[N, K].T -> [rows, N] with the named kernel."""
+    if kernel == "native":
+        from trtspec.runtime.native import build, few_rows
+
+        if build()[0]:  # built once per process (and kept): afterwards this is a lookup
+            return few_rows(x, weight)
     if kernel == "weight_left":
         cols = torch.cat((x, x)) if x.shape[0] == 1 else x
         return (weight @ cols.T).T[: x.shape[0]].contiguous()
@@ -40,12 +46,13 @@ def product(x: Tensor, weight: Tensor, kernel: str) -> Tensor:
     return F.linear(x, weight)
 
 
-def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tuple[str, str] = DEFAULT) -> Tensor:
-    """F.linear, except that 1..FEW_ROWS float32 rows on a CPU without autograd use the kernels chosen for them."""
+def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tuple[str, ...] = DEFAULT) -> Tensor:
+    """F.linear, except that 1..FEW_ROWS float32 rows on a CPU without autograd use the kernel chosen for that many
+    rows (`kernels[rows - 1]`; under torch.compile each row count the run uses gets its own graph)."""
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if not 0 < rows <= FEW_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled():
         return F.linear(x, weight, bias)
-    y = product(x.reshape(rows, -1), weight, kernels[0] if rows == 1 else kernels[1])
+    y = product(x.reshape(rows, -1), weight, kernels[rows - 1])
     y = y.view(*x.shape[:-1], weight.shape[0])
     return y if bias is None else y + bias
 
@@ -57,39 +64,55 @@ def _time_pass(weights: list[Tensor], inputs: list[Tensor], kernel: str) -> floa
     return time.perf_counter() - t0
 
 
-def choose_kernels(model: nn.Module, repeats: int = 3) -> dict:
-    """Time every candidate over all of `model`'s runtime Linear weights, for 1 row and for 2 and 4 rows (chain
-    verification at k = 1 and 3), and set the fastest on each layer. Returns what was measured and chosen.
+def timed_weights(weights: list[Tensor]) -> list[Tensor]:
+    """The weights `choose_kernels` times: in model order up to TIMED_MB, plus the last (the lm_head)."""
+    out, mb = [], 0.0
+    for w in weights[:-1]:
+        if mb >= TIMED_MB:
+            break
+        out.append(w)
+        mb += w.numel() * w.element_size() / 1e6
+    return out + weights[-1:]
 
-    Rounds are interleaved (each round runs every candidate once) and the median is kept, so noise on a busy
-    machine hits all candidates alike. Off a CPU, or for weights that are not float32, F.linear is kept.
+
+def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
+    """Time every candidate for 1..FEW_ROWS rows over `model`'s runtime Linear weights (`timed_weights`), and set
+    the fastest for each row count on every layer. Returns what was measured and chosen.
+
+    Rounds are interleaved (each round runs every candidate once) and the best is kept, so noise on a busy machine
+    hits all candidates alike. Off a CPU, or for weights that are not float32, F.linear is kept.
     """
     from trtspec.runtime.model import Linear
+    from trtspec.runtime.native import build
 
     layers = [m for m in model.modules() if isinstance(m, Linear)]
     weights = [m.weight for m in layers]
     if not weights or weights[0].device.type != "cpu" or weights[0].dtype != torch.float32:
-        return {"one_row": "linear", "few_rows": "linear", "note": "not a float32 CPU model: F.linear"}
+        return {"by_rows": list(DEFAULT), "one_row": "linear", "note": "not a float32 CPU model: F.linear"}
+    native, why_not = build()
+    candidates = CANDIDATES if native else tuple(c for c in CANDIDATES if c != "native")
+    timed = timed_weights(weights)
     gen = torch.Generator().manual_seed(0)
-    seconds: dict[int, dict[str, list[float]]] = {}
+    ms: dict[int, dict[str, float]] = {}
     with torch.inference_mode():
-        for rows in (1, 2, 4):
-            inputs = [torch.randn(rows, w.shape[1], generator=gen) for w in weights]
-            seconds[rows] = {c: [] for c in CANDIDATES}
-            _time_pass(weights, inputs, "linear")  # first touch of the weights and the inputs
+        for rows in range(1, FEW_ROWS + 1):
+            inputs = [torch.randn(rows, w.shape[1], generator=gen) for w in timed]
+            _time_pass(timed, inputs, "linear")  # first touch of the inputs
+            best = dict.fromkeys(candidates, float("inf"))
             for _ in range(repeats):
-                for c in CANDIDATES:
-                    seconds[rows][c].append(_time_pass(weights, inputs, c))
-    ms = {rows: {c: statistics.median(t) * 1e3 for c, t in by.items()} for rows, by in seconds.items()}
-    one = min(CANDIDATES, key=lambda c: ms[1][c])
-    few = min(CANDIDATES, key=lambda c: ms[2][c] + ms[4][c])
+                for c in candidates:
+                    best[c] = min(best[c], _time_pass(timed, inputs, c) * 1e3)
+            ms[rows] = best
+    by_rows = tuple(min(candidates, key=ms[rows].get) for rows in ms)
     for m in layers:
-        m.kernels = (one, few)
+        m.kernels = by_rows
+    timed_mb = sum(w.numel() * w.element_size() for w in timed) / 1e6
     weight_mb = sum(w.numel() * w.element_size() for w in weights) / 1e6
     return {
-        "one_row": one, "few_rows": few, "weight_mb": round(weight_mb, 1),
+        "by_rows": list(by_rows), "one_row": by_rows[0], "weight_mb": round(weight_mb, 1), "timed_mb": round(timed_mb, 1),
         "ms_per_pass": {f"{rows}_rows": {c: round(t, 2) for c, t in by.items()} for rows, by in ms.items()},
-        "gb_per_s_one_row": round(weight_mb / ms[1][one], 2),
+        "gb_per_s_one_row": round(timed_mb / ms[1][by_rows[0]], 2),
+        "native_kernel": "built" if native else f"not available ({why_not})",
     }
 
 
@@ -143,7 +166,7 @@ def speed_limits(kernel_choice: dict, bandwidth: dict, no_draft_tps: float, acce
     """
     limit = bandwidth["gb_per_s"] * 1e3 / kernel_choice["weight_mb"]
     step_ms = 1e3 / no_draft_tps
-    products_ms = kernel_choice["ms_per_pass"]["1_rows"][kernel_choice["one_row"]]
+    products_ms = kernel_choice["weight_mb"] / kernel_choice["gb_per_s_one_row"]
     return {
         "weight_mb_per_token": kernel_choice["weight_mb"], "bandwidth_gb_per_s": bandwidth["gb_per_s"],
         "limit_tokens_per_s": round(limit, 2), "no_draft_tokens_per_s": round(no_draft_tps, 2),

@@ -230,29 +230,55 @@ class Transformer(Stepper):
 COMPILED = "decode, verify and draft passes compiled with torch.compile (inductor); prefills eager"
 
 
+def compile_cache_dir() -> Path:
+    """Where inductor keeps compiled graphs between runs: $TORCHINDUCTOR_CACHE_DIR when the user set it, else one
+    folder per torch version under the user's cache (~/.cache/trtspec), so the C++ compilation of the decode passes
+    is paid once per machine, not once per run, and survives a cleared /tmp."""
+    import os
+
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "trtspec" / f"inductor-torch{torch.__version__}"
+
+
 def compile_steps(models: list[Stepper], warm_up: Callable[[], object]) -> tuple[float, str]:
     """torch.compile the networks' few-token passes (inductor), then call `warm_up` to compile them.
 
-    Decoding a small model on a CPU spends a quarter of each step outside the GEMMs: per layer two norms, two ropes,
-    attention, two cache writes and the few-row product wrappers, ~30 small ops. Inductor fuses them into a few C++
-    loops (the GEMMs stay MKL's): SmolLM2-135M decode 27 -> 21 ms a token. Shapes stay dynamic (cache length, tokens
-    per pass): a network compiles one graph for 1 token and one for several, on first use, so `warm_up` should run
-    the generations that will be timed. Prefills stay eager. Outputs differ from eager ones in the last bits (fused
-    sums in another order, ~1e-4 on logits): greedy equality with HF is measured on the compiled runtime, by validate
-    and the tests. Returns (seconds spent, what happened): `COMPILED`, or why it fell back to eager (e.g. no C++
-    compiler).
+    Decoding a small model on a CPU spends a good part of each step outside the weight products: per layer two
+    norms, two ropes, attention, two cache writes, ~30 small ops. Inductor fuses them into a few C++ loops (the
+    products stay the BLAS calls `choose_kernels` picked). Shapes stay dynamic (cache length, tokens per pass): a
+    network compiles one graph for 1 token and one for several, on first use, so `warm_up` should run the
+    generations that will be timed. Prefills stay eager. Outputs differ from eager ones in the last bits (fused sums
+    in another order): greedy equality with HF is measured on the compiled runtime, by validate and the tests.
+
+    Compiled graphs are cached in `compile_cache_dir()`. A run killed mid-compilation can leave a broken entry
+    there; when compiling fails with trtspec's own cache folder, the folder is emptied and compiling tried once more.
+    Returns (seconds spent, what happened): `COMPILED`, or why it fell back to eager (e.g. no C++ compiler).
     """
+    import os
+    import shutil
+
     t0 = time.perf_counter()
-    for m in models:
-        m.compiled_step = torch.compile(m.forward, dynamic=True)
-    try:
-        warm_up()
-    except Exception as e:  # inductor's failures have no common base class; the eager runtime is always there
+    cache = compile_cache_dir()
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    ours = cache.parent.name == "trtspec"
+    for attempt in (1, 2):
         for m in models:
-            m.compiled_step = None
-        first = (str(e).strip().splitlines() or [""])[0][:200]
-        return round(time.perf_counter() - t0, 1), f"torch.compile failed ({type(e).__name__}: {first}); eager runtime"
-    return round(time.perf_counter() - t0, 1), COMPILED
+            m.compiled_step = torch.compile(m.forward, dynamic=True)
+        try:
+            warm_up()
+            return round(time.perf_counter() - t0, 1), COMPILED
+        except Exception as e:  # inductor's failures have no common base class; the eager runtime is always there
+            for m in models:
+                m.compiled_step = None
+            torch._dynamo.reset()
+            if attempt == 1 and ours and cache.is_dir():
+                shutil.rmtree(cache, ignore_errors=True)
+                continue
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            return round(time.perf_counter() - t0, 1), f"torch.compile failed ({type(e).__name__}: {first}); eager runtime"
+    raise AssertionError("unreachable")
 
 
 # ---------------------------------------------------------------------------------------------- loading

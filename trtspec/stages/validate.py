@@ -183,7 +183,7 @@ def run(ctx: StageContext) -> dict:
     ctx.log(f"{len(prompts)} prompts, {v.max_new_tokens} new tokens, draft {v.draft_shape} k={v.draft_len}, threads {torch.get_num_threads()}")
 
     kernels = target.kernel_choice
-    ctx.log(f"kernels chosen on this machine: {kernels['one_row']} for one row, {kernels['few_rows']} for a few")
+    ctx.log(f"kernels chosen on this machine for 1..{len(kernels['by_rows'])} rows: {', '.join(kernels['by_rows'])}")
     bandwidth = memory_bandwidth(kernels["one_row"]) if "weight_mb" in kernels else None
     hf = load_model(source, "float32", "cpu")
     skipped: dict[str, str] = {}
