@@ -124,3 +124,17 @@ def test_bench_speculative_script(tmp_path, run_inputs):
     rows = json.loads(out.stdout[out.stdout.index("{"):])["rows"]
     assert [r["k"] for r in rows] == [1, 2]
     assert all(r["exact"] == 2 and r["acceptance_length"] >= 1.0 and r["hf_generate"] > 0 for r in rows)
+
+
+def test_bench_compile_script(tmp_path, run_inputs):
+    """scripts/bench_compile.py: a process with an empty inductor cache, then one reusing it; both compile."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[1] / "scripts" / "bench_compile.py"
+    out = subprocess.run([sys.executable, str(script), str(run_inputs[0]), "--runs", "2", "--json"],
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout[out.stdout.index("{"):])["rows"]
+    assert [r["cache"] for r in rows] == ["empty", "warm"]
+    assert all("compiled with torch.compile" in r["note"] and r["seconds"] > 0 for r in rows)
