@@ -37,10 +37,10 @@ def main() -> None:
     from bench_speculative import load_prompts
 
     from trtspec import vllm_engine
-    from trtspec.generation import compare
+    from trtspec.checkpoint import check_bundle
+    from trtspec.generation import compare, eos_ids, hf_greedy
     from trtspec.models import load_model, load_tokenizer, resolve_model
     from trtspec.runtime import DraftSpec, load_eagle3_drafter, load_transformer, speculative_on_prompts
-    from trtspec.stages.validate import check_bundle, eos_ids, hf_generate
 
     ok, why = vllm_engine.availability()
     if not ok:
@@ -54,7 +54,7 @@ def main() -> None:
 
     print(f"HF generate on {len(prompts)} prompts", file=sys.stderr)
     hf = load_model(source, "float32", "cpu")
-    hf_out = [hf_generate(hf, p, new, eos) for p in prompts]
+    hf_out = [hf_greedy(hf, [p], new, eos)[0] for p in prompts]
     del hf
     print(f"trtspec runtime, chains of {a.k}", file=sys.stderr)
     t0 = time.perf_counter()

@@ -21,18 +21,19 @@ def training_step(cfg, run_dir: Path, mode: str):
     import torch
 
     from trtspec import eagle
+    from trtspec.head_training import HeadDataset, head_forward
     from trtspec.models import load_model, resolve_model, use_bf16
-    from trtspec.stages import train
+    from trtspec.target_states import base_states
 
     tokens = torch.load(run_dir / "data" / "train_tokens.pt", weights_only=True)
     eagle_cfg = json.loads((run_dir / "convert" / "eagle_config.json").read_text())
     aux_layers = eagle_cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]
-    ds = train.HeadDataset(tokens)
-    batch = train.HeadDataset.collate([ds[i] for i in range(cfg.train.batch_size)])
+    ds = HeadDataset(tokens)
+    batch = HeadDataset.collate([ds[i] for i in range(cfg.train.batch_size)])
     bf16 = use_bf16(cfg.train.precision)
     base = load_model(resolve_model(cfg.model.source), cfg.model.dtype)
     if mode == "offline":
-        aux, last = train.base_states(base, batch["input_ids"], batch["attention_mask"], aux_layers, bf16)
+        aux, last = base_states(base, batch["input_ids"], batch["attention_mask"], aux_layers, bf16)
         batch["aux_hidden_states"], batch["base_model_hidden_states"] = aux.half(), last.half()  # as cached
         eagle_cfg["eagle_offline"] = True
     model = eagle.build_eagle_model(base, eagle_cfg)
@@ -42,7 +43,7 @@ def training_step(cfg, run_dir: Path, mode: str):
 
     def step() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            out = train.head_forward(model, batch)  # what the train stage's compute_loss runs
+            out = head_forward(model, batch)  # what the train stage's compute_loss runs
         out.loss.backward()
         opt.step()
         opt.zero_grad()

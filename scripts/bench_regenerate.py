@@ -25,9 +25,10 @@ def main() -> None:
     args = ap.parse_args()
     variants = [(a, int(b)) for a, _, b in (v.partition(":") for v in args.variant or ["sdpa:64", "matmul:128"])]
 
+    from trtspec.chat import encode_prompt, read_prompt_file
     from trtspec.config import load_config
-    from trtspec.models import load_tokenizer, resolve_model, use_matmul_attention
-    from trtspec.stages.data import generate_batch, load_answering_model, read_prompts
+    from trtspec.generation import hf_greedy
+    from trtspec.models import load_answering_model, load_tokenizer, resolve_model, use_matmul_attention
 
     cfg = load_config(args.config)
     src = next((s for s in cfg.data.sources if s.kind == "regenerate"), None)
@@ -37,16 +38,16 @@ def main() -> None:
     tok = load_tokenizer(path)
     model = load_answering_model(path, cfg)
     dtype = str(model.dtype).removeprefix("torch.")
-    prompts = read_prompts(cfg.resolve_path(src.path), Counter())[: args.prompts]
-    texts = sorted((tok.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True) for p in prompts), key=len)
+    prompts = read_prompt_file(cfg.resolve_path(src.path), Counter())[: args.prompts]
+    ids = sorted((encode_prompt(tok, p["messages"]) for p in prompts), key=len)
 
     totals = {v: [0, 0.0] for v in variants}
     for rep in range(args.repeats):
         for attention, batch in variants:
             model.set_attn_implementation("sdpa") if attention == "sdpa" else use_matmul_attention(model)
             t0 = time.perf_counter()
-            tokens = sum(len(a) for i in range(0, len(texts), batch)
-                         for _, a in generate_batch(model, tok, texts[i : i + batch], cfg.data.max_new_tokens))
+            tokens = sum(len(a) for i in range(0, len(ids), batch)
+                         for a in hf_greedy(model, ids[i : i + batch], cfg.data.max_new_tokens, {tok.eos_token_id}, tok.pad_token_id))
             seconds = time.perf_counter() - t0
             totals[(attention, batch)][0] += tokens
             totals[(attention, batch)][1] += seconds
@@ -58,7 +59,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"\n{len(texts)} prompts, {cfg.data.max_new_tokens} new tokens max, {dtype}, {args.repeats} interleaved repeats")
+    print(f"\n{len(ids)} prompts, {cfg.data.max_new_tokens} new tokens max, {dtype}, {args.repeats} interleaved repeats")
     for r in rows:
         print(f"{r['attention']:6s} batch {r['batch']:4d}: {r['tokens_per_s']:7.1f} tokens/s  {r['ratio']:.2f}x")
 

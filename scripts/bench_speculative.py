@@ -19,32 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 
 def load_prompts(run: Path, tok, n: int, split: str = "heldout") -> list[list[int]]:
     """The first n prompts of the data stage's split (heldout | train), chat-templated."""
-    from trtspec.stages.validate import encode
+    from trtspec.chat import encode_prompt, prompt_rows, read_rows
 
     path = run / "data" / f"{split}.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    msgs = [r["messages"][:-1] for r in rows if len(r["messages"]) > 1][:n]
-    if not msgs:
+    rows = prompt_rows(read_rows(path))[:n]
+    if not rows:
         sys.exit(f"error: no prompts in {path}")
-    return [encode(tok, m) for m in msgs]
-
-
-def interleaved(methods: dict, prompts) -> dict[str, tuple[float, list]]:
-    """Each prompt through every method in turn -> {method: (tokens/s over all prompts, outputs)}."""
-    secs, outs = dict.fromkeys(methods, 0.0), {m: [] for m in methods}
-    for p in prompts:
-        for m, fn in methods.items():
-            t0 = time.perf_counter()
-            outs[m].append(fn(p))
-            secs[m] += time.perf_counter() - t0
-    tokens = {m: [o if isinstance(o, list) else o.tokens for o in outs[m]] for m in methods}
-    return {m: (sum(map(len, tokens[m])) / secs[m], outs[m]) for m in methods}
+    return [encode_prompt(tok, r["messages"]) for r in rows]
 
 
 def main() -> None:
@@ -60,6 +46,8 @@ def main() -> None:
 
     import torch
 
+    from trtspec.checkpoint import check_bundle
+    from trtspec.generation import eos_ids, hf_greedy, interleaved
     from trtspec.models import load_model, load_tokenizer, resolve_model
     from trtspec.runtime import (
         DraftSpec,
@@ -71,7 +59,6 @@ def main() -> None:
         speculative_decode,
     )
     from trtspec.runtime.kernels import cpu_description, memory_bandwidth, speed_limits
-    from trtspec.stages.validate import check_bundle, eos_ids, hf_generate
 
     run, bundle = a.run_dir, a.run_dir / "bundle"
     check_bundle(bundle)
@@ -105,12 +92,13 @@ def main() -> None:
     with torch.inference_mode():
         for k, spec in specs.items():
             res = interleaved({
-                "hf": lambda p: hf_generate(hf, p, new, eos),
+                "hf": lambda p: hf_greedy(hf, [p], new, eos)[0],
                 "base": lambda p: generate(target, torch.tensor(p), new, eos),
                 "spec": lambda p, s=spec: speculative_decode(target, drafter, torch.tensor(p), new, s, eos),
-                "lookup": lambda p, k=k: hf_generate(hf, p, new, eos, prompt_lookup_num_tokens=k),
+                "lookup": lambda p, k=k: hf_greedy(hf, [p], new, eos, prompt_lookup_num_tokens=k)[0],
             }, prompts)
-            (hf_tps, hf_outs), (base_tps, _), (spec_tps, outs), (pl_tps, _) = res["hf"], res["base"], res["spec"], res["lookup"]
+            (hf_tps, base_tps, spec_tps, pl_tps) = (res[m]["tokens_per_s"][0] for m in ("hf", "base", "spec", "lookup"))
+            hf_outs, outs = res["hf"]["outputs"], res["spec"]["outputs"]
             stats = Stats()
             for g in outs:
                 stats.merge(g.stats)

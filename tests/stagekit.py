@@ -8,7 +8,7 @@ from typing import Any
 
 from trtspec.artifacts import RunDir, write_json
 from trtspec.config import config_from_dict
-from trtspec.pipeline import StageContext
+from trtspec.stage import StageContext
 
 CONVERSATIONS = [
     ("Name three colors.", "Red, green and blue are three colors."),
@@ -31,8 +31,8 @@ def make_data(run: Path, model_dir: Path, seq_len: int = 64) -> Path:
     """run/data with train/heldout jsonl + token tensors, as the data stage writes them (plus a done manifest)."""
     import torch
 
+    from trtspec.chat import tokenize_rows
     from trtspec.models import load_tokenizer
-    from trtspec.stages.data import tokenize_rows
 
     RunDir(run).ensure()
     tok = load_tokenizer(model_dir)

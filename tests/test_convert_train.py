@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trtspec import eagle
+from trtspec import eagle, head_eval, head_training, target_states
 from trtspec.config import ConvertSection, config_from_dict
 from trtspec.errors import ConfigError, ModelError
 from trtspec.stages import convert, train
@@ -176,18 +176,18 @@ def test_acceptance_counting():
     drafts = torch.zeros(8, 3, dtype=torch.long)
     drafts[1] = torch.tensor([2, 3, 9])  # after token 1 (q=2): drafts 2, 3 right, 9 wrong -> 1 + 2 tokens
     drafts[4] = torch.tensor([5, 6, 0])  # after token 4 (q=5): 5, 6 right, then the sequence ends
-    tokens, forwards, per_pos = train.acceptance(drafts, seq, start=2, k=3)
+    tokens, forwards, per_pos = head_eval.greedy_acceptance(drafts, seq, start=2, k=3)
     assert (tokens, forwards) == (5, 2) and per_pos == [2, 2, 0]
-    assert train.acceptance(drafts, seq, start=2, k=1)[:2] == (5, 3)
+    assert head_eval.greedy_acceptance(drafts, seq, start=2, k=1)[:2] == (5, 3)
 
 
 def test_al_interval_brackets_the_pooled_al_and_vanishes_when_prompts_agree():
     same = [(30, 15)] * 20  # every prompt at AL 2: no draw of prompts moves it
-    assert train.al_interval(same) == [2.0, 2.0]
+    assert head_eval.al_interval(same) == [2.0, 2.0]
     mixed = [(10, 10)] * 10 + [(40, 10)] * 10  # prompts at AL 1 and 4: pooled AL 2.5
-    lo, hi = train.al_interval(mixed)
-    assert 1.0 < lo < 2.5 < hi < 4.0 and train.al_interval(mixed) == [lo, hi]  # seeded: the same every run
-    assert hi - lo > train.al_interval(mixed * 4)[1] - train.al_interval(mixed * 4)[0]  # more prompts, narrower
+    lo, hi = head_eval.al_interval(mixed)
+    assert 1.0 < lo < 2.5 < hi < 4.0 and head_eval.al_interval(mixed) == [lo, hi]  # seeded: the same every run
+    assert hi - lo > head_eval.al_interval(mixed * 4)[1] - head_eval.al_interval(mixed * 4)[0]  # more prompts, narrower
 
 
 def _tokens(lengths, width=40):
@@ -200,9 +200,9 @@ def _tokens(lengths, width=40):
 
 
 def test_rows_are_cut_to_length_and_batches_padded_to_a_multiple_of_16():
-    ds = train.HeadDataset(_tokens([5, 17, 40]))
+    ds = head_training.HeadDataset(_tokens([5, 17, 40]))
     assert [len(ds[i]["input_ids"]) for i in range(3)] == [5, 17, 40]
-    batch = train.HeadDataset.collate([ds[0], ds[1]])
+    batch = head_training.HeadDataset.collate([ds[0], ds[1]])
     assert batch["input_ids"].shape == (2, 32)
     assert batch["attention_mask"].sum(1).tolist() == [5, 17]
     # the loss mask is shifted left by one (modelopt scores position t against the label at t+1)
@@ -212,7 +212,7 @@ def test_rows_are_cut_to_length_and_batches_padded_to_a_multiple_of_16():
 
 def test_length_grouped_sampler_is_a_seeded_permutation_per_epoch():
     lengths = [(i * 37) % 100 + 1 for i in range(64)]
-    s = train.LengthGroupedEpochSampler(lengths, batch_size=8, seed=0)
+    s = head_training.LengthGroupedEpochSampler(lengths, batch_size=8, seed=0)
     first = list(s)
     assert sorted(first) == list(range(64)) and list(s) == first  # same epoch, same order (a resumed run)
     s.set_epoch(1)
@@ -230,9 +230,9 @@ def test_cached_states_equal_a_direct_forward_and_resume(tiny_model_dir, tmp_pat
     base = load_model(tiny_model_dir, "float32")
     tokens = _tokens([5, 40, 17, 9, 23], width=40)
     tokens["input_ids"] = tokens["input_ids"] * 3 + 7
-    full = train.cache_states(base, tokens, [1, 2], tmp_path / "a", 2, print)
+    full = target_states.cache_states(base, tokens, [1, 2], tmp_path / "a", 2, print)
     for r, n in enumerate([5, 40, 17, 9, 23]):  # each row as if run alone, cut to its length
-        aux, last = train.base_states(base, tokens["input_ids"][r : r + 1, :n], tokens["attention_mask"][r : r + 1, :n], [1, 2])
+        aux, last = target_states.base_states(base, tokens["input_ids"][r : r + 1, :n], tokens["attention_mask"][r : r + 1, :n], [1, 2])
         assert torch.allclose(torch.from_numpy(full["aux"][r, :n].astype("float32")), aux[0], atol=2e-3)
         assert torch.allclose(torch.from_numpy(full["last"][r, :n].astype("float32")), last[0], atol=2e-3)
     # a run killed after the first batch resumes from it; progress saved in another row order is not trusted
@@ -245,7 +245,7 @@ def test_cached_states_equal_a_direct_forward_and_resume(tiny_model_dir, tmp_pat
         m[wiped] = 0  # what the kill left unwritten (resume) / a cache that must not be trusted (redo)
         m.flush()
         progress.write_text(json.dumps(saved))
-        again = train.cache_states(base, tokens, [1, 2], tmp_path / "a", 2, print)
+        again = target_states.cache_states(base, tokens, [1, 2], tmp_path / "a", 2, print)
         assert (again["aux"] == expected).all() and json.loads(progress.read_text())["rows"] == 5
 
 
@@ -256,9 +256,9 @@ def test_training_rows_set_reads_the_cached_states_and_starts_at_the_first_label
     tokens = _tokens([12, 30, 9, 20])
     tokens["loss_mask"][:, :4] = False  # a 4-token prompt before each answer
     tokens["loss_mask"][1] = False  # a row with nothing to score is passed over
-    cached = train.cache_states(base, tokens, [1, 2], tmp_path / "s", 2, print)
-    offline = train.training_rows_set(tokens, cached, base, [1, 2], 2)
-    online = train.training_rows_set(tokens, None, base, [1, 2], 2)
+    cached = target_states.cache_states(base, tokens, [1, 2], tmp_path / "s", 2, print)
+    offline = head_eval.training_rows_set(tokens, cached, base, [1, 2], 2)
+    online = head_eval.training_rows_set(tokens, None, base, [1, 2], 2)
     assert [len(r["input_ids"]) for r in offline] == [12, 9] and [r["start"] for r in offline] == [4, 4]
     for a, b in zip(offline, online, strict=True):
         assert torch.equal(a["input_ids"], b["input_ids"]) and a["start"] == b["start"]
@@ -275,11 +275,11 @@ def test_logits_only_where_scored_leave_loss_and_gradients_unchanged(tiny_model_
     tokens = _tokens([21, 30, 12], width=32)
     tokens["input_ids"] = tokens["input_ids"] * 5 % 200 + 3
     tokens["loss_mask"][:, :8] = False  # a prompt: not scored
-    batch = train.HeadDataset.collate([train.HeadDataset(tokens)[i] for i in range(3)])
+    batch = head_training.HeadDataset.collate([head_training.HeadDataset(tokens)[i] for i in range(3)])
     if offline:
         from trtspec.models import load_model
 
-        aux, last = train.base_states(load_model(tiny_model_dir), batch["input_ids"], batch["attention_mask"], model.eagle_config.eagle_aux_hidden_state_layer_ids)
+        aux, last = target_states.base_states(load_model(tiny_model_dir), batch["input_ids"], batch["attention_mask"], model.eagle_config.eagle_aux_hidden_state_layer_ids)
         batch["aux_hidden_states"], batch["base_model_hidden_states"] = aux, last
 
     def loss_and_grads(fn):
@@ -295,13 +295,13 @@ def test_logits_only_where_scored_leave_loss_and_gradients_unchanged(tiny_model_
         if offline:
             last = b.pop("base_model_hidden_states")
             kw["base_model_outputs"] = {"aux_hidden_states": b.pop("aux_hidden_states"), "base_model_hidden_states": last,
-                                        "base_model_logits": train.draft_target_logits(model, last)}
+                                        "base_model_logits": eagle.draft_target_logits(model, last)}
         return model(**b, **kw)
 
     calls = []
     # positions with logits (non-zero rows) in each TTT step's lm_head output
     model.eagle_module.lm_head.register_forward_hook(lambda m, args, out: calls.append(int((out != 0).any(-1).sum())))
-    loss, grads = loss_and_grads(lambda: train.head_forward(model, batch))
+    loss, grads = loss_and_grads(lambda: head_training.head_forward(model, batch))
     assert calls == [int(batch["loss_mask"][:, 1:].sum())] * 3  # the scored positions only, in each TTT step
     calls.clear()
     ref_loss, ref_grads = loss_and_grads(everywhere)
@@ -319,11 +319,11 @@ def test_head_forward_under_a_wrapper(tiny_model_dir):
     model = _head(tiny_model_dir, draft_vocab=64)
     eagle.set_draft_vocab(model, torch.arange(64) * 3)
     model.train()
-    batch = train.HeadDataset.collate([train.HeadDataset(_tokens([21, 12], width=24))[i] for i in range(2)])
+    batch = head_training.HeadDataset.collate([head_training.HeadDataset(_tokens([21, 12], width=24))[i] for i in range(2)])
     wrapped = torch.nn.DataParallel(model)
     with pytest.raises(AttributeError):
         wrapped.eagle_module  # noqa: B018  (why the unwrapped model is passed)
-    out = train.head_forward(wrapped, batch, wrapped.module)
+    out = head_training.head_forward(wrapped, batch, wrapped.module)
     out.loss.backward()
     assert torch.isfinite(out.loss) and model.eagle_module.fc.weight.grad.abs().sum() > 0
 
@@ -338,8 +338,8 @@ def test_chain_drafts_match_step_by_step_drafting(tiny_model_dir):
         base_tok, step = model.pseudo_speculative_generate(seq[:, :q], steps=3)
         # teacher-force the chain's own tokens: the target's token, then the drafts (as if all were accepted)
         forced = torch.cat([seq[:, :q], base_tok, step[:, :-1]], 1)
-        aux, last = train.base_states(model, forced, torch.ones_like(forced), layers)
-        assert train.chain_drafts(model, forced, aux, last, 3)[0, q - 1].tolist() == step[0].tolist()
+        aux, last = target_states.base_states(model, forced, torch.ones_like(forced), layers)
+        assert head_eval.chain_drafts(model, forced, aux, last, 3)[0, q - 1].tolist() == step[0].tolist()
 
 
 # ---------------------------------------------------------------- the stages on the tiny model
@@ -398,10 +398,10 @@ def test_train_few_steps_writes_head_and_log(upstream, tiny_model_dir, tmp_path,
     rows = [json.loads(x) for x in (ctx.out / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and len(rows[0]["acc_ttt"]) == 3
     assert m["steps"] == 4 and m["headline"].startswith("AL@3 ") and 1.0 <= m["AL@3"] <= 4.0
-    assert 1.0 <= m["fit"]["AL@3"] <= 4.0 and len(m["fit"]["accept_rate_by_position"]) == train.EVAL_MAX_DRAFT
+    assert 1.0 <= m["fit"]["AL@3"] <= 4.0 and len(m["fit"]["accept_rate_by_position"]) == head_eval.EVAL_MAX_DRAFT
     assert m["AL@1"] <= m["AL@2"] + 1e-9 or m["AL@1"] <= 2.0
     assert (ctx.out / "head.safetensors").is_file()
-    seqs = torch.load(ctx.out / train.EVAL_SEQS, weights_only=True)  # the held-out greedy answers, for export
+    seqs = torch.load(ctx.out / head_eval.EVAL_SEQS, weights_only=True)  # the held-out greedy answers, for export
     assert len(seqs) == m["eval_prompts"] and all(s["input_ids"].numel() > s["start"] for s in seqs)
     cfg = json.loads((ctx.out / "eagle_config.json").read_text())
     assert cfg["eagle_offline"] is False and cfg["eagle_ttt_steps"] == 3

@@ -9,8 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from trtspec import chat
 from trtspec.config import config_from_dict
 from trtspec.errors import DataError
+from trtspec.generation import hf_greedy
 from trtspec.stages import data
 
 
@@ -27,7 +29,7 @@ def test_messages_and_sharegpt_rows(tmp_path):
         {"messages": [{"role": "user", "content": "no answer here"}]},
         {"text": "a plain document"},
     ]
-    got = data.conversations_from_rows(data.read_jsonl(_write(tmp_path / "c.jsonl", rows + ["{broken"]), skips), "c", skips)
+    got = chat.conversations_from_rows(chat.read_jsonl(_write(tmp_path / "c.jsonl", rows + ["{broken"]), skips), "c", skips)
     assert [r["messages"][-1]["content"] for r in got] == ["hello", "4", "a plain document"]
     assert got[1]["messages"] == [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
     assert got[2]["category"] == "text"
@@ -37,21 +39,21 @@ def test_messages_and_sharegpt_rows(tmp_path):
 def test_prompt_file_dedup_and_bad_lines(tmp_path):
     skips: Counter = Counter()
     p = _write(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "a"}, {"prompt": ""}, "not json", {"prompt": "b", "category": "math"}])
-    prompts = data.read_prompts(p, skips)
+    prompts = chat.read_prompt_file(p, skips)
     assert [(x["messages"][0]["content"], x["category"]) for x in prompts] == [("a", "chat"), ("b", "math")]
     assert skips == Counter({"duplicate prompt": 1, "prompt row without prompt": 1, "unparsable prompt line": 1})
     plain = tmp_path / "p.txt"
     plain.write_text("first prompt\n\nsecond prompt\n")
-    assert len(data.read_prompts(plain, Counter())) == 2
+    assert len(chat.read_prompt_file(plain, Counter())) == 2
 
 
 def test_unreadable_and_missing_files(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
-        data.read_jsonl(tmp_path / "nope.jsonl", Counter())
+        chat.read_jsonl(tmp_path / "nope.jsonl", Counter())
     bad = tmp_path / "bin.jsonl"
     bad.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(DataError, match="UTF-8"):
-        data.read_jsonl(bad, Counter())
+        chat.read_jsonl(bad, Counter())
 
 
 def test_loss_mask_covers_assistant_tokens_only(tiny_model_dir):
@@ -59,11 +61,11 @@ def test_loss_mask_covers_assistant_tokens_only(tiny_model_dir):
 
     tok = load_tokenizer(tiny_model_dir)
     row = {"messages": [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "Blue is a color."}]}
-    ids, mask, cut = data.tokenize_row(row, tok, 512)
+    ids, mask, cut = chat.tokenize_row(row, tok, 512)
     assert not cut and len(ids) == len(mask)
     labelled = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
     assert "Blue is a color." in labelled and "Name a color" not in labelled
-    short_ids, short_mask, cut = data.tokenize_row(row, tok, 8)
+    short_ids, short_mask, cut = chat.tokenize_row(row, tok, 8)
     assert cut and len(short_ids) == 8 and short_ids == ids[:8]
 
 
@@ -142,7 +144,7 @@ def test_regenerate_resumes_after_a_kill(tmp_path, tiny_model_dir, tiny_prompts_
     from trtspec.models import load_model, load_tokenizer
 
     model, tok = _talkative(load_model(tiny_model_dir)), load_tokenizer(tiny_model_dir)
-    prompts = data.read_prompts(tiny_prompts_file, Counter())
+    prompts = chat.read_prompt_file(tiny_prompts_file, Counter())
     answers = tmp_path / "answers.jsonl"
     cfg = SimpleNamespace(batch_size=4, max_new_tokens=3, temperature=0.0)
     full = data.regenerate(prompts, model, tok, answers, cfg, print)
@@ -164,13 +166,14 @@ def test_regenerated_rows_train_on_the_targets_own_tokens(tmp_path, tiny_model_d
     from trtspec.models import load_model, load_tokenizer
 
     model, tok = _talkative(load_model(tiny_model_dir)), load_tokenizer(tiny_model_dir)
-    prompts = data.read_prompts(tiny_prompts_file, Counter())
+    prompts = chat.read_prompt_file(tiny_prompts_file, Counter())
     cfg = SimpleNamespace(batch_size=4, max_new_tokens=5, temperature=0.0)
     rows = data.regenerate(prompts, model, tok, tmp_path / "answers.jsonl", cfg, print)
     assert len(rows) == len(prompts)
-    texts = [tok.apply_chat_template(r["messages"][:-1], tokenize=False, add_generation_prompt=True) for r in rows]
-    for row, (prompt, answer) in zip(rows, data.generate_batch(model, tok, texts, 5), strict=True):
-        ids, mask, cut = data.tokenize_row(row, tok, 512)
+    prompts_ids = [chat.encode_prompt(tok, r["messages"][:-1]) for r in rows]
+    answers = hf_greedy(model, prompts_ids, 5, {tok.eos_token_id}, tok.pad_token_id)
+    for row, prompt, answer in zip(rows, prompts_ids, answers, strict=True):
+        ids, mask, cut = chat.tokenize_row(row, tok, 512)
         assert ids == prompt + answer and not cut
         assert [t for t, m in zip(ids, mask, strict=True) if m] == answer
     # an answers file from before the tokens were kept: those prompts are answered again, not trusted
@@ -191,10 +194,10 @@ def test_batched_generate_matches_one_prompt_at_a_time(tiny_model_dir, tiny_prom
         use_matmul_attention(model)
     contiguous = []
     model.get_output_embeddings().register_forward_pre_hook(lambda _m, args: contiguous.append(args[0].is_contiguous()))
-    texts = [tok.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True)
-             for p in data.read_prompts(tiny_prompts_file, Counter())]
-    batched = data.generate_batch(model, tok, texts, 6)
-    assert batched == [data.generate_batch(model, tok, [t], 6)[0] for t in texts]
+    prompts = [chat.encode_prompt(tok, p["messages"]) for p in chat.read_prompt_file(tiny_prompts_file, Counter())]
+    eos, pad = {tok.eos_token_id}, tok.pad_token_id
+    batched = hf_greedy(model, prompts, 6, eos, pad)
+    assert batched == [hf_greedy(model, [p], 6, eos, pad)[0] for p in prompts]
     assert contiguous and all(contiguous)
 
 

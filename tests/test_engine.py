@@ -11,7 +11,7 @@ from trtllm_helpers import CONTRACT, fake_trtllm, make_bundle, make_cfg, purge_t
 from trtspec import trtllm, vllm_engine
 from trtspec.artifacts import RunDir
 from trtspec.errors import ArtifactError, ConfigError
-from trtspec.pipeline import StageContext, StageSkipped
+from trtspec.stage import StageContext, StageSkipped
 from trtspec.stages import engine
 
 

@@ -11,7 +11,8 @@ from stagekit import make_data, make_train, stage_ctx, tiny_config
 
 from trtspec.checkpoint import check_draft_checkpoint, expected_keys
 from trtspec.errors import ArtifactError, ConfigError
-from trtspec.stages import export, quantize, train
+from trtspec.head_eval import EVAL_SEQS
+from trtspec.stages import export, quantize
 
 TEXT_SUFFIXES = {".json", ".yaml", ".yml", ".md", ".sh", ".txt", ".pbtxt", ".jinja", ".py", ""}
 
@@ -135,7 +136,7 @@ def test_fp8_acceptance_reuses_the_train_stage_answers(fp8):
     ctx, m = fp8
     generated = ctx.work / "eval_unquantized.pt"  # the fixture's train dir had none: export generated them
     assert generated.is_file()
-    given = ctx.inputs["train"] / train.EVAL_SEQS
+    given = ctx.inputs["train"] / EVAL_SEQS
     shutil.move(generated, given)
     try:
         shutil.rmtree(ctx.out)

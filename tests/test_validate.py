@@ -12,7 +12,7 @@ from test_runtime import export_random_eagle, rerandomized
 from trtspec.artifacts import RunDir
 from trtspec.config import config_from_dict
 from trtspec.errors import ArtifactError, DataError, ValidationFailed
-from trtspec.pipeline import StageContext
+from trtspec.stage import StageContext
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

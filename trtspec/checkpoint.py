@@ -202,3 +202,14 @@ def check_draft_checkpoint(draft_dir: str | Path, target_config: Any = None) -> 
         "parameters": sum(t.numel() for k, t in tensors.items() if k not in VOCAB_MAPS),
         "tensors": sorted(tensors),
     }
+
+
+BUNDLE_FILES = ("target/config.json", "draft/config.json", "draft/model.safetensors")
+
+
+def check_bundle(bundle: Path) -> None:
+    missing = [f for f in BUNDLE_FILES if not (bundle / f).is_file()]
+    if not list((bundle / "target").glob("*.safetensors")):
+        missing.append("target/*.safetensors")
+    if missing:
+        raise ArtifactError(f"bundle '{bundle}' is missing {', '.join(missing)}", "re-run the export stage (trtspec export --force)")

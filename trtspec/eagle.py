@@ -234,3 +234,25 @@ def draft_to_target_ids(model: Any, draft_ids: Any) -> Any:
     """Target token ids for draft-vocab ids (identity without a compressed vocab)."""
     d2t = getattr(model.eagle_module, "d2t", None)
     return draft_ids if d2t is None else draft_ids + d2t[draft_ids]
+
+
+def rows_at(keep: Any, x: Any, fn: Any) -> Any:
+    """fn applied to the rows of x where `keep` [B, T] is true, zeros elsewhere: [B, T, out]."""
+    vals = fn(x[keep])
+    return vals.new_zeros(*keep.shape, vals.shape[-1]).index_put((keep,), vals)
+
+
+def draft_target_logits(model: Any, last: Any, keep: Any = None) -> Any:
+    """The target's logits restricted to the draft vocab (all of it without one): lm_head rows d2t maps to.
+    keep [B, T]: only at these positions, zeros elsewhere (where the loss does not look).
+
+    Computing 8k logits instead of 49k is most of what makes offline steps cheap; softmax over the draft
+    vocab is what modelopt would take after its own gather."""
+    weight = model._base_model_lm_head.weight
+    d2t = getattr(model.eagle_module, "d2t", None)
+    if d2t is not None:
+        import torch
+
+        weight = weight[torch.arange(len(d2t), device=d2t.device) + d2t]
+    logits = lambda h: h.to(weight.dtype) @ weight.T  # noqa: E731
+    return logits(last) if keep is None else rows_at(keep, last, logits)

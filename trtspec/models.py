@@ -312,3 +312,13 @@ def tiny_llama(path: Path, vocab_from: Path | None = None, layers: int = 4, hidd
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def load_answering_model(path: Path, cfg: Any) -> Any:
+    """The target as regeneration runs it: in data.dtype (auto = model.dtype; fastest = bf16 where it is native),
+    with the matmul attention on a CPU."""
+    dtype = cfg.data.dtype
+    if dtype == "fastest":
+        dtype = "bfloat16" if use_bf16("auto") else "auto"
+    model = load_model(path, dtype if dtype != "auto" else cfg.model.dtype)
+    return use_matmul_attention(model) if model.device.type == "cpu" else model

@@ -13,14 +13,15 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trtspec.artifacts import RunDir, fingerprint, package_versions, sha256_file
 from trtspec.config import STAGES, BuildConfig, dump_config
-from trtspec.errors import ConfigError, TrtspecError
+from trtspec.errors import ConfigError
 from trtspec.models import model_stamp
+from trtspec.stage import StageContext, StageSkipped
 
 # upstream stages each stage reads
 DEPS: dict[str, tuple[str, ...]] = {
@@ -42,26 +43,6 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "engine": ("engine",),
     "validate": ("validate", "seed"),
 }
-
-
-class StageSkipped(TrtspecError):
-    """Raised by a stage that cannot run here (no GPU, no tensorrt_llm): recorded as skipped, not failed."""
-
-    exit_code = 3
-
-
-@dataclass
-class StageContext:
-    cfg: BuildConfig
-    run: RunDir
-    stage: str
-    out: Path  # temporary folder; renamed into RUN_DIR/<stage> when the stage returns
-    work: Path  # resumable scratch that survives a kill (same fingerprint only)
-    inputs: dict[str, Path] = field(default_factory=dict)  # upstream stage folders
-    manifests: dict[str, dict] = field(default_factory=dict)  # upstream manifests
-
-    def log(self, msg: str) -> None:
-        print(f"[{self.stage}] {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass

@@ -23,31 +23,31 @@ K, MAX_NEW = 3, 48
 @pytest.fixture(scope="module")
 def prompts(ci_run) -> list[list[int]]:
     """Six of the head's training prompts: it knows their answers, so acceptance is high and sensitive."""
+    from trtspec.chat import encode_prompt
     from trtspec.models import load_tokenizer
-    from trtspec.stages.validate import encode
 
     tok = load_tokenizer(ci_run / "bundle" / "target")
     rows = [json.loads(line) for line in (ci_run / "data" / "train.jsonl").read_text().splitlines() if line.strip()]
-    return [encode(tok, r["messages"][:-1]) for r in rows[:6]]
+    return [encode_prompt(tok, r["messages"][:-1]) for r in rows[:6]]
 
 
 @pytest.fixture(scope="module")
 def hf_outputs(ci_run, prompts) -> list[list[int]]:
+    from trtspec.generation import eos_ids, hf_greedy
     from trtspec.models import load_model, load_tokenizer, resolve_model
-    from trtspec.stages.validate import eos_ids, hf_generate
 
     target = ci_run / "bundle" / "target"
     model = load_model(resolve_model("demo:smollm2-135m-instruct"), "float32", "cpu")
     eos = eos_ids(target, load_tokenizer(target))
-    return [hf_generate(model, p, MAX_NEW, eos) for p in prompts]
+    return [hf_greedy(model, [p], MAX_NEW, eos)[0] for p in prompts]
 
 
 @pytest.fixture(scope="module")
 def runtime(ci_bundle, prompts) -> tuple[list[list[int]], object]:
     """trtspec's own runtime, greedy chains of K drafts: (outputs, Stats)."""
+    from trtspec.generation import eos_ids
     from trtspec.models import load_tokenizer
     from trtspec.runtime import DraftSpec, load_eagle3_drafter, load_transformer, speculative_on_prompts
-    from trtspec.stages.validate import eos_ids
 
     target, _ = load_transformer(ci_bundle / "target")
     drafter = load_eagle3_drafter(ci_bundle / "draft", target)

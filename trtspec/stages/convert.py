@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import ConfigError, DataError
-from trtspec.pipeline import StageContext
+from trtspec.stage import StageContext
 
 # decoders whose layer the head copies (Llama-style attention + SwiGLU MLP + RMSNorm)
 LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from trtspec import trtllm
+from trtspec.chat import encode_prompt
 from trtspec.errors import ArtifactError, ConfigError
-from trtspec.generation import compare, tokens_per_s
-from trtspec.pipeline import StageContext, StageSkipped
+from trtspec.generation import compare, hf_greedy, tokens_per_s
 from trtspec.serving import llm_api_options, read_options, speculative_options
+from trtspec.stage import StageContext, StageSkipped
 
 # built-in prompts (chat-templated with the target's tokenizer); a spread of the usual categories
 PROMPTS = [
@@ -79,11 +80,7 @@ def prompt_ids(target: Path, n: int) -> list[list[int]]:
     from trtspec.models import load_tokenizer
 
     tok = load_tokenizer(target)
-    prompts = (PROMPTS * (n // len(PROMPTS) + 1))[:n]
-    if tok.chat_template:
-        return [list(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True,
-                                             return_dict=False)) for p in prompts]
-    return [tok(p)["input_ids"] for p in prompts]
+    return [encode_prompt(tok, [{"role": "user", "content": p}]) for p in (PROMPTS * (n // len(PROMPTS) + 1))[:n]]
 
 
 def resolve_source(ctx: StageContext, source: str) -> Path:
@@ -156,21 +153,10 @@ def hf_reference(source: Path, prompts: list[list[int]], max_new: int, batch_siz
     from trtspec.models import load_model, load_tokenizer
 
     model, tok = load_model(source, dtype), load_tokenizer(source)
-    dev = next(model.parameters()).device
+    eos = model.generation_config.eos_token_id
 
     def generate(batch: list[list[int]]) -> list[list[int]]:
-        width = max(map(len, batch))  # left-pad to one tensor
-        ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in batch], device=dev)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=dev)
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                             pad_token_id=tok.pad_token_id)
-        eos = model.generation_config.eos_token_id
-        eos = set(eos if isinstance(eos, list) else [eos])
-        rows = []
-        for row in out[:, width:].tolist():
-            cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-            rows.append(row[:cut])
-        return rows
+        return hf_greedy(model, batch, max_new, eos if isinstance(eos, list) else [eos], tok.pad_token_id)
 
     with torch.inference_mode():
         outputs = [generate([p])[0] for p in prompts]

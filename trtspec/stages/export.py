@@ -20,7 +20,7 @@ from typing import Any
 
 from trtspec.compat import ENGINES_CHECKED, add_engine_fields, add_legacy_keys
 from trtspec.errors import ArtifactError, ConfigError
-from trtspec.pipeline import StageContext
+from trtspec.stage import StageContext
 
 
 def load_eagle_config(train_dir: Path) -> dict:
@@ -103,11 +103,12 @@ def acceptance_lengths(ctx: StageContext, draft_model: Any, targets: dict[str, t
     the head drafts from that target's hidden states (train stage's exact greedy simulation): AL = tokens per
     target forward (1 = the draft never helps).
     """
+    from trtspec.chat import read_rows
+    from trtspec.head_eval import build_eval_set, evaluate_acceptance
     from trtspec.models import load_tokenizer, resolve_model
-    from trtspec.stages.train import _read_rows, build_eval_set, evaluate_acceptance
 
     data_dir, _ = ctx.run.require("data")  # upstream of both train and quantize
-    rows = _read_rows(data_dir / "heldout.jsonl")[: ctx.cfg.train.eval_prompts]  # the train stage's evaluation prompts
+    rows = read_rows(data_dir / "heldout.jsonl")[: ctx.cfg.train.eval_prompts]  # the train stage's evaluation prompts
     if not rows:
         return {}
     tok = load_tokenizer(resolve_model(ctx.cfg.model.source))
@@ -192,9 +193,9 @@ def write_readme(bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
 def run(ctx: StageContext) -> dict:
     from trtspec import serving
     from trtspec.checkpoint import check_draft_checkpoint
+    from trtspec.head_eval import EVAL_SEQS
     from trtspec.models import load_model, load_tokenizer, resolve_model, torch_dtype
-    from trtspec.stages.quantize import fold_weights, read_quant_json, restore_quantized
-    from trtspec.stages.train import EVAL_SEQS
+    from trtspec.quant import fold_weights, read_quant_json, restore_quantized
 
     t0 = time.time()
     cfg, out = ctx.cfg, ctx.out

@@ -1,11 +1,8 @@
 """The quantize stage: post-training quantization of the base with modelopt (mtq.quantize), calibrated on data/.
 
-Writes quantize/quant.json ({"format": ...} plus what was quantized) and, when format != none:
-  modelopt_state.pt         mto.modelopt_state(model): which quantizers sit where, with their configs
-  quant_tensors.safetensors every tensor that differs from the base checkpoint (quantizer amax/scales, and the
-                            weights smoothquant/AWQ rescaled), so restore = base + state + these tensors
-`restore_quantized(base_model, quant_dir)` rebuilds the quantized base (the export stage uses it); the stage
-checks that the rebuilt model gives the same logits before it returns.
+Writes quantize/quant.json and, when format != none, modelopt_state.pt and quant_tensors.safetensors (trtspec.quant
+says what each holds). `trtspec.quant.restore_quantized(base_model, quant_dir)` rebuilds the quantized base (the
+export stage uses it); the stage checks that the rebuilt model gives the same logits before it returns.
 
 Measured on the held-out split: perplexity of the answers before/after, and greedy agreement with the
 unquantized model (teacher-forced top-1 agreement on its greedy continuations; identical free-running outputs).
@@ -13,275 +10,36 @@ unquantized model (teacher-forced top-1 agreement on its greedy continuations; i
 
 from __future__ import annotations
 
-import copy
-import json
-import math
-import random
-from pathlib import Path
 from typing import Any
 
-from trtspec.errors import ArtifactError, ConfigError, DataError, MissingDependency
-from trtspec.pipeline import StageContext
-
-QUANT_JSON = "quant.json"
-STATE_FILE = "modelopt_state.pt"
-TENSORS_FILE = "quant_tensors.safetensors"
-# format -> modelopt preset
-PRESETS = {
-    "fp8": "FP8_DEFAULT_CFG",
-    "int8_sq": "INT8_SMOOTHQUANT_CFG",
-    "int4_awq": "INT4_AWQ_CFG",
-    "w4a8_awq": "W4A8_AWQ_BETA_CFG",
-    "nvfp4": "NVFP4_DEFAULT_CFG",
-}
-BLOCK_FORMATS = ("int4_awq", "w4a8_awq")  # int4 weights in blocks along in_features
-BLOCK_CHOICES = (128, 64, 32)  # largest first: fewer scales, what TensorRT-LLM's kernels prefer
-NVFP4_BLOCK = 16
-
-
-def quantized_linears(model: Any, quantize_lm_head: bool) -> dict[str, int]:
-    """{module name: in_features} of the Linear layers the presets quantize (lm_head only when asked)."""
-    from torch import nn
-
-    return {
-        name: m.in_features
-        for name, m in model.named_modules()
-        if isinstance(m, nn.Linear) and (quantize_lm_head or not name.endswith("lm_head"))
-    }
-
-
-def pick_block_size(in_features: dict[str, int], requested: int | None) -> int:
-    """The int4 block size: `requested` if it divides every layer's in_features, else the largest of 128/64/32 that does."""
-    choices = (requested,) if requested else BLOCK_CHOICES
-    for block in choices:
-        if all(width % block == 0 for width in in_features.values()):
-            return block
-    block = choices[-1]
-    bad = [f"{name} ({width})" for name, width in in_features.items() if width % block]
-    widths = sorted({w for w in in_features.values()})
-    raise ConfigError(
-        f"quantize.block_size {block}: {len(bad)} layer(s) have an in_features it does not divide: {', '.join(bad[:4])}"
-        + (" ..." if len(bad) > 4 else ""),
-        f"in_features here: {widths}; use a block size dividing all of them"
-        + ("" if requested is None else " or leave quantize.block_size null to pick one")
-        + ", or another format (fp8, int8_sq)",
-    )
-
-
-def check_quant_config(q: Any, model_config: Any = None) -> None:
-    """Problems the user can fix, found before any model is loaded."""
-    import torch
-
-    if q.format == "nvfp4" and not torch.cuda.is_available():
-        raise MissingDependency(
-            "quantize.format nvfp4 needs a CUDA GPU, even to simulate (modelopt's FP4 kernels are CUDA-only)",
-            "run on a GPU machine, or use fp8 / int8_sq / int4_awq / w4a8_awq on a CPU",
-        )
-    if q.block_size is not None and q.format not in BLOCK_FORMATS:
-        raise ConfigError(
-            f"quantize.block_size applies to {' and '.join(BLOCK_FORMATS)}, not to format '{q.format}'",
-            "remove quantize.block_size",
-        )
-    tied = model_config is not None and getattr(model_config, "tie_word_embeddings", False)
-    if q.quantize_lm_head and tied:
-        raise ConfigError(
-            "quantize.quantize_lm_head: this model's lm_head shares its weights with the embeddings, which stay unquantized",
-            "set quantize.quantize_lm_head: false",
-        )
+from trtspec.chat import encode_prompt, prompt_rows, read_rows
+from trtspec.errors import ArtifactError, DataError
+from trtspec.generation import common_prefix, hf_greedy
+from trtspec.quant import (
+    BLOCK_FORMATS,
+    NVFP4_BLOCK,
+    PRESETS,
+    QUANT_JSON,
+    STATE_FILE,
+    TENSORS_FILE,
+    agreement,
+    check_quant_config,
+    fold_weights,
+    perplexity,
+    pick_block_size,
+    quant_config,
+    quantized_linears,
+    restore_quantized,
+    save_quantized,
+    token_rows,
+)
+from trtspec.stage import StageContext
 
 
 def preflight(cfg: Any, model_config: Any) -> None:
     """The quantize settings checked against the model's config, before the stages ahead of quantize run."""
     if cfg.quantize.format != "none":
         check_quant_config(cfg.quantize, model_config)
-
-
-def quant_config(fmt: str, kv_cache: str, block_size: int | None, quantize_lm_head: bool) -> dict:
-    """The modelopt config: the preset for `fmt`, its int4 block size set, lm_head enabled on request, + fp8 KV cache."""
-    import modelopt.torch.quantization as mtq
-
-    cfg = copy.deepcopy(getattr(mtq, PRESETS[fmt]))
-    entries = cfg["quant_cfg"]
-    if block_size is not None:
-        for entry in entries:
-            if entry.get("quantizer_name") == "*weight_quantizer":
-                for c in entry["cfg"] if isinstance(entry["cfg"], list) else [entry["cfg"]]:
-                    if c.get("block_sizes") and c.get("num_bits") == 4:
-                        c["block_sizes"][-1] = block_size
-    if quantize_lm_head:
-        cfg["quant_cfg"] = [e for e in entries if e.get("quantizer_name") != "*lm_head*"]
-    if kv_cache == "fp8":
-        cfg["quant_cfg"] = cfg["quant_cfg"] + copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"])
-    return cfg
-
-
-# --- data -------------------------------------------------------------------------------------------
-
-
-def token_rows(tokens_file: Path, limit: int | None = None, seed: int = 0) -> list[tuple[Any, Any]]:
-    """[(input_ids [1, n], loss_mask [1, n])] from a data-stage tensor file, padding cut off; a seeded sample."""
-    import torch
-
-    if not tokens_file.is_file():
-        raise ArtifactError(f"'{tokens_file}' is missing", "re-run the data stage")
-    data = torch.load(tokens_file, weights_only=True)
-    rows = []
-    for ids, attn, mask in zip(data["input_ids"], data["attention_mask"], data["loss_mask"], strict=True):
-        n = int(attn.sum())
-        if n > 1:
-            rows.append((ids[:n][None], mask[:n][None].bool()))
-    if limit is not None and len(rows) > limit:
-        rows = random.Random(seed).sample(rows, limit)
-    return rows
-
-
-def read_prompts(jsonl: Path, tok: Any, n: int) -> list[Any]:
-    """Chat-templated prompts (messages[:-1] + generation prompt) of the first n rows, as [1, len] id tensors."""
-    import torch
-
-    prompts = []
-    for line in jsonl.read_text(encoding="utf-8").splitlines()[:n]:
-        msgs = json.loads(line)["messages"][:-1]
-        out = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
-        ids = out["input_ids"] if hasattr(out, "keys") else out
-        prompts.append(torch.tensor([list(ids)]))
-    return prompts
-
-
-# --- measurements -----------------------------------------------------------------------------------
-
-
-def perplexity(model: Any, rows: list[tuple[Any, Any]]) -> float:
-    """exp(mean NLL) over the label (answer) tokens of `rows`."""
-    import torch
-
-    nll, count = 0.0, 0
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        for ids, mask in rows:
-            ids, mask = ids.to(device), mask.to(device)
-            logits = model(ids).logits[:, :-1].float()
-            lab = mask[:, 1:]
-            loss = torch.nn.functional.cross_entropy(logits[lab], ids[:, 1:][lab], reduction="sum")
-            nll, count = nll + float(loss), count + int(lab.sum())
-    if count == 0:
-        raise DataError("the held-out conversations have no answer tokens to measure perplexity on")
-    return math.exp(nll / count)
-
-
-def greedy(model: Any, prompts: list[Any], new_tokens: int, eos: int | None) -> list[list[int]]:
-    """Greedy continuations (eos included when reached), one prompt at a time (no padding effects)."""
-    import torch
-
-    device = next(model.parameters()).device
-    outs = []
-    with torch.no_grad():
-        for p in prompts:
-            out = model.generate(p.to(device), max_new_tokens=new_tokens, do_sample=False, eos_token_id=eos,
-                                 pad_token_id=eos, attention_mask=torch.ones_like(p).to(device))
-            outs.append(out[0, p.shape[1]:].tolist())
-    return outs
-
-
-def agreement(model: Any, prompts: list[Any], reference: list[list[int]]) -> float:
-    """Teacher-forced top-1 agreement: share of reference tokens that `model` also predicts, given the same prefix.
-
-    Unlike comparing free-running outputs, one early divergence does not hide how the rest agrees.
-    """
-    import torch
-
-    same, total = 0, 0
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        for p, ref in zip(prompts, reference, strict=True):
-            if not ref:
-                continue
-            ids = torch.cat((p, torch.tensor([ref])), dim=1).to(device)
-            pred = model(ids).logits[0, p.shape[1] - 1 : -1].argmax(-1).cpu()
-            same += int((pred == torch.tensor(ref)).sum())
-            total += len(ref)
-    return same / max(total, 1)
-
-
-def matching_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-# --- save / restore ---------------------------------------------------------------------------------
-
-
-def changed_tensors(model: Any, base: Any) -> dict[str, Any]:
-    """Tensors of `model` that the base does not have or holds with other values."""
-    import torch
-
-    ref = base.state_dict()
-    out = {}
-    for key, value in model.state_dict().items():
-        if key not in ref or ref[key].shape != value.shape or not torch.equal(ref[key], value):
-            out[key] = value.detach().cpu().contiguous()
-    return out
-
-
-def save_quantized(model: Any, base: Any, out: Path) -> int:
-    """Write modelopt_state.pt + quant_tensors.safetensors; returns how many tensors were saved."""
-    import modelopt.torch.opt as mto
-    import torch
-    from safetensors.torch import save_file
-
-    torch.save(mto.modelopt_state(model), out / STATE_FILE)
-    tensors = changed_tensors(model, base)
-    save_file(tensors, str(out / TENSORS_FILE))
-    return len(tensors)
-
-
-def read_quant_json(quant_dir: Path) -> dict:
-    from trtspec.artifacts import read_json
-
-    info = read_json(Path(quant_dir) / QUANT_JSON)
-    if not isinstance(info, dict) or "format" not in info:
-        raise ArtifactError(f"'{quant_dir}/{QUANT_JSON}' has no 'format'", "re-run the quantize stage")
-    return info
-
-
-def restore_quantized(base_model: Any, quant_dir: Path) -> Any:
-    """The quantized model rebuilt from an unquantized base and quantize/ (returned; modelopt converts in place)."""
-    import modelopt.torch.opt as mto
-    import torch
-    from safetensors.torch import load_file
-
-    quant_dir = Path(quant_dir)
-    for name in (STATE_FILE, TENSORS_FILE):
-        if not (quant_dir / name).is_file():
-            raise ArtifactError(f"'{quant_dir / name}' is missing", "re-run the quantize stage")
-    state = torch.load(quant_dir / STATE_FILE, weights_only=False, map_location="cpu")
-    model = mto.restore_from_modelopt_state(base_model, state)
-    device = next(model.parameters()).device
-    tensors = {k: v.to(device) for k, v in load_file(str(quant_dir / TENSORS_FILE)).items()}
-    result = model.load_state_dict(tensors, strict=False)
-    if result.unexpected_keys:
-        raise ArtifactError(
-            f"'{quant_dir}' does not fit this base model: unexpected tensors {result.unexpected_keys[:4]}",
-            "the quantize stage ran on another model; re-run it",
-        )
-    return model.eval()
-
-
-def fold_weights(model: Any) -> Any:
-    """Fake-quantize the weights once (same numbers) instead of on every forward: ~5x faster evaluation on a CPU.
-
-    For measuring only: the folded model can no longer be saved or exported as a quantized checkpoint."""
-    import modelopt.torch.quantization as mtq
-
-    mtq.fold_weight(model)
-    return model
-
-
-# --- the stage --------------------------------------------------------------------------------------
 
 
 def _max_logit_diff(a: Any, b: Any, ids: Any) -> float:
@@ -323,12 +81,15 @@ def run(ctx: StageContext) -> dict:
         heldout, prompts_file = token_rows(data / "train_tokens.pt", q.eval_prompts), data / "train.jsonl"
     if not calib:
         raise DataError("data/train_tokens.pt has no conversation to calibrate on", "re-run the data stage with more data")
-    prompts = read_prompts(prompts_file, tok, q.eval_prompts)
+    prompts = [encode_prompt(tok, r["messages"]) for r in prompt_rows(read_rows(prompts_file))[: q.eval_prompts]]
     eos = tok.eos_token_id
+
+    def greedy(m: Any) -> list[list[int]]:  # one prompt at a time: no padding effects
+        return [hf_greedy(m, [p], q.eval_new_tokens, {eos}, eos)[0] for p in prompts]
 
     ctx.log(f"reference: perplexity and greedy outputs of the unquantized model on {len(prompts)} held-out prompts")
     ppl_before = perplexity(model, heldout)
-    reference = greedy(model, prompts, q.eval_new_tokens, eos)
+    reference = greedy(model)
 
     cfg = quant_config(q.format, q.kv_cache, block, q.quantize_lm_head)
     device = next(model.parameters()).device
@@ -354,9 +115,9 @@ def run(ctx: StageContext) -> dict:
     model = fold_weights(model)
     ppl_after = perplexity(model, heldout)
     agree = agreement(model, prompts, reference)
-    outputs = greedy(model, prompts, q.eval_new_tokens, eos)
+    outputs = greedy(model)
     identical = sum(a == b for a, b in zip(outputs, reference, strict=True))
-    prefix = sum(matching_prefix(a, b) for a, b in zip(outputs, reference, strict=True)) / len(prompts)
+    prefix = sum(common_prefix(a, b) for a, b in zip(outputs, reference, strict=True)) / max(len(prompts), 1)
 
     info = {
         "format": q.format,

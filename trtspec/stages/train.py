@@ -16,410 +16,23 @@ import gc
 import json
 import math
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from trtspec.chat import read_rows
 from trtspec.errors import ArtifactError, DataError
-from trtspec.pipeline import StageContext
-
-EVAL_MAX_DRAFT = 4  # acceptance measured for chain drafts of length 1..EVAL_MAX_DRAFT
-
-
-# ---------------------------------------------------------------- target hidden states
-
-
-def base_states(base: Any, input_ids: Any, attention_mask: Any, aux_layers: list[int], bf16: bool = False) -> tuple[Any, Any]:
-    """(aux, last): concat of the aux layers' outputs (pre-final-norm) [B, T, len(aux)*H], final post-norm [B, T, H].
-    bf16: the target's matmuls in bfloat16 (autocast), its weights untouched."""
-    import torch
-
-    with torch.no_grad(), torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
-        out = base.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-    if hasattr(base, "_aux_hidden_states"):
-        base._aux_hidden_states.clear()  # modelopt's own hooks also collected them
-    # hidden_states[0] = embeddings, hidden_states[i + 1] = output of decoder layer i
-    aux = torch.cat([out.hidden_states[i + 1] for i in aux_layers], dim=-1)
-    return aux.float(), out.last_hidden_state.float()
-
-
-def row_lengths(tokens: dict) -> list[int]:
-    """Real (unpadded) length of each right-padded row."""
-    return tokens["attention_mask"].sum(1).tolist()
-
-
-def cache_states(base: Any, tokens: dict, aux_layers: list[int], folder: Path, batch_size: int, log: Any, bf16: bool = False) -> dict:
-    """Target hidden states of every training row in fp16 memmaps under `folder`; resumes after a kill.
-    Rows go through the target shortest first, each batch cut to its longest row: little compute on padding."""
-    import numpy as np
-    import torch
-    from tqdm import tqdm
-
-    n, t = tokens["input_ids"].shape
-    h = base.config.hidden_size
-    folder.mkdir(parents=True, exist_ok=True)
-    shapes = {"aux": (n, t, h * len(aux_layers)), "last": (n, t, h)}
-    progress = folder / "rows_done.json"
-    saved = json.loads(progress.read_text()) if progress.is_file() else {}
-    done = saved["rows"] if saved.get("order") == "by_length" else 0  # a cache filled in another order: start over
-    mode = "r+" if done else "w+"
-    maps = {k: np.lib.format.open_memmap(folder / f"{k}.npy", mode=mode, dtype=np.float16, shape=s) for k, s in shapes.items()}
-    if done < n:
-        log(f"caching target hidden states for {n} rows ({'resuming at ' + str(done) if done else 'once'}, {'bf16' if bf16 else 'fp32'} math)")
-    lengths = row_lengths(tokens)
-    order = sorted(range(n), key=lambda i: (lengths[i], i))
-    device = next(base.parameters()).device
-    bar = tqdm(total=n, initial=done, desc="target hidden states", unit="row", disable=done >= n)
-    for i in range(done, n, batch_size):
-        rows = order[i : i + batch_size]
-        cut = max(1, max(lengths[r] for r in rows))
-        ids = tokens["input_ids"][rows, :cut].to(device)
-        aux, last = base_states(base, ids, tokens["attention_mask"][rows, :cut].to(device), aux_layers, bf16)
-        for k, v in (("aux", aux), ("last", last)):
-            maps[k][rows, :cut] = v.to(torch.float16).cpu().numpy()
-            maps[k].flush()
-        progress.write_text(json.dumps({"rows": i + len(rows), "order": "by_length"}))
-        bar.update(len(rows))
-    bar.close()
-    return {k: np.load(folder / f"{k}.npy", mmap_mode="r") for k in shapes}
-
-
-class HeadDataset:
-    """Rows of the data stage's tensors (+ cached hidden states offline), each cut to its real length;
-    `collate` pads a batch to its longest row. The loss mask is shifted to modelopt's convention:
-    modelopt scores position t against the target's prediction *for t+1*, so loss_mask[t] = is_label[t+1]."""
-
-    def __init__(self, tokens: dict, states: dict | None = None):
-        import torch
-
-        self.tokens = tokens
-        self.states = states
-        self.lengths = [max(1, n) for n in row_lengths(tokens)]
-        lm = tokens["loss_mask"]
-        self.loss_mask = torch.cat([lm[:, 1:], torch.zeros_like(lm[:, :1])], dim=1)
-
-    def __len__(self) -> int:
-        return len(self.tokens["input_ids"])
-
-    def __getitem__(self, i: int) -> dict:
-        import torch
-
-        n = self.lengths[i]
-        row = {
-            "input_ids": self.tokens["input_ids"][i, :n],
-            "attention_mask": self.tokens["attention_mask"][i, :n].long(),
-            "loss_mask": self.loss_mask[i, :n].long(),
-        }
-        if self.states is not None:
-            row["aux_hidden_states"] = torch.from_numpy(self.states["aux"][i, :n].copy())
-            row["base_model_hidden_states"] = torch.from_numpy(self.states["last"][i, :n].copy())
-        return row
-
-    @staticmethod
-    def collate(rows: list[dict]) -> dict:
-        """Right-pad every field to the batch's longest row, rounded up to a multiple of 16 (few distinct shapes:
-        few cached TTT masks); zeros are masked out by the attention and loss masks."""
-        import torch
-
-        n = -(-max(len(r["input_ids"]) for r in rows) // 16) * 16
-        pad = lambda x: torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, n - len(x)))  # noqa: E731
-        return {k: torch.stack([pad(r[k]) for r in rows]) for k in rows[0]}
-
-
-class LengthGroupedEpochSampler:
-    """Batches of similar length (transformers' length grouping: little padding), shuffled from seed + epoch,
-    so a run resumed mid-epoch sees the same order as one that never stopped."""
-
-    def __init__(self, lengths: list[int], batch_size: int, seed: int):
-        self.lengths, self.batch_size, self.seed, self.epoch = lengths, batch_size, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __iter__(self):
-        import torch
-        from transformers.trainer_pt_utils import get_length_grouped_indices
-
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=g))
-
-
-def rows_at(keep: Any, x: Any, fn: Any) -> Any:
-    """fn applied to the rows of x where `keep` [B, T] is true, zeros elsewhere: [B, T, out]."""
-    vals = fn(x[keep])
-    return vals.new_zeros(*keep.shape, vals.shape[-1]).index_put((keep,), vals)
-
-
-def draft_target_logits(model: Any, last: Any, keep: Any = None) -> Any:
-    """The target's logits restricted to the draft vocab (all of it without one): lm_head rows d2t maps to.
-    keep [B, T]: only at these positions, zeros elsewhere (where the loss does not look).
-
-    Computing 8k logits instead of 49k is most of what makes offline steps cheap; softmax over the draft
-    vocab is what modelopt would take after its own gather."""
-    weight = model._base_model_lm_head.weight
-    d2t = getattr(model.eagle_module, "d2t", None)
-    if d2t is not None:
-        import torch
-
-        weight = weight[torch.arange(len(d2t), device=d2t.device) + d2t]
-    logits = lambda h: h.to(weight.dtype) @ weight.T  # noqa: E731
-    return logits(last) if keep is None else rows_at(keep, last, logits)
-
-
-@contextmanager
-def draft_logits_where_scored(model: Any, loss_mask: Any):
-    """Within: the head's lm_head computes logits only where modelopt's loss reads them, zeros elsewhere.
-
-    modelopt's TTT step s scores the draft logits at position p against the target's prediction at p + 1,
-    weighted by loss_mask[p + 1] (for p >= s). Zero logits elsewhere change neither the loss (their weight is 0)
-    nor the gradients, and skip the lm_head's matmuls (a third of a step's FLOPs) on prompt tokens and padding,
-    a quarter of the positions in the demo's batches. Only a head with its own lm_head (a draft vocab): the
-    target's lm_head also makes the target's logits when training online."""
-    lm_head = getattr(model.eagle_module, "lm_head", None)
-    if lm_head is None:
-        yield
-        return
-    import torch
-
-    keep = torch.nn.functional.pad(loss_mask[:, 1:], (0, 1)).bool()
-    full = lm_head.forward
-    lm_head.forward = lambda h: rows_at(keep, h, full)
-    try:
-        yield
-    finally:
-        del lm_head.forward  # back to the class's own forward
-
-
-def head_forward(model: Any, batch: dict, unwrapped: Any = None) -> Any:
-    """One training forward of the head on a batch of HeadDataset.collate: modelopt's EAGLE-3 loss (TTT steps).
-    Offline batches carry the target's cached states; the target's logits are computed here, where scored.
-    `unwrapped`: the EAGLE model inside `model` when a DDP/FSDP wrapper runs the forward (multi-GPU)."""
-    eagle_model = unwrapped or model
-    batch = dict(batch)
-    kwargs = {}
-    if "aux_hidden_states" in batch:
-        dtype = eagle_model.eagle_module.fc.weight.dtype
-        last = batch.pop("base_model_hidden_states").to(dtype)
-        kwargs["base_model_outputs"] = {
-            "aux_hidden_states": batch.pop("aux_hidden_states").to(dtype),
-            "base_model_hidden_states": last,
-            "base_model_logits": draft_target_logits(eagle_model, last, batch["loss_mask"].bool()),
-        }
-    with draft_logits_where_scored(eagle_model, batch["loss_mask"]):
-        return model(**batch, **kwargs)
-
-
-# ---------------------------------------------------------------- acceptance
-
-
-def chain_drafts(model: Any, input_ids: Any, aux: Any, last: Any, k: int) -> Any:
-    """Greedy chain drafts of length k from every position at once (teacher-forced, modelopt's TTT masks).
-
-    drafts[b, j, s] is the s-th draft token (target ids) of the chain that starts after position j+1, i.e.
-    the guess for token j+2+s given tokens 0..j+1 and target states 0..j. The chain uses the true tokens as
-    its inputs, which equal the drafts exactly while the drafts are being accepted — so acceptance computed
-    from it is exact for greedy decoding."""
-    import torch
-    from modelopt.torch.speculative.plugins.modeling_eagle import EagleBaseModelOutput
-    from transformers import DynamicCache
-
-    from trtspec.eagle import draft_to_target_ids
-
-    b, t = input_ids.shape
-    with torch.no_grad():
-        dtype = model.eagle_module.fc.weight.dtype
-        logits = draft_target_logits(model, last)
-        base = EagleBaseModelOutput(out_hiddens=last.to(dtype), aux_hiddens=aux.to(dtype), logits=logits)
-        cache = DynamicCache(config=model.eagle_module.config)
-        embeds, hiddens, mask0, pos, _, _ = model._prepare_eagle_inputs(input_ids, None, None, cache, base)
-        out = torch.zeros(b, t, k, dtype=torch.long, device=input_ids.device)
-        for s in range(k):
-            mask = mask0 if s == 0 else model._compute_ttt_attention_mask(b, t, s)
-            _, hidden, step_logits, cache = model._eagle_forward(hiddens, embeds, mask, pos, cache)
-            hiddens = hidden.roll(1, 1)
-            # step s at position j+s continues the chain that started at j
-            tok = draft_to_target_ids(model, step_logits.argmax(-1))
-            out[:, : t - s, s] = tok[:, s:]
-    return out
-
-
-def acceptance(drafts: Any, seq: Any, start: int, k: int) -> tuple[int, int, list[int]]:
-    """Simulate greedy speculative decoding with chain drafts of length k over the target's greedy output `seq`.
-
-    `seq[start]` is the first generated token (from the prefill). A verification step at accepted length q
-    (tokens 0..q known, target states for 0..q-1) drafts seq[q+1..q+k] from position j=q-1, accepts the
-    longest matching prefix a, and yields 1 + a tokens (the target's own token comes free).
-    Returns (tokens, target forwards, accepted count per draft position)."""
-    n = len(seq)
-    q, tokens, forwards = start, 0, 0
-    per_pos = [0] * k
-    while q + 1 < n:
-        a = 0
-        while a < k and q + 1 + a < n and int(drafts[q - 1, a]) == int(seq[q + 1 + a]):
-            per_pos[a] += 1
-            a += 1
-        tokens += min(1 + a, n - 1 - q)  # the last step's bonus token may lie past the known answer
-        forwards += 1
-        q += 1 + a
-    return tokens, forwards, per_pos
-
-
-def al_interval(per_prompt: list[tuple[int, int]], resamples: int = 1000, seed: int = 0) -> list[float]:
-    """95% bootstrap interval of AL = sum(tokens) / sum(forwards) over prompts drawn again with replacement: how
-    much the figure would move on another draw of held-out prompts (not on another training run)."""
-    import torch
-
-    counts = torch.tensor(per_prompt, dtype=torch.float64)  # [prompts, (tokens, forwards)]
-    idx = torch.randint(len(counts), (resamples, len(counts)), generator=torch.Generator().manual_seed(seed))
-    sums = counts[idx].sum(1)
-    al = sums[:, 0] / sums[:, 1].clamp_min(1)
-    return [round(float(q), 3) for q in torch.quantile(al, torch.tensor([0.025, 0.975], dtype=torch.float64))]
-
-
-def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int = EVAL_MAX_DRAFT) -> dict:
-    """AL (tokens per target forward) for chain drafts of length 1..k_max with its 95% bootstrap interval over the
-    prompts, and per-position acceptance at k_max."""
-    per_prompt: dict[int, list[tuple[int, int]]] = {k: [] for k in range(1, k_max + 1)}
-    per_pos = [0] * k_max
-    was_training = model.training
-    model.eval()
-    for ex in eval_set:
-        ids = ex["input_ids"][None]
-        drafts = chain_drafts(model, ids, ex["aux"][None], ex["last"][None], k_max)[0]
-        for k in per_prompt:
-            tok, fwd, pos = acceptance(drafts, ex["input_ids"], ex["start"], k)
-            per_prompt[k].append((tok, fwd))
-            if k == k_max:
-                per_pos = [a + b for a, b in zip(per_pos, pos, strict=True)]
-    model.train(was_training)
-    steps = sum(f for _, f in per_prompt[k_max])  # verification steps at k_max
-    out: dict[str, Any] = {}
-    for k, counts in per_prompt.items():
-        out[f"AL@{k}"] = round(sum(t for t, _ in counts) / max(sum(f for _, f in counts), 1), 3)
-        out[f"AL@{k}_ci95"] = al_interval(counts) if counts else None
-    # acceptance of draft position i = share of verification steps whose first i+1 drafts were all accepted
-    return {**out, "accept_rate_by_position": [round(a / max(steps, 1), 3) for a in per_pos]}
-
-
-def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, batch_size: int = 16) -> list[dict]:
-    """The target's greedy answers to rows' prompts (batched), as {input_ids: prompt + answer, start}."""
-    import torch
-
-    from trtspec.stages.data import generate_batch
-
-    out = []
-    for i in range(0, len(rows), batch_size):
-        texts = [tok.apply_chat_template(r["messages"][:-1], tokenize=False, add_generation_prompt=True) for r in rows[i : i + batch_size]]
-        out += [{"input_ids": torch.tensor(prompt + answer), "start": len(prompt)} for prompt, answer in generate_batch(base, tok, texts, max_new_tokens)]
-    return out
-
-
-EVAL_SEQS = "eval_seqs.pt"  # the unquantized target's greedy answers to the first train.eval_prompts held-out prompts
-
+from trtspec.head_eval import (
+    EVAL_MAX_DRAFT,
+    EVAL_SEQS,
+    build_eval_set,
+    evaluate_acceptance,
+    training_rows_set,
+)
+from trtspec.head_training import HeadDataset, last_complete_checkpoint, make_trainer, truncate_log
+from trtspec.stage import StageContext
+from trtspec.target_states import cache_states
 
 EVAL_BATCH = 64  # held-out prompts answered at once by the unquantized target (the train stage's evaluation)
-
-
-def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int], max_new_tokens: int, cache: Path, log: Any,
-                   batch_size: int = 16) -> list[dict]:
-    """The target's greedy answers to held-out prompts, with their hidden states (cached in ctx.work)."""
-    import torch
-
-    if cache.is_file():
-        seqs = torch.load(cache, weights_only=True)
-    else:
-        log(f"generating greedy target answers for {len(rows)} held-out prompts (acceptance evaluation)")
-        seqs = greedy_answers(base, tok, rows, max_new_tokens, batch_size)
-        torch.save(seqs, cache)
-    return with_states(base, seqs, aux_layers)
-
-
-def with_states(base: Any, seqs: list[dict], aux_layers: list[int]) -> list[dict]:
-    """Acceptance-set entries {input_ids, start, aux, last}: each sequence's target states from a forward of its own."""
-    import torch
-
-    out = []
-    for s in seqs:
-        ids = s["input_ids"].to(next(base.parameters()).device)[None]
-        aux, last = base_states(base, ids, torch.ones_like(ids), aux_layers)
-        out.append({"input_ids": ids[0], "start": int(s["start"]), "aux": aux[0], "last": last[0]})
-    return out
-
-
-def training_rows_set(tokens: dict, states: dict | None, base: Any, aux_layers: list[int], n: int) -> list[dict]:
-    """The first n training rows as an acceptance set, with the states the head trained on (the offline cache, else
-    a target forward): how well the head fits what it learned from. Against the held-out AL this tells a head
-    short of data (fits, does not generalise) from one short of capacity or training (does not even fit).
-    A row is a greedy answer of the target only when the data stage regenerated it; other rows measure the head
-    against the data's own tokens."""
-    import torch
-
-    picked = []  # (row, its length, its first label)
-    for i, length in enumerate(row_lengths(tokens)):
-        labels = tokens["loss_mask"][i, :length].nonzero()
-        if len(labels):
-            picked.append((i, length, int(labels[0])))
-        if len(picked) == n:
-            break
-    seqs = [{"input_ids": tokens["input_ids"][i, :length], "start": start} for i, length, start in picked]
-    if states is None:
-        return with_states(base, seqs, aux_layers)
-    device = next(base.parameters()).device
-    return [{"input_ids": s["input_ids"].to(device), "start": s["start"],
-             **{k: torch.from_numpy(states[k][i, :length].astype("float32")).to(device) for k in ("aux", "last")}}
-            for s, (i, length, _) in zip(seqs, picked, strict=True)]
-
-
-# ---------------------------------------------------------------- training
-
-
-def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: Any, eval_steps: int):
-    from transformers import Trainer, TrainerCallback
-
-    from trtspec import eagle
-
-    class StepLog(TrainerCallback):
-        """One JSON line per optimizer step: loss and per-TTT-step accuracy averaged over its micro-batches."""
-
-        def __init__(self):
-            self.buf: list[tuple[float, list[float]]] = []
-
-        def on_step_end(self, args, state, control, **kw):
-            if not self.buf:
-                return
-            loss = sum(b[0] for b in self.buf) / len(self.buf)
-            accs = [round(sum(b[1][i] for b in self.buf) / len(self.buf), 4) for i in range(len(self.buf[0][1]))]
-            lr = kw["lr_scheduler"].get_last_lr()[0] if kw.get("lr_scheduler") else None
-            row = {"step": state.global_step, "epoch": round(state.epoch or 0, 3), "loss": round(loss, 4), "acc_ttt": accs, "lr": lr}
-            if eval_steps and state.global_step % eval_steps == 0:
-                row["eval"] = eval_fn()
-            with open(log_file, "a") as f:
-                f.write(json.dumps(row) + "\n")
-            self.buf.clear()
-
-    step_log = StepLog()
-
-    class EagleTrainer(Trainer):
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            out = head_forward(model, inputs, self.accelerator.unwrap_model(model))
-            step_log.buf.append((float(out.loss.detach()), [float(a) for a in out.train_acc[0]]))
-            return (out.loss, out) if return_outputs else out.loss
-
-        def _get_train_sampler(self, train_dataset=None):
-            ds = train_dataset or self.train_dataset
-            return LengthGroupedEpochSampler(ds.lengths, self.args.train_batch_size * self.args.gradient_accumulation_steps, self.args.seed)
-
-        def _save(self, output_dir=None, state_dict=None):
-            # checkpoints hold the head only (the base is frozen and already on disk)
-            eagle.save_head(self.model, Path(output_dir or self.args.output_dir) / eagle.HEAD_FILE)
-
-        def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-            eagle.load_head(self.model, Path(resume_from_checkpoint) / eagle.HEAD_FILE)
-
-    return EagleTrainer(model=model, args=args, train_dataset=dataset, data_collator=HeadDataset.collate, callbacks=[step_log])
 
 
 def training_args(ctx: StageContext, out_dir: Path) -> Any:
@@ -487,10 +100,6 @@ def _load_tokens(folder: Path, name: str) -> dict:
     return torch.load(path, weights_only=True)
 
 
-def _read_rows(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-
-
 def run(ctx: StageContext) -> dict:
     import time
 
@@ -511,7 +120,7 @@ def run(ctx: StageContext) -> dict:
     base.config.num_orig_hidden_layers = base.config.num_hidden_layers
 
     target_dir = target_states_dir(ctx, aux_layers)
-    heldout = _read_rows(data_dir / "heldout.jsonl")[: t_cfg.eval_prompts]
+    heldout = read_rows(data_dir / "heldout.jsonl")[: t_cfg.eval_prompts]
     eval_file = target_dir / f"eval_seqs-{len(heldout)}x{ctx.cfg.data.max_new_tokens}.pt"
     with matmul_attention_on_cpu(base):
         eval_set = build_eval_set(base, tok, heldout, aux_layers, ctx.cfg.data.max_new_tokens, eval_file, ctx.log, EVAL_BATCH)
@@ -531,7 +140,7 @@ def run(ctx: StageContext) -> dict:
     last_ckpt = last_complete_checkpoint(ckpt_dir, ctx.log)
     if last_ckpt:
         ctx.log(f"resuming from {Path(last_ckpt).name}")
-        _truncate_log(log_file, int(Path(last_ckpt).name.split("-")[-1]))
+        truncate_log(log_file, int(Path(last_ckpt).name.split("-")[-1]))
     elif log_file.exists():
         log_file.unlink()
 
@@ -557,7 +166,7 @@ def run(ctx: StageContext) -> dict:
     # the head is in the stage's output now; a finished run's checkpoints would only make a forced redo (--force,
     # --from train) "resume" at its last step and train nothing. Killed between here and the manifest: it retrains.
     shutil.rmtree(ckpt_dir, ignore_errors=True)
-    rows = _read_rows(ctx.out / "train_log.jsonl")
+    rows = read_rows(ctx.out / "train_log.jsonl")
     final = rows[-1] if rows else {}
     label_tokens = int(tokens["loss_mask"].sum())
     mean_len = float(tokens["attention_mask"].sum()) / max(len(tokens["attention_mask"]), 1)
@@ -587,28 +196,3 @@ def run(ctx: StageContext) -> dict:
     return metrics
 
 
-def last_complete_checkpoint(ckpt_dir: Path, log: Any) -> str | None:
-    """The newest checkpoint the Trainer finished writing (trainer_state.json is written last); a checkpoint
-    cut short by a kill is removed, never resumed from."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    while ckpt_dir.is_dir() and (last := get_last_checkpoint(str(ckpt_dir))):
-        if (Path(last) / "trainer_state.json").is_file():
-            return last
-        log(f"removing incomplete {Path(last).name} (interrupted while it was written)")
-        shutil.rmtree(last)
-    return None
-
-
-def _truncate_log(log_file: Path, step: int) -> None:
-    """Drop log lines past the checkpoint we resume from (they will be logged again)."""
-    if log_file.is_file():
-        keep = [x for x in log_file.read_text().splitlines() if x.strip() and _step_of(x) <= step]
-        log_file.write_text("".join(x + "\n" for x in keep))
-
-
-def _step_of(line: str) -> int:
-    try:
-        return int(json.loads(line)["step"])
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-        return 1 << 62

@@ -10,84 +10,38 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
+from trtspec.checkpoint import check_bundle
 from trtspec.errors import ArtifactError, DataError, ModelError, ValidationFailed
-from trtspec.pipeline import StageContext
-
-BUNDLE_FILES = ("target/config.json", "draft/config.json", "draft/model.safetensors")
-
-
-# ---------------------------------------------------------------------------------------------- inputs
-
-
-def check_bundle(bundle: Path) -> None:
-    missing = [f for f in BUNDLE_FILES if not (bundle / f).is_file()]
-    if not list((bundle / "target").glob("*.safetensors")):
-        missing.append("target/*.safetensors")
-    if missing:
-        raise ArtifactError(f"bundle '{bundle}' is missing {', '.join(missing)}", "re-run the export stage (trtspec export --force)")
+from trtspec.generation import eos_ids, first_divergence, hf_greedy, interleaved
+from trtspec.stage import StageContext
 
 
 def load_prompt_rows(ctx: StageContext) -> list[dict]:
     """{"id", "category", "messages"} rows: validate.prompts (JSONL prompt|messages, or text lines), else held-out data."""
-    from trtspec.stages.data import read_prompts
-
     v = ctx.cfg.validate_
     if v.prompts:
         path = ctx.cfg.resolve_path(v.prompts)
-        if not path.is_file():
-            raise DataError(f"validate.prompts file '{path}' does not exist")
-        rows, source = read_prompts(path, Counter()), str(path)
+        rows, source = read_prompt_file(path, Counter(), "validate.prompts file", "check validate.prompts (relative to the YAML)"), str(path)
     else:
         if "data" not in ctx.inputs:
             raise DataError("no prompts: the data stage was skipped and validate.prompts is not set")
         path = ctx.inputs["data"] / "heldout.jsonl"
         if not path.is_file():
             raise ArtifactError(f"'{path}' is missing", "re-run the data stage")
-        rows, source = [], str(path)
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                r = json.loads(line)
-                msgs = r["messages"][:-1]  # the prompt is everything before the answer
-                if msgs:
-                    rows.append({"id": r.get("id", str(len(rows))), "category": r.get("category", "chat"), "messages": msgs})
+        rows, source = prompt_rows(read_rows(path)), str(path)
     if not rows:
         raise DataError(f"no usable prompts in '{source}'", "give a JSONL with `prompt` or `messages`, or one prompt per line")
     return rows[: v.num_prompts]
 
 
-def encode(tok: Any, messages: list[dict]) -> list[int]:
-    if tok.chat_template:
-        out = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        return list(out)
-    return tok("\n".join(m["content"] for m in messages))["input_ids"]
-
-
-def eos_ids(folder: Path, tok: Any) -> set[int]:
-    ids = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-    gen = folder / "generation_config.json"
-    if gen.is_file():
-        e = json.loads(gen.read_text()).get("eos_token_id")
-        ids |= set(e if isinstance(e, list) else [e] if e is not None else [])
-    return ids
-
-
-# ---------------------------------------------------------------------------------------------- HF side
-
-
-def hf_generate(model: Any, prompt: list[int], max_new: int, eos: set[int], **kw: Any) -> list[int]:
-    import torch
-
-    ids = torch.tensor([prompt])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
-                         eos_token_id=sorted(eos), pad_token_id=model.generation_config.pad_token_id or 0, **kw)
-    row = out[0, len(prompt):].tolist()
-    cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
-    return row[:cut]
+def hf_answer(model: Any, prompt: list[int], max_new: int, eos: set[int], **kw: Any) -> list[int]:
+    """HF generate's answer to one prompt (as timed: one request at a time)."""
+    return hf_greedy(model, [prompt], max_new, eos, **kw)[0]
 
 
 def hf_quantized_reference(source: Path, target_dir: Path) -> Any:
@@ -103,15 +57,6 @@ def hf_quantized_reference(source: Path, target_dir: Path) -> Any:
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise ArtifactError(f"bundle target weights do not fit the original model: missing {missing[:3]}, unexpected {unexpected[:3]}")
     return model
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token (None when identical)."""
-    i = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return None if a == b else i
-
-
-# ---------------------------------------------------------------------------------------------- sampling check
 
 
 def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temperature: float, eos: set[int], n: int, seed: int) -> dict:
@@ -141,9 +86,6 @@ def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temp
             "total_variation": round(tv, 4)}
 
 
-# ---------------------------------------------------------------------------------------------- stage
-
-
 def run(ctx: StageContext) -> dict:
     import torch
     from tqdm import tqdm
@@ -167,7 +109,7 @@ def run(ctx: StageContext) -> dict:
     target_dir = bundle / "target"
     tok = load_tokenizer(target_dir)
     rows = load_prompt_rows(ctx)
-    prompts = [encode(tok, r["messages"]) for r in rows]
+    prompts = [encode_prompt(tok, r["messages"]) for r in rows]
     eos = eos_ids(target_dir, tok)
 
     target, dq_notes = load_transformer(target_dir, torch.float32)
@@ -189,22 +131,22 @@ def run(ctx: StageContext) -> dict:
     skipped: dict[str, str] = {}
     method_notes: dict[str, str] = {}
     methods: dict[str, Any] = {
-        "hf_generate": lambda p: hf_generate(hf, p, v.max_new_tokens, eos),
+        "hf_generate": lambda p: hf_answer(hf, p, v.max_new_tokens, eos),
         "runtime_no_draft": lambda p: generate(target, torch.tensor(p), v.max_new_tokens, eos),
         "speculative": lambda p: speculative_decode(target, drafter, torch.tensor(p), v.max_new_tokens, spec, eos),
     }
     if v.compare_hf_assisted:
-        methods["hf_prompt_lookup"] = lambda p: hf_generate(hf, p, v.max_new_tokens, eos, prompt_lookup_num_tokens=v.draft_len)
+        methods["hf_prompt_lookup"] = lambda p: hf_answer(hf, p, v.max_new_tokens, eos, prompt_lookup_num_tokens=v.draft_len)
         if v.assistant_model:
             assistant_dir = resolve_model(v.assistant_model)
             if not same_tokenizer(assistant_dir, source):
                 raise ModelError(f"validate.assistant_model '{v.assistant_model}' has another tokenizer than the target")
             assistant = load_model(assistant_dir, "float32", "cpu")
-            methods["hf_assisted"] = lambda p: hf_generate(hf, p, v.max_new_tokens, eos, assistant_model=assistant)
+            methods["hf_assisted"] = lambda p: hf_answer(hf, p, v.max_new_tokens, eos, assistant_model=assistant)
         else:
             # no smaller sibling model: HF's own self-speculation, drafting with the target's first layers
             exit_layer = max(1, hf.config.num_hidden_layers // 4)
-            methods["hf_assisted"] = lambda p: hf_generate(hf, p, v.max_new_tokens, eos, assistant_early_exit=exit_layer)
+            methods["hf_assisted"] = lambda p: hf_answer(hf, p, v.max_new_tokens, eos, assistant_early_exit=exit_layer)
             method_notes["hf_assisted"] = f"HF assisted generation, assistant_early_exit={exit_layer} (validate.assistant_model not set)"
     else:
         skipped["hf_assisted"] = skipped["hf_prompt_lookup"] = "validate.compare_hf_assisted is false"
@@ -217,26 +159,14 @@ def run(ctx: StageContext) -> dict:
         ctx.log(f"{compile_note} ({compile_s:.0f} s)")
 
     # interleaved repetitions: every prompt runs every method in turn, so machine noise hits all of them alike
-    outputs: dict[str, list] = {m: [None] * len(prompts) for m in methods}
-    seconds = {m: [0.0] * v.repeats for m in methods}
-    tokens = {m: [0] * v.repeats for m in methods}
     bar = tqdm(total=v.repeats * len(prompts) * len(methods), desc="timed generations", unit="run")
     with torch.inference_mode():
-        for rep in range(v.repeats):
-            for i, p in enumerate(prompts):
-                for m, fn in methods.items():
-                    bar.set_postfix_str(f"rep {rep + 1}, prompt {i + 1}, {m}")
-                    t0 = time.perf_counter()
-                    out = fn(p)
-                    seconds[m][rep] += time.perf_counter() - t0
-                    bar.update()
-                    toks = out if isinstance(out, list) else out.tokens
-                    tokens[m][rep] += len(toks)
-                    if rep == 0:
-                        outputs[m][i] = out
-            ctx.log(f"repetition {rep + 1}/{v.repeats}: " + ", ".join(f"{m} {tokens[m][rep] / seconds[m][rep]:.1f} tok/s" for m in methods))
+        timed = interleaved(methods, prompts, v.repeats, lambda rep, i, m: (bar.set_postfix_str(f"rep {rep + 1}, prompt {i + 1}, {m}"), bar.update()))
     bar.close()
-    tps = {m: round(statistics.median(t / s for t, s in zip(tokens[m], seconds[m], strict=True)), 2) for m in methods}
+    for rep in range(v.repeats):
+        ctx.log(f"repetition {rep + 1}/{v.repeats}: " + ", ".join(f"{m} {timed[m]['tokens_per_s'][rep]:.1f} tok/s" for m in methods))
+    tps = {m: round(statistics.median(timed[m]["tokens_per_s"]), 2) for m in methods}
+    outputs = {m: timed[m]["outputs"] for m in methods}
 
     # 1. exactness
     hf_out = outputs["hf_generate"]
@@ -246,7 +176,7 @@ def run(ctx: StageContext) -> dict:
         ctx.log("quantized target: HF reference with the bundle's dequantized weights")
         hfq = hf_quantized_reference(source, target_dir)
         with torch.inference_mode():
-            reference = [hf_generate(hfq, p, v.max_new_tokens, eos) for p in prompts]
+            reference = [hf_answer(hfq, p, v.max_new_tokens, eos) for p in prompts]
         reference_name = "HF generate, original architecture with the bundle's weights dequantized (weight * weight_scale), float32"
         div = [first_divergence(a, b) for a, b in zip(hf_out, reference, strict=True)]
         quant_report = {

@@ -1,0 +1,196 @@
+"""Conversations and prompts: the file formats trtspec reads, chat templates, and loss masks.
+
+Rows are {id, category, messages}: `messages` are OpenAI-style turns [{role, content}]; in training data the last
+one is the assistant's answer. A prompt is the turns before an answer, encoded with the tokenizer's chat template and
+its generation prompt (`encode_prompt`): the one way every stage and script turns messages into token ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import DataError
+
+ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+         "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system"}
+
+
+def read_lines(path: Path, what: str = "data file", hint: str = "check data.sources[*].path (relative to the YAML)") -> list[str]:
+    """The lines of a UTF-8 text file; a missing or binary file is a DataError naming it as `what`."""
+    if path.is_dir():
+        raise DataError(f"{what} '{path}' is a folder, not a file", hint)
+    if not path.is_file():
+        raise DataError(f"{what} '{path}' does not exist", hint)
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except (UnicodeDecodeError, OSError) as e:
+        raise DataError(f"{what} '{path}' cannot be read as UTF-8 text ({e.__class__.__name__})") from None
+
+
+def read_jsonl(path: Path, skips: Counter) -> list[dict]:
+    """JSON objects, one per line; blank lines ignored, unparsable lines counted as skips."""
+    rows = []
+    for line in read_lines(path):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            skips["unparsable line"] += 1
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
+            skips["not a JSON object"] += 1
+    return rows
+
+
+def to_messages(row: dict) -> list[dict] | None:
+    """OpenAI/HF `messages` or ShareGPT `conversations` -> [{role, content}] ending on an assistant turn (or None)."""
+    turns = row.get("messages")
+    if turns is None and isinstance(row.get("conversations"), list):
+        turns = [{"role": ROLES.get(str(t.get("from", "")).lower()), "content": t.get("value")}
+                 for t in row["conversations"] if isinstance(t, dict)]
+    if not isinstance(turns, list):
+        return None
+    msgs = []
+    for t in turns:
+        if not isinstance(t, dict) or not isinstance(t.get("content"), str):
+            return None
+        role = ROLES.get(str(t.get("role", "")).lower())
+        if role is None:
+            return None
+        msgs.append({"role": role, "content": t["content"]})
+    last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=None)
+    if last is None or not msgs[last]["content"].strip():
+        return None
+    return msgs[: last + 1]
+
+
+def conversations_from_rows(rows: list[dict], name: str, skips: Counter) -> list[dict]:
+    out = []
+    for i, row in enumerate(rows):
+        if isinstance(row.get("text"), str) and "messages" not in row and "conversations" not in row:
+            out.append(text_row(row["text"], f"{name}:{i}"))
+            continue
+        msgs = to_messages(row)
+        if msgs is None:
+            skips["no assistant turn"] += 1
+            continue
+        out.append({"id": str(row.get("id", f"{name}:{i}")), "category": str(row.get("category", "chat")), "messages": msgs})
+    return out
+
+
+def text_row(text: str, row_id: str) -> dict:
+    # a plain document: one assistant message, tokenized without the chat template (see tokenize_row)
+    return {"id": row_id, "category": "text", "messages": [{"role": "assistant", "content": text}]}
+
+
+def read_prompt_file(path: Path, skips: Counter, what: str = "data file",
+                     hint: str = "check data.sources[*].path (relative to the YAML)") -> list[dict]:
+    """Prompts to regenerate: JSONL with `prompt` (str) or `messages` (the turns before the answer), or plain lines.
+
+    Duplicate prompts are dropped (counted)."""
+    lines = [ln for ln in read_lines(path, what, hint) if ln.strip()]
+    as_json = path.suffix == ".jsonl" or (lines and lines[0].lstrip().startswith("{"))
+    prompts, seen = [], set()
+    for line in lines:
+        if as_json:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                skips["unparsable prompt line"] += 1
+                continue
+            if not isinstance(row, dict):
+                skips["unparsable prompt line"] += 1
+                continue
+            if isinstance(row.get("prompt"), str) and row["prompt"].strip():
+                msgs = [{"role": "user", "content": row["prompt"]}]
+            elif isinstance(row.get("messages"), list) and row["messages"]:
+                msgs = [m for m in row["messages"] if isinstance(m, dict) and isinstance(m.get("content"), str)]
+                if msgs and msgs[-1].get("role") == "assistant":
+                    msgs = msgs[:-1]  # regenerate the answer
+            else:
+                msgs = []
+            if not msgs:
+                skips["prompt row without prompt"] += 1
+                continue
+            category = str(row.get("category", "chat"))
+        else:
+            msgs, category = [{"role": "user", "content": line.strip()}], "chat"
+        key = json.dumps(msgs, sort_keys=True)
+        if key in seen:
+            skips["duplicate prompt"] += 1
+            continue
+        seen.add(key)
+        prompts.append({"id": hashlib.sha1(key.encode()).hexdigest()[:12], "category": category, "messages": msgs})
+    return prompts
+
+
+def tokenize_row(row: dict, tok: Any, seq_len: int) -> tuple[list[int], list[int], bool]:
+    """(input_ids, loss_mask, truncated): chat template applied, loss on assistant tokens only. A regenerated row
+    brings the target's own tokens (input_ids, label_start: see regenerate); they are used as they are."""
+    msgs = row["messages"]
+    if "input_ids" in row:
+        ids = list(row["input_ids"])
+        mask = [0] * row["label_start"] + [1] * (len(ids) - row["label_start"])
+    elif row.get("category") == "text" and len(msgs) == 1:
+        ids = tok(msgs[0]["content"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        mask = [1] * len(ids)
+    else:
+        ids = template_ids(tok, msgs, False)
+        mask = [0] * len(ids)
+        for i, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                # assistant tokens = template(msgs[:i+1]) minus template(msgs[:i] + generation prompt)
+                start = len(template_ids(tok, msgs[:i], True))
+                end = len(template_ids(tok, msgs[: i + 1], False))
+                mask[start:end] = [1] * (end - start)
+    truncated = len(ids) > seq_len
+    return ids[:seq_len], mask[:seq_len], truncated
+
+
+def template_ids(tok: Any, msgs: list[dict], generation_prompt: bool) -> list[int]:
+    out = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=generation_prompt)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def tokenize_rows(rows: list[dict], tok: Any, seq_len: int) -> tuple[dict, int]:
+    """Fixed-length, right-padded tensors {input_ids, attention_mask, loss_mask} and the truncated count."""
+    import torch
+
+    n = len(rows)
+    ids = torch.full((n, seq_len), tok.pad_token_id, dtype=torch.long)
+    attn = torch.zeros((n, seq_len), dtype=torch.bool)
+    loss = torch.zeros((n, seq_len), dtype=torch.bool)
+    truncated = 0
+    for r, row in enumerate(rows):
+        t, m, cut = tokenize_row(row, tok, seq_len)
+        ids[r, : len(t)] = torch.tensor(t)
+        attn[r, : len(t)] = True
+        loss[r, : len(m)] = torch.tensor(m, dtype=torch.bool)
+        truncated += cut
+    return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss}, truncated
+
+
+def encode_prompt(tok: Any, messages: list[dict]) -> list[int]:
+    """Token ids of a prompt: the chat template with the generation prompt (the turns joined by newlines for a
+    tokenizer without a template)."""
+    if tok.chat_template:
+        return template_ids(tok, messages, True)
+    return tok("\n".join(m["content"] for m in messages))["input_ids"]
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of one of the data stage's conversation files (data/train.jsonl, data/heldout.jsonl)."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def prompt_rows(rows: list[dict]) -> list[dict]:
+    """{id, category, messages}: each conversation's turns before its answer (rows without any are left out)."""
+    return [{"id": str(r.get("id", i)), "category": r.get("category", "chat"), "messages": r["messages"][:-1]}
+            for i, r in enumerate(rows) if len(r["messages"]) > 1]

@@ -1,0 +1,166 @@
+"""How well an EAGLE-3 head drafts for its target: acceptance of greedy chain drafts, simulated exactly on the
+target's own greedy answers (teacher-forced, every draft position at once), with a bootstrap interval over prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trtspec.chat import encode_prompt
+from trtspec.eagle import draft_target_logits, draft_to_target_ids
+from trtspec.generation import hf_greedy
+from trtspec.target_states import base_states, row_lengths
+
+EVAL_MAX_DRAFT = 4  # acceptance measured for chain drafts of length 1..EVAL_MAX_DRAFT
+
+
+def chain_drafts(model: Any, input_ids: Any, aux: Any, last: Any, k: int) -> Any:
+    """Greedy chain drafts of length k from every position at once (teacher-forced, modelopt's TTT masks).
+
+    drafts[b, j, s] is the s-th draft token (target ids) of the chain that starts after position j+1, i.e.
+    the guess for token j+2+s given tokens 0..j+1 and target states 0..j. The chain uses the true tokens as
+    its inputs, which equal the drafts exactly while the drafts are being accepted — so acceptance computed
+    from it is exact for greedy decoding."""
+    import torch
+    from modelopt.torch.speculative.plugins.modeling_eagle import EagleBaseModelOutput
+    from transformers import DynamicCache
+
+    b, t = input_ids.shape
+    with torch.no_grad():
+        dtype = model.eagle_module.fc.weight.dtype
+        logits = draft_target_logits(model, last)
+        base = EagleBaseModelOutput(out_hiddens=last.to(dtype), aux_hiddens=aux.to(dtype), logits=logits)
+        cache = DynamicCache(config=model.eagle_module.config)
+        embeds, hiddens, mask0, pos, _, _ = model._prepare_eagle_inputs(input_ids, None, None, cache, base)
+        out = torch.zeros(b, t, k, dtype=torch.long, device=input_ids.device)
+        for s in range(k):
+            mask = mask0 if s == 0 else model._compute_ttt_attention_mask(b, t, s)
+            _, hidden, step_logits, cache = model._eagle_forward(hiddens, embeds, mask, pos, cache)
+            hiddens = hidden.roll(1, 1)
+            # step s at position j+s continues the chain that started at j
+            tok = draft_to_target_ids(model, step_logits.argmax(-1))
+            out[:, : t - s, s] = tok[:, s:]
+    return out
+
+
+def greedy_acceptance(drafts: Any, seq: Any, start: int, k: int) -> tuple[int, int, list[int]]:
+    """Simulate greedy speculative decoding with chain drafts of length k over the target's greedy output `seq`.
+
+    `seq[start]` is the first generated token (from the prefill). A verification step at accepted length q
+    (tokens 0..q known, target states for 0..q-1) drafts seq[q+1..q+k] from position j=q-1, accepts the
+    longest matching prefix a, and yields 1 + a tokens (the target's own token comes free).
+    Returns (tokens, target forwards, accepted count per draft position)."""
+    n = len(seq)
+    q, tokens, forwards = start, 0, 0
+    per_pos = [0] * k
+    while q + 1 < n:
+        a = 0
+        while a < k and q + 1 + a < n and int(drafts[q - 1, a]) == int(seq[q + 1 + a]):
+            per_pos[a] += 1
+            a += 1
+        tokens += min(1 + a, n - 1 - q)  # the last step's bonus token may lie past the known answer
+        forwards += 1
+        q += 1 + a
+    return tokens, forwards, per_pos
+
+
+def al_interval(per_prompt: list[tuple[int, int]], resamples: int = 1000, seed: int = 0) -> list[float]:
+    """95% bootstrap interval of AL = sum(tokens) / sum(forwards) over prompts drawn again with replacement: how
+    much the figure would move on another draw of held-out prompts (not on another training run)."""
+    import torch
+
+    counts = torch.tensor(per_prompt, dtype=torch.float64)  # [prompts, (tokens, forwards)]
+    idx = torch.randint(len(counts), (resamples, len(counts)), generator=torch.Generator().manual_seed(seed))
+    sums = counts[idx].sum(1)
+    al = sums[:, 0] / sums[:, 1].clamp_min(1)
+    return [round(float(q), 3) for q in torch.quantile(al, torch.tensor([0.025, 0.975], dtype=torch.float64))]
+
+
+def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int = EVAL_MAX_DRAFT) -> dict:
+    """AL (tokens per target forward) for chain drafts of length 1..k_max with its 95% bootstrap interval over the
+    prompts, and per-position acceptance at k_max."""
+    per_prompt: dict[int, list[tuple[int, int]]] = {k: [] for k in range(1, k_max + 1)}
+    per_pos = [0] * k_max
+    was_training = model.training
+    model.eval()
+    for ex in eval_set:
+        ids = ex["input_ids"][None]
+        drafts = chain_drafts(model, ids, ex["aux"][None], ex["last"][None], k_max)[0]
+        for k in per_prompt:
+            tok, fwd, pos = greedy_acceptance(drafts, ex["input_ids"], ex["start"], k)
+            per_prompt[k].append((tok, fwd))
+            if k == k_max:
+                per_pos = [a + b for a, b in zip(per_pos, pos, strict=True)]
+    model.train(was_training)
+    steps = sum(f for _, f in per_prompt[k_max])  # verification steps at k_max
+    out: dict[str, Any] = {}
+    for k, counts in per_prompt.items():
+        out[f"AL@{k}"] = round(sum(t for t, _ in counts) / max(sum(f for _, f in counts), 1), 3)
+        out[f"AL@{k}_ci95"] = al_interval(counts) if counts else None
+    # acceptance of draft position i = share of verification steps whose first i+1 drafts were all accepted
+    return {**out, "accept_rate_by_position": [round(a / max(steps, 1), 3) for a in per_pos]}
+
+
+def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, batch_size: int = 16) -> list[dict]:
+    """The target's greedy answers to rows' prompts (batched), as {input_ids: prompt + answer, start}."""
+    import torch
+
+    out = []
+    for i in range(0, len(rows), batch_size):
+        prompts = [encode_prompt(tok, r["messages"][:-1]) for r in rows[i : i + batch_size]]
+        answers = hf_greedy(base, prompts, max_new_tokens, {tok.eos_token_id}, tok.pad_token_id)
+        out += [{"input_ids": torch.tensor(p + a), "start": len(p)} for p, a in zip(prompts, answers, strict=True)]
+    return out
+
+
+EVAL_SEQS = "eval_seqs.pt"  # the unquantized target's greedy answers to the first train.eval_prompts held-out prompts
+
+
+def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int], max_new_tokens: int, cache: Path, log: Any,
+                   batch_size: int = 16) -> list[dict]:
+    """The target's greedy answers to held-out prompts, with their hidden states (cached in ctx.work)."""
+    import torch
+
+    if cache.is_file():
+        seqs = torch.load(cache, weights_only=True)
+    else:
+        log(f"generating greedy target answers for {len(rows)} held-out prompts (acceptance evaluation)")
+        seqs = greedy_answers(base, tok, rows, max_new_tokens, batch_size)
+        torch.save(seqs, cache)
+    return with_states(base, seqs, aux_layers)
+
+
+def with_states(base: Any, seqs: list[dict], aux_layers: list[int]) -> list[dict]:
+    """Acceptance-set entries {input_ids, start, aux, last}: each sequence's target states from a forward of its own."""
+    import torch
+
+    out = []
+    for s in seqs:
+        ids = s["input_ids"].to(next(base.parameters()).device)[None]
+        aux, last = base_states(base, ids, torch.ones_like(ids), aux_layers)
+        out.append({"input_ids": ids[0], "start": int(s["start"]), "aux": aux[0], "last": last[0]})
+    return out
+
+
+def training_rows_set(tokens: dict, states: dict | None, base: Any, aux_layers: list[int], n: int) -> list[dict]:
+    """The first n training rows as an acceptance set, with the states the head trained on (the offline cache, else
+    a target forward): how well the head fits what it learned from. Against the held-out AL this tells a head
+    short of data (fits, does not generalise) from one short of capacity or training (does not even fit).
+    A row is a greedy answer of the target only when the data stage regenerated it; other rows measure the head
+    against the data's own tokens."""
+    import torch
+
+    picked = []  # (row, its length, its first label)
+    for i, length in enumerate(row_lengths(tokens)):
+        labels = tokens["loss_mask"][i, :length].nonzero()
+        if len(labels):
+            picked.append((i, length, int(labels[0])))
+        if len(picked) == n:
+            break
+    seqs = [{"input_ids": tokens["input_ids"][i, :length], "start": start} for i, length, start in picked]
+    if states is None:
+        return with_states(base, seqs, aux_layers)
+    device = next(base.parameters()).device
+    return [{"input_ids": s["input_ids"].to(device), "start": s["start"],
+             **{k: torch.from_numpy(states[k][i, :length].astype("float32")).to(device) for k in ("aux", "last")}}
+            for s, (i, length, _) in zip(seqs, picked, strict=True)]

@@ -1,0 +1,193 @@
+"""Training an EAGLE-3 head with HF Trainer: the dataset over the data stage's tensors (and cached target states),
+length-grouped batches that resume mid-epoch, modelopt's EAGLE-3 loss with the draft logits computed only where
+scored, a callback logging each step, and resuming from the last complete checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from trtspec.eagle import draft_target_logits, rows_at
+from trtspec.target_states import row_lengths
+
+
+class HeadDataset:
+    """Rows of the data stage's tensors (+ cached hidden states offline), each cut to its real length;
+    `collate` pads a batch to its longest row. The loss mask is shifted to modelopt's convention:
+    modelopt scores position t against the target's prediction *for t+1*, so loss_mask[t] = is_label[t+1]."""
+
+    def __init__(self, tokens: dict, states: dict | None = None):
+        import torch
+
+        self.tokens = tokens
+        self.states = states
+        self.lengths = [max(1, n) for n in row_lengths(tokens)]
+        lm = tokens["loss_mask"]
+        self.loss_mask = torch.cat([lm[:, 1:], torch.zeros_like(lm[:, :1])], dim=1)
+
+    def __len__(self) -> int:
+        return len(self.tokens["input_ids"])
+
+    def __getitem__(self, i: int) -> dict:
+        import torch
+
+        n = self.lengths[i]
+        row = {
+            "input_ids": self.tokens["input_ids"][i, :n],
+            "attention_mask": self.tokens["attention_mask"][i, :n].long(),
+            "loss_mask": self.loss_mask[i, :n].long(),
+        }
+        if self.states is not None:
+            row["aux_hidden_states"] = torch.from_numpy(self.states["aux"][i, :n].copy())
+            row["base_model_hidden_states"] = torch.from_numpy(self.states["last"][i, :n].copy())
+        return row
+
+    @staticmethod
+    def collate(rows: list[dict]) -> dict:
+        """Right-pad every field to the batch's longest row, rounded up to a multiple of 16 (few distinct shapes:
+        few cached TTT masks); zeros are masked out by the attention and loss masks."""
+        import torch
+
+        n = -(-max(len(r["input_ids"]) for r in rows) // 16) * 16
+        pad = lambda x: torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, n - len(x)))  # noqa: E731
+        return {k: torch.stack([pad(r[k]) for r in rows]) for k in rows[0]}
+
+
+class LengthGroupedEpochSampler:
+    """Batches of similar length (transformers' length grouping: little padding), shuffled from seed + epoch,
+    so a run resumed mid-epoch sees the same order as one that never stopped."""
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int):
+        self.lengths, self.batch_size, self.seed, self.epoch = lengths, batch_size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        import torch
+        from transformers.trainer_pt_utils import get_length_grouped_indices
+
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=g))
+
+
+@contextmanager
+def draft_logits_where_scored(model: Any, loss_mask: Any):
+    """Within: the head's lm_head computes logits only where modelopt's loss reads them, zeros elsewhere.
+
+    modelopt's TTT step s scores the draft logits at position p against the target's prediction at p + 1,
+    weighted by loss_mask[p + 1] (for p >= s). Zero logits elsewhere change neither the loss (their weight is 0)
+    nor the gradients, and skip the lm_head's matmuls (a third of a step's FLOPs) on prompt tokens and padding,
+    a quarter of the positions in the demo's batches. Only a head with its own lm_head (a draft vocab): the
+    target's lm_head also makes the target's logits when training online."""
+    lm_head = getattr(model.eagle_module, "lm_head", None)
+    if lm_head is None:
+        yield
+        return
+    import torch
+
+    keep = torch.nn.functional.pad(loss_mask[:, 1:], (0, 1)).bool()
+    full = lm_head.forward
+    lm_head.forward = lambda h: rows_at(keep, h, full)
+    try:
+        yield
+    finally:
+        del lm_head.forward  # back to the class's own forward
+
+
+def head_forward(model: Any, batch: dict, unwrapped: Any = None) -> Any:
+    """One training forward of the head on a batch of HeadDataset.collate: modelopt's EAGLE-3 loss (TTT steps).
+    Offline batches carry the target's cached states; the target's logits are computed here, where scored.
+    `unwrapped`: the EAGLE model inside `model` when a DDP/FSDP wrapper runs the forward (multi-GPU)."""
+    eagle_model = unwrapped or model
+    batch = dict(batch)
+    kwargs = {}
+    if "aux_hidden_states" in batch:
+        dtype = eagle_model.eagle_module.fc.weight.dtype
+        last = batch.pop("base_model_hidden_states").to(dtype)
+        kwargs["base_model_outputs"] = {
+            "aux_hidden_states": batch.pop("aux_hidden_states").to(dtype),
+            "base_model_hidden_states": last,
+            "base_model_logits": draft_target_logits(eagle_model, last, batch["loss_mask"].bool()),
+        }
+    with draft_logits_where_scored(eagle_model, batch["loss_mask"]):
+        return model(**batch, **kwargs)
+
+
+def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: Any, eval_steps: int):
+    from transformers import Trainer, TrainerCallback
+
+    from trtspec import eagle
+
+    class StepLog(TrainerCallback):
+        """One JSON line per optimizer step: loss and per-TTT-step accuracy averaged over its micro-batches."""
+
+        def __init__(self):
+            self.buf: list[tuple[float, list[float]]] = []
+
+        def on_step_end(self, args, state, control, **kw):
+            if not self.buf:
+                return
+            loss = sum(b[0] for b in self.buf) / len(self.buf)
+            accs = [round(sum(b[1][i] for b in self.buf) / len(self.buf), 4) for i in range(len(self.buf[0][1]))]
+            lr = kw["lr_scheduler"].get_last_lr()[0] if kw.get("lr_scheduler") else None
+            row = {"step": state.global_step, "epoch": round(state.epoch or 0, 3), "loss": round(loss, 4), "acc_ttt": accs, "lr": lr}
+            if eval_steps and state.global_step % eval_steps == 0:
+                row["eval"] = eval_fn()
+            with open(log_file, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            self.buf.clear()
+
+    step_log = StepLog()
+
+    class EagleTrainer(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            out = head_forward(model, inputs, self.accelerator.unwrap_model(model))
+            step_log.buf.append((float(out.loss.detach()), [float(a) for a in out.train_acc[0]]))
+            return (out.loss, out) if return_outputs else out.loss
+
+        def _get_train_sampler(self, train_dataset=None):
+            ds = train_dataset or self.train_dataset
+            return LengthGroupedEpochSampler(ds.lengths, self.args.train_batch_size * self.args.gradient_accumulation_steps, self.args.seed)
+
+        def _save(self, output_dir=None, state_dict=None):
+            # checkpoints hold the head only (the base is frozen and already on disk)
+            eagle.save_head(self.model, Path(output_dir or self.args.output_dir) / eagle.HEAD_FILE)
+
+        def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+            eagle.load_head(self.model, Path(resume_from_checkpoint) / eagle.HEAD_FILE)
+
+    return EagleTrainer(model=model, args=args, train_dataset=dataset, data_collator=HeadDataset.collate, callbacks=[step_log])
+
+
+def last_complete_checkpoint(ckpt_dir: Path, log: Any) -> str | None:
+    """The newest checkpoint the Trainer finished writing (trainer_state.json is written last); a checkpoint
+    cut short by a kill is removed, never resumed from."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    while ckpt_dir.is_dir() and (last := get_last_checkpoint(str(ckpt_dir))):
+        if (Path(last) / "trainer_state.json").is_file():
+            return last
+        log(f"removing incomplete {Path(last).name} (interrupted while it was written)")
+        shutil.rmtree(last)
+    return None
+
+
+def truncate_log(log_file: Path, step: int) -> None:
+    """Drop log lines past the checkpoint we resume from (they will be logged again)."""
+    if log_file.is_file():
+        keep = [x for x in log_file.read_text().splitlines() if x.strip() and step_of(x) <= step]
+        log_file.write_text("".join(x + "\n" for x in keep))
+
+
+def step_of(line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return 1 << 62
