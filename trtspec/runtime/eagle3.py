@@ -26,11 +26,10 @@ from trtspec.runtime.model import (
     Linear,
     ModelArgs,
     Stepper,
-    fuse_projections,
+    hf_to_runtime_keys,
     read_config,
     read_safetensors,
     rms_norm,
-    rope_tables,
 )
 
 
@@ -53,15 +52,6 @@ class Eagle3Draft(Stepper):
         self.norm = nn.Parameter(torch.ones(H)) if has_norm else None
         self.lm_head = Linear(H, draft_vocab, bias=False)
         self.register_buffer("draft_to_target", torch.arange(draft_vocab), persistent=False)
-        self.max_len = 0
-
-    def setup_cache(self, max_len: int) -> None:
-        p = self.fc.weight
-        for layer in self.layers:
-            layer.self_attn.setup_cache(max_len, p.dtype, p.device)
-        cos, sin = rope_tables(self.args, max_len)
-        self.cos, self.sin = cos.to(p), sin.to(p)
-        self.max_len = max_len
 
     def forward(self, embeds: Tensor, h: Tensor, positions: Tensor, slots: Tensor, length: int, mask) -> tuple[Tensor, Tensor]:
         """embeds/h [T, H] -> (draft-vocab logits [T, Vd], pre-norm output [T, H])."""
@@ -75,19 +65,6 @@ class Eagle3Draft(Stepper):
         out = out[0]
         normed = rms_norm(out, self.norm, eps) if self.norm is not None else out
         return self.lm_head(normed), out
-
-
-def _runtime_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    out = {}
-    for k, v in state.items():
-        if k == "layers.0.hidden_norm.weight":
-            k = "hidden_norm"
-        elif k == "norm.weight":
-            k = "norm"
-        else:
-            k = k.replace("input_layernorm.weight", "input_layernorm").replace("post_attention_layernorm.weight", "post_attention_layernorm")
-        out[k] = v
-    return fuse_projections(out)
 
 
 def load_eagle3(folder: Path, target_lm_head: Tensor, target_hidden: int, dtype: torch.dtype = torch.float32) -> tuple[Eagle3Draft, Eagle3Info]:
@@ -108,7 +85,7 @@ def load_eagle3(folder: Path, target_lm_head: Tensor, target_hidden: int, dtype:
     if vocab != target_lm_head.shape[0]:
         raise ArtifactError(f"the draft's vocab size {vocab} does not match the target's {target_lm_head.shape[0]}",
                             "the draft was trained for another model")
-    state = _runtime_keys({k: v.to(dtype) if v.is_floating_point() else v for k, v in read_safetensors(folder).items()})
+    state = hf_to_runtime_keys({k: v.to(dtype) if v.is_floating_point() else v for k, v in read_safetensors(folder).items()})
     d2t = state.pop("d2t", None)
     state.pop("t2d", None)  # the inverse map, for converters that want it: d2t says the same
     if "lm_head.weight" not in state:

@@ -121,6 +121,17 @@ class Stepper(nn.Module):
     compiled_step = None
     kernel_choice: dict | None = None  # what `choose_kernels` measured on this machine when the network was loaded
 
+    max_len = 0  # positions the KV cache and rope tables hold
+
+    def setup_cache(self, max_len: int) -> None:
+        """(Re)allocate every layer's KV cache and the rope tables for max_len positions."""
+        p = self.lm_head.weight
+        for layer in self.layers:
+            layer.self_attn.setup_cache(max_len, p.dtype, p.device)
+        cos, sin = rope_tables(self.args, max_len)
+        self.cos, self.sin = cos.to(p), sin.to(p)
+        self.max_len = max_len
+
     def step(self, *args):
         """forward(*args), compiled after `compile_steps`; a prefill (mask "causal", the last argument) stays eager."""
         eager = self.compiled_step is None or isinstance(args[-1], str)
@@ -201,16 +212,6 @@ class Transformer(Stepper):
         self.norm = nn.Parameter(torch.ones(args.hidden_size))
         self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
         self.aux_layers = tuple(aux_layers)
-        self.max_len = 0
-
-    def setup_cache(self, max_len: int) -> None:
-        """(Re)allocate the KV cache and the rope tables for max_len positions."""
-        p = self.lm_head.weight
-        for layer in self.layers:
-            layer.self_attn.setup_cache(max_len, p.dtype, p.device)
-        cos, sin = rope_tables(self.args, max_len)
-        self.cos, self.sin = cos.to(p), sin.to(p)
-        self.max_len = max_len
 
     def forward(
         self, tokens: Tensor, positions: Tensor, slots: Tensor, length: int, mask, logits_from: int = 0
@@ -359,12 +360,13 @@ def fuse_projections(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def hf_to_runtime_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """HF Llama names -> this module's names (norm weights are plain parameters here, projections fused)."""
+    """HF Llama (and EAGLE-3 draft) names -> this module's names (norm weights are plain parameters here,
+    projections fused)."""
     out = {}
     for k, v in _strip(state, "model.").items():
         k = k.replace("input_layernorm.weight", "input_layernorm").replace("post_attention_layernorm.weight", "post_attention_layernorm")
         k = k.replace("self_attn.q_norm.weight", "self_attn.q_norm").replace("self_attn.k_norm.weight", "self_attn.k_norm")
-        out["norm" if k == "norm.weight" else k] = v
+        out[{"norm.weight": "norm", "layers.0.hidden_norm.weight": "hidden_norm"}.get(k, k)] = v  # the latter: EAGLE-3 drafts
     return fuse_projections(out)
 
 
