@@ -168,6 +168,23 @@ def case_data_missing(tmp, model, mp):
     return build(tmp, p, "--until", "data")
 
 
+def case_data_is_folder(tmp, model, mp):
+    p = config(tmp, model)
+    (tmp / "data.jsonl").unlink()
+    (tmp / "data.jsonl").mkdir()
+    return build(tmp, p, "--until", "data")
+
+
+def case_validate_prompts_missing(tmp, model, mp):
+    # validate reads it last: the build must stop before the data stage, not after training
+    return build(tmp, config(tmp, model, validate={"prompts": "no-such-prompts.jsonl"}))
+
+
+def case_validate_prompts_binary(tmp, model, mp):
+    (tmp / "prompts.jsonl").write_bytes(b"\x80\x81\xfe\xff" * 10)
+    return build(tmp, config(tmp, model, validate={"prompts": "prompts.jsonl"}))
+
+
 def case_data_empty(tmp, model, mp):
     return build(tmp, config(tmp, model, data_rows=[]), "--until", "data")
 
@@ -284,6 +301,9 @@ CASES = [
     Case("model-corrupted-weights", case_corrupted_weights, 2, r"cannot load model weights", "convert"),
     Case("model-no-chat-template", case_no_chat_template, 2, r"no chat template", "data"),
     Case("data-missing", case_data_missing, 2, r"data file .*data\.jsonl' does not exist", "data"),
+    Case("data-is-folder", case_data_is_folder, 2, r"data file .*data\.jsonl' is a folder, not a file", "data", before_data=True),
+    Case("validate-prompts-missing", case_validate_prompts_missing, 2, r"validate\.prompts file .*no-such-prompts\.jsonl' does not exist", "validate", before_data=True),
+    Case("validate-prompts-binary", case_validate_prompts_binary, 2, r"validate\.prompts file .* cannot be read as UTF-8", "validate", before_data=True),
     Case("data-empty", case_data_empty, 2, r"no usable conversation", "data"),
     Case("data-malformed", case_data_malformed, 2, r"no usable conversation", "data"),
     Case("data-no-assistant-turn", case_data_no_assistant, 2, r"no usable conversation", "data"),

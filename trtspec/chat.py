@@ -19,6 +19,22 @@ ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assi
          "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system"}
 
 
+def check_text_file(path: Path, what: str, hint: str) -> None:
+    """A DataError unless `path` is a file whose start reads as UTF-8 text (what a build checks before spending)."""
+    if path.is_dir():
+        raise DataError(f"{what} '{path}' is a folder, not a file", hint)
+    if not path.is_file():
+        raise DataError(f"{what} '{path}' does not exist", hint)
+    try:
+        with open(path, "rb") as f:
+            f.read(1 << 16).decode("utf-8", errors="strict")
+    except UnicodeDecodeError as e:
+        if e.start < (1 << 16) - 4:  # not a multi-byte character cut at the end of the sample
+            raise DataError(f"{what} '{path}' cannot be read as UTF-8 text (UnicodeDecodeError)") from None
+    except OSError as e:
+        raise DataError(f"{what} '{path}' cannot be read ({e.strerror})") from None
+
+
 def read_lines(path: Path, what: str = "data file", hint: str = "check data.sources[*].path (relative to the YAML)") -> list[str]:
     """The lines of a UTF-8 text file; a missing or binary file is a DataError naming it as `what`."""
     if path.is_dir():

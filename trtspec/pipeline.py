@@ -11,7 +11,6 @@ import importlib
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 from trtspec.artifacts import RunDir, fingerprint, package_versions, sha256_file
 from trtspec.config import STAGES, BuildConfig, dump_config
-from trtspec.errors import ConfigError
+from trtspec.errors import ConfigError, TrtspecError
 from trtspec.models import model_stamp
 from trtspec.stage import StageContext, StageSkipped
 
@@ -171,10 +170,51 @@ def load_model_config(source: str) -> Any:
     return AutoConfig.from_pretrained(resolve_model(source))
 
 
+def files_read(cfg: BuildConfig, stages: list[str]) -> list[tuple[str, Path]]:
+    """(config key, path) of every local text file the given stages will read."""
+    out = []
+    if "data" in stages:
+        out += [(f"data.sources[{i}].path", cfg.resolve_path(s.path)) for i, s in enumerate(cfg.data.sources) if s.kind != "hf"]
+    if "validate" in stages and cfg.validate_.prompts:
+        out.append(("validate.prompts", cfg.resolve_path(cfg.validate_.prompts)))
+    return out
+
+
+def models_read(cfg: BuildConfig, stages: list[str]) -> list[tuple[str, str]]:
+    """(config key, model source) of the models besides model.source that the given stages will load."""
+    out = []
+    if "engine" in stages and cfg.engine.decoding == "draft_target" and cfg.engine.draft_model:
+        out.append(("engine.draft_model", cfg.engine.draft_model))
+    if "validate" in stages and cfg.validate_.compare_hf_assisted and cfg.validate_.assistant_model:
+        out.append(("validate.assistant_model", cfg.validate_.assistant_model))
+    return out
+
+
+def check_inputs(cfg: BuildConfig, stages: list[str]) -> None:
+    """Every file and model a stage of this build will read exists and is what it should be, before the first
+    stage runs: a bad prompt file that validate reads must not cost the data stage's minutes first."""
+    from trtspec.chat import check_text_file
+    from trtspec.errors import ModelError
+    from trtspec.models import resolve_model
+
+    for key, path in files_read(cfg, stages):
+        check_text_file(path, "data file" if key.startswith("data.") else f"{key} file", f"check {key} (relative to the YAML's folder)")
+    for key, source in models_read(cfg, stages):
+        local = cfg.resolve_path(source)
+        if source.startswith((".", "/", "~")) or local.exists():
+            try:
+                resolve_model(str(local))
+            except ModelError as e:
+                raise ModelError(f"{key}: {e.message}", e.hint) from None
+
+
 def preflight(cfg: BuildConfig, run: RunDir, needed: list[str], redo: set[str]) -> None:
-    """Settings that only the model's config can judge (convert's aux layers, quantize's lm_head...) are checked
-    before the first stage runs: a bad one fails in seconds, not after the data stage's regeneration."""
-    checks = [f for s in likely_to_run(cfg, run, needed, redo) if (f := getattr(stage_module(s), "preflight", None))]
+    """Before the first stage runs: the files and models the stages will read (check_inputs), and settings that only
+    the model's config can judge (convert's aux layers, quantize's lm_head...). A bad one fails in seconds, not after
+    the data stage's regeneration."""
+    stages = likely_to_run(cfg, run, needed, redo)
+    check_inputs(cfg, stages)
+    checks = [f for s in stages if (f := getattr(stage_module(s), "preflight", None))]
     if checks:
         model_config = load_model_config(cfg.model.source)
         for check in checks:
@@ -231,4 +271,10 @@ def peak_rss_gib() -> float | None:
 
 
 def format_exception_line(e: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(e), e)).strip()
+    """What the summary table says about a failed stage: our errors' own message; for anything else the message
+    (the class name only when there is none). `--debug` shows the traceback."""
+    if isinstance(e, TrtspecError):
+        return e.message
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
