@@ -10,7 +10,7 @@ from trtllm_helpers import CONTRACT, fake_trtllm, make_bundle, make_cfg, purge_t
 
 from trtspec import trtllm, vllm_engine
 from trtspec.artifacts import RunDir
-from trtspec.errors import ArtifactError, ConfigError
+from trtspec.errors import ArtifactError
 from trtspec.stage import StageContext, StageSkipped
 from trtspec.stages import engine
 
@@ -78,14 +78,6 @@ def test_crossover_says_where_speculation_stops_paying():
     assert engine.crossover(speed, "vllm") == "pays at 1 concurrent request(s); costs at 32 (0.64x)"
 
 
-def test_eagle3_on_engine_backend_refused(tmp_path, fake_trtllm, gpu):  # noqa: F811
-    fake_trtllm("1.0.0")
-    cfg = make_cfg(tmp_path)
-    cfg.engine.backend = "tensorrt"  # the config validator already refuses this in a YAML; the stage checks again
-    with pytest.raises(ConfigError, match="never supported EAGLE-3"):
-        engine.run(ctx_for(tmp_path, cfg, tmp_path))
-
-
 @pytest.mark.parametrize("version", ["1.0.0", "1.3.0.dev"])
 def test_llm_api_run_with_fake(tmp_path, fake_trtllm, gpu, tiny_model_dir, version):  # noqa: F811
     fake_trtllm(version)
@@ -119,26 +111,17 @@ def test_stale_bundle_options_refused(tmp_path, fake_trtllm, gpu):  # noqa: F811
         engine.run(ctx_for(tmp_path, make_cfg(tmp_path, max_draft_len=5), bundle))
 
 
-def test_engine_backend_removed_says_which_release(tmp_path, fake_trtllm, gpu):  # noqa: F811
+def test_ngram_runs_on_the_llm_api(tmp_path, fake_trtllm, gpu, tiny_model_dir):  # noqa: F811
+    """Draft-target and n-gram drafting are served on the LLM API's PyTorch backend (the engine backend is gone)."""
     fake_trtllm("1.3.0.dev")
-    cfg = make_cfg(tmp_path, backend="tensorrt", decoding="ngram")
-    with pytest.raises(StageSkipped, match=r"no TensorRT engine backend.*tensorrt-llm 1\.0"):
-        engine.run(ctx_for(tmp_path, cfg, tmp_path / "bundle"))
+    from tensorrt_llm.llmapi.llm import CALLS
 
-
-def test_engine_backend_builds_engines_for_ngram(tmp_path, fake_trtllm, gpu, tiny_model_dir):  # noqa: F811
-    fake_trtllm("1.0.0")
-    cfg = make_cfg(tmp_path, model=str(tiny_model_dir), backend="tensorrt", decoding="ngram", num_prompts=1,
-                   max_new_tokens=4, batch_sizes=[1])
+    CALLS.clear()
+    cfg = make_cfg(tmp_path, model=str(tiny_model_dir), decoding="ngram", num_prompts=1, max_new_tokens=4, batch_sizes=[1])
     bundle = make_bundle(tmp_path / "bundle", cfg, target_from=tiny_model_dir)
-    ctx = ctx_for(tmp_path, cfg, bundle)
-    m = engine.run(ctx)
-    import json
-
-    built = json.loads((ctx.out / "engines" / "target" / "config.json").read_text())
-    assert built["speculative_decoding_mode"].endswith("DRAFT_TOKENS_EXTERNAL") and built["max_draft_len"] == 3
-    assert '--ngram_config "[3,2,[0]]"' in (ctx.out / "run_engines.sh").read_text()
-    assert m["backend"] == "tensorrt" and m["base_tokens_per_s"]["1"] > 0
+    m = engine.run(ctx_for(tmp_path, cfg, bundle))
+    assert type(CALLS[0]["speculative_config"]).__name__ == "NGramDecodingConfig"
+    assert m["greedy_vs_hf"]["exact"] == m["greedy_vs_hf"]["total"] == 1
 
 
 def test_acceptance_math():

@@ -51,6 +51,17 @@ def test_train_change_redoes_train_and_downstream_only(tmp_path, calls):
     assert calls == ["train", "export", "engine", "validate"]
 
 
+def test_engine_measurement_knob_redoes_the_engine_stage_only(tmp_path, calls):
+    """engine.batch_sizes is measurement only (not in the bundle): the export is kept, the engine stage redone."""
+    pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
+    calls.clear()
+    pipeline.run_build(config_from_dict({**RAW, "engine": {"batch_sizes": [1, 4]}}), tmp_path / "r")
+    assert calls == ["engine"]
+    calls.clear()
+    pipeline.run_build(config_from_dict({**RAW, "engine": {"batch_sizes": [1, 4], "max_draft_len": 4}}), tmp_path / "r")
+    assert calls == ["export", "engine", "validate"]  # a serving option: the bundle changes
+
+
 def test_model_change_redoes_everything(tmp_path, calls):
     pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
     calls.clear()

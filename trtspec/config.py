@@ -29,8 +29,6 @@ class ModelSection(Section):
     source: str = "demo:smollm2-135m-instruct"
     # compute dtype; auto = float32 on CPU, bfloat16 on GPU
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    # let transformers run code shipped with a hub model (off: only trusted architectures)
-    trust_remote_code: bool = False
 
 
 class DataSource(Section):
@@ -127,10 +125,9 @@ class ExportSection(Section):
 
 
 class EngineSection(Section):
-    # where the engine stage runs the bundle: pytorch = TensorRT-LLM's LLM API (PyTorch backend, EAGLE-3; needs a GPU);
-    # vllm = vLLM (its CPU build runs here: bash scripts/setup.sh --engines vllm); tensorrt = TensorRT-LLM's TensorRT
-    # engines (draft-target / n-gram, releases before its removal only)
-    backend: Literal["pytorch", "vllm", "tensorrt"] = "pytorch"
+    # where the engine stage runs the bundle: pytorch = TensorRT-LLM's LLM API (its PyTorch backend: EAGLE-3,
+    # draft-target and n-gram; needs a GPU); vllm = vLLM (its CPU build runs here: bash scripts/setup.sh --engines vllm)
+    backend: Literal["pytorch", "vllm"] = "pytorch"
     decoding: Literal["eagle3", "draft_target", "ngram"] = "eagle3"
     max_draft_len: int = Field(default=3, ge=1, le=16)
     tensor_parallel_size: int = Field(default=1, ge=1)
@@ -141,16 +138,20 @@ class EngineSection(Section):
     max_total_draft_tokens: int | None = Field(default=None, ge=1)
     free_gpu_memory_fraction: float = Field(default=0.8, gt=0, le=1)
     enable_block_reuse: bool = False
+    # draft model for decoding: draft_target (HF folder or demo:...; relative to the YAML's folder)
+    draft_model: str | None = None
+    # n-gram drafting: longest prompt suffix matched against the pool
+    ngram_max_matching: int = Field(default=2, ge=1, le=16)
+    # --- measurement only (ENGINE_MEASUREMENT_KEYS: not in the bundle, so changing one redoes the engine stage only)
     # requests submitted together when timing (1 = one at a time; more = concurrent load, where speculation can stop
     # paying on a compute-bound machine); the first one's speedup is the headline
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 8])
-    # draft model for decoding: draft_target (HF folder or demo:...)
-    draft_model: str | None = None
     # prompts (built-in, chat-templated) and answer length for the engine's checks
     num_prompts: int = Field(default=8, ge=1, le=64)
     max_new_tokens: int = Field(default=128, ge=1, le=8192)
-    # n-gram drafting: longest prompt suffix matched against the pool
-    ngram_max_matching: int = Field(default=2, ge=1, le=16)
+
+
+ENGINE_MEASUREMENT_KEYS = ("batch_sizes", "num_prompts", "max_new_tokens")
 
 
 class ValidateSection(Section):
@@ -201,13 +202,19 @@ class BuildConfig(Section):
     def _check_conflicts(self) -> BuildConfig:
         if self.quantize.format == "none" and self.quantize.kv_cache != "none":
             raise ValueError("quantize.kv_cache needs a quantize.format other than 'none'")
-        if self.engine.decoding == "eagle3" and self.engine.backend == "tensorrt":
-            raise ValueError(
-                "engine.decoding=eagle3 needs engine.backend=pytorch: TensorRT-LLM's engine backend never supported EAGLE-3"
-            )
         if self.engine.decoding == "draft_target" and not self.engine.draft_model:
             raise ValueError("engine.decoding=draft_target needs engine.draft_model")
         return self
+
+    def resolve_model_source(self, source: str) -> str:
+        """A model named by a relative local path (a folder or a .gguf file) as an absolute one, relative to the
+        YAML's folder like every other path in the config; demo: names and hub ids unchanged."""
+        path = Path(source).expanduser()
+        if source.startswith("demo:") or path.is_absolute():
+            return source if source.startswith("demo:") else str(path)
+        local = (self._base_dir / path).resolve()
+        looks_local = source.startswith((".", "~")) or path.suffix == ".gguf" or local.exists()
+        return str(local) if looks_local else source
 
     def resolve_path(self, p: str) -> Path:
         """A path from the config, relative to the config file's folder."""
@@ -325,6 +332,11 @@ def config_from_dict(raw: Any, source: str = "<config>", base_dir: Path | None =
         lines = [_format_error(err, source) for err in errors]
         raise ConfigError(lines[0] + (f" (and {len(lines) - 1} more problem(s))" if len(lines) > 1 else "")) from None
     cfg._base_dir = base_dir or Path(".").resolve()
+    cfg.model.source = cfg.resolve_model_source(cfg.model.source)
+    if cfg.engine.draft_model:
+        cfg.engine.draft_model = cfg.resolve_model_source(cfg.engine.draft_model)
+    if cfg.validate_.assistant_model:
+        cfg.validate_.assistant_model = cfg.resolve_model_source(cfg.validate_.assistant_model)
     return cfg
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.artifacts import RunDir, fingerprint, package_versions, sha256_file
-from trtspec.config import STAGES, BuildConfig, dump_config
+from trtspec.config import ENGINE_MEASUREMENT_KEYS, STAGES, BuildConfig, dump_config
 from trtspec.errors import ConfigError, TrtspecError
 from trtspec.models import model_stamp
 from trtspec.stage import StageContext, StageSkipped
@@ -38,7 +38,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "convert": ("convert", "seed"),
     "train": ("train", "seed"),
     "quantize": ("quantize", "seed"),
-    "export": ("export", "engine"),  # the bundle's llm_api_options.yaml is written from engine.*
+    "export": ("export", "engine"),  # the bundle's llm_api_options.yaml is written from engine.* (not its measurement keys)
     "engine": ("engine",),
     "validate": ("validate", "seed"),
 }
@@ -59,7 +59,10 @@ def stage_module(stage: str):
 
 def _section_values(cfg: BuildConfig, stage: str) -> dict[str, Any]:
     full = dump_config(cfg)
-    return {s: full[s] for s in SECTIONS[stage]}
+    values = {s: full[s] for s in SECTIONS[stage]}
+    if stage == "export":  # the bundle holds engine.*'s serving options; its measurement knobs are the engine stage's
+        values["engine"] = {k: v for k, v in values["engine"].items() if k not in ENGINE_MEASUREMENT_KEYS}
+    return values
 
 
 def input_files(cfg: BuildConfig, stage: str) -> dict[str, str]:

@@ -5,20 +5,20 @@ tensorrt_llm/llmapi/llm_args.py across releases; see tests/contracts/trtllm_api.
 - `Eagle3DecodingConfig` (1.1+) vs only `EagleDecodingConfig` (older);
 - the draft path field `speculative_model` (newer; `speculative_model_dir` kept as an alias) vs
   `speculative_model_dir` (older) — picked by inspecting the installed class's fields;
-- the TensorRT engine backend (`tensorrt_llm._tensorrt_engine`, `trtllm-build`) removed from main in 2026.
+trtspec serves on the LLM API's PyTorch backend only: the TensorRT engine backend (`trtllm-build`,
+`tensorrt_llm._tensorrt_engine`) was removed from TensorRT-LLM's main in 2026, and every decoding trtspec writes
+(EAGLE-3, draft-target, n-gram) runs on the PyTorch backend.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import shutil
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 INSTALL_HINT = "pip install trtspec[trtllm] on a Linux x86_64/aarch64 machine with an NVIDIA GPU"
-ENGINE_BACKEND_RELEASE = "tensorrt-llm 1.0 (a release that still ships trtllm-build and tensorrt_llm._tensorrt_engine)"
 SPEC_CLASSES = {"Eagle3": ("Eagle3DecodingConfig", "EagleDecodingConfig"), "NGram": ("NGramDecodingConfig",),
                 "DraftTarget": ("DraftTargetDecodingConfig",)}
 
@@ -52,19 +52,6 @@ def availability() -> tuple[bool, str]:
         return True, f"tensorrt_llm {version()} and a CUDA GPU present"
     missing = [what for what, ok in (("tensorrt_llm is not installed (" + INSTALL_HINT + ")", trt), ("no CUDA GPU", cuda)) if not ok]
     return False, "; ".join(missing)
-
-
-def engine_backend_available() -> bool:
-    """The TensorRT engine backend (trtllm-build, LLM(backend='tensorrt')): gone from main since mid-2026."""
-    try:
-        importlib.import_module("tensorrt_llm._tensorrt_engine")
-    except ImportError:
-        return False
-    return True
-
-
-def trtllm_build_path() -> str | None:
-    return shutil.which("trtllm-build")
 
 
 def spec_class(llmapi: Any, decoding_type: str) -> type:

@@ -1,13 +1,11 @@
-"""The engine stage: load the bundle in TensorRT-LLM and run the same checks as validate, through TensorRT-LLM.
+"""The engine stage: load the bundle in a serving engine and run the same checks as validate, through that engine.
 
-PyTorch backend (default): LLM(model=bundle/target, speculative_config=Eagle3DecodingConfig(...)) built
-from the bundle's llm_api_options.yaml — the very file trtllm-serve and Triton use. Measured: load time,
-GPU memory, greedy outputs vs Hugging Face generate on the original model, acceptance length from
-TensorRT-LLM's accepted/drafted token counts, tokens/s against TensorRT-LLM without speculation and
-against HF generate, at engine.batch_sizes.
-
-Engine backend (engine.backend=tensorrt): TensorRT engines for draft_target / n-gram, only on releases that
-still ship it. EAGLE-3 never ran there. Without tensorrt_llm or a GPU the stage is skipped (exit 3).
+engine.backend=pytorch (default): TensorRT-LLM's LLM API, LLM(model=bundle/target, speculative_config=...) built
+from the bundle's llm_api_options.yaml — the very file trtllm-serve and Triton use; EAGLE-3, draft-target and
+n-gram drafting all run on its PyTorch backend. Measured: load time, GPU memory, greedy outputs vs Hugging Face
+generate on the original model, acceptance length from TensorRT-LLM's accepted/drafted token counts, tokens/s
+against TensorRT-LLM without speculation and against HF generate, at engine.batch_sizes. Without tensorrt_llm or
+a GPU the stage is skipped (exit 3). engine.backend=vllm: the same checks in vLLM (its CPU build runs here).
 Multi-GPU: engine.tensor_parallel_size; LLM(...) spawns its own MPI workers on one node. On Slurm or
 several nodes run under `srun/mpirun -n N trtllm-llmapi-launch trtspec engine CONFIG --out RUN`.
 """
@@ -20,8 +18,9 @@ from typing import Any
 
 from trtspec import trtllm
 from trtspec.chat import encode_prompt
-from trtspec.errors import ArtifactError, ConfigError
+from trtspec.errors import ArtifactError
 from trtspec.generation import compare, hf_greedy, tokens_per_s
+from trtspec.models import resolve_model
 from trtspec.serving import llm_api_options, read_options, speculative_options
 from trtspec.stage import StageContext, StageSkipped
 
@@ -55,8 +54,6 @@ def environment_key() -> dict:
 
 def run(ctx: StageContext) -> dict:
     e = ctx.cfg.engine
-    if e.backend == "tensorrt" and e.decoding == "eagle3":
-        raise ConfigError("engine.decoding=eagle3 needs engine.backend=pytorch: TensorRT-LLM's engine backend never supported EAGLE-3")
     if e.backend == "vllm":
         from trtspec import vllm_engine
 
@@ -67,10 +64,7 @@ def run(ctx: StageContext) -> dict:
     ok, why = trtllm.availability()
     if not ok:
         raise StageSkipped(f"{why}; the bundle's serve.sh and triton/ run on a GPU server")
-    bundle = ctx.inputs["export"]
-    if e.backend == "tensorrt":
-        return run_engine_backend(ctx, bundle)
-    return run_llm_api(ctx, bundle)
+    return run_llm_api(ctx, ctx.inputs["export"])
 
 
 # --- inputs ---------------------------------------------------------------------------------------
@@ -83,18 +77,11 @@ def prompt_ids(target: Path, n: int) -> list[list[int]]:
     return [encode_prompt(tok, [{"role": "user", "content": p}]) for p in (PROMPTS * (n // len(PROMPTS) + 1))[:n]]
 
 
-def resolve_source(ctx: StageContext, source: str) -> Path:
-    from trtspec.models import resolve_model
-
-    local = ctx.cfg.resolve_path(source)
-    return resolve_model(str(local) if not source.startswith("demo:") and local.exists() else source)
-
-
 def options_for(ctx: StageContext, bundle: Path) -> dict:
     """The LLM-API options: the bundle's llm_api_options.yaml for EAGLE-3, the same builder for the others."""
     e = ctx.cfg.engine
     if e.decoding != "eagle3":
-        draft = str(resolve_source(ctx, e.draft_model)) if e.draft_model else "./draft"
+        draft = str(resolve_model(e.draft_model)) if e.draft_model else "./draft"
         return llm_api_options(ctx.cfg, draft, decoding=e.decoding)
     from trtspec.artifacts import read_json
 
@@ -211,7 +198,7 @@ def run_llm_api(ctx: StageContext, bundle: Path) -> dict:
     base.shutdown()
 
     ctx.log("Hugging Face generate on the original model")
-    hf = hf_reference(resolve_source(ctx, ctx.cfg.model.source), prompts, e.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
+    hf = hf_reference(resolve_model(ctx.cfg.model.source), prompts, e.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
 
     speed = speed_table(spec_tps, base_tps, hf["tokens_per_s"], "trtllm")
     vs_hf, vs_base = compare(spec_tokens, hf["outputs"]), compare(spec_tokens, base_tokens)
@@ -271,7 +258,7 @@ def run_vllm(ctx: StageContext, bundle: Path) -> dict:
     ctx.log("vLLM without speculation")
     base = vllm_engine.measure(target, None, k, prompts, e.max_new_tokens, e.batch_sizes)
     ctx.log("Hugging Face generate on the original model")
-    hf = hf_reference(resolve_source(ctx, ctx.cfg.model.source), prompts, e.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
+    hf = hf_reference(resolve_model(ctx.cfg.model.source), prompts, e.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
 
     speed = speed_table(spec["tokens_per_s"], base["tokens_per_s"], hf["tokens_per_s"], "vllm")
     vs_hf, vs_base = compare(spec["outputs"], hf["outputs"]), compare(spec["outputs"], base["outputs"])
@@ -294,67 +281,4 @@ def run_vllm(ctx: StageContext, bundle: Path) -> dict:
         "crossover": where,
         "prompts": len(prompts),
         "max_new_tokens": e.max_new_tokens,
-    }
-
-
-# --- TensorRT engine backend (draft_target / n-gram) ----------------------------------------------
-
-RUN_ENGINES = """\
-#!/usr/bin/env bash
-# Speculative generation on the TensorRT engines built by `trtspec engine` ({decoding}), with TensorRT-LLM's
-# examples/run.py (in the TensorRT-LLM source tree of the same release, not in the wheel):
-set -euo pipefail
-cd "$(dirname "$0")"
-python "${{TRTLLM_EXAMPLES:?set TRTLLM_EXAMPLES to TensorRT-LLM/examples}}/run.py" --engine_dir engines/target \\
-  --tokenizer_dir {tokenizer} --max_output_len {max_new} {spec_args} --input_text "Name three colors." "$@"
-"""
-
-
-def run_engine_backend(ctx: StageContext, bundle: Path) -> dict:
-    e = ctx.cfg.engine
-    if not trtllm.engine_backend_available():
-        raise StageSkipped(
-            f"tensorrt_llm {trtllm.version()} has no TensorRT engine backend (removed from main in 2026); "
-            f"for engine.backend=tensorrt install {trtllm.ENGINE_BACKEND_RELEASE}, or use engine.backend=pytorch"
-        )
-    from tensorrt_llm import BuildConfig, SamplingParams
-    from tensorrt_llm._tensorrt_engine import LLM as EngineLLM
-    from tensorrt_llm.models.modeling_utils import SpeculativeDecodingMode
-
-    engines = ctx.out / "engines"
-    target = bundle / "target"
-
-    def build(model: Path, name: str, spec: bool) -> float:
-        cfg = BuildConfig(max_batch_size=e.max_batch_size)
-        if spec:  # the target verifies draft tokens produced outside the engine (draft model or n-gram pool)
-            cfg.speculative_decoding_mode = SpeculativeDecodingMode.DRAFT_TOKENS_EXTERNAL
-            cfg.max_draft_len = e.max_draft_len
-        t0 = time.perf_counter()
-        llm = EngineLLM(model=str(model), build_config=cfg, tensor_parallel_size=e.tensor_parallel_size)
-        llm.save(str(engines / name))
-        seconds = time.perf_counter() - t0
-        if name == "target":
-            prompts = prompt_ids(target, e.num_prompts)
-            params = sampling_params(SamplingParams, e.max_new_tokens)
-            metrics["base_tokens_per_s"] = {str(bs): round(trt_tokens_per_s(llm, prompts, params, bs), 1) for bs in e.batch_sizes}
-        llm.shutdown()
-        return seconds
-
-    metrics: dict[str, Any] = {}
-    build_s = {"target": build(target, "target", spec=True)}
-    if e.decoding == "draft_target":
-        build_s["draft"] = build(resolve_source(ctx, e.draft_model), "draft", spec=False)
-        spec_args = f'--draft_engine_dir engines/draft --draft_target_model_config "[{e.max_draft_len},[0],[0],False]"'
-    else:
-        spec_args = f'--ngram_config "[{e.max_draft_len},{e.ngram_max_matching},[0]]"'
-    script = ctx.out / "run_engines.sh"
-    script.write_text(RUN_ENGINES.format(decoding=e.decoding, tokenizer="../bundle/target", max_new=e.max_new_tokens, spec_args=spec_args))
-    script.chmod(0o755)
-    return {
-        "headline": f"TensorRT engines built for {e.decoding} (target {build_s['target']:.0f}s); speculative runs: run_engines.sh",
-        "backend": "tensorrt",
-        "decoding": e.decoding,
-        "versions": {"tensorrt_llm": trtllm.version(), **_torch_versions()},
-        "build_s": {k: round(v, 2) for k, v in build_s.items()},
-        **metrics,
     }

@@ -65,7 +65,7 @@ class LLM:
         if extra:  # the real TorchLlmArgs is extra="forbid"
             raise TypeError(f"LLM() got unexpected arguments {sorted(extra)}")
         if backend not in (None, "pytorch"):
-            raise ValueError("fake LLM: only the PyTorch backend here (use tensorrt_llm._tensorrt_engine.LLM)")
+            raise ValueError("fake LLM: only the PyTorch backend (the TensorRT engine backend was removed from main)")
         if speculative_config is not None and not isinstance(speculative_config, DecodingBaseConfig):
             raise TypeError("speculative_config must be a DecodingBaseConfig")
         if kv_cache_config is not None and not isinstance(kv_cache_config, KvCacheConfig):
@@ -127,17 +127,3 @@ class LLM:
 
     def __exit__(self, *exc):
         self.shutdown()
-
-
-class _TrtLLM(LLM):
-    """Engine-backend LLM (tensorrt_llm._tensorrt_engine.LLM): builds an 'engine' and can save it."""
-
-    def __init__(self, model: str, build_config=None, tensor_parallel_size: int = 1, **kw):
-        super().__init__(model, tensor_parallel_size=tensor_parallel_size, build_config=build_config, **kw)
-
-    def save(self, engine_dir: str) -> None:
-        d = Path(engine_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        mode = getattr(self.build_config, "speculative_decoding_mode", None)
-        (d / "config.json").write_text(json.dumps({"FAKE_ENGINE": True, "speculative_decoding_mode": str(mode),
-                                                   "max_draft_len": getattr(self.build_config, "max_draft_len", 0)}))
