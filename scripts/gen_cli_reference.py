@@ -1,7 +1,7 @@
-"""Write the CLI reference into README.md from the commands' own --help (so it cannot drift from the code).
+"""Write the CLI reference (docs/cli.md) from the commands' own --help (so it cannot drift from the code).
 
-    python scripts/gen_cli_reference.py          # rewrite README.md's section between the markers
-    python scripts/gen_cli_reference.py --check  # exit 1 when README.md differs from a fresh render
+    python scripts/gen_cli_reference.py          # rewrite docs/cli.md's section between the markers
+    python scripts/gen_cli_reference.py --check  # exit 1 when docs/cli.md differs from a fresh render
 
 The text is rendered with click's API at a fixed width, so it does not depend on the terminal.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CLI_DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 START, END = "<!-- cli-reference:start -->", "<!-- cli-reference:end -->"
 WIDTH = 110  # the CLI's own max_content_width
 
@@ -49,23 +49,23 @@ def render() -> str:
 
 def replace_section(text: str, body: str) -> str:
     if START not in text or END not in text or text.index(START) > text.index(END):
-        raise SystemExit(f"README.md needs the markers {START} and {END} (in that order)")
+        raise SystemExit(f"docs/cli.md needs the markers {START} and {END} (in that order)")
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{START}\n{body}{END}{tail}"
 
 
 def main(argv: list[str]) -> int:
-    text = README.read_text(encoding="utf-8")
+    text = CLI_DOC.read_text(encoding="utf-8")
     new = replace_section(text, render())
     if "--check" in argv:
         if new != text:
-            print("README.md's CLI reference is out of date: run `python scripts/gen_cli_reference.py`", file=sys.stderr)
+            print("docs/cli.md's CLI reference is out of date: run `python scripts/gen_cli_reference.py`", file=sys.stderr)
             return 1
         return 0
     if new != text:
-        README.write_text(new, encoding="utf-8")
-        print(f"updated the CLI reference in {README}", file=sys.stderr)
+        CLI_DOC.write_text(new, encoding="utf-8")
+        print(f"updated the CLI reference in {CLI_DOC}", file=sys.stderr)
     return 0
 
 

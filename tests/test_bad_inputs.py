@@ -1,4 +1,4 @@
-"""The bad-input catalogue (README, "Bad input catalogue"): each entry through the real CLI must give exit code 2
+"""The bad-input catalogue (docs/bad-inputs.md): each entry through the real CLI must give exit code 2
 (or its documented code), exactly one `Error:` line naming the problem, no traceback, and leave nothing that a
 later run would trust (the failing stage has no manifest).
 """
@@ -348,7 +348,7 @@ def test_bad_input(case, tmp_path, tiny_model_dir, monkeypatch):
 
 
 def test_catalogue_is_documented():
-    readme = Path(__file__).parents[1].joinpath("README.md").read_text()
-    missing = [c.id for c in CASES if f"`{c.id}`" not in readme]
-    assert not missing, f"README's bad-input catalogue lacks: {missing}"
+    catalogue = Path(__file__).parents[1].joinpath("docs", "bad-inputs.md").read_text()
+    missing = [c.id for c in CASES if f"`{c.id}`" not in catalogue]
+    assert not missing, f"docs/bad-inputs.md lacks: {missing}"
     assert len(CASES) >= 25

@@ -1,4 +1,4 @@
-"""The documentation cannot drift: the README's CLI reference is re-rendered from the commands' --help and compared;
+"""The documentation cannot drift: the CLI reference (docs/cli.md) is re-rendered from the commands' --help and compared;
 every recipe the docs name exists and loads; the repository keeps its top-level layout."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from trtspec.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+CLI_DOC = ROOT / "docs" / "cli.md"
 
 
 def gen_cli_reference():
@@ -28,9 +29,9 @@ def gen_cli_reference():
 
 def test_readme_cli_reference_is_up_to_date():
     gen = gen_cli_reference()
-    text = README.read_text(encoding="utf-8")
+    text = CLI_DOC.read_text(encoding="utf-8")
     assert text == gen.replace_section(text, gen.render()), (
-        "README.md's CLI reference differs from the commands' --help: run `python scripts/gen_cli_reference.py`"
+        "docs/cli.md's CLI reference differs from the commands' --help: run `python scripts/gen_cli_reference.py`"
     )
 
 
@@ -44,7 +45,7 @@ def test_cli_reference_is_what_help_prints():
 
 
 def test_every_command_is_in_the_reference():
-    text = README.read_text(encoding="utf-8")
+    text = CLI_DOC.read_text(encoding="utf-8")
     for name in main.commands:
         assert f"#### `trtspec {name}`" in text, name
 
@@ -86,7 +87,7 @@ def test_every_recipe_loads():
 
 
 def test_relative_links_resolve():
-    for doc in (README, ROOT / "build_configs" / "README.md"):
+    for doc in (README, ROOT / "build_configs" / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
         for target in re.findall(r"\]\(([^)#:]+)\)", doc.read_text(encoding="utf-8")):
             assert (doc.parent / target).exists(), f"{doc.name} links to missing {target}"
 
@@ -101,3 +102,9 @@ def test_top_level_layout():
     top = {p.split("/", 1)[0] for p in listed if not p.startswith(".")}
     expected = {"pyproject.toml", "trtspec", "build_configs", "scripts", "tests", "notebooks", "README.md", "docs", "requirements"}
     assert top == expected, f"top level differs from the documented layout: {sorted(top ^ expected)}"
+
+
+def test_readme_is_short():
+    """What it is, the two commands, the picture, how to deploy, where to read more: the rest lives in docs/."""
+    assert len(README.read_text(encoding="utf-8").splitlines()) < 150
+

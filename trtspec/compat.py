@@ -1,6 +1,6 @@
 """What each serving engine reads from a bundle, and the checks that a draft loads in every one of them.
 
-Read from the engines' own loaders (facts and file names: /work/shared/TRTLLM.md):
+Read from the engines' own loaders (the files: ENGINES_CHECKED below and tests/contracts/):
 
 | engine | aux layer ids read from | id k means | draft layers | vocab map |
 |---|---|---|---|---|

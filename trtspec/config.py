@@ -54,8 +54,8 @@ class DataSection(Section):
     # regenerate with a system prompt-less chat template, greedy (the draft learns the greedy target)
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     # the target's dtype while it writes answers; auto = model.dtype; fastest = bfloat16 on a GPU or a CPU with native
-    # bf16 (AVX512-BF16/AMX: ~2x faster there, greedy tokens agree ~98% with float32's, fine for training text), else
-    # model.dtype (elsewhere bf16 is emulated and several times slower)
+    # bf16 (AVX512-BF16/AMX; its greedy tokens agree with float32's on nearly every position, fine for training
+    # text), else model.dtype (elsewhere bf16 is emulated and slower than float32)
     dtype: Literal["auto", "fastest", "float32", "bfloat16", "float16"] = "auto"
 
 
@@ -90,7 +90,7 @@ class TrainSection(Section):
     warmup_ratio: float = Field(default=0.05, ge=0, lt=1)
     weight_decay: float = Field(default=0.0, ge=0)
     # head training math (autocast) and the target's math while caching its hidden states; auto = bfloat16
-    # on a GPU or on a CPU with native bf16 (AVX512-BF16/AMX: ~2x faster), else float32
+    # on a GPU or on a CPU with native bf16 (AVX512-BF16/AMX), else float32
     precision: Literal["auto", "float32", "bfloat16"] = "auto"
     # train-time-test steps of the EAGLE-3 loss
     ttt_steps: int = Field(default=3, ge=1, le=8)

@@ -218,7 +218,7 @@ def load_model(path: Path, dtype: str = "auto", device: str | None = None):
 def contiguous_lm_head_input(model: Any) -> None:
     """Hand the output head a contiguous input. HF slices the last position (`hidden[:, -1:, :]`) before the lm_head
     in a batched prefill; torch's matmul then cannot fold the strided [B, 1, H] input and expands the weight to
-    [B, H, vocab] for a bmm: 4.6 s instead of 18 ms for SmolLM2's 49k-token head at batch 64 in bf16 (torch 2.13, CPU).
+    [B, H, vocab] for a bmm, which costs orders of magnitude more than the product itself at large batches.
     """
     head = model.get_output_embeddings()
     if head is not None:
@@ -233,9 +233,8 @@ def matmul_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     """A transformers attention function: softmax(q k^T * scaling, masked) v as two batched matmuls, each KV head
     serving its group of query heads; query [B, H, T, D], key/value [B, KV, L, D], mask [B, 1, T, L] (True = seen).
 
-    For batched generation on a CPU: the demo's regeneration writes 455 tokens/s at batch 128 against 404 with
-    SDPA (345 at batch 64; bf16, 2 cores, scripts/bench_regenerate.py), whose CPU kernel took 72% of a masked
-    batch-128 decode step. Masked scores get the lowest finite float, not -inf: the query rows of left padding see
+    For batched generation on a CPU, where SDPA's kernel takes most of a masked decode step at large batches
+    (scripts/bench_regenerate.py compares the two; docs/results.md has the figures). Masked scores get the lowest finite float, not -inf: the query rows of left padding see
     nothing and must stay finite, or NaN spreads to the next layer through 0 * NaN.
     """
     import torch
@@ -267,8 +266,8 @@ def use_matmul_attention(model: Any) -> Any:
 
 @contextmanager
 def matmul_attention_on_cpu(model: Any) -> Iterator[Any]:
-    """Within: a model on a CPU runs `matmul_attention` (batched greedy answers 1.7x SDPA's, same tokens: 64
-    held-out demo prompts at batch 64, fp32); its own attention implementation is back after. Elsewhere: as is."""
+    """Within: a model on a CPU runs `matmul_attention` (faster batched greedy answers than SDPA, the same tokens);
+    its own attention implementation is back after. Elsewhere: as is."""
     if model.device.type != "cpu":
         yield model
         return

@@ -3,7 +3,7 @@
 The options dict below is written once as `llm_api_options.yaml`; `trtllm-serve --config`, the Triton
 `model.yaml` and the engine stage's `LLM(...)` call all read that same content. Paths in the bundle are
 relative to the bundle folder (the scripts `cd` there first), so the bundle can be copied anywhere.
-Facts about the file formats: /work/shared/TRTLLM.md and tests/contracts/trtllm_api.json.
+Facts about the file formats, with the upstream source files they were read from: tests/contracts/trtllm_api.json.
 """
 
 from __future__ import annotations

@@ -346,7 +346,7 @@ def _strip(state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
 
 def fuse_projections(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """q/k/v -> one qkv_proj and gate/up -> one gate_up_proj per layer: 4 weight reads a layer instead of 7, which
-    streams faster on a CPU (SmolLM2-135M decode GEMMs: 23.6 -> 18.3 ms)."""
+    streams faster on a CPU (fewer, larger products per step)."""
     out = dict(state)
     for key in [k for k in state if k.endswith("self_attn.q_proj.weight")]:
         pre = key.removesuffix("q_proj.weight")

@@ -8,8 +8,8 @@ Sources (data.sources[*].kind):
   hf          a `datasets` name (needs a network); rows parsed like jsonl rows, or a `text` column
 
 Writes data/train.jsonl, data/heldout.jsonl (rows {id, category, messages}; the last message is the answer) and
-data/train_tokens.pt, data/heldout_tokens.pt: {input_ids, attention_mask, loss_mask} [N, seq_len], right-padded
-to one fixed length (modelopt 0.47 fails when the padded length changes between steps).
+data/train_tokens.pt, data/heldout_tokens.pt: {input_ids, attention_mask, loss_mask} [N, data.seq_len], right-padded
+(training cuts each batch to its longest row).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def regenerate(prompts: list[dict], model: Any, tok: Any, answers_file: Path, cf
     as batches finish so a killed run resumes where it stopped.
 
     A row keeps the target's own tokens (`input_ids` = prompt + answer, `label_start`) beside the answer's text:
-    training uses those, because the decoded text tokenized again is not always what the target wrote (22% of the
+    training uses those, because the decoded text tokenized again is not always what the target wrote (many of the
     demo's answers split differently somewhere, e.g. "\\n\\n1." in lists), and from there on the row would show the
     head contexts the target never produces."""
     from tqdm import tqdm
