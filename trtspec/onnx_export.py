@@ -1,4 +1,5 @@
-"""ONNX export of the EAGLE-3 draft head, read back from the exported draft checkpoint, checked with onnxruntime.
+"""ONNX export of the EAGLE-3 draft head, read back from the exported draft checkpoint by the runtime's own loader
+and exported from the runtime's own draft step (runtime/eagle3.py), checked with onnxruntime.
 
 The graph is one draft step without a KV cache (TensorRT-LLM / vLLM semantics, see trtspec/eagle.py):
 
@@ -24,144 +25,41 @@ OUTPUTS = ("logits", "hidden_states")
 OPSET = 18
 
 
-def _rms(x: Any, weight: Any, eps: float) -> Any:
-    import torch
-
-    var = x.float().pow(2).mean(-1, keepdim=True)
-    return (x.float() * torch.rsqrt(var + eps)).to(x.dtype) * weight
-
-
-def _rotate(x: Any, cos: Any, sin: Any) -> Any:
-    import torch
-
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
-
-
-def _draft_modules(cfg: dict):
-    """nn.Modules named exactly like the checkpoint's tensors (so load_state_dict checks every key)."""
+def draft_step_module(net: Any) -> Any:
+    """The runtime's EAGLE-3 draft (runtime/eagle3.py) as the ONNX graph's module: no KV cache, batch and sequence
+    axes free, rope from position ids. The step itself is `Eagle3Draft.draft_step`, the one implementation."""
     import torch
     from torch import nn
 
-    H, I = cfg["hidden_size"], cfg["intermediate_size"]  # noqa: E741
-    heads = cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    D = cfg.get("head_dim") or H // heads
-    bias = bool(cfg.get("attention_bias", False))
-    aux = len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+    from trtspec.runtime.model import rope_inv_freq
 
-    def norm() -> nn.Module:
-        m = nn.Module()
-        m.weight = nn.Parameter(torch.ones(H))
-        return m
-
-    layers = nn.ModuleList()
-    for i in range(cfg.get("num_hidden_layers", 1)):
-        width = 2 * H if i == 0 else H
-        layer = nn.Module()
-        layer.self_attn = nn.Module()
-        layer.self_attn.q_proj = nn.Linear(width, heads * D, bias=bias)
-        layer.self_attn.k_proj = nn.Linear(width, kv_heads * D, bias=bias)
-        layer.self_attn.v_proj = nn.Linear(width, kv_heads * D, bias=bias)
-        layer.self_attn.o_proj = nn.Linear(heads * D, H, bias=bias)
-        layer.mlp = nn.Module()
-        layer.mlp.gate_proj = nn.Linear(H, I, bias=False)
-        layer.mlp.up_proj = nn.Linear(H, I, bias=False)
-        layer.mlp.down_proj = nn.Linear(I, H, bias=False)
-        layer.input_layernorm = norm()
-        layer.post_attention_layernorm = norm()
-        if i == 0:
-            layer.hidden_norm = norm()
-        layers.append(layer)
-    fc = nn.Linear(aux * H, H, bias=False)
-    lm_head = nn.Linear(H, cfg.get("draft_vocab_size") or cfg["vocab_size"], bias=False)
-    return fc, layers, norm(), lm_head, (heads, kv_heads, D)
-
-
-def _draft_head_class():
-    import torch
-    from torch import nn
-
-    class DraftHead(nn.Module):
-        """One EAGLE-3 draft step (no KV cache), weights from an exported draft checkpoint."""
-
-        def __init__(self, cfg: dict, tensors: dict):
+    class _DraftStep(nn.Module):
+        def __init__(self, net: Any):
             super().__init__()
-            self.fc, self.layers, self.norm, self.lm_head, (self.heads, self.kv_heads, self.head_dim) = _draft_modules(cfg)
-            self.eps = float(cfg.get("rms_norm_eps", 1e-5))
-            self.register_buffer("inv_freq", _inv_freq(cfg), persistent=False)
-            self.rope_scale = _rope_attention_scaling(cfg)
-            weights = {k: v.float() for k, v in tensors.items() if k not in ("d2t", "t2d")}  # vocab maps: not weights
-            missing, unexpected = self.load_state_dict(weights, strict=False)
-            if missing or unexpected:
-                raise ArtifactError(f"draft weights do not fit the head: missing {missing[:4]}, unexpected {unexpected[:4]}")
-
-        def attention(self, attn, x, cos, sin):
-            B, S, _ = x.shape
-            q = attn.q_proj(x).view(B, S, self.heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-            q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-            groups = self.heads // self.kv_heads
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-            scores = q @ k.transpose(-1, -2) / self.head_dim**0.5
-            causal = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
-            scores = scores.masked_fill(~causal, torch.finfo(scores.dtype).min)
-            out = scores.softmax(-1) @ v
-            return attn.o_proj(out.transpose(1, 2).reshape(B, S, self.heads * self.head_dim))
+            self.net = net
+            inv, self.rope_scale = rope_inv_freq(net.args)
+            self.register_buffer("inv_freq", inv, persistent=False)
 
         def forward(self, aux_hidden_states, input_embeds, position_ids):
-            freqs = position_ids[:, None, :, None].float() * self.inv_freq[None, None, None, :]
+            freqs = position_ids[:, None, :, None].float() * self.inv_freq  # [B, 1, S, D/2]
             emb = torch.cat((freqs, freqs), dim=-1)
             cos, sin = emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
-            h = self.fc(aux_hidden_states)
-            for i, layer in enumerate(self.layers):
-                if i == 0:
-                    x = torch.cat((_rms(input_embeds, layer.input_layernorm.weight, self.eps),
-                                   _rms(h, layer.hidden_norm.weight, self.eps)), dim=-1)
-                else:
-                    x = _rms(h, layer.input_layernorm.weight, self.eps)
-                h = h + self.attention(layer.self_attn, x, cos, sin)
-                m = _rms(h, layer.post_attention_layernorm.weight, self.eps)
-                h = h + layer.mlp.down_proj(torch.nn.functional.silu(layer.mlp.gate_proj(m)) * layer.mlp.up_proj(m))
-            return self.lm_head(_rms(h, self.norm.weight, self.eps)), h
+            return self.net.draft_step(input_embeds, self.net.fc(aux_hidden_states), cos, sin, None, 0, "causal")
 
-    return DraftHead
-
-
-def _rope_config(cfg: dict):
-    from transformers import LlamaConfig
-
-    keys = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
-    rope = dict(cfg.get("rope_scaling") or {})
-    rope.setdefault("rope_type", rope.pop("type", "default"))
-    rope.setdefault("rope_theta", cfg.get("rope_theta") or 10000.0)
-    return LlamaConfig(**{k: cfg[k] for k in keys if cfg.get(k) is not None}, rope_parameters=rope)
-
-
-def _inv_freq(cfg: dict):
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    return LlamaRotaryEmbedding(_rope_config(cfg)).inv_freq.float().clone()
-
-
-def _rope_attention_scaling(cfg: dict) -> float:
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    return float(LlamaRotaryEmbedding(_rope_config(cfg)).attention_scaling)
+    return _DraftStep(net).eval()
 
 
 def load_draft_head(draft_dir: str | Path):
-    """The draft checkpoint (config.json + model.safetensors) as a float32 DraftHead module in eval mode."""
-    from safetensors.torch import load_file
+    """The draft checkpoint (config.json + model.safetensors), read by the runtime's loader, as the float32 module
+    the ONNX graph is exported from: head(aux_hidden_states, input_embeds, position_ids) -> (logits, hidden_states)."""
+    import torch
+
+    from trtspec.runtime.eagle3 import load_eagle3
 
     draft_dir = Path(draft_dir)
     cfg = json.loads((draft_dir / "config.json").read_text())
-    if "lm_head.weight" not in load_file(str(draft_dir / "model.safetensors")):
-        raise ArtifactError(f"'{draft_dir}' has no lm_head.weight; the ONNX head needs one")
-    head = _draft_head_class()(cfg, load_file(str(draft_dir / "model.safetensors")))
-    return head.eval().requires_grad_(False), cfg
+    net, _ = load_eagle3(draft_dir, None, None, torch.float32)
+    return draft_step_module(net), cfg
 
 
 def sample_inputs(cfg: dict, batch: int, seq: int, seed: int = 0) -> tuple:

@@ -296,8 +296,10 @@ def load_eagle3_drafter(draft_dir: Path, target, dtype=torch.float32) -> Eagle3D
     """The exported EAGLE-3 draft, sharing the target's embedding (and lm_head when the draft has none)."""
     from trtspec.errors import ArtifactError
     from trtspec.runtime.eagle3 import load_eagle3
+    from trtspec.runtime.kernels import choose_kernels
 
     net, info = load_eagle3(draft_dir, target.lm_head.weight, target.args.hidden_size, dtype)
+    net.kernel_choice = choose_kernels(net)
     if tuple(target.aux_layers) != info.aux_layers:
         bad = [i for i in info.aux_layers if i >= target.args.num_layers]
         if bad:

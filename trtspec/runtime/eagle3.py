@@ -20,7 +20,6 @@ import torch
 from torch import Tensor, nn
 
 from trtspec.errors import ArtifactError
-from trtspec.runtime.kernels import choose_kernels
 from trtspec.runtime.model import (
     Block,
     Linear,
@@ -54,21 +53,28 @@ class Eagle3Draft(Stepper):
         self.register_buffer("draft_to_target", torch.arange(draft_vocab), persistent=False)
 
     def forward(self, embeds: Tensor, h: Tensor, positions: Tensor, slots: Tensor, length: int, mask) -> tuple[Tensor, Tensor]:
-        """embeds/h [T, H] -> (draft-vocab logits [T, Vd], pre-norm output [T, H])."""
-        cos, sin = self.cos[positions], self.sin[positions]
+        """One draft pass over the KV cache: embeds/h [T, H] -> (draft-vocab logits [T, Vd], pre-norm output [T, H])."""
+        logits, out = self.draft_step(embeds[None], h[None], self.cos[positions], self.sin[positions], slots, length, mask)
+        return logits[0], out[0]
+
+    def draft_step(self, embeds: Tensor, h: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, length: int,
+                   mask) -> tuple[Tensor, Tensor]:
+        """The draft step itself (the only implementation: the runtime's passes and the ONNX graph run it):
+        embeds/h [B, T, H] -> (logits [B, T, Vd], pre-norm output [B, T, H]); `slots` None = no KV cache."""
         first = self.layers[0]
         eps = self.args.norm_eps
         x = torch.cat((rms_norm(embeds, first.input_layernorm, eps), rms_norm(h, self.hidden_norm, eps)), dim=-1)
-        out = first(h[None], cos, sin, slots, length, mask, attn_input=x[None])
+        out = first(h, cos, sin, slots, length, mask, attn_input=x)
         for layer in self.layers[1:]:
             out = layer(out, cos, sin, slots, length, mask)
-        out = out[0]
         normed = rms_norm(out, self.norm, eps) if self.norm is not None else out
         return self.lm_head(normed), out
 
 
-def load_eagle3(folder: Path, target_lm_head: Tensor, target_hidden: int, dtype: torch.dtype = torch.float32) -> tuple[Eagle3Draft, Eagle3Info]:
-    """Load bundle/draft; the target's lm_head is used when the draft has none (TensorRT-LLM's rule)."""
+def load_eagle3(folder: Path, target_lm_head: Tensor | None, target_hidden: int | None,
+                dtype: torch.dtype = torch.float32) -> tuple[Eagle3Draft, Eagle3Info]:
+    """Load bundle/draft; the target's lm_head is used when the draft has none (TensorRT-LLM's rule). Without a
+    target (None, None) the draft must bring its own lm_head."""
     folder = Path(folder)
     cfg = read_config(folder)
     archs = cfg.get("architectures") or []
@@ -79,18 +85,18 @@ def load_eagle3(folder: Path, target_lm_head: Tensor, target_hidden: int, dtype:
         raise ArtifactError(f"'{folder}/config.json' has no eagle_config.eagle_aux_hidden_state_layer_ids")
     args = ModelArgs.from_hf({**cfg, "architectures": ["LlamaForCausalLM"]})
     vocab, dvocab = cfg["vocab_size"], cfg.get("draft_vocab_size") or cfg["vocab_size"]
-    if args.hidden_size != target_hidden:
+    if target_hidden is not None and args.hidden_size != target_hidden:
         raise ArtifactError(f"the draft's hidden size {args.hidden_size} does not match the target's {target_hidden}",
                             "the draft was trained for another model")
-    if vocab != target_lm_head.shape[0]:
+    if target_lm_head is not None and vocab != target_lm_head.shape[0]:
         raise ArtifactError(f"the draft's vocab size {vocab} does not match the target's {target_lm_head.shape[0]}",
                             "the draft was trained for another model")
     state = hf_to_runtime_keys({k: v.to(dtype) if v.is_floating_point() else v for k, v in read_safetensors(folder).items()})
     d2t = state.pop("d2t", None)
     state.pop("t2d", None)  # the inverse map, for converters that want it: d2t says the same
     if "lm_head.weight" not in state:
-        if dvocab != vocab:
-            raise ArtifactError(f"'{folder}' has a compressed vocab ({dvocab}) but no lm_head.weight")
+        if dvocab != vocab or target_lm_head is None:
+            raise ArtifactError(f"'{folder}' has no lm_head.weight" + (f" for its compressed vocab ({dvocab})" if dvocab != vocab else ""))
         state["lm_head.weight"] = target_lm_head
     if d2t is None and dvocab != vocab:
         raise ArtifactError(f"'{folder}' has a compressed vocab ({dvocab}) but no d2t table")
@@ -106,6 +112,4 @@ def load_eagle3(folder: Path, target_lm_head: Tensor, target_hidden: int, dtype:
         raise ArtifactError(f"weights in '{folder}' do not fit its config.json: {str(e)[:300]}") from None
     model.draft_to_target = torch.arange(dvocab) + (d2t.long() if d2t is not None else 0)
     info = Eagle3Info(aux, dvocab, vocab, args.hidden_size)
-    model = model.eval().requires_grad_(False)
-    model.kernel_choice = choose_kernels(model)
-    return model, info
+    return model.eval().requires_grad_(False), info

@@ -49,6 +49,8 @@ def product(x: Tensor, weight: Tensor, kernel: str) -> Tensor:
 def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tuple[str, ...] = DEFAULT) -> Tensor:
     """F.linear, except that 1..FEW_ROWS float32 rows on a CPU without autograd use the kernel chosen for that many
     rows (`kernels[rows - 1]`; under torch.compile each row count the run uses gets its own graph)."""
+    if torch.compiler.is_exporting():  # a graph for another runtime (ONNX) holds the plain product
+        return F.linear(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if not 0 < rows <= FEW_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled():
         return F.linear(x, weight, bias)

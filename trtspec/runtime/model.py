@@ -97,7 +97,7 @@ def rope_tables(args: ModelArgs, length: int) -> tuple[Tensor, Tensor]:
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [1, heads, T, D]; cos/sin [T, D] (HF's rotate_half convention)."""
+    """x [B, heads, T, D]; cos/sin [T, D] or [B, 1, T, D] (HF's rotate_half convention)."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
@@ -156,23 +156,24 @@ class Attention(nn.Module):
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, length: int, mask: Tensor | None) -> Tensor:
-        T, a = x.shape[1], self.args
-        q, k, v = self.qkv_proj(x).view(1, T, -1, a.head_dim).transpose(1, 2).split(
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, length: int, mask: Tensor | None) -> Tensor:
+        """x [B, T, in]; cos/sin broadcast against [B, heads, T, D]. With `slots`, k/v go into the KV cache at those
+        rows and attention reads its first `length` rows (B = 1); without, attention stays within x (mask "causal")."""
+        (B, T), a = x.shape[:2], self.args
+        q, k, v = self.qkv_proj(x).view(B, T, -1, a.head_dim).transpose(1, 2).split(
             (a.num_heads, a.num_kv_heads, a.num_kv_heads), dim=1
         )
         if a.qk_norm:
             q, k = rms_norm(q, self.q_norm, a.norm_eps), rms_norm(k, self.k_norm, a.norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        self.k_cache.index_copy_(2, slots, k)
-        self.v_cache.index_copy_(2, slots, v)
-        keys, values = self.k_cache[:, :, :length], self.v_cache[:, :, :length]
+        if slots is not None:
+            self.k_cache.index_copy_(2, slots, k)
+            self.v_cache.index_copy_(2, slots, v)
+            k, v = self.k_cache[:, :, :length], self.v_cache[:, :, :length]
         # mask None: every cached row is visible (single-token decode); "causal": prefill of an empty cache
         causal = isinstance(mask, str)
-        y = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=None if causal else mask, is_causal=causal, enable_gqa=True
-        )
-        return self.o_proj(y.transpose(1, 2).reshape(1, T, -1))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else mask, is_causal=causal, enable_gqa=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class MLP(nn.Module):
