@@ -339,7 +339,7 @@ def test_chain_drafts_match_step_by_step_drafting(tiny_model_dir):
         # teacher-force the chain's own tokens: the target's token, then the drafts (as if all were accepted)
         forced = torch.cat([seq[:, :q], base_tok, step[:, :-1]], 1)
         aux, last = target_states.base_states(model, forced, torch.ones_like(forced), layers)
-        assert head_eval.chain_drafts(model, forced, aux, last, 3)[0, q - 1].tolist() == step[0].tolist()
+        assert eagle.chain_drafts(model, forced, aux, last, 3)[0, q - 1].tolist() == step[0].tolist()
 
 
 # ---------------------------------------------------------------- the stages on the tiny model

@@ -67,7 +67,7 @@ class ConvertSection(Section):
     # decoder layers in the head (EAGLE-3 uses 1)
     num_layers: int = Field(default=1, ge=1, le=8)
     # start the head from the target's weights (its layer after the deepest aux layer, final norm, lm_head rows;
-    # trtspec.eagle.init_head_from_target) instead of modelopt's random init: demo AL@3 1.78 -> 1.83. Exact for
+    # trtspec.eagle.init_head_from_target) instead of modelopt's random init (better held-out AL: docs/results.md). Exact for
     # Llama/Mistral and Qwen2 (the head gets attention_bias for its q/k/v biases); Qwen3's q/k norms have no place
     # in an EAGLE-3 head, so there the copy is close, not equal (listed in convert's metrics: init_not_copied)
     init_from_target: bool = False

@@ -1,5 +1,6 @@
-"""The EAGLE-3 head: attach it to a base model (modelopt), fix its first layer to TensorRT-LLM's semantics,
-save and load its weights.
+"""The EAGLE-3 head through modelopt: attach it to a base model, fix its first layer to TensorRT-LLM's semantics,
+draft from every position at once for evaluation, save and load its weights. Every touch of modelopt's private
+parts lives here (written against nvidia-modelopt 0.47, the range pyproject.toml pins).
 
 EAGLE-3 draft step (TensorRT-LLM / vLLM semantics, which the exported checkpoint is served with):
 
@@ -230,6 +231,13 @@ def init_head_from_target(model: Any) -> tuple[int, list[str]]:
     return first, sorted(dropped)
 
 
+def drop_collected_states(model: Any) -> None:
+    """Forget the aux hidden states modelopt's hooks collect on every forward of a converted base (a forward run
+    for its states alone, outside modelopt's own training step, would otherwise leave them to pile up)."""
+    if hasattr(model, "_aux_hidden_states"):
+        model._aux_hidden_states.clear()
+
+
 def draft_to_target_ids(model: Any, draft_ids: Any) -> Any:
     """Target token ids for draft-vocab ids (identity without a compressed vocab)."""
     d2t = getattr(model.eagle_module, "d2t", None)
@@ -256,3 +264,32 @@ def draft_target_logits(model: Any, last: Any, keep: Any = None) -> Any:
         weight = weight[torch.arange(len(d2t), device=d2t.device) + d2t]
     logits = lambda h: h.to(weight.dtype) @ weight.T  # noqa: E731
     return logits(last) if keep is None else rows_at(keep, last, logits)
+
+
+def chain_drafts(model: Any, input_ids: Any, aux: Any, last: Any, k: int) -> Any:
+    """Greedy chain drafts of length k from every position at once (teacher-forced, modelopt's TTT masks).
+
+    drafts[b, j, s] is the s-th draft token (target ids) of the chain that starts after position j+1, i.e.
+    the guess for token j+2+s given tokens 0..j+1 and target states 0..j. The chain uses the true tokens as
+    its inputs, which equal the drafts exactly while the drafts are being accepted — so acceptance computed
+    from it is exact for greedy decoding."""
+    import torch
+    from modelopt.torch.speculative.plugins.modeling_eagle import EagleBaseModelOutput
+    from transformers import DynamicCache
+
+    b, t = input_ids.shape
+    with torch.no_grad():
+        dtype = model.eagle_module.fc.weight.dtype
+        logits = draft_target_logits(model, last)
+        base = EagleBaseModelOutput(out_hiddens=last.to(dtype), aux_hiddens=aux.to(dtype), logits=logits)
+        cache = DynamicCache(config=model.eagle_module.config)
+        embeds, hiddens, mask0, pos, _, _ = model._prepare_eagle_inputs(input_ids, None, None, cache, base)
+        out = torch.zeros(b, t, k, dtype=torch.long, device=input_ids.device)
+        for s in range(k):
+            mask = mask0 if s == 0 else model._compute_ttt_attention_mask(b, t, s)
+            _, hidden, step_logits, cache = model._eagle_forward(hiddens, embeds, mask, pos, cache)
+            hiddens = hidden.roll(1, 1)
+            # step s at position j+s continues the chain that started at j
+            tok = draft_to_target_ids(model, step_logits.argmax(-1))
+            out[:, : t - s, s] = tok[:, s:]
+    return out

@@ -7,40 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.chat import encode_prompt
-from trtspec.eagle import draft_target_logits, draft_to_target_ids
+from trtspec.eagle import chain_drafts
 from trtspec.generation import hf_greedy
 from trtspec.target_states import base_states, row_lengths
 
 EVAL_MAX_DRAFT = 4  # acceptance measured for chain drafts of length 1..EVAL_MAX_DRAFT
-
-
-def chain_drafts(model: Any, input_ids: Any, aux: Any, last: Any, k: int) -> Any:
-    """Greedy chain drafts of length k from every position at once (teacher-forced, modelopt's TTT masks).
-
-    drafts[b, j, s] is the s-th draft token (target ids) of the chain that starts after position j+1, i.e.
-    the guess for token j+2+s given tokens 0..j+1 and target states 0..j. The chain uses the true tokens as
-    its inputs, which equal the drafts exactly while the drafts are being accepted — so acceptance computed
-    from it is exact for greedy decoding."""
-    import torch
-    from modelopt.torch.speculative.plugins.modeling_eagle import EagleBaseModelOutput
-    from transformers import DynamicCache
-
-    b, t = input_ids.shape
-    with torch.no_grad():
-        dtype = model.eagle_module.fc.weight.dtype
-        logits = draft_target_logits(model, last)
-        base = EagleBaseModelOutput(out_hiddens=last.to(dtype), aux_hiddens=aux.to(dtype), logits=logits)
-        cache = DynamicCache(config=model.eagle_module.config)
-        embeds, hiddens, mask0, pos, _, _ = model._prepare_eagle_inputs(input_ids, None, None, cache, base)
-        out = torch.zeros(b, t, k, dtype=torch.long, device=input_ids.device)
-        for s in range(k):
-            mask = mask0 if s == 0 else model._compute_ttt_attention_mask(b, t, s)
-            _, hidden, step_logits, cache = model._eagle_forward(hiddens, embeds, mask, pos, cache)
-            hiddens = hidden.roll(1, 1)
-            # step s at position j+s continues the chain that started at j
-            tok = draft_to_target_ids(model, step_logits.argmax(-1))
-            out[:, : t - s, s] = tok[:, s:]
-    return out
 
 
 def greedy_acceptance(drafts: Any, seq: Any, start: int, k: int) -> tuple[int, int, list[int]]:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trtspec.eagle import drop_collected_states
+
 
 def base_states(base: Any, input_ids: Any, attention_mask: Any, aux_layers: list[int], bf16: bool = False) -> tuple[Any, Any]:
     """(aux, last): concat of the aux layers' outputs (pre-final-norm) [B, T, len(aux)*H], final post-norm [B, T, H].
@@ -15,8 +17,7 @@ def base_states(base: Any, input_ids: Any, attention_mask: Any, aux_layers: list
 
     with torch.no_grad(), torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
         out = base.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-    if hasattr(base, "_aux_hidden_states"):
-        base._aux_hidden_states.clear()  # modelopt's own hooks also collected them
+    drop_collected_states(base)
     # hidden_states[0] = embeddings, hidden_states[i + 1] = output of decoder layer i
     aux = torch.cat([out.hidden_states[i + 1] for i in aux_layers], dim=-1)
     return aux.float(), out.last_hidden_state.float()
