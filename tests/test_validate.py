@@ -77,6 +77,8 @@ def test_validate_writes_report(tmp_path, run_inputs):
     assert set(r["kernels"]["target"]["by_rows"]) <= set(CANDIDATES) and set(r["kernels"]["draft"]["by_rows"]) <= set(CANDIDATES)
     lim = r["limits"]
     assert lim["bandwidth"]["gb_per_s"] > 0 and lim["limit_tokens_per_s"] > 0
+    # sampled among the timed runs: before them and after each prompt's round (2 prompts, 1 repetition)
+    assert len(lim["bandwidth"]["samples_gb_per_s"]) == 3
     assert lim["no_draft_fraction_of_limit"] == pytest.approx(lim["no_draft_tokens_per_s"] / lim["limit_tokens_per_s"], rel=0.01)
     assert lim["no_draft_tokens_per_s"] == pytest.approx(r["tokens_per_s"]["runtime_no_draft"], rel=0.01)
     assert r["machine"]["cores"] >= 1

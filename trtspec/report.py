@@ -104,7 +104,7 @@ def _markdown(r: dict, plots: list[str]) -> str:
             + ", ".join(f"`{c}`" for c in k["by_rows"]) + ".",
             "",
             "| | |", "|---|---|",
-            f"| memory bandwidth (best of a streaming read and a large matrix-vector product) | {lim['bandwidth_gb_per_s']:.1f} GB/s |",
+            f"| memory bandwidth (best of a streaming read and a large matrix-vector product; median of samples taken among the timed runs) | {lim['bandwidth_gb_per_s']:.1f} GB/s |",
             f"| weights read per decoded token | {lim['weight_mb_per_token']:.0f} MB |",
             f"| decode limit = bandwidth / weights | {lim['limit_tokens_per_s']:.1f} tokens/s |",
             f"| runtime without draft | {lim['no_draft_tokens_per_s']:.1f} tokens/s = **{lim['no_draft_fraction_of_limit']:.0%} of the limit** |",

@@ -157,13 +157,25 @@ def memory_bandwidth(kernel: str = "linear", mb: int = 512, repeats: int = 5) ->
             "gb_per_s": round(max(best.values()), 2), "megabytes": mb}
 
 
+def bandwidth_during(samples: list[dict]) -> dict:
+    """One bandwidth from `memory_bandwidth` samples taken between the timed generations: the median of each figure.
+
+    A shared machine's bandwidth moves by tens of percent within minutes (other tenants): a limit measured once,
+    before or after, can be far from what the timed decoding had; samples taken among the generations are not."""
+    import statistics
+
+    out = {k: round(statistics.median(s[k] for s in samples), 2) for k in samples[0] if k.endswith("gb_per_s")}
+    return {**out, "samples_gb_per_s": [s["gb_per_s"] for s in samples], "megabytes": samples[0]["megabytes"]}
+
+
 def speed_limits(kernel_choice: dict, bandwidth: dict, no_draft_tps: float, acceptance_length: float,
                  step_cost: float) -> dict:
     """What bounds the runtime's speed on this machine, from what was measured.
 
     Plain decoding reads every Linear weight once per token (the embedding row and the KV cache are small beside
     them), so tokens/s <= bandwidth / weight bytes: `limit_tokens_per_s`. `no_draft_fraction_of_limit` is how close
-    the runtime comes; `weight_products_share` the part of a decode step spent in the weight products alone (the
+    the runtime comes (its tokens/s include the prompt's prefill, so this is a lower bound on the decode steps'
+    own fraction); `weight_products_share` the part of a decode step spent in the weight products alone (the
     rest: attention, norms, rope, Python). Speculation multiplies plain decoding by AL / step cost.
     """
     limit = bandwidth["gb_per_s"] * 1e3 / kernel_choice["weight_mb"]

@@ -101,7 +101,7 @@ def run(ctx: StageContext) -> dict:
         speculative_decode,
     )
     from trtspec.runtime.drafters import same_tokenizer
-    from trtspec.runtime.kernels import cpu_description, memory_bandwidth, speed_limits
+    from trtspec.runtime.kernels import bandwidth_during, cpu_description, memory_bandwidth, speed_limits
 
     v = ctx.cfg.validate_
     bundle = ctx.inputs["export"]
@@ -126,7 +126,6 @@ def run(ctx: StageContext) -> dict:
 
     kernels = target.kernel_choice
     ctx.log(f"kernels chosen on this machine for 1..{len(kernels['by_rows'])} rows: {', '.join(kernels['by_rows'])}")
-    bandwidth = memory_bandwidth(kernels["one_row"]) if "weight_mb" in kernels else None
     hf = load_model(source, "float32", "cpu")
     skipped: dict[str, str] = {}
     method_notes: dict[str, str] = {}
@@ -159,10 +158,21 @@ def run(ctx: StageContext) -> dict:
         ctx.log(f"{compile_note} ({compile_s:.0f} s)")
 
     # interleaved repetitions: every prompt runs every method in turn, so machine noise hits all of them alike
+    # and the memory bandwidth is sampled among them (before, and after each prompt's round), for the decode limit
+    on_cpu = "weight_mb" in kernels
+    samples = [memory_bandwidth(kernels["one_row"], repeats=3)] if on_cpu else []
+
+    def after_run(rep: int, i: int, m: str) -> None:
+        bar.set_postfix_str(f"rep {rep + 1}, prompt {i + 1}, {m}")
+        bar.update()
+        if on_cpu and m == list(methods)[-1]:
+            samples.append(memory_bandwidth(kernels["one_row"], repeats=3))
+
     bar = tqdm(total=v.repeats * len(prompts) * len(methods), desc="timed generations", unit="run")
     with torch.inference_mode():
-        timed = interleaved(methods, prompts, v.repeats, lambda rep, i, m: (bar.set_postfix_str(f"rep {rep + 1}, prompt {i + 1}, {m}"), bar.update()))
+        timed = interleaved(methods, prompts, v.repeats, after_run)
     bar.close()
+    bandwidth = bandwidth_during(samples) if on_cpu else None
     for rep in range(v.repeats):
         ctx.log(f"repetition {rep + 1}/{v.repeats}: " + ", ".join(f"{m} {timed[m]['tokens_per_s'][rep]:.1f} tok/s" for m in methods))
     tps = {m: round(statistics.median(timed[m]["tokens_per_s"]), 2) for m in methods}
