@@ -22,7 +22,7 @@ def demo_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, demo_model_dir) -> Path:
     """A 4-layer, 64-wide random Llama with the demo's tokenizer and chat template."""
-    from trtspec.models import tiny_llama
+    from stagekit import tiny_llama
 
     return tiny_llama(tmp_path_factory.mktemp("tiny") / "model", vocab_from=demo_model_dir)
 

@@ -1,4 +1,4 @@
-"""Upstream stage folders built directly on the tiny model (no data/convert/train run), for stage-level tests."""
+"""Test models and upstream stage folders built directly on them (no data/convert/train run), for stage-level tests."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from trtspec.artifacts import RunDir, write_json
 from trtspec.config import config_from_dict
+from trtspec.models import load_tokenizer, resolve_model
 from trtspec.stage import StageContext
 
 CONVERSATIONS = [
@@ -85,3 +86,32 @@ def stage_ctx(cfg: Any, run: Path, stage: str, inputs: dict[str, Path]) -> Stage
     work = run / ".work" / stage
     work.mkdir(parents=True, exist_ok=True)
     return StageContext(cfg, rd, stage, out, work, dict(inputs), {})
+
+
+def tiny_llama(path: Path, vocab_from: Path | None = None, layers: int = 4, hidden: int = 64, seed: int = 0) -> Path:
+    """A tiny random Llama saved as an HF folder, with a real tokenizer (the demo's) — for fast tests."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_tokenizer(vocab_from or resolve_model("demo:smollm2-135m-instruct"))
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        architectures=["LlamaForCausalLM"],
+    )
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path

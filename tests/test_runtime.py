@@ -324,7 +324,7 @@ def test_draft_target_refuses_another_tokenizer(tmp_path, tiny_model_dir):
 
 
 def test_eagle3_draft_for_another_model_is_refused(eagle_export, tmp_path, tiny_model_dir, target_dir):
-    from trtspec.models import tiny_llama
+    from stagekit import tiny_llama
 
     wide = load_transformer(tiny_llama(tmp_path / "wide", vocab_from=tiny_model_dir, layers=2, hidden=32))[0]
     with pytest.raises(ArtifactError, match="hidden size"):

@@ -279,40 +279,6 @@ def matmul_attention_on_cpu(model: Any) -> Iterator[Any]:
         model.set_attn_implementation(prior)
 
 
-def load_model_and_tokenizer(source: str, dtype: str = "auto"):
-    path = resolve_model(source)
-    return load_model(path, dtype), load_tokenizer(path), path
-
-
-def tiny_llama(path: Path, vocab_from: Path | None = None, layers: int = 4, hidden: int = 64, seed: int = 0) -> Path:
-    """A tiny random Llama saved as an HF folder, with a real tokenizer (the demo's) — for fast tests."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tok = load_tokenizer(vocab_from or resolve_model("demo:smollm2-135m-instruct"))
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=hidden // 4,
-        max_position_embeddings=1024,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        architectures=["LlamaForCausalLM"],
-    )
-    model = LlamaForCausalLM(config)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def load_answering_model(path: Path, cfg: Any) -> Any:
     """The target as regeneration runs it: in data.dtype (auto = model.dtype; fastest = bf16 where it is native),
     with the matmul attention on a CPU."""
