@@ -131,6 +131,25 @@ def test_fp8_bundle_and_acceptance(fp8):
     assert m["quant_format"] == "fp8" and m["kv_cache"] == "fp8"
 
 
+def test_validate_holds_an_fp8_bundle_to_its_dequantized_reference(fp8, tiny_model_dir):
+    """validate on a quantized bundle: the reference is HF generate with the bundle's dequantized weights, and the
+    report says how far that is from the unquantized model."""
+    from trtspec.stages import validate
+
+    ctx, _ = fp8
+    cfg = tiny_config(tiny_model_dir, ctx.out.parent, validate={
+        "num_prompts": 2, "max_new_tokens": 6, "repeats": 1, "draft_len": 2, "compile": False,
+        "compare_hf_assisted": False, "sampling_check": False})
+    vctx = stage_ctx(cfg, ctx.run.path, "validate", {"data": ctx.run.path / "data", "export": ctx.out})
+    validate.run(vctx)
+    r = json.loads((vctx.out / "report.json").read_text())
+    assert "dequantized" in r["reference"]
+    q = r["quantization"]
+    assert q["dequantized"] is True and 0 <= q["identical_to_unquantized"] <= 2
+    assert len(q["first_divergence_from_unquantized"]) == 2 - q["identical_to_unquantized"]
+    assert r["greedy_match"]["matched"] == r["greedy_match"]["total"] == 2  # the runtime on the bundle == HF on its weights
+
+
 def test_fp8_acceptance_reuses_the_train_stage_answers(fp8):
     """The unquantized target's greedy answers are the train stage's (train/eval_seqs.pt), not generated again."""
     ctx, m = fp8

@@ -59,6 +59,26 @@ def hf_quantized_reference(source: Path, target_dir: Path) -> Any:
     return model
 
 
+def quantized_reference(source: Path, target_dir: Path, quant: dict, dq_notes: list[str], rows: list[dict],
+                        prompts: list[list[int]], hf_out: list[list[int]], max_new: int, eos: set[int]) -> tuple[list, str, dict]:
+    """A quantized target's reference: HF generate on the original architecture with the bundle's dequantized
+    weights, and how far that is from the unquantized model. -> (outputs, what they are, the quantization report)."""
+    import torch
+
+    hfq = hf_quantized_reference(source, target_dir)
+    with torch.inference_mode():
+        reference = [hf_answer(hfq, p, max_new, eos) for p in prompts]
+    div = [first_divergence(a, b) for a, b in zip(hf_out, reference, strict=True)]
+    report = {
+        "format": quant.get("quantization", quant).get("quant_algo", "?") if isinstance(quant, dict) else "?",
+        "dequantized": True, "dropped": dq_notes,
+        "note": "weights dequantized to float32 (weight * weight_scale); activation/KV quantization is not simulated",
+        "identical_to_unquantized": sum(d is None for d in div),
+        "first_divergence_from_unquantized": {r["id"]: d for r, d in zip(rows, div, strict=True) if d is not None},
+    }
+    return reference, "HF generate, original architecture with the bundle's weights dequantized (weight * weight_scale), float32", report
+
+
 def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temperature: float, eos: set[int], n: int, seed: int) -> dict:
     """Distribution of the first speculated token vs the target's exact one (chi-square, pooled small bins)."""
     import torch
@@ -86,9 +106,57 @@ def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temp
             "total_variation": round(tv, 4)}
 
 
-def run(ctx: StageContext) -> dict:
+def hf_assisted_methods(v: Any, hf: Any, source: Path, eos: set[int]) -> tuple[dict, dict[str, str], dict[str, str]]:
+    """HF's own speed-ups to compare with: prompt lookup, and assisted generation with validate.assistant_model (or,
+    without one, HF's self-speculation from the target's first layers). -> (methods, skipped, notes)."""
+    from trtspec.models import load_model, resolve_model
+    from trtspec.runtime.drafters import same_tokenizer
+
+    if not v.compare_hf_assisted:
+        why = "validate.compare_hf_assisted is false"
+        return {}, {"hf_assisted": why, "hf_prompt_lookup": why}, {}
+    methods = {"hf_prompt_lookup": lambda p: hf_answer(hf, p, v.max_new_tokens, eos, prompt_lookup_num_tokens=v.draft_len)}
+    notes = {}
+    if v.assistant_model:
+        assistant_dir = resolve_model(v.assistant_model)
+        if not same_tokenizer(assistant_dir, source):
+            raise ModelError(f"validate.assistant_model '{v.assistant_model}' has another tokenizer than the target")
+        assistant = load_model(assistant_dir, "float32", "cpu")
+        methods["hf_assisted"] = lambda p: hf_answer(hf, p, v.max_new_tokens, eos, assistant_model=assistant)
+    else:
+        exit_layer = max(1, hf.config.num_hidden_layers // 4)
+        methods["hf_assisted"] = lambda p: hf_answer(hf, p, v.max_new_tokens, eos, assistant_early_exit=exit_layer)
+        notes["hf_assisted"] = f"HF assisted generation, assistant_early_exit={exit_layer} (validate.assistant_model not set)"
+    return methods, {}, notes
+
+
+def time_methods(methods: dict[str, Any], prompts: list[list[int]], repeats: int, kernels: dict) -> tuple[dict, dict | None]:
+    """Interleaved repetitions: every prompt runs every method in turn, so machine noise hits all of them alike; the
+    memory bandwidth is sampled among them (before, and after each prompt's round) for the decode limit.
+    -> (interleaved's result, the bandwidth during the runs; None off a float32 CPU model)."""
     import torch
     from tqdm import tqdm
+
+    from trtspec.runtime.kernels import bandwidth_during, memory_bandwidth
+
+    on_cpu = "weight_mb" in kernels
+    samples = [memory_bandwidth(kernels["one_row"], repeats=3)] if on_cpu else []
+    bar = tqdm(total=repeats * len(prompts) * len(methods), desc="timed generations", unit="run")
+
+    def after_run(rep: int, i: int, m: str) -> None:
+        bar.set_postfix_str(f"rep {rep + 1}, prompt {i + 1}, {m}")
+        bar.update()
+        if on_cpu and m == list(methods)[-1]:
+            samples.append(memory_bandwidth(kernels["one_row"], repeats=3))
+
+    with torch.inference_mode():
+        timed = interleaved(methods, prompts, repeats, after_run)
+    bar.close()
+    return timed, bandwidth_during(samples) if on_cpu else None
+
+
+def run(ctx: StageContext) -> dict:
+    import torch
 
     from trtspec.models import load_model, load_tokenizer, resolve_model
     from trtspec.runtime import (
@@ -100,8 +168,7 @@ def run(ctx: StageContext) -> dict:
         load_transformer,
         speculative_decode,
     )
-    from trtspec.runtime.drafters import same_tokenizer
-    from trtspec.runtime.kernels import bandwidth_during, cpu_description, memory_bandwidth, speed_limits
+    from trtspec.runtime.kernels import cpu_description, speed_limits
 
     v = ctx.cfg.validate_
     bundle = ctx.inputs["export"]
@@ -127,28 +194,13 @@ def run(ctx: StageContext) -> dict:
     kernels = target.kernel_choice
     ctx.log(f"kernels chosen on this machine for 1..{len(kernels['by_rows'])} rows: {', '.join(kernels['by_rows'])}")
     hf = load_model(source, "float32", "cpu")
-    skipped: dict[str, str] = {}
-    method_notes: dict[str, str] = {}
     methods: dict[str, Any] = {
         "hf_generate": lambda p: hf_answer(hf, p, v.max_new_tokens, eos),
         "runtime_no_draft": lambda p: generate(target, torch.tensor(p), v.max_new_tokens, eos),
         "speculative": lambda p: speculative_decode(target, drafter, torch.tensor(p), v.max_new_tokens, spec, eos),
     }
-    if v.compare_hf_assisted:
-        methods["hf_prompt_lookup"] = lambda p: hf_answer(hf, p, v.max_new_tokens, eos, prompt_lookup_num_tokens=v.draft_len)
-        if v.assistant_model:
-            assistant_dir = resolve_model(v.assistant_model)
-            if not same_tokenizer(assistant_dir, source):
-                raise ModelError(f"validate.assistant_model '{v.assistant_model}' has another tokenizer than the target")
-            assistant = load_model(assistant_dir, "float32", "cpu")
-            methods["hf_assisted"] = lambda p: hf_answer(hf, p, v.max_new_tokens, eos, assistant_model=assistant)
-        else:
-            # no smaller sibling model: HF's own self-speculation, drafting with the target's first layers
-            exit_layer = max(1, hf.config.num_hidden_layers // 4)
-            methods["hf_assisted"] = lambda p: hf_answer(hf, p, v.max_new_tokens, eos, assistant_early_exit=exit_layer)
-            method_notes["hf_assisted"] = f"HF assisted generation, assistant_early_exit={exit_layer} (validate.assistant_model not set)"
-    else:
-        skipped["hf_assisted"] = skipped["hf_prompt_lookup"] = "validate.compare_hf_assisted is false"
+    assisted, skipped, method_notes = hf_assisted_methods(v, hf, source, eos)
+    methods.update(assisted)
 
     # compile the runtime's steps before timing: the first generations of each kind trigger it
     compile_s, compile_note = 0.0, "off (validate.compile: false)"
@@ -157,22 +209,7 @@ def run(ctx: StageContext) -> dict:
         compile_s, compile_note = compile_steps([target, drafter.net], lambda: [methods[m](prompts[0]) for m in ("runtime_no_draft", "speculative")])
         ctx.log(f"{compile_note} ({compile_s:.0f} s)")
 
-    # interleaved repetitions: every prompt runs every method in turn, so machine noise hits all of them alike
-    # and the memory bandwidth is sampled among them (before, and after each prompt's round), for the decode limit
-    on_cpu = "weight_mb" in kernels
-    samples = [memory_bandwidth(kernels["one_row"], repeats=3)] if on_cpu else []
-
-    def after_run(rep: int, i: int, m: str) -> None:
-        bar.set_postfix_str(f"rep {rep + 1}, prompt {i + 1}, {m}")
-        bar.update()
-        if on_cpu and m == list(methods)[-1]:
-            samples.append(memory_bandwidth(kernels["one_row"], repeats=3))
-
-    bar = tqdm(total=v.repeats * len(prompts) * len(methods), desc="timed generations", unit="run")
-    with torch.inference_mode():
-        timed = interleaved(methods, prompts, v.repeats, after_run)
-    bar.close()
-    bandwidth = bandwidth_during(samples) if on_cpu else None
+    timed, bandwidth = time_methods(methods, prompts, v.repeats, kernels)
     for rep in range(v.repeats):
         ctx.log(f"repetition {rep + 1}/{v.repeats}: " + ", ".join(f"{m} {timed[m]['tokens_per_s'][rep]:.1f} tok/s" for m in methods))
     tps = {m: round(statistics.median(timed[m]["tokens_per_s"]), 2) for m in methods}
@@ -180,22 +217,10 @@ def run(ctx: StageContext) -> dict:
 
     # 1. exactness
     hf_out = outputs["hf_generate"]
-    reference, reference_name = hf_out, "HF generate, original model, float32"
-    quant_report = None
+    reference, reference_name, quant_report = hf_out, "HF generate, original model, float32", None
     if quant:
         ctx.log("quantized target: HF reference with the bundle's dequantized weights")
-        hfq = hf_quantized_reference(source, target_dir)
-        with torch.inference_mode():
-            reference = [hf_answer(hfq, p, v.max_new_tokens, eos) for p in prompts]
-        reference_name = "HF generate, original architecture with the bundle's weights dequantized (weight * weight_scale), float32"
-        div = [first_divergence(a, b) for a, b in zip(hf_out, reference, strict=True)]
-        quant_report = {
-            "format": quant.get("quantization", quant).get("quant_algo", "?") if isinstance(quant, dict) else "?",
-            "dequantized": True, "dropped": dq_notes,
-            "note": "weights dequantized to float32 (weight * weight_scale); activation/KV quantization is not simulated",
-            "identical_to_unquantized": sum(d is None for d in div),
-            "first_divergence_from_unquantized": {r["id"]: d for r, d in zip(rows, div, strict=True) if d is not None},
-        }
+        reference, reference_name, quant_report = quantized_reference(source, target_dir, quant, dq_notes, rows, prompts, hf_out, v.max_new_tokens, eos)
     spec_tokens = [g.tokens for g in outputs["speculative"]]
     nodraft_tokens = [g.tokens for g in outputs["runtime_no_draft"]]
     mismatches = {r["id"]: first_divergence(s, ref) for r, s, ref in zip(rows, spec_tokens, reference, strict=True) if s != ref}
