@@ -7,5 +7,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --engines vllm
 . "${TRTSPEC_VENV:-.venv}/bin/activate"
 export TRTSPEC_TRANSFORMERS4=${TRTSPEC_TRANSFORMERS4:-$(cd "${TRTSPEC_VENV:-.venv}" && pwd)/transformers4}
-ruff check trtspec tests scripts
+ruff check trtspec tests scripts notebooks
 python -m pytest -q -ra --timeout=3600 "$@"
