@@ -98,8 +98,11 @@ def test_without_vllm_numbering_the_draft_reads_other_layers(ci_bundle, prompts,
     cfg = json.loads((draft / "config.json").read_text())
     del cfg["eagle_aux_hidden_state_layer_ids"]
     (draft / "config.json").write_text(json.dumps(cfg))
-    _, acc = vllm_run(ci_bundle, draft, prompts)
-    assert acc["acceptance_length"] < runtime[1].acceptance_length() * 0.9
+    outputs, acc = vllm_run(ci_bundle, draft, prompts)
+    assert outputs == runtime[0]  # still lossless: the loss is silent, only acceptance shows it
+    # greedy drafting is deterministic, so any gap is the wrong layers; how wide depends on the head (this CI head:
+    # 8-12% on the machines seen; the demo head: 3%)
+    assert acc["acceptance_length"] < runtime[1].acceptance_length() * 0.95
 
 
 def free_port() -> int:
