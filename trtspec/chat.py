@@ -19,12 +19,17 @@ ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assi
          "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system"}
 
 
-def check_text_file(path: Path, what: str, hint: str) -> None:
-    """A DataError unless `path` is a file whose start reads as UTF-8 text (what a build checks before spending)."""
+def require_file(path: Path, what: str, hint: str) -> None:
+    """A DataError naming `path` as `what` when it is a folder or does not exist."""
     if path.is_dir():
         raise DataError(f"{what} '{path}' is a folder, not a file", hint)
     if not path.is_file():
         raise DataError(f"{what} '{path}' does not exist", hint)
+
+
+def check_text_file(path: Path, what: str, hint: str) -> None:
+    """A DataError unless `path` is a file whose start reads as UTF-8 text (what a build checks before spending)."""
+    require_file(path, what, hint)
     try:
         with open(path, "rb") as f:
             f.read(1 << 16).decode("utf-8", errors="strict")
@@ -37,10 +42,7 @@ def check_text_file(path: Path, what: str, hint: str) -> None:
 
 def read_lines(path: Path, what: str = "data file", hint: str = "check data.sources[*].path (relative to the YAML)") -> list[str]:
     """The lines of a UTF-8 text file; a missing or binary file is a DataError naming it as `what`."""
-    if path.is_dir():
-        raise DataError(f"{what} '{path}' is a folder, not a file", hint)
-    if not path.is_file():
-        raise DataError(f"{what} '{path}' does not exist", hint)
+    require_file(path, what, hint)
     try:
         return path.read_text(encoding="utf-8").splitlines()
     except (UnicodeDecodeError, OSError) as e:
