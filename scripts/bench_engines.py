@@ -38,7 +38,7 @@ def main() -> None:
 
     from trtspec import vllm_engine
     from trtspec.checkpoint import check_bundle
-    from trtspec.generation import compare, eos_ids, hf_greedy
+    from trtspec.generation import compare, eos_ids, hf_answer
     from trtspec.models import load_model, load_tokenizer, resolve_model
     from trtspec.runtime import DraftSpec, load_eagle3_drafter, load_transformer, speculative_on_prompts
 
@@ -54,7 +54,7 @@ def main() -> None:
 
     print(f"HF generate on {len(prompts)} prompts", file=sys.stderr)
     hf = load_model(source, "float32", "cpu")
-    hf_out = [hf_greedy(hf, [p], new, eos)[0] for p in prompts]
+    hf_out = [hf_answer(hf, p, new, eos) for p in prompts]
     del hf
     print(f"trtspec runtime, chains of {a.k}", file=sys.stderr)
     t0 = time.perf_counter()

@@ -48,7 +48,7 @@ def main() -> None:
     import torch
 
     from trtspec.checkpoint import check_bundle
-    from trtspec.generation import eos_ids, hf_greedy, interleaved
+    from trtspec.generation import eos_ids, hf_answer, interleaved
     from trtspec.models import load_model, load_tokenizer, resolve_model
     from trtspec.runtime import (
         DraftSpec,
@@ -91,10 +91,10 @@ def main() -> None:
         for k, spec in specs.items():
             samples = [sample()]
             res = interleaved({
-                "hf": lambda p: hf_greedy(hf, [p], new, eos)[0],
+                "hf": lambda p: hf_answer(hf, p, new, eos),
                 "base": lambda p: generate(target, torch.tensor(p), new, eos),
                 "spec": lambda p, s=spec: speculative_decode(target, drafter, torch.tensor(p), new, s, eos),
-                "lookup": lambda p, k=k: hf_greedy(hf, [p], new, eos, prompt_lookup_num_tokens=k)[0],
+                "lookup": lambda p, k=k: hf_answer(hf, p, new, eos, prompt_lookup_num_tokens=k),
             }, prompts, on_run=lambda _rep, _i, m, samples=samples: samples.append(sample()) if m == "lookup" else None)
             bandwidth = bandwidth_during(samples)
             (hf_tps, base_tps, spec_tps, pl_tps) = (res[m]["tokens_per_s"][0] for m in ("hf", "base", "spec", "lookup"))

@@ -47,6 +47,11 @@ def hf_greedy(model: Any, prompts: list[list[int]], max_new: int, eos: Iterable[
     return [cut_after_eos(row, eos) for row in out[:, width:].tolist()]
 
 
+def hf_answer(model: Any, prompt: list[int], max_new: int, eos: Iterable[int], **generate_kw: Any) -> list[int]:
+    """HF generate's answer to one prompt, alone (no padding; as timed: one request at a time)."""
+    return hf_greedy(model, [prompt], max_new, eos, **generate_kw)[0]
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     """How many leading tokens `a` and `b` share."""
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

@@ -14,7 +14,7 @@ from typing import Any
 
 from trtspec.chat import encode_prompt, prompt_rows, read_rows
 from trtspec.errors import ArtifactError, DataError
-from trtspec.generation import common_prefix, hf_greedy
+from trtspec.generation import common_prefix, hf_answer
 from trtspec.quant import (
     BLOCK_FORMATS,
     NVFP4_BLOCK,
@@ -85,7 +85,7 @@ def run(ctx: StageContext) -> dict:
     eos = tok.eos_token_id
 
     def greedy(m: Any) -> list[list[int]]:  # one prompt at a time: no padding effects
-        return [hf_greedy(m, [p], q.eval_new_tokens, {eos}, eos)[0] for p in prompts]
+        return [hf_answer(m, p, q.eval_new_tokens, {eos}, pad_id=eos) for p in prompts]
 
     ctx.log(f"reference: perplexity and greedy outputs of the unquantized model on {len(prompts)} held-out prompts")
     ppl_before = perplexity(model, heldout)

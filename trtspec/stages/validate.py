@@ -17,7 +17,7 @@ from typing import Any
 from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
 from trtspec.checkpoint import check_bundle
 from trtspec.errors import ArtifactError, DataError, ModelError, ValidationFailed
-from trtspec.generation import eos_ids, first_divergence, hf_greedy, interleaved
+from trtspec.generation import eos_ids, first_divergence, hf_answer, interleaved
 from trtspec.stage import StageContext
 
 
@@ -37,11 +37,6 @@ def load_prompt_rows(ctx: StageContext) -> list[dict]:
     if not rows:
         raise DataError(f"no usable prompts in '{source}'", "give a JSONL with `prompt` or `messages`, or one prompt per line")
     return rows[: v.num_prompts]
-
-
-def hf_answer(model: Any, prompt: list[int], max_new: int, eos: set[int], **kw: Any) -> list[int]:
-    """HF generate's answer to one prompt (as timed: one request at a time)."""
-    return hf_greedy(model, [prompt], max_new, eos, **kw)[0]
 
 
 def hf_quantized_reference(source: Path, target_dir: Path) -> Any:
