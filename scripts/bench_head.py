@@ -30,7 +30,7 @@ def training_step(cfg, run_dir: Path, mode: str):
     aux_layers = eagle_cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]
     ds = HeadDataset(tokens)
     batch = HeadDataset.collate([ds[i] for i in range(cfg.train.batch_size)])
-    bf16 = use_bf16(cfg.train.precision)
+    bf16 = use_bf16(cfg.model.build_dtype)
     base = load_model(resolve_model(cfg.model.source), cfg.model.dtype)
     if mode == "offline":
         aux, last = base_states(base, batch["input_ids"], batch["attention_mask"], aux_layers, bf16)
@@ -89,7 +89,7 @@ def main() -> None:
     print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     speed = throughputs(cfg, Path(args.out), args.throughput_steps)
     off, on = speed["offline"], speed["online"]
-    print(f"train throughput, batch {cfg.train.batch_size}, {'bf16' if use_bf16(cfg.train.precision) else 'fp32'}: offline {off:.0f} tok/s | "
+    print(f"train throughput, batch {cfg.train.batch_size}, {'bf16' if use_bf16(cfg.model.build_dtype) else 'fp32'}: offline {off:.0f} tok/s | "
           f"online {on:.0f} tok/s | offline/online {off / on:.2f}x  steps interleaved")
 
 

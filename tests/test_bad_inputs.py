@@ -52,7 +52,8 @@ def config(tmp: Path, model: Path | str, data_rows: list | None = None, **sectio
     raw = {
         "model": {"source": str(model)},
         "data": {"sources": [{"kind": "jsonl", "path": "data.jsonl"}], "seq_len": 32, "holdout_fraction": 0.25},
-        "validate": {"num_prompts": 1, "max_new_tokens": 4, "repeats": 1, "compare_hf_assisted": False, "sampling_check": False},
+        "eval": {"num_prompts": 1, "max_new_tokens": 4, "repeats": 1},
+        "validate": {"compare_hf": False, "sampling_temperature": None},
     }
     for k, v in sections.items():
         raw[k] = {**raw.get(k, {}), **v}
@@ -175,14 +176,14 @@ def case_data_is_folder(tmp, model, mp):
     return build(tmp, p, "--until", "data")
 
 
-def case_validate_prompts_missing(tmp, model, mp):
+def case_eval_prompts_missing(tmp, model, mp):
     # validate reads it last: the build must stop before the data stage, not after training
-    return build(tmp, config(tmp, model, validate={"prompts": "no-such-prompts.jsonl"}))
+    return build(tmp, config(tmp, model, eval={"prompts": "no-such-prompts.jsonl"}))
 
 
-def case_validate_prompts_binary(tmp, model, mp):
+def case_eval_prompts_binary(tmp, model, mp):
     (tmp / "prompts.jsonl").write_bytes(b"\x80\x81\xfe\xff" * 10)
-    return build(tmp, config(tmp, model, validate={"prompts": "prompts.jsonl"}))
+    return build(tmp, config(tmp, model, eval={"prompts": "prompts.jsonl"}))
 
 
 def case_data_empty(tmp, model, mp):
@@ -302,8 +303,8 @@ CASES = [
     Case("model-no-chat-template", case_no_chat_template, 2, r"no chat template", "data"),
     Case("data-missing", case_data_missing, 2, r"data file .*data\.jsonl' does not exist", "data"),
     Case("data-is-folder", case_data_is_folder, 2, r"data file .*data\.jsonl' is a folder, not a file", "data", before_data=True),
-    Case("validate-prompts-missing", case_validate_prompts_missing, 2, r"validate\.prompts file .*no-such-prompts\.jsonl' does not exist", "validate", before_data=True),
-    Case("validate-prompts-binary", case_validate_prompts_binary, 2, r"validate\.prompts file .* cannot be read as UTF-8", "validate", before_data=True),
+    Case("eval-prompts-missing", case_eval_prompts_missing, 2, r"eval\.prompts file .*no-such-prompts\.jsonl' does not exist", "validate", before_data=True),
+    Case("eval-prompts-binary", case_eval_prompts_binary, 2, r"eval\.prompts file .* cannot be read as UTF-8", "validate", before_data=True),
     Case("data-empty", case_data_empty, 2, r"no usable conversation", "data"),
     Case("data-malformed", case_data_malformed, 2, r"no usable conversation", "data"),
     Case("data-no-assistant-turn", case_data_no_assistant, 2, r"no usable conversation", "data"),

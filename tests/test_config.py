@@ -118,8 +118,8 @@ def test_overrides_apply_and_validate(tmp_path):
 
 
 def test_validate_section_alias():
-    cfg = config_from_dict({**MINIMAL, "validate": {"draft_len": 5}})
-    assert cfg.validate_.draft_len == 5 and cfg.section("validate")["draft_len"] == 5
+    cfg = config_from_dict({**MINIMAL, "validate": {"min_speedup": 1.5}})
+    assert cfg.validate_.min_speedup == 1.5 and cfg.section("validate")["min_speedup"] == 1.5
 
 
 @given(

@@ -356,7 +356,8 @@ def _stage_ctx(tmp_path, model_dir, stage, inputs, **train_kw):
             "model": {"source": str(model_dir)},
             "data": {"sources": [{"kind": "jsonl", "path": "c.jsonl"}], "seq_len": 64, "max_new_tokens": 6, "holdout_fraction": 0.2},
             "convert": {"draft_vocab_size": 128},
-            "train": {"max_steps": 4, "batch_size": 2, "save_steps": 2, "eval_prompts": 2, **train_kw},
+            "train": {"max_steps": 4, "batch_size": 2, "save_steps": 2, **train_kw},
+            "eval": {"acceptance_prompts": 2},
         },
         base_dir=tmp_path,
     )
@@ -398,7 +399,7 @@ def test_train_few_steps_writes_head_and_log(upstream, tiny_model_dir, tmp_path,
     rows = [json.loads(x) for x in (ctx.out / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and len(rows[0]["acc_ttt"]) == 3
     assert m["steps"] == 4 and m["headline"].startswith("AL@3 ") and 1.0 <= m["AL@3"] <= 4.0
-    assert 1.0 <= m["fit"]["AL@3"] <= 4.0 and len(m["fit"]["accept_rate_by_position"]) == head_eval.EVAL_MAX_DRAFT
+    assert 1.0 <= m["fit"]["AL@3"] <= 4.0 and len(m["fit"]["accept_rate_by_position"]) == 3  # draft.length
     assert m["AL@1"] <= m["AL@2"] + 1e-9 or m["AL@1"] <= 2.0
     assert (ctx.out / "head.safetensors").is_file()
     seqs = torch.load(ctx.out / head_eval.EVAL_SEQS, weights_only=True)  # the held-out greedy answers, for export
@@ -464,7 +465,8 @@ def test_demo_model_short_budget(tmp_path, demo_model_dir):
         "model": {"source": "demo:smollm2-135m-instruct"},
         "data": {"sources": [{"kind": "regenerate", "path": "p.jsonl"}], "seq_len": 64, "max_new_tokens": 16, "holdout_fraction": 0.2},
         "convert": {"draft_vocab_size": 1024},
-        "train": {"max_steps": 3, "batch_size": 2, "eval_prompts": 1},
+        "train": {"max_steps": 3, "batch_size": 2},
+        "eval": {"acceptance_prompts": 1},
     }
     cfg = config_from_dict(base, base_dir=tmp_path)
     outs = {}

@@ -35,6 +35,18 @@ def test_readme_cli_reference_is_up_to_date():
     )
 
 
+def test_config_reference_is_up_to_date_and_every_key_is_described():
+    spec = importlib.util.spec_from_file_location("gen_config_reference", ROOT / "scripts" / "gen_config_reference.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    from trtspec.config import BuildConfig
+
+    assert [k for k, *_, desc in gen.rows(BuildConfig) if not desc] == []
+    assert (ROOT / "docs" / "config.md").read_text(encoding="utf-8") == gen.render(), (
+        "docs/config.md differs from the keys' descriptions: run `python scripts/gen_config_reference.py`"
+    )
+
+
 def test_cli_reference_is_what_help_prints():
     """The rendered block of a command is exactly what `trtspec <cmd> --help` prints (same width, same options)."""
     gen = gen_cli_reference()

@@ -55,7 +55,7 @@ def test_vllm_backend_skipped_without_vllm_and_doctor_agrees(tmp_path, monkeypat
     from trtspec.doctor import diagnose
 
     monkeypatch.setattr(vl, "installed", lambda: False)
-    cfg = make_cfg(tmp_path, backend="vllm")
+    cfg = make_cfg(tmp_path, engine={"backend": "vllm"})
     with pytest.raises(StageSkipped, match=r"vllm is not installed \(bash scripts/setup.sh --engines vllm"):
         engine.run(ctx_for(tmp_path, cfg, tmp_path))
     assert diagnose()["stages"]["engine (vllm)"] == vl.availability()
@@ -84,7 +84,8 @@ def test_llm_api_run_with_fake(tmp_path, fake_trtllm, gpu, tiny_model_dir, versi
     from tensorrt_llm.llmapi.llm import CALLS
 
     CALLS.clear()
-    cfg = make_cfg(tmp_path, model=str(tiny_model_dir), num_prompts=2, max_new_tokens=8, batch_sizes=[1, 2], max_draft_len=4)
+    cfg = make_cfg(tmp_path, model=str(tiny_model_dir), eval={"num_prompts": 2, "max_new_tokens": 8}, engine={"batch_sizes": [1, 2]},
+                   draft={"length": 4})
     bundle = make_bundle(tmp_path / "bundle", cfg, target_from=tiny_model_dir)
     m = engine.run(ctx_for(tmp_path, cfg, bundle))
 
@@ -106,9 +107,9 @@ def test_llm_api_run_with_fake(tmp_path, fake_trtllm, gpu, tiny_model_dir, versi
 
 def test_stale_bundle_options_refused(tmp_path, fake_trtllm, gpu):  # noqa: F811
     fake_trtllm("1.2.0")
-    bundle = make_bundle(tmp_path / "bundle", make_cfg(tmp_path, max_draft_len=3))
+    bundle = make_bundle(tmp_path / "bundle", make_cfg(tmp_path, draft={"length": 3}))
     with pytest.raises(ArtifactError, match="other engine settings"):
-        engine.run(ctx_for(tmp_path, make_cfg(tmp_path, max_draft_len=5), bundle))
+        engine.run(ctx_for(tmp_path, make_cfg(tmp_path, draft={"length": 5}), bundle))
 
 
 def test_ngram_runs_on_the_llm_api(tmp_path, fake_trtllm, gpu, tiny_model_dir):  # noqa: F811
@@ -117,7 +118,8 @@ def test_ngram_runs_on_the_llm_api(tmp_path, fake_trtllm, gpu, tiny_model_dir): 
     from tensorrt_llm.llmapi.llm import CALLS
 
     CALLS.clear()
-    cfg = make_cfg(tmp_path, model=str(tiny_model_dir), decoding="ngram", num_prompts=1, max_new_tokens=4, batch_sizes=[1])
+    cfg = make_cfg(tmp_path, model=str(tiny_model_dir), serve={"decoding": "ngram"}, eval={"num_prompts": 1, "max_new_tokens": 4},
+                   engine={"batch_sizes": [1]})
     bundle = make_bundle(tmp_path / "bundle", cfg, target_from=tiny_model_dir)
     m = engine.run(ctx_for(tmp_path, cfg, bundle))
     assert type(CALLS[0]["speculative_config"]).__name__ == "NGramDecodingConfig"

@@ -21,8 +21,8 @@ def _export(tmp: Path, model_dir: Path, quant: dict) -> tuple:
     run = tmp / "run"
     data = make_data(run, model_dir)
     train = make_train(run, model_dir)
-    cfg = tiny_config(model_dir, tmp, quantize={"calib_samples": 2, "eval_prompts": 1, "eval_new_tokens": 4, **quant},
-                      engine={"max_draft_len": 2})
+    cfg = tiny_config(model_dir, tmp, quantize={"calib_samples": 2, **quant},
+                      eval={"num_prompts": 1, "max_new_tokens": 4}, draft={"length": 2})
     qctx = stage_ctx(cfg, run, "quantize", {"data": data})
     quantize.run(qctx)
     ctx = stage_ctx(cfg, run, "export", {"train": train, "convert": train, "quantize": qctx.out})
@@ -137,9 +137,8 @@ def test_validate_holds_an_fp8_bundle_to_its_dequantized_reference(fp8, tiny_mod
     from trtspec.stages import validate
 
     ctx, _ = fp8
-    cfg = tiny_config(tiny_model_dir, ctx.out.parent, validate={
-        "num_prompts": 2, "max_new_tokens": 6, "repeats": 1, "draft_len": 2, "compile": False,
-        "compare_hf_assisted": False, "sampling_check": False})
+    cfg = tiny_config(tiny_model_dir, ctx.out.parent, eval={"num_prompts": 2, "max_new_tokens": 6, "repeats": 1},
+                      draft={"length": 2}, validate={"compile": False, "compare_hf": False, "sampling_temperature": None})
     vctx = stage_ctx(cfg, ctx.run.path, "validate", {"data": ctx.run.path / "data", "export": ctx.out})
     validate.run(vctx)
     r = json.loads((vctx.out / "report.json").read_text())

@@ -50,11 +50,12 @@ def write_config(tmp: Path, model: Path) -> Path:
         "model": {"source": str(model)},
         "data": {"sources": [{"kind": "jsonl", "path": str(data)}], "seq_len": 64, "holdout_fraction": 0.2},
         "convert": {"draft_vocab_size": 512},
-        "train": {"mode": "offline", "epochs": 6.0, "batch_size": 2, "save_steps": 4, "logging_steps": 1, "eval_prompts": 2},
+        "train": {"mode": "offline", "epochs": 6.0, "batch_size": 2, "save_steps": 4},
         # fp8 (simulated on CPU): a real quantize stage to kill, and the quantized path through export and validate
-        "quantize": {"format": "fp8", "calib_samples": 4, "eval_prompts": 1, "eval_new_tokens": 4},
+        "quantize": {"format": "fp8", "calib_samples": 4},
         "export": {"onnx": True},
-        "validate": {"num_prompts": 2, "max_new_tokens": 12, "repeats": 1, "compare_hf_assisted": False, "sampling_check": False},
+        "eval": {"num_prompts": 2, "max_new_tokens": 12, "repeats": 1, "acceptance_prompts": 2},
+        "validate": {"compare_hf": False, "sampling_temperature": None},
     }
     p = tmp / "tiny.yaml"
     p.write_text(yaml.safe_dump(raw))

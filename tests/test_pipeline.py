@@ -58,7 +58,7 @@ def test_engine_measurement_knob_redoes_the_engine_stage_only(tmp_path, calls):
     pipeline.run_build(config_from_dict({**RAW, "engine": {"batch_sizes": [1, 4]}}), tmp_path / "r")
     assert calls == ["engine"]
     calls.clear()
-    pipeline.run_build(config_from_dict({**RAW, "engine": {"batch_sizes": [1, 4], "max_draft_len": 4}}), tmp_path / "r")
+    pipeline.run_build(config_from_dict({**RAW, "engine": {"batch_sizes": [1, 4]}, "serve": {"max_batch_size": 4}}), tmp_path / "r")
     assert calls == ["export", "engine", "validate"]  # a serving option: the bundle changes
 
 
@@ -91,7 +91,7 @@ def test_edited_data_file_redoes_data_and_downstream(tmp_path, calls):
     rows.write_text('{"prompt": "a"}\n')
     prompts = tmp_path / "p.txt"
     prompts.write_text("a\n")
-    raw = {"data": {"sources": [{"kind": "regenerate", "path": str(rows)}]}, "validate": {"prompts": str(prompts)}}
+    raw = {"data": {"sources": [{"kind": "regenerate", "path": str(rows)}]}, "eval": {"prompts": str(prompts)}}
     pipeline.run_build(config_from_dict(raw), tmp_path / "r")
     calls.clear()
     pipeline.run_build(config_from_dict(raw), tmp_path / "r")

@@ -70,8 +70,8 @@ def test_format_none_writes_quant_json(tmp_path, tiny_model_dir):
 def fp8_run(tmp_path_factory, tiny_model_dir):
     run = tmp_path_factory.mktemp("q") / "run"
     data = make_data(run, tiny_model_dir)
-    cfg = tiny_config(tiny_model_dir, run.parent, quantize={"format": "fp8", "kv_cache": "fp8", "calib_samples": 4,
-                                                           "eval_prompts": 2, "eval_new_tokens": 8})
+    cfg = tiny_config(tiny_model_dir, run.parent, quantize={"format": "fp8", "kv_cache": "fp8", "calib_samples": 4},
+                      eval={"num_prompts": 2, "max_new_tokens": 8})
     ctx = stage_ctx(cfg, run, "quantize", {"data": data})
     return ctx, quantize.run(ctx)
 
@@ -118,8 +118,8 @@ def test_int4_awq_picks_block_and_exports(tmp_path, tiny_model_dir):
 
     run = tmp_path / "run"
     data = make_data(run, tiny_model_dir)
-    cfg = tiny_config(tiny_model_dir, tmp_path, quantize={"format": "int4_awq", "calib_samples": 2, "eval_prompts": 1,
-                                                          "eval_new_tokens": 4})
+    cfg = tiny_config(tiny_model_dir, tmp_path, quantize={"format": "int4_awq", "calib_samples": 2},
+                      eval={"num_prompts": 1, "max_new_tokens": 4})
     ctx = stage_ctx(cfg, run, "quantize", {"data": data})
     m = quantize.run(ctx)
     assert m["block_size"] == 64 and "int4_awq/block 64" in m["headline"]

@@ -25,15 +25,15 @@ def pbtxt_tensors(text: str, section: str) -> dict[str, str]:
 
 
 def test_options_follow_the_documented_fields(tmp_path):
-    opts = llm_api_options(make_cfg(tmp_path, use_dynamic_tree=True, dynamic_tree_max_topk=4, max_draft_len=5))
+    opts = llm_api_options(make_cfg(tmp_path, draft={"shape": "dynamic_tree", "tree_topk": 4, "length": 5}))
     spec = opts["speculative_config"]
     allowed = set(NEW["DecodingBaseConfig"]) | set(NEW["EagleDecodingConfig"]) | {"decoding_type"}
     assert set(spec) <= allowed
     assert set(CONTRACT["yaml"]["speculative_config_required"]) <= set(spec)
     assert spec["decoding_type"] == NEW["decoding_type"] and spec["speculative_model"] == "./draft"
-    # the dynamic-tree rule TensorRT-LLM checks, and its default budget
+    # the dynamic-tree rule TensorRT-LLM checks (max_draft_len <= max_total_draft_tokens <= topK * max_draft_len)
     assert spec["use_dynamic_tree"] is True and spec["dynamic_tree_max_topK"] == 4
-    assert spec["max_draft_len"] <= spec["max_total_draft_tokens"] == 4 * 5
+    assert spec["max_draft_len"] <= spec["max_total_draft_tokens"] == 16 <= 4 * 5
     assert set(opts["kv_cache_config"]) <= set(CONTRACT["llm_args"]["KvCacheConfig"])
     assert set(opts) - {"speculative_config", "kv_cache_config"} <= set(CONTRACT["llm_kwargs"]["fields"])
     assert "max_batch_size" not in spec  # a PrivateAttr in the real Eagle3DecodingConfig
@@ -45,12 +45,12 @@ def test_options_follow_the_documented_fields(tmp_path):
     ({"target_dtype": "bfloat16", "draft_dtype": "bfloat16", "quant_format": "fp8"}, False),
 ])
 def test_block_reuse_off_when_dtypes_differ(tmp_path, info, reuse):
-    opts = llm_api_options(make_cfg(tmp_path, enable_block_reuse=True), info=info)
+    opts = llm_api_options(make_cfg(tmp_path, serve={"block_reuse": True}), info=info)
     assert opts["kv_cache_config"]["enable_block_reuse"] is reuse
 
 
 def test_bundle_serving_files(tmp_path):
-    cfg = make_cfg(tmp_path, max_draft_len=4, tensor_parallel_size=2, max_batch_size=16)
+    cfg = make_cfg(tmp_path, draft={"length": 4}, serve={"tensor_parallel_size": 2, "max_batch_size": 16})
     bundle = make_bundle(tmp_path / "bundle", cfg)
     opts = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())
     assert opts == llm_api_options(cfg, info={"target_dtype": "bfloat16", "draft_dtype": "bfloat16", "quant_format": "none",
@@ -109,7 +109,7 @@ def test_bundle_yaml_builds_the_installed_config_class(tmp_path, fake_trtllm, ve
     fake_trtllm(version)
     from trtspec import trtllm
 
-    cfg = make_cfg(tmp_path, use_dynamic_tree=True)
+    cfg = make_cfg(tmp_path, draft={"shape": "dynamic_tree"})
     bundle = make_bundle(tmp_path / "b", cfg)
     opts = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())
     kwargs = trtllm.llm_kwargs(opts, bundle / "target", bundle)

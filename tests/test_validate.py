@@ -36,12 +36,14 @@ def run_inputs(tmp_path_factory, tiny_model_dir):
     return root, target, bundle, data
 
 
-def make_ctx(tmp_path: Path, run_inputs, **validate) -> StageContext:
+def make_ctx(tmp_path: Path, run_inputs, draft: dict | None = None, evaluation: dict | None = None, **validate) -> StageContext:
     root, source, bundle, data = run_inputs
     raw = {
         "model": {"source": str(source)},
         "data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]},
-        "validate": {"num_prompts": 2, "max_new_tokens": 12, "repeats": 1, "draft_len": 3, **validate},
+        "eval": {"num_prompts": 2, "max_new_tokens": 12, "repeats": 1, **(evaluation or {})},
+        "draft": {"length": 3, **(draft or {})},
+        "validate": validate,
     }
     cfg = config_from_dict(raw, base_dir=tmp_path)
     out = tmp_path / "out"
@@ -54,7 +56,7 @@ def make_ctx(tmp_path: Path, run_inputs, **validate) -> StageContext:
 def test_validate_writes_report(tmp_path, run_inputs):
     from trtspec.stages import validate
 
-    metrics = validate.run(make_ctx(tmp_path, run_inputs, draft_shape="dynamic_tree", require_exact=True))
+    metrics = validate.run(make_ctx(tmp_path, run_inputs, {"shape": "dynamic_tree"}, require_exact=True))
     r = json.loads((tmp_path / "out" / "report.json").read_text())
     assert r["greedy_match"] == {"matched": 2, "total": 2, "first_divergence": {}, "runtime_no_draft_matched": 2}
     assert r["prompts"] == 2 and r["draft_len"] == 3 and r["acceptance_length"] >= 1.0
@@ -88,7 +90,7 @@ def test_validate_writes_report(tmp_path, run_inputs):
 def test_gate_fails_after_writing_the_report(tmp_path, run_inputs):
     from trtspec.stages import validate
 
-    ctx = make_ctx(tmp_path, run_inputs, min_speedup=1000.0, compare_hf_assisted=False, sampling_check=False)
+    ctx = make_ctx(tmp_path, run_inputs, min_speedup=1000.0, compare_hf=False, sampling_temperature=None)
     with pytest.raises(ValidationFailed, match="speedup .* < required 1000"):
         validate.run(ctx)
     kept = ctx.run.path / "validate-failed" / "report.json"
@@ -100,9 +102,9 @@ def test_bad_inputs_are_one_line_errors(tmp_path, run_inputs):
 
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DataError, match="no usable prompts"):
-        validate.run(make_ctx(tmp_path / "e", run_inputs, prompts=str(tmp_path / "empty.jsonl")))
+        validate.run(make_ctx(tmp_path / "e", run_inputs, evaluation={"prompts": str(tmp_path / "empty.jsonl")}))
     with pytest.raises(DataError, match="exceed the context of 1024"):
-        validate.run(make_ctx(tmp_path / "l", run_inputs, max_new_tokens=5000))
+        validate.run(make_ctx(tmp_path / "l", run_inputs, evaluation={"max_new_tokens": 5000}))
     root, source, bundle, data = run_inputs
     broken = tmp_path / "bundle"
     shutil.copytree(bundle, broken)

@@ -17,8 +17,9 @@ CONTRACT = json.loads((Path(__file__).parent / "contracts" / "trtllm_api.json").
 FAKE_TRTLLM = Path(__file__).parent / "fake_trtllm"
 
 
-def make_cfg(tmp: Path, model: str = "demo:smollm2-135m-instruct", **engine):
-    raw = {"model": {"source": model}, "data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "engine": engine}
+def make_cfg(tmp: Path, model: str = "demo:smollm2-135m-instruct", **sections: dict):
+    """A config for the engine and serving tests: `sections` as in the YAML, e.g. serve={"max_batch_size": 16}."""
+    raw = {"model": {"source": model}, "data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, **sections}
     return config_from_dict(raw, base_dir=tmp)
 
 

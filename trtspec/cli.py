@@ -173,7 +173,7 @@ for _flag, _key, _type in (
 ):
     _validate.params.append(
         click.Option([_flag], is_flag=_type is None, default=None, type=_type,
-                     help=f"Sets validate.{_key}" + (" (exit 1 when missed)." if _key != "prompts" else ": JSONL (prompt|messages) or text.")))
+                     help=(f"Sets validate.{_key} (exit 1 when missed)." if _key != "prompts" else "Sets eval.prompts: JSONL (prompt|messages) or text.")))
 
 
 def _validate_callback(config, out, overrides, force, as_json, require_exact, min_speedup, min_acceptance_length, prompts):
@@ -183,7 +183,7 @@ def _validate_callback(config, out, overrides, force, as_json, require_exact, mi
         if value:
             sets.append(f"validate.{key}={str(value).lower() if isinstance(value, bool) else value}")
     if prompts:
-        sets.append(f"validate.prompts={Path(prompts).resolve()}")
+        sets.append(f"eval.prompts={Path(prompts).resolve()}")
     _build(config, out, sets, "validate" if force else None, "validate", False, as_json, stage_command=True)
 
 

@@ -24,173 +24,168 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
 
 
+def key(default: Any = ..., description: str = "", **limits: Any) -> Any:
+    """A config key: its default, what it means (docs/config.md is generated from it), its limits."""
+    return Field(default=default, description=description, **limits)
+
+
 class ModelSection(Section):
-    # demo:smollm2-135m-instruct, a local HF folder, a .gguf file, or a hub id (needs a network)
-    source: str = "demo:smollm2-135m-instruct"
-    # compute dtype; auto = float32 on CPU, bfloat16 on GPU
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    source: str = key("demo:smollm2-135m-instruct",
+                      "the target: demo:smollm2-135m-instruct, a local HF folder or .gguf file (relative to the YAML), "
+                      "or a hub id (needs a network)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = key(
+        "auto", "the target's dtype wherever outputs are compared token by token (quantize, export, engine, "
+        "validate) and the exported draft's; auto = float32 on a CPU, bfloat16 on a GPU")
+    build_dtype: Literal["auto", "float32", "bfloat16"] = key(
+        "auto", "the math of the work whose result is training material, not a compared output: the target writing "
+        "answers (data) and hidden states (train), and the head's autocast; auto = bfloat16 on a GPU or a CPU with "
+        "native bf16 (AVX512-BF16/AMX), else float32 (elsewhere bf16 is emulated and slower)")
 
 
 class DataSource(Section):
-    # regenerate: answer `path` (prompts) with the target itself; jsonl: OpenAI/HF `messages` or
-    # ShareGPT `conversations`; text: one document per line; hf: a datasets name (needs a network)
-    kind: Literal["regenerate", "jsonl", "text", "hf"]
-    path: str
-    split: str = "train"
-    # cap on rows taken from this source (null = all)
-    limit: int | None = Field(default=None, ge=1)
+    kind: Literal["regenerate", "jsonl", "text", "hf"] = key(
+        description="regenerate: the target answers the prompts in `path` itself; jsonl: OpenAI/HF `messages` or "
+        "ShareGPT `conversations`; text: one document per line; hf: a datasets name (needs a network)")
+    path: str = key(description="a file relative to the YAML, or the datasets name for kind: hf")
+    split: str = key("train", "the datasets split (kind: hf)")
+    limit: int | None = key(None, "rows taken from this source at most (null = all)", ge=1)
 
 
 class DataSection(Section):
-    sources: list[DataSource] = Field(min_length=1)
-    # training sequence length; longer conversations are truncated and counted
-    seq_len: int = Field(default=256, ge=16, le=65536)
-    # tokens the target writes per prompt when regenerating
-    max_new_tokens: int = Field(default=160, ge=1, le=8192)
-    # prompts answered per batch when regenerating (left-padded)
-    batch_size: int = Field(default=8, ge=1, le=1024)
-    # share of conversations kept out of training for acceptance evaluation
-    holdout_fraction: float = Field(default=0.1, ge=0.0, lt=1.0)
-    # regenerate with a system prompt-less chat template, greedy (the draft learns the greedy target)
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    # the target's dtype while it writes answers; auto = model.dtype; fastest = bfloat16 on a GPU or a CPU with native
-    # bf16 (AVX512-BF16/AMX; its greedy tokens agree with float32's on nearly every position, fine for training
-    # text), else model.dtype (elsewhere bf16 is emulated and slower than float32)
-    dtype: Literal["auto", "fastest", "float32", "bfloat16", "float16"] = "auto"
+    sources: list[DataSource] = key(description="where training conversations come from, read in order",
+                                    min_length=1)
+    seq_len: int = key(256, "training sequence length in tokens; longer conversations are truncated and counted",
+                       ge=16, le=65536)
+    max_new_tokens: int = key(160, "answer length when the target regenerates (and of the held-out answers the "
+                              "head's acceptance is measured on)", ge=1, le=8192)
+    batch_size: int = key(8, "prompts answered at once when regenerating (left-padded batched generate)",
+                          ge=1, le=1024)
+    holdout_fraction: float = key(0.1, "share of conversations kept out of training, for acceptance evaluation",
+                                  ge=0.0, lt=1.0)
+    temperature: float = key(0.0, "regeneration temperature; 0 = greedy (a draft learns the greedy target)",
+                             ge=0.0, le=2.0)
+
+
+class DraftSection(Section):
+    length: int = key(3, "tokens the head drafts per step, everywhere: the train-time-test steps of its loss, the "
+                      "k of its acceptance measure, the engines' max_draft_len and what validate runs",
+                      ge=1, le=16)
+    shape: Literal["chain", "tree", "dynamic_tree"] = key(
+        "chain", "chain: one guess per position; dynamic_tree: EAGLE-2 top-k expansion (validate and TensorRT-LLM); "
+        "tree: a static tree (validate only; engines serve a chain)")
+    tree_topk: int = key(4, "tree shapes: expansions kept per drafted position (TensorRT-LLM dynamic_tree_max_topK)",
+                         ge=1)
+    tree_total_tokens: int = key(16, "tree shapes: draft tokens verified per step at most (TensorRT-LLM "
+                                 "max_total_draft_tokens, capped at tree_topk x length)", ge=1)
 
 
 class ConvertSection(Section):
-    # target layers whose hidden states feed the head; null = TensorRT-LLM's {1, L//2-1, L-4}
-    aux_layers: list[int] | None = None
-    # draft output vocabulary (most frequent training tokens, with d2t); null = the target's full vocab
-    draft_vocab_size: int | None = Field(default=None, ge=16)
-    # decoder layers in the head (EAGLE-3 uses 1)
-    num_layers: int = Field(default=1, ge=1, le=8)
-    # start the head from the target's weights (its layer after the deepest aux layer, final norm, lm_head rows;
-    # trtspec.eagle.init_head_from_target) instead of modelopt's random init (better held-out AL: docs/results.md). Exact for
-    # Llama/Mistral and Qwen2 (the head gets attention_bias for its q/k/v biases); Qwen3's q/k norms have no place
-    # in an EAGLE-3 head, so there the copy is close, not equal (listed in convert's metrics: init_not_copied)
-    init_from_target: bool = False
-    # any other eagle_architecture_config field, applied last (e.g. intermediate_size: 1536)
-    overrides: dict[str, Any] = Field(default_factory=dict)
+    aux_layers: list[int] | None = key(None, "target layers whose hidden states feed the head; null = "
+                                       "TensorRT-LLM's {1, L//2-1, L-4}")
+    draft_vocab_size: int | None = key(None, "the head's output vocabulary: the most frequent training tokens, "
+                                       "mapped back by d2t; null = the target's full vocabulary", ge=16)
+    num_layers: int = key(1, "decoder layers in the head (EAGLE-3 uses 1; engines load only 1)", ge=1, le=8)
+    init_from_target: bool = key(
+        False, "start the head from the target's layer after the deepest aux layer, its final norm and lm_head rows "
+        "instead of modelopt's random init: exact for Llama/Mistral/Qwen2; Qwen3's q/k norms have no place in the "
+        "head (listed in convert's metrics: init_not_copied)")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="any other eagle_architecture_config field, applied last "
+                                    "(e.g. intermediate_size: 1536)")
 
 
 class TrainSection(Section):
-    # offline: target hidden states computed once and reused each epoch; online: target run every step
-    mode: Literal["offline", "online"] = "offline"
-    epochs: float = Field(default=3.0, gt=0)
-    # stop after this many optimizer steps (null = epochs decide)
-    max_steps: int | None = Field(default=None, ge=1)
-    # train on the first N training rows only (a random sample: the data stage shuffles); null = all of them.
-    # For learning curves (scripts/bench_recipe.py): the target's hidden states are still those of every row
-    max_rows: int | None = Field(default=None, ge=1)
-    batch_size: int = Field(default=4, ge=1)
-    grad_accum: int = Field(default=1, ge=1)
-    lr: float = Field(default=5e-4, gt=0, lt=1)
-    warmup_ratio: float = Field(default=0.05, ge=0, lt=1)
-    weight_decay: float = Field(default=0.0, ge=0)
-    # head training math (autocast) and the target's math while caching its hidden states; auto = bfloat16
-    # on a GPU or on a CPU with native bf16 (AVX512-BF16/AMX), else float32
-    precision: Literal["auto", "float32", "bfloat16"] = "auto"
-    # train-time-test steps of the EAGLE-3 loss
-    ttt_steps: int = Field(default=3, ge=1, le=8)
-    save_steps: int = Field(default=100, ge=1)
-    logging_steps: int = Field(default=10, ge=1)
-    # acceptance evaluation on the held-out split during training (0 = only at the end)
-    eval_steps: int = Field(default=0, ge=0)
-    # held-out prompts the acceptance is measured on (the first N): on the demo 16 read AL@3 1.74 for a head
-    # that 64 read 1.66, so fewer are noisy; each costs one greedy answer from the target (once per target)
-    eval_prompts: int = Field(default=64, ge=1)
+    mode: Literal["offline", "online"] = key(
+        "offline", "offline: the target's hidden states computed once and read every epoch; online: the target runs "
+        "in every step (for data whose states would not fit on disk)")
+    epochs: float = key(3.0, "passes over the training rows", gt=0)
+    max_steps: int | None = key(None, "stop after this many optimizer steps (null = epochs decide)", ge=1)
+    max_rows: int | None = key(None, "train on the first N training rows only (a random sample: the data stage "
+                               "shuffles); the hidden states are still those of every row, so learning curves "
+                               "(scripts/bench_recipe.py) reuse them", ge=1)
+    batch_size: int = key(4, "rows per device per forward pass", ge=1)
+    grad_accum: int = key(1, "forward passes per optimizer step (effective batch = batch_size x grad_accum x "
+                          "processes)", ge=1)
+    lr: float = key(5e-4, "peak learning rate (AdamW, cosine decay)", gt=0, lt=1)
+    warmup_ratio: float = key(0.05, "share of the steps the learning rate warms up over", ge=0, lt=1)
+    save_steps: int = key(100, "optimizer steps between checkpoints (a killed run resumes from the last)", ge=1)
+    eval_steps: int = key(0, "optimizer steps between held-out acceptance measurements during training "
+                          "(0 = at the end only)", ge=0)
 
 
 class QuantizeSection(Section):
-    format: Literal["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4"] = "none"
-    kv_cache: Literal["none", "fp8"] = "none"
-    calib_samples: int = Field(default=32, ge=1)
-    # int4 block size; null = largest of 128/64/32 that divides every quantized layer's input width
-    block_size: int | None = Field(default=None, ge=8)
-    # agreement/perplexity measured over this many held-out prompts
-    eval_prompts: int = Field(default=8, ge=1)
-    eval_new_tokens: int = Field(default=32, ge=1)
-    quantize_lm_head: bool = False
+    format: Literal["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4"] = key(
+        "none", "the target's weight (and activation) format, by modelopt; the draft stays unquantized")
+    kv_cache: Literal["none", "fp8"] = key("none", "KV-cache format (needs a format other than none)")
+    calib_samples: int = key(32, "training conversations run through the target to calibrate the scales", ge=1)
+    block_size: int | None = key(None, "int4 block size; null = the largest of 128/64/32 dividing every quantized "
+                                 "layer's input width", ge=8)
+    quantize_lm_head: bool = key(False, "quantize lm_head too (smaller, less accurate)")
 
 
 class ExportSection(Section):
-    # draft dtype in the checkpoint; auto = the target's compute dtype
-    draft_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    # also export one draft step as ONNX and check it against PyTorch with onnxruntime
-    onnx: bool = True
-    # that check: max |onnxruntime - PyTorch| as a fraction of each output's scale (max |PyTorch|)
-    onnx_tolerance: float = Field(default=1e-3, gt=0)
+    onnx: bool = key(True, "also export one draft step as ONNX and check it against PyTorch with onnxruntime")
+
+
+class ServeSection(Section):
+    decoding: Literal["eagle3", "draft_target", "ngram"] = key(
+        "eagle3", "what the bundle's engines speculate with: the trained EAGLE-3 head, a small draft model "
+        "(draft_model), or n-gram matches against the prompt and answer so far")
+    draft_model: str | None = key(None, "decoding: draft_target: the draft model (HF folder relative to the YAML, "
+                                  "demo:..., or a hub id)")
+    ngram_max_matching: int = key(2, "decoding: ngram: the longest suffix matched", ge=1, le=16)
+    tensor_parallel_size: int = key(1, "GPUs the target is split over", ge=1)
+    max_batch_size: int = key(8, "requests an engine runs together at most", ge=1)
+    gpu_memory_fraction: float = key(0.8, "share of free GPU memory the KV cache takes (TensorRT-LLM "
+                                     "free_gpu_memory_fraction)", gt=0, le=1)
+    block_reuse: bool = key(False, "KV-cache block reuse across requests; written off when target and draft run in "
+                            "different dtypes (a quantized target counts), as TensorRT-LLM advises")
 
 
 class EngineSection(Section):
-    # where the engine stage runs the bundle: pytorch = TensorRT-LLM's LLM API (its PyTorch backend: EAGLE-3,
-    # draft-target and n-gram; needs a GPU); vllm = vLLM (its CPU build runs here: bash scripts/setup.sh --engines vllm)
-    backend: Literal["pytorch", "vllm"] = "pytorch"
-    decoding: Literal["eagle3", "draft_target", "ngram"] = "eagle3"
-    max_draft_len: int = Field(default=3, ge=1, le=16)
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    max_batch_size: int = Field(default=8, ge=1)
-    eagle3_one_model: bool = True
-    use_dynamic_tree: bool = False
-    dynamic_tree_max_topk: int = Field(default=4, ge=1)
-    max_total_draft_tokens: int | None = Field(default=None, ge=1)
-    free_gpu_memory_fraction: float = Field(default=0.8, gt=0, le=1)
-    enable_block_reuse: bool = False
-    # draft model for decoding: draft_target (HF folder or demo:...; relative to the YAML's folder)
-    draft_model: str | None = None
-    # n-gram drafting: longest prompt suffix matched against the pool
-    ngram_max_matching: int = Field(default=2, ge=1, le=16)
-    # --- measurement only (ENGINE_MEASUREMENT_KEYS: not in the bundle, so changing one redoes the engine stage only)
-    # requests submitted together when timing (1 = one at a time; more = concurrent load, where speculation can stop
-    # paying on a compute-bound machine); the first one's speedup is the headline
-    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8])
-    # prompts (built-in, chat-templated) and answer length for the engine's checks
-    num_prompts: int = Field(default=8, ge=1, le=64)
-    max_new_tokens: int = Field(default=128, ge=1, le=8192)
+    backend: Literal["pytorch", "vllm"] = key(
+        "pytorch", "where the engine stage runs the bundle: pytorch = TensorRT-LLM's LLM API (needs a GPU); vllm = "
+        "vLLM (its CPU build runs here: bash scripts/setup.sh --engines vllm)")
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8], description="requests submitted together when timing (1 = one at a time; the "
+                                 "first is the headline)")
 
 
-ENGINE_MEASUREMENT_KEYS = ("batch_sizes", "num_prompts", "max_new_tokens")
+class EvalSection(Section):
+    prompts: str | None = key(None, "the prompts quantize, engine and validate measure on: a JSONL "
+                              "(prompt|messages) or text file relative to the YAML; null = the held-out split")
+    num_prompts: int = key(8, "prompts each of quantize, engine and validate compares and times", ge=1, le=256)
+    max_new_tokens: int = key(128, "answer length in those comparisons", ge=1, le=8192)
+    acceptance_prompts: int = key(64, "held-out prompts the head's acceptance length is measured on (train, "
+                                  "export); fewer are noisier, each costs one greedy answer from the target", ge=1)
+    repeats: int = key(2, "interleaved timing repetitions per method (validate)", ge=1)
 
 
 class ValidateSection(Section):
-    # prompts: null = the data stage's held-out split; else a JSONL (prompt|messages) or text file
-    prompts: str | None = None
-    num_prompts: int = Field(default=8, ge=1)
-    max_new_tokens: int = Field(default=128, ge=1)
-    draft_len: int = Field(default=3, ge=1, le=16)
-    # chain | tree (static) | dynamic_tree (EAGLE-2 style top-k)
-    draft_shape: Literal["chain", "tree", "dynamic_tree"] = "chain"
-    tree_topk: int = Field(default=4, ge=1)
-    tree_total_tokens: int = Field(default=16, ge=1)
-    repeats: int = Field(default=2, ge=1)
-    # torch.compile the runtime's decode/verify/draft passes (inductor, needs a C++ compiler; else eager, and the report says why)
-    compile: bool = True
-    # also time HF assisted generation and prompt lookup
-    compare_hf_assisted: bool = True
-    # small model (same tokenizer) for HF assisted generation; null = that comparison is skipped
-    assistant_model: str | None = None
-    # sampling check at temperature > 0 (statistical test on the first tokens)
-    sampling_check: bool = True
-    temperature: float = Field(default=0.8, gt=0, le=2.0)
-    # gates: exit 1 when missed (null = not gated)
-    min_acceptance_length: float | None = Field(default=None, ge=1.0)
-    min_speedup: float | None = Field(default=None, gt=0)
-    require_exact: bool = False
+    compile: bool = key(True, "torch.compile the runtime's passes (inductor, needs a C++ compiler; else eager and the "
+                        "report says why)")
+    compare_hf: bool = key(True, "also time HF prompt lookup and assisted generation")
+    assistant_model: str | None = key(None, "a small model with the target's tokenizer for HF assisted generation; "
+                                      "null = the target's own early exit")
+    sampling_temperature: float | None = key(0.8, "the lossless check at temperature > 0 (a statistical test on the "
+                                             "first tokens); null = skipped", gt=0, le=2.0)
+    min_acceptance_length: float | None = key(None, "gate: exit 1 below this acceptance length (null = no gate)",
+                                              ge=1.0)
+    min_speedup: float | None = key(None, "gate: exit 1 below this speedup over HF generate (null = no gate)", gt=0)
+    require_exact: bool = key(False, "gate: exit 1 unless every greedy output equals the reference")
 
 
 class BuildConfig(Section):
-    # one line on what this recipe is for
-    description: str = ""
-    seed: int = 0
+    description: str = key("", "one line on what this recipe is for")
+    seed: int = key(0, "seed of every random choice (shuffles, init, training order, sampling checks)")
     model: ModelSection = Field(default_factory=ModelSection)
     data: DataSection
+    draft: DraftSection = Field(default_factory=DraftSection)
     convert: ConvertSection = Field(default_factory=ConvertSection)
     train: TrainSection = Field(default_factory=TrainSection)
     quantize: QuantizeSection = Field(default_factory=QuantizeSection)
     export: ExportSection = Field(default_factory=ExportSection)
+    serve: ServeSection = Field(default_factory=ServeSection)
     engine: EngineSection = Field(default_factory=EngineSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
     validate_: ValidateSection = Field(default_factory=ValidateSection, alias="validate")
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
@@ -202,8 +197,8 @@ class BuildConfig(Section):
     def _check_conflicts(self) -> BuildConfig:
         if self.quantize.format == "none" and self.quantize.kv_cache != "none":
             raise ValueError("quantize.kv_cache needs a quantize.format other than 'none'")
-        if self.engine.decoding == "draft_target" and not self.engine.draft_model:
-            raise ValueError("engine.decoding=draft_target needs engine.draft_model")
+        if self.serve.decoding == "draft_target" and not self.serve.draft_model:
+            raise ValueError("serve.decoding=draft_target needs serve.draft_model")
         return self
 
     def resolve_model_source(self, source: str) -> str:
@@ -333,8 +328,8 @@ def config_from_dict(raw: Any, source: str = "<config>", base_dir: Path | None =
         raise ConfigError(lines[0] + (f" (and {len(lines) - 1} more problem(s))" if len(lines) > 1 else "")) from None
     cfg._base_dir = base_dir or Path(".").resolve()
     cfg.model.source = cfg.resolve_model_source(cfg.model.source)
-    if cfg.engine.draft_model:
-        cfg.engine.draft_model = cfg.resolve_model_source(cfg.engine.draft_model)
+    if cfg.serve.draft_model:
+        cfg.serve.draft_model = cfg.resolve_model_source(cfg.serve.draft_model)
     if cfg.validate_.assistant_model:
         cfg.validate_.assistant_model = cfg.resolve_model_source(cfg.validate_.assistant_model)
     return cfg

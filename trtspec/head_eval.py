@@ -11,8 +11,6 @@ from trtspec.eagle import chain_drafts
 from trtspec.generation import hf_greedy
 from trtspec.target_states import base_states, row_lengths
 
-EVAL_MAX_DRAFT = 4  # acceptance measured for chain drafts of length 1..EVAL_MAX_DRAFT
-
 
 def greedy_acceptance(drafts: Any, seq: Any, start: int, k: int) -> tuple[int, int, list[int]]:
     """Simulate greedy speculative decoding with chain drafts of length k over the target's greedy output `seq`.
@@ -47,7 +45,7 @@ def al_interval(per_prompt: list[tuple[int, int]], resamples: int = 1000, seed: 
     return [round(float(q), 3) for q in torch.quantile(al, torch.tensor([0.025, 0.975], dtype=torch.float64))]
 
 
-def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int = EVAL_MAX_DRAFT) -> dict:
+def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int) -> dict:
     """AL (tokens per target forward) for chain drafts of length 1..k_max with its 95% bootstrap interval over the
     prompts, and per-position acceptance at k_max."""
     per_prompt: dict[int, list[tuple[int, int]]] = {k: [] for k in range(1, k_max + 1)}
@@ -84,7 +82,7 @@ def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, b
     return out
 
 
-EVAL_SEQS = "eval_seqs.pt"  # the unquantized target's greedy answers to the first train.eval_prompts held-out prompts
+EVAL_SEQS = "eval_seqs.pt"  # the unquantized target's greedy answers to the first eval.acceptance_prompts held-out prompts
 
 
 def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int], max_new_tokens: int, cache: Path, log: Any,

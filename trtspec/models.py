@@ -280,10 +280,6 @@ def matmul_attention_on_cpu(model: Any) -> Iterator[Any]:
 
 
 def load_answering_model(path: Path, cfg: Any) -> Any:
-    """The target as regeneration runs it: in data.dtype (auto = model.dtype; fastest = bf16 where it is native),
-    with the matmul attention on a CPU."""
-    dtype = cfg.data.dtype
-    if dtype == "fastest":
-        dtype = "bfloat16" if use_bf16("auto") else "auto"
-    model = load_model(path, dtype if dtype != "auto" else cfg.model.dtype)
+    """The target as regeneration runs it: in model.build_dtype, with the matmul attention on a CPU."""
+    model = load_model(path, "bfloat16" if use_bf16(cfg.model.build_dtype) else "float32")
     return use_matmul_attention(model) if model.device.type == "cpu" else model

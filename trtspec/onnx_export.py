@@ -23,6 +23,8 @@ from trtspec.errors import ArtifactError
 INPUTS = ("aux_hidden_states", "input_embeds", "position_ids")
 OUTPUTS = ("logits", "hidden_states")
 OPSET = 18
+# max |onnxruntime - PyTorch| per output as a share of its scale (max |PyTorch|): fp32 rounding is ~1e-6
+TOLERANCE = 1e-3
 
 
 def draft_step_module(net: Any) -> Any:
@@ -76,7 +78,7 @@ def sample_inputs(cfg: dict, batch: int, seq: int, seed: int = 0) -> tuple:
     )
 
 
-def export_onnx(draft_dir: str | Path, out_dir: str | Path, tolerance: float) -> dict:
+def export_onnx(draft_dir: str | Path, out_dir: str | Path, tolerance: float = TOLERANCE) -> dict:
     """Export the draft head to out_dir/draft_head.onnx, run it with onnxruntime, compare with PyTorch.
 
     Returns {"file", "opset", "max_abs_diff", "max_rel_diff", "ok": {output: ...}, "top1_agree"};
@@ -100,7 +102,7 @@ def export_onnx(draft_dir: str | Path, out_dir: str | Path, tolerance: float) ->
     failed = [f"{name}: {why}" for name, why in result.pop("why").items()]
     if failed:
         raise ArtifactError("the ONNX draft head disagrees with PyTorch: " + "; ".join(failed),
-                            "raise export.onnx_tolerance if the difference is rounding, or set export.onnx: false")
+                            "set export.onnx: false to ship the bundle without the ONNX draft step")
     return result
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.artifacts import RunDir, fingerprint, package_versions, sha256_file
-from trtspec.config import ENGINE_MEASUREMENT_KEYS, STAGES, BuildConfig, dump_config
+from trtspec.config import STAGES, BuildConfig, dump_config
 from trtspec.errors import ConfigError, TrtspecError
 from trtspec.models import model_stamp
 from trtspec.stage import StageContext, StageSkipped
@@ -32,15 +32,16 @@ DEPS: dict[str, tuple[str, ...]] = {
     "engine": ("export",),
     "validate": ("data", "export"),
 }
-# config sections each stage reads (besides its upstream stages)
+# config each stage reads (besides its upstream stages): a section, or one key of a section shared by several stages
+# (eval.num_prompts, read by quantize, engine and validate, does not redo training)
 SECTIONS: dict[str, tuple[str, ...]] = {
     "data": ("model", "data", "seed"),
     "convert": ("convert", "seed"),
-    "train": ("train", "seed"),
-    "quantize": ("quantize", "seed"),
-    "export": ("export", "engine"),  # the bundle's llm_api_options.yaml is written from engine.* (not its measurement keys)
-    "engine": ("engine",),
-    "validate": ("validate", "seed"),
+    "train": ("train", "draft.length", "eval.acceptance_prompts", "seed"),
+    "quantize": ("quantize", "eval.num_prompts", "eval.max_new_tokens", "seed"),
+    "export": ("export", "serve", "draft", "engine.backend", "eval.acceptance_prompts"),  # the bundle's serving options
+    "engine": ("engine", "eval.num_prompts", "eval.max_new_tokens"),
+    "validate": ("validate", "draft", "eval", "seed"),
 }
 
 
@@ -59,9 +60,10 @@ def stage_module(stage: str):
 
 def _section_values(cfg: BuildConfig, stage: str) -> dict[str, Any]:
     full = dump_config(cfg)
-    values = {s: full[s] for s in SECTIONS[stage]}
-    if stage == "export":  # the bundle holds engine.*'s serving options; its measurement knobs are the engine stage's
-        values["engine"] = {k: v for k, v in values["engine"].items() if k not in ENGINE_MEASUREMENT_KEYS}
+    values: dict[str, Any] = {}
+    for name in SECTIONS[stage]:
+        section, _, key = name.partition(".")
+        values[name] = full[section][key] if key else full[section]
     return values
 
 
@@ -72,8 +74,8 @@ def input_files(cfg: BuildConfig, stage: str) -> dict[str, str]:
     paths = []
     if stage == "data":
         paths = [s.path for s in cfg.data.sources if s.kind != "hf"]
-    elif stage == "validate" and cfg.validate_.prompts:
-        paths = [cfg.validate_.prompts]
+    elif stage == "validate" and cfg.eval.prompts:
+        paths = [cfg.eval.prompts]
     files = {p: cfg.resolve_path(p) for p in paths}
     return {p: sha256_file(f) if f.is_file() else "missing" for p, f in files.items()}
 
@@ -178,17 +180,17 @@ def files_read(cfg: BuildConfig, stages: list[str]) -> list[tuple[str, Path]]:
     out = []
     if "data" in stages:
         out += [(f"data.sources[{i}].path", cfg.resolve_path(s.path)) for i, s in enumerate(cfg.data.sources) if s.kind != "hf"]
-    if "validate" in stages and cfg.validate_.prompts:
-        out.append(("validate.prompts", cfg.resolve_path(cfg.validate_.prompts)))
+    if "validate" in stages and cfg.eval.prompts:
+        out.append(("eval.prompts", cfg.resolve_path(cfg.eval.prompts)))
     return out
 
 
 def models_read(cfg: BuildConfig, stages: list[str]) -> list[tuple[str, str]]:
     """(config key, model source) of the models besides model.source that the given stages will load."""
     out = []
-    if "engine" in stages and cfg.engine.decoding == "draft_target" and cfg.engine.draft_model:
-        out.append(("engine.draft_model", cfg.engine.draft_model))
-    if "validate" in stages and cfg.validate_.compare_hf_assisted and cfg.validate_.assistant_model:
+    if "engine" in stages and cfg.serve.decoding == "draft_target" and cfg.serve.draft_model:
+        out.append(("serve.draft_model", cfg.serve.draft_model))
+    if "validate" in stages and cfg.validate_.compare_hf and cfg.validate_.assistant_model:
         out.append(("validate.assistant_model", cfg.validate_.assistant_model))
     return out
 

@@ -71,28 +71,26 @@ def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = 
 
     `aux_layers`: the target layers the EAGLE-3 head was trained on. TensorRT-LLM reads them from here only (never
     from the draft's config.json) and numbers them as trtspec does; without them it captures its default layers."""
-    e = cfg.engine
-    decoding = decoding or e.decoding
+    s, d = cfg.serve, cfg.draft
+    decoding = decoding or s.decoding
     if decoding == "ngram":
-        return {"decoding_type": "NGram", "max_draft_len": e.max_draft_len, "max_matching_ngram_size": e.ngram_max_matching}
+        return {"decoding_type": "NGram", "max_draft_len": d.length, "max_matching_ngram_size": s.ngram_max_matching}
     if decoding == "draft_target":
-        return {"decoding_type": "DraftTarget", "max_draft_len": e.max_draft_len, "speculative_model": draft_rel}
+        return {"decoding_type": "DraftTarget", "max_draft_len": d.length, "speculative_model": draft_rel}
     spec = {
         "decoding_type": "Eagle3",
-        "max_draft_len": e.max_draft_len,
+        "max_draft_len": d.length,
         "speculative_model": draft_rel,
-        "eagle3_one_model": e.eagle3_one_model,
+        "eagle3_one_model": True,  # target and head in one engine: TensorRT-LLM's recommended EAGLE-3 mode
     }
     if aux_layers is not None:
         spec["eagle3_layers_to_capture"] = sorted(aux_layers)
-    if e.use_dynamic_tree:
+    if d.shape == "dynamic_tree":
         # EAGLE-2 style tree: top-K expansions per draft layer, at most max_total_draft_tokens nodes
         # (TensorRT-LLM checks max_draft_len <= max_total_draft_tokens <= topK * max_draft_len)
         spec["use_dynamic_tree"] = True
-        spec["dynamic_tree_max_topK"] = e.dynamic_tree_max_topk
-        spec["max_total_draft_tokens"] = e.max_total_draft_tokens or e.dynamic_tree_max_topk * e.max_draft_len
-    elif e.max_total_draft_tokens is not None:
-        spec["max_total_draft_tokens"] = e.max_total_draft_tokens
+        spec["dynamic_tree_max_topK"] = d.tree_topk
+        spec["max_total_draft_tokens"] = max(d.length, min(d.tree_total_tokens, d.tree_topk * d.length))
     return spec
 
 
@@ -105,15 +103,15 @@ def dtypes_differ(info: dict | None) -> bool:
 
 def llm_api_options(cfg, draft_rel: str = "./draft", info: dict | None = None, decoding: str | None = None) -> dict:
     """The LLM-API options the bundle is served with (trtllm-serve --config, Triton model.yaml, engine stage)."""
-    e = cfg.engine
+    s = cfg.serve
     return {
         "speculative_config": speculative_options(cfg, draft_rel, decoding, (info or {}).get("aux_layers")),
         "kv_cache_config": {
-            "enable_block_reuse": bool(e.enable_block_reuse and not dtypes_differ(info)),
-            "free_gpu_memory_fraction": e.free_gpu_memory_fraction,
+            "enable_block_reuse": bool(s.block_reuse and not dtypes_differ(info)),
+            "free_gpu_memory_fraction": s.gpu_memory_fraction,
         },
-        "tensor_parallel_size": e.tensor_parallel_size,
-        "max_batch_size": e.max_batch_size,
+        "tensor_parallel_size": s.tensor_parallel_size,
+        "max_batch_size": s.max_batch_size,
     }
 
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CI_CONFIG = ROOT / "build_configs" / "smollm2-135m-eagle3-ci.yaml"
 # The CI recipe trained long enough that the head learns its 18 training answers by heart (AL@3 ~3.9 on them, 1.3
 # held out): on those prompts an engine that fed it other layers' states than it trained on accepts visibly less.
-OVERRIDES = ["train.epochs=24", "engine.max_draft_len=3"]
+OVERRIDES = ["train.epochs=24", "draft.length=3"]
 
 
 def pytest_collection_modifyitems(items):

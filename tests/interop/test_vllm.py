@@ -162,8 +162,8 @@ def test_engine_stage_runs_the_bundle_in_vllm(ci_run, ci_config, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(ci_run, run)
     config, overrides = ci_config
-    cfg = load_config(config, [*overrides, "engine.backend=vllm", "engine.batch_sizes=[1, 4]", "engine.num_prompts=2",
-                                  "engine.max_new_tokens=24"])
+    cfg = load_config(config, [*overrides, "engine.backend=vllm", "engine.batch_sizes=[1, 4]", "eval.num_prompts=2",
+                                  "eval.max_new_tokens=24"])
     results = pipeline.run_build(cfg, run, until="engine")
     assert [r.status for r in results if r.stage == "engine"] == ["done"], results
     m = read_json(run / "engine" / "manifest.json")["metrics"]

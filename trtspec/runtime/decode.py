@@ -162,7 +162,7 @@ def _check_room(target: Transformer, prompt: Tensor, max_new_tokens: int, spec: 
     if need - 1 > target.args.max_positions:
         raise DataError(
             f"prompt of {prompt.numel()} tokens + {max_new_tokens} new tokens exceeds the model's context of {target.args.max_positions}",
-            "shorten the prompt or lower validate.max_new_tokens",
+            "shorten the prompt or lower eval.max_new_tokens",
         )
     return need
 

@@ -6,7 +6,7 @@ n-gram drafting all run on its PyTorch backend. Measured: load time, GPU memory,
 generate on the original model, acceptance length from TensorRT-LLM's accepted/drafted token counts, tokens/s
 against TensorRT-LLM without speculation and against HF generate, at engine.batch_sizes. Without tensorrt_llm or
 a GPU the stage is skipped (exit 3). engine.backend=vllm: the same checks in vLLM (its CPU build runs here).
-Multi-GPU: engine.tensor_parallel_size; LLM(...) spawns its own MPI workers on one node. On Slurm or
+Multi-GPU: serve.tensor_parallel_size; LLM(...) spawns its own MPI workers on one node. On Slurm or
 several nodes run under `srun/mpirun -n N trtllm-llmapi-launch trtspec engine CONFIG --out RUN`.
 """
 
@@ -79,10 +79,10 @@ def prompt_ids(target: Path, n: int) -> list[list[int]]:
 
 def options_for(ctx: StageContext, bundle: Path) -> dict:
     """The LLM-API options: the bundle's llm_api_options.yaml for EAGLE-3, the same builder for the others."""
-    e = ctx.cfg.engine
-    if e.decoding != "eagle3":
-        draft = str(resolve_model(e.draft_model)) if e.draft_model else "./draft"
-        return llm_api_options(ctx.cfg, draft, decoding=e.decoding)
+    s = ctx.cfg.serve
+    if s.decoding != "eagle3":
+        draft = str(resolve_model(s.draft_model)) if s.draft_model else "./draft"
+        return llm_api_options(ctx.cfg, draft, decoding=s.decoding)
     from trtspec.artifacts import read_json
 
     options = read_options(bundle)
@@ -175,8 +175,8 @@ def run_llm_api(ctx: StageContext, bundle: Path) -> dict:
     options = options_for(ctx, bundle)
     spec = options["speculative_config"]
     target = bundle / "target"
-    prompts = prompt_ids(target, e.num_prompts)
-    params = sampling_params(SamplingParams, e.max_new_tokens)
+    prompts = prompt_ids(target, ctx.cfg.eval.num_prompts)
+    params = sampling_params(SamplingParams, ctx.cfg.eval.max_new_tokens)
     ctx.log(f"tensorrt_llm {trtllm.version()}: LLM({target.name}, {spec['decoding_type']}, max_draft_len={spec['max_draft_len']}, "
             f"tp={options.get('tensor_parallel_size', 1)})")
 
@@ -198,7 +198,7 @@ def run_llm_api(ctx: StageContext, bundle: Path) -> dict:
     base.shutdown()
 
     ctx.log("Hugging Face generate on the original model")
-    hf = hf_reference(resolve_model(ctx.cfg.model.source), prompts, e.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
+    hf = hf_reference(resolve_model(ctx.cfg.model.source), prompts, ctx.cfg.eval.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
 
     speed = speed_table(spec_tps, base_tps, hf["tokens_per_s"], "trtllm")
     vs_hf, vs_base = compare(spec_tokens, hf["outputs"]), compare(spec_tokens, base_tokens)
@@ -212,7 +212,7 @@ def run_llm_api(ctx: StageContext, bundle: Path) -> dict:
     return {
         "headline": headline,
         "backend": "pytorch",
-        "decoding": e.decoding,
+        "decoding": ctx.cfg.serve.decoding,
         "llm_api_options": options,
         "versions": {"tensorrt_llm": trtllm.version(), **_torch_versions()},
         "load_s": round(load_s, 2),
@@ -222,7 +222,7 @@ def run_llm_api(ctx: StageContext, bundle: Path) -> dict:
         "greedy_vs_trtllm_base": vs_base,
         "speed": speed,
         "prompts": len(prompts),
-        "max_new_tokens": e.max_new_tokens,
+        "max_new_tokens": ctx.cfg.eval.max_new_tokens,
     }
 
 
@@ -252,13 +252,13 @@ def run_vllm(ctx: StageContext, bundle: Path) -> dict:
     options = options_for(ctx, bundle)
     k = options["speculative_config"]["max_draft_len"]
     target = bundle / "target"
-    prompts = prompt_ids(target, e.num_prompts)
+    prompts = prompt_ids(target, ctx.cfg.eval.num_prompts)
     ctx.log(f"vllm {vllm_engine.version()}: {len(prompts)} prompts, EAGLE-3 k={k}, batch sizes {e.batch_sizes}")
-    spec = vllm_engine.measure(target, bundle / "draft", k, prompts, e.max_new_tokens, e.batch_sizes)
+    spec = vllm_engine.measure(target, bundle / "draft", k, prompts, ctx.cfg.eval.max_new_tokens, e.batch_sizes)
     ctx.log("vLLM without speculation")
-    base = vllm_engine.measure(target, None, k, prompts, e.max_new_tokens, e.batch_sizes)
+    base = vllm_engine.measure(target, None, k, prompts, ctx.cfg.eval.max_new_tokens, e.batch_sizes)
     ctx.log("Hugging Face generate on the original model")
-    hf = hf_reference(resolve_model(ctx.cfg.model.source), prompts, e.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
+    hf = hf_reference(resolve_model(ctx.cfg.model.source), prompts, ctx.cfg.eval.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
 
     speed = speed_table(spec["tokens_per_s"], base["tokens_per_s"], hf["tokens_per_s"], "vllm")
     vs_hf, vs_base = compare(spec["outputs"], hf["outputs"]), compare(spec["outputs"], base["outputs"])
@@ -280,5 +280,5 @@ def run_vllm(ctx: StageContext, bundle: Path) -> dict:
         "speed": speed,
         "crossover": where,
         "prompts": len(prompts),
-        "max_new_tokens": e.max_new_tokens,
+        "max_new_tokens": ctx.cfg.eval.max_new_tokens,
     }

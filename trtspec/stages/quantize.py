@@ -74,18 +74,18 @@ def run(ctx: StageContext) -> dict:
         pick_block_size(layers, NVFP4_BLOCK)
 
     calib = token_rows(data / "train_tokens.pt", q.calib_samples, ctx.cfg.seed)
-    heldout = token_rows(data / "heldout_tokens.pt", q.eval_prompts)
+    heldout = token_rows(data / "heldout_tokens.pt", ctx.cfg.eval.num_prompts)
     prompts_file = data / "heldout.jsonl"
     if not heldout:  # no held-out split (holdout_fraction 0): measure on training rows, and say so
         ctx.log("no held-out conversations: measuring on training conversations instead")
-        heldout, prompts_file = token_rows(data / "train_tokens.pt", q.eval_prompts), data / "train.jsonl"
+        heldout, prompts_file = token_rows(data / "train_tokens.pt", ctx.cfg.eval.num_prompts), data / "train.jsonl"
     if not calib:
         raise DataError("data/train_tokens.pt has no conversation to calibrate on", "re-run the data stage with more data")
-    prompts = [encode_prompt(tok, r["messages"]) for r in prompt_rows(read_rows(prompts_file))[: q.eval_prompts]]
+    prompts = [encode_prompt(tok, r["messages"]) for r in prompt_rows(read_rows(prompts_file))[: ctx.cfg.eval.num_prompts]]
     eos = tok.eos_token_id
 
     def greedy(m: Any) -> list[list[int]]:  # one prompt at a time: no padding effects
-        return [hf_answer(m, p, q.eval_new_tokens, {eos}, pad_id=eos) for p in prompts]
+        return [hf_answer(m, p, ctx.cfg.eval.max_new_tokens, {eos}, pad_id=eos) for p in prompts]
 
     ctx.log(f"reference: perplexity and greedy outputs of the unquantized model on {len(prompts)} held-out prompts")
     ppl_before = perplexity(model, heldout)

@@ -21,13 +21,7 @@ from typing import Any
 
 from trtspec.chat import read_rows
 from trtspec.errors import ArtifactError, DataError
-from trtspec.head_eval import (
-    EVAL_MAX_DRAFT,
-    EVAL_SEQS,
-    build_eval_set,
-    evaluate_acceptance,
-    training_rows_set,
-)
+from trtspec.head_eval import EVAL_SEQS, build_eval_set, evaluate_acceptance, training_rows_set
 from trtspec.head_training import HeadDataset, last_complete_checkpoint, make_trainer, truncate_log
 from trtspec.stage import StageContext
 from trtspec.target_states import cache_states
@@ -48,7 +42,6 @@ def training_args(ctx: StageContext, out_dir: Path) -> Any:
         per_device_train_batch_size=t.batch_size,
         gradient_accumulation_steps=t.grad_accum,
         learning_rate=t.lr,
-        weight_decay=t.weight_decay,
         lr_scheduler_type="cosine",
         warmup_steps=t.warmup_ratio,  # transformers 5: a float < 1 is a share of the steps
         num_train_epochs=t.epochs,
@@ -56,8 +49,8 @@ def training_args(ctx: StageContext, out_dir: Path) -> Any:
         save_strategy="steps",
         save_steps=t.save_steps,
         save_total_limit=2,
-        logging_steps=t.logging_steps,
-        bf16=use_bf16(t.precision),  # autocast; the head's weights and optimizer state stay fp32
+        logging_steps=1,  # train_log.jsonl has a row per optimizer step (the notebooks plot it)
+        bf16=use_bf16(ctx.cfg.model.build_dtype),  # autocast; the head's weights and optimizer state stay fp32
         use_cpu=not gpu,
         seed=ctx.cfg.seed,
         data_seed=ctx.cfg.seed,
@@ -83,7 +76,7 @@ def target_states_dir(ctx: StageContext, aux_layers: list[int]) -> Path:
         "model": [ctx.cfg.model.source, ctx.cfg.model.dtype],
         "data": {f: files[f]["sha256"] for f in ("train_tokens.pt", "heldout.jsonl")},
         "aux_layers": aux_layers,
-        "bf16": use_bf16(ctx.cfg.train.precision),
+        "bf16": use_bf16(ctx.cfg.model.build_dtype),
     }
     if stamp := model_stamp(ctx.cfg.model.source):
         what["model_files"] = stamp
@@ -109,7 +102,8 @@ def run(ctx: StageContext) -> dict:
     t_cfg = ctx.cfg.train
     data_dir, conv_dir = ctx.inputs["data"], ctx.inputs["convert"]
     eagle_cfg = json.loads((conv_dir / "eagle_config.json").read_text())
-    eagle_cfg["eagle_ttt_steps"] = t_cfg.ttt_steps
+    k = ctx.cfg.draft.length
+    eagle_cfg["eagle_ttt_steps"] = k  # the loss trains the head on chains as long as the engines will draft
     aux_layers = eagle_cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]
     tokens = _load_tokens(data_dir, "train")
     if len(tokens["input_ids"]) == 0:
@@ -120,7 +114,7 @@ def run(ctx: StageContext) -> dict:
     base.config.num_orig_hidden_layers = base.config.num_hidden_layers
 
     target_dir = target_states_dir(ctx, aux_layers)
-    heldout = read_rows(data_dir / "heldout.jsonl")[: t_cfg.eval_prompts]
+    heldout = read_rows(data_dir / "heldout.jsonl")[: ctx.cfg.eval.acceptance_prompts]
     eval_file = target_dir / f"eval_seqs-{len(heldout)}x{ctx.cfg.data.max_new_tokens}.pt"
     with matmul_attention_on_cpu(base):
         eval_set = build_eval_set(base, tok, heldout, aux_layers, ctx.cfg.data.max_new_tokens, eval_file, ctx.log, EVAL_BATCH)
@@ -128,7 +122,7 @@ def run(ctx: StageContext) -> dict:
     t0 = time.time()
     states = None
     if t_cfg.mode == "offline":
-        states = cache_states(base, tokens, aux_layers, target_dir / "states", 16, ctx.log, use_bf16(t_cfg.precision))
+        states = cache_states(base, tokens, aux_layers, target_dir / "states", 16, ctx.log, use_bf16(ctx.cfg.model.build_dtype))
         eagle_cfg["eagle_offline"] = True  # modelopt drops the target's decoder layers
     cache_s = time.time() - t0
     model = eagle.build_eagle_model(base, eagle_cfg)
@@ -148,7 +142,7 @@ def run(ctx: StageContext) -> dict:
         ctx.log(f"training on the first {t_cfg.max_rows} of {len(tokens['input_ids'])} rows (train.max_rows)")
         tokens = {k: v[: t_cfg.max_rows] for k, v in tokens.items()}  # states rows line up: same order, a prefix
     trainer = make_trainer(model, HeadDataset(tokens, states), training_args(ctx, ckpt_dir), log_file,
-                           lambda: evaluate_acceptance(model, eval_set), t_cfg.eval_steps)
+                           lambda: evaluate_acceptance(model, eval_set, k), t_cfg.eval_steps)
     t1 = time.time()
     result = trainer.train(resume_from_checkpoint=last_ckpt)
     train_s = time.time() - t1
@@ -156,8 +150,8 @@ def run(ctx: StageContext) -> dict:
 
     fit_set = training_rows_set(tokens, states, model, aux_layers, len(eval_set))
     ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts and {len(fit_set)} training rows")
-    acc = evaluate_acceptance(model, eval_set)
-    fit = evaluate_acceptance(model, fit_set)
+    acc = evaluate_acceptance(model, eval_set, k)
+    fit = evaluate_acceptance(model, fit_set, k)
     eagle.save_head(model, ctx.out / eagle.HEAD_FILE)
     shutil.copyfile(eval_file, ctx.out / EVAL_SEQS)  # export's acceptance check reuses these greedy answers
     eagle_cfg["eagle_offline"] = False  # the head is used with a full target from here on
@@ -170,7 +164,6 @@ def run(ctx: StageContext) -> dict:
     final = rows[-1] if rows else {}
     label_tokens = int(tokens["loss_mask"].sum())
     mean_len = float(tokens["attention_mask"].sum()) / max(len(tokens["attention_mask"]), 1)
-    k_head = min(3, EVAL_MAX_DRAFT)
     metrics = {
         "mode": t_cfg.mode,
         "steps": steps,
@@ -181,18 +174,18 @@ def run(ctx: StageContext) -> dict:
         "train_s": round(train_s, 1),
         # real (unpadded) tokens: batches are grouped by length and cut to their longest row
         "train_tokens_per_s": round(steps * t_cfg.batch_size * t_cfg.grad_accum * mean_len / max(train_s, 1e-9), 1),
-        "precision": "bfloat16" if use_bf16(t_cfg.precision) else "float32",
+        "precision": "bfloat16" if use_bf16(ctx.cfg.model.build_dtype) else "float32",
         "train_rows": len(tokens["input_ids"]),
         "label_tokens": label_tokens,
         "eval_prompts": len(eval_set),
         **acc,
         # the same measure on training rows: far above the held-out AL = short of data, close to it = short of fit
         "fit": {k: v for k, v in fit.items() if "ci95" not in k},
-        "headline": f"AL@{k_head} {acc[f'AL@{k_head}']:.2f} held-out ({len(eval_set)} prompts"
-        + (", 95% CI {:.2f}-{:.2f}".format(*acc[f"AL@{k_head}_ci95"]) if acc[f"AL@{k_head}_ci95"] else "")
+        "headline": f"AL@{k} {acc[f'AL@{k}']:.2f} held-out ({len(eval_set)} prompts"
+        + (", 95% CI {:.2f}-{:.2f}".format(*acc[f"AL@{k}_ci95"]) if acc[f"AL@{k}_ci95"] else "")
         + f"), {steps} steps {t_cfg.mode}",
     }
-    ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k_head} {fit[f'AL@{k_head}']:.2f}")
+    ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k} {fit[f'AL@{k}']:.2f}")
     return metrics
 
 

@@ -22,21 +22,20 @@ from trtspec.stage import StageContext
 
 
 def load_prompt_rows(ctx: StageContext) -> list[dict]:
-    """{"id", "category", "messages"} rows: validate.prompts (JSONL prompt|messages, or text lines), else held-out data."""
-    v = ctx.cfg.validate_
-    if v.prompts:
-        path = ctx.cfg.resolve_path(v.prompts)
-        rows, source = read_prompt_file(path, Counter(), "validate.prompts file", "check validate.prompts (relative to the YAML)"), str(path)
+    """{"id", "category", "messages"} rows: eval.prompts (JSONL prompt|messages, or text lines), else held-out data."""
+    if ctx.cfg.eval.prompts:
+        path = ctx.cfg.resolve_path(ctx.cfg.eval.prompts)
+        rows, source = read_prompt_file(path, Counter(), "eval.prompts file", "check eval.prompts (relative to the YAML)"), str(path)
     else:
         if "data" not in ctx.inputs:
-            raise DataError("no prompts: the data stage was skipped and validate.prompts is not set")
+            raise DataError("no prompts: the data stage was skipped and eval.prompts is not set")
         path = ctx.inputs["data"] / "heldout.jsonl"
         if not path.is_file():
             raise ArtifactError(f"'{path}' is missing", "re-run the data stage")
         rows, source = prompt_rows(read_rows(path)), str(path)
     if not rows:
         raise DataError(f"no usable prompts in '{source}'", "give a JSONL with `prompt` or `messages`, or one prompt per line")
-    return rows[: v.num_prompts]
+    return rows[: ctx.cfg.eval.num_prompts]
 
 
 def hf_quantized_reference(source: Path, target_dir: Path) -> Any:
@@ -101,26 +100,27 @@ def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temp
             "total_variation": round(tv, 4)}
 
 
-def hf_assisted_methods(v: Any, hf: Any, source: Path, eos: set[int]) -> tuple[dict, dict[str, str], dict[str, str]]:
+def hf_assisted_methods(cfg: Any, hf: Any, source: Path, eos: set[int]) -> tuple[dict, dict[str, str], dict[str, str]]:
     """HF's own speed-ups to compare with: prompt lookup, and assisted generation with validate.assistant_model (or,
     without one, HF's self-speculation from the target's first layers). -> (methods, skipped, notes)."""
     from trtspec.models import load_model, resolve_model
     from trtspec.runtime.drafters import same_tokenizer
 
-    if not v.compare_hf_assisted:
-        why = "validate.compare_hf_assisted is false"
+    v, n_new = cfg.validate_, cfg.eval.max_new_tokens
+    if not v.compare_hf:
+        why = "validate.compare_hf is false"
         return {}, {"hf_assisted": why, "hf_prompt_lookup": why}, {}
-    methods = {"hf_prompt_lookup": lambda p: hf_answer(hf, p, v.max_new_tokens, eos, prompt_lookup_num_tokens=v.draft_len)}
+    methods = {"hf_prompt_lookup": lambda p: hf_answer(hf, p, n_new, eos, prompt_lookup_num_tokens=cfg.draft.length)}
     notes = {}
     if v.assistant_model:
         assistant_dir = resolve_model(v.assistant_model)
         if not same_tokenizer(assistant_dir, source):
             raise ModelError(f"validate.assistant_model '{v.assistant_model}' has another tokenizer than the target")
         assistant = load_model(assistant_dir, "float32", "cpu")
-        methods["hf_assisted"] = lambda p: hf_answer(hf, p, v.max_new_tokens, eos, assistant_model=assistant)
+        methods["hf_assisted"] = lambda p: hf_answer(hf, p, n_new, eos, assistant_model=assistant)
     else:
         exit_layer = max(1, hf.config.num_hidden_layers // 4)
-        methods["hf_assisted"] = lambda p: hf_answer(hf, p, v.max_new_tokens, eos, assistant_early_exit=exit_layer)
+        methods["hf_assisted"] = lambda p: hf_answer(hf, p, n_new, eos, assistant_early_exit=exit_layer)
         notes["hf_assisted"] = f"HF assisted generation, assistant_early_exit={exit_layer} (validate.assistant_model not set)"
     return methods, {}, notes
 
@@ -165,7 +165,7 @@ def run(ctx: StageContext) -> dict:
     )
     from trtspec.runtime.kernels import cpu_description, speed_limits
 
-    v = ctx.cfg.validate_
+    v, d, n_new = ctx.cfg.validate_, ctx.cfg.draft, ctx.cfg.eval.max_new_tokens
     bundle = ctx.inputs["export"]
     check_bundle(bundle)
     target_dir = bundle / "target"
@@ -176,25 +176,25 @@ def run(ctx: StageContext) -> dict:
 
     target, dq_notes = load_transformer(target_dir, torch.float32)
     ctx_len = target.args.max_positions
-    too_long = [r["id"] for r, p in zip(rows, prompts, strict=True) if len(p) + v.max_new_tokens > ctx_len]
+    too_long = [r["id"] for r, p in zip(rows, prompts, strict=True) if len(p) + n_new > ctx_len]
     if too_long:
-        raise DataError(f"{len(too_long)} prompt(s) (first: {too_long[0]}) plus {v.max_new_tokens} new tokens exceed the context of {ctx_len}",
-                        "use shorter prompts or lower validate.max_new_tokens")
+        raise DataError(f"{len(too_long)} prompt(s) (first: {too_long[0]}) plus {n_new} new tokens exceed the context of {ctx_len}",
+                        "use shorter prompts or lower eval.max_new_tokens")
     drafter = load_eagle3_drafter(bundle / "draft", target)
-    spec = DraftSpec(shape=v.draft_shape, k=v.draft_len, topk=v.tree_topk, total=v.tree_total_tokens)
+    spec = DraftSpec(shape=d.shape, k=d.length, topk=d.tree_topk, total=d.tree_total_tokens)
     quant = json.loads((target_dir / "hf_quant_config.json").read_text()) if (target_dir / "hf_quant_config.json").is_file() else None
     source = resolve_model(ctx.cfg.model.source)
-    ctx.log(f"{len(prompts)} prompts, {v.max_new_tokens} new tokens, draft {v.draft_shape} k={v.draft_len}, threads {torch.get_num_threads()}")
+    ctx.log(f"{len(prompts)} prompts, {n_new} new tokens, draft {d.shape} k={d.length}, threads {torch.get_num_threads()}")
 
     kernels = target.kernel_choice
     ctx.log(f"kernels chosen on this machine for 1..{len(kernels['by_rows'])} rows: {', '.join(kernels['by_rows'])}")
     hf = load_model(source, "float32", "cpu")
     methods: dict[str, Any] = {
-        "hf_generate": lambda p: hf_answer(hf, p, v.max_new_tokens, eos),
-        "runtime_no_draft": lambda p: generate(target, torch.tensor(p), v.max_new_tokens, eos),
-        "speculative": lambda p: speculative_decode(target, drafter, torch.tensor(p), v.max_new_tokens, spec, eos),
+        "hf_generate": lambda p: hf_answer(hf, p, n_new, eos),
+        "runtime_no_draft": lambda p: generate(target, torch.tensor(p), n_new, eos),
+        "speculative": lambda p: speculative_decode(target, drafter, torch.tensor(p), n_new, spec, eos),
     }
-    assisted, skipped, method_notes = hf_assisted_methods(v, hf, source, eos)
+    assisted, skipped, method_notes = hf_assisted_methods(ctx.cfg, hf, source, eos)
     methods.update(assisted)
 
     # compile the runtime's steps before timing: the first generations of each kind trigger it
@@ -204,9 +204,9 @@ def run(ctx: StageContext) -> dict:
         compile_s, compile_note = compile_steps([target, drafter.net], lambda: [methods[m](prompts[0]) for m in ("runtime_no_draft", "speculative")])
         ctx.log(f"{compile_note} ({compile_s:.0f} s)")
 
-    timed, bandwidth = time_methods(methods, prompts, v.repeats, kernels)
-    for rep in range(v.repeats):
-        ctx.log(f"repetition {rep + 1}/{v.repeats}: " + ", ".join(f"{m} {timed[m]['tokens_per_s'][rep]:.1f} tok/s" for m in methods))
+    timed, bandwidth = time_methods(methods, prompts, ctx.cfg.eval.repeats, kernels)
+    for rep in range(ctx.cfg.eval.repeats):
+        ctx.log(f"repetition {rep + 1}/{ctx.cfg.eval.repeats}: " + ", ".join(f"{m} {timed[m]['tokens_per_s'][rep]:.1f} tok/s" for m in methods))
     tps = {m: round(statistics.median(timed[m]["tokens_per_s"]), 2) for m in methods}
     outputs = {m: timed[m]["outputs"] for m in methods}
 
@@ -215,7 +215,7 @@ def run(ctx: StageContext) -> dict:
     reference, reference_name, quant_report = hf_out, "HF generate, original model, float32", None
     if quant:
         ctx.log("quantized target: HF reference with the bundle's dequantized weights")
-        reference, reference_name, quant_report = quantized_reference(source, target_dir, quant, dq_notes, rows, prompts, hf_out, v.max_new_tokens, eos)
+        reference, reference_name, quant_report = quantized_reference(source, target_dir, quant, dq_notes, rows, prompts, hf_out, n_new, eos)
     spec_tokens = [g.tokens for g in outputs["speculative"]]
     nodraft_tokens = [g.tokens for g in outputs["runtime_no_draft"]]
     mismatches = {r["id"]: first_divergence(s, ref) for r, s, ref in zip(rows, spec_tokens, reference, strict=True) if s != ref}
@@ -226,15 +226,15 @@ def run(ctx: StageContext) -> dict:
     for r, g in zip(rows, outputs["speculative"], strict=True):
         total.merge(g.stats)
         per_cat[r["category"]].merge(g.stats)
-    k = v.draft_len
+    k = d.length
     al = round(total.acceptance_length(), 3)
 
     # 4. sampling check (chains only: tree sampling is not lossless with top-k trees)
     sampling = None
-    if v.sampling_check:
+    if v.sampling_temperature is not None:
         shortest = min(prompts, key=len)
-        chain = DraftSpec(shape="chain", k=v.draft_len)
-        sampling = sampling_check(target, drafter, shortest, chain, v.temperature, eos, n=200, seed=ctx.cfg.seed)
+        chain = DraftSpec(shape="chain", k=d.length)
+        sampling = sampling_check(target, drafter, shortest, chain, v.sampling_temperature, eos, n=200, seed=ctx.cfg.seed)
 
     report = {
         "runtime": "trtspec PyTorch speculative runtime (EAGLE-3 draft from bundle/draft), CPU float32",
@@ -242,10 +242,10 @@ def run(ctx: StageContext) -> dict:
         "compile": {"seconds": compile_s, "note": compile_note},
         "bundle": str(bundle),
         "prompts": len(prompts),
-        "prompt_source": v.prompts or "data/heldout.jsonl",
-        "max_new_tokens": v.max_new_tokens,
+        "prompt_source": ctx.cfg.eval.prompts or "data/heldout.jsonl",
+        "max_new_tokens": n_new,
         "draft_len": k,
-        "draft_shape": v.draft_shape,
+        "draft_shape": d.shape,
         "threads": torch.get_num_threads(),
         "reference": reference_name,
         "greedy_match": {"matched": matched, "total": len(prompts), "first_divergence": mismatches,
