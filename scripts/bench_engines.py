@@ -36,8 +36,8 @@ def main() -> None:
 
     from bench_speculative import load_prompts
 
-    from trtspec import vllm_engine
-    from trtspec.checkpoint import check_bundle
+    from trtspec.deploy import vllm_engine
+    from trtspec.eagle.checkpoint import check_bundle
     from trtspec.generation import compare, eos_ids, hf_answer
     from trtspec.models import load_model, load_tokenizer, resolve_model
     from trtspec.runtime import DraftSpec, load_eagle3_drafter, load_transformer, speculative_on_prompts

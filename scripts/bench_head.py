@@ -20,10 +20,10 @@ def training_step(cfg, run_dir: Path, mode: str):
     cut and padded as the train stage does, with the train stage's precision (bf16 autocast or fp32)."""
     import torch
 
-    from trtspec import eagle
-    from trtspec.head_training import HeadDataset, head_forward
+    from trtspec.eagle import head as eagle
+    from trtspec.eagle.states import base_states
+    from trtspec.eagle.trainer import HeadDataset, head_forward
     from trtspec.models import load_model, resolve_model, use_bf16
-    from trtspec.target_states import base_states
 
     tokens = torch.load(run_dir / "data" / "train_tokens.pt", weights_only=True)
     eagle_cfg = json.loads((run_dir / "convert" / "eagle_config.json").read_text())
@@ -74,7 +74,7 @@ def main() -> None:
 
     from trtspec.config import load_config
     from trtspec.models import use_bf16
-    from trtspec.pipeline import run_build
+    from trtspec.pipeline.runner import run_build
 
     cfg = load_config(args.config, args.overrides)
     t0 = time.time()

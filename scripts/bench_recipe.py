@@ -29,7 +29,7 @@ def parse_recipe(text: str) -> tuple[str, list[str]]:
 def train_recipe(config: str, base_sets: list[str], out: Path, name: str, sets: list[str]) -> dict:
     """Train one recipe (or read it back if it finished before) -> {name, sets, metrics, log}."""
     from trtspec.config import load_config
-    from trtspec.pipeline import run_build
+    from trtspec.pipeline.runner import run_build
 
     saved = out / "recipes" / f"{name}.json"
     if saved.is_file():

@@ -47,7 +47,7 @@ def main() -> None:
 
     import torch
 
-    from trtspec.checkpoint import check_bundle
+    from trtspec.eagle.checkpoint import check_bundle
     from trtspec.generation import eos_ids, hf_answer, interleaved
     from trtspec.models import load_model, load_tokenizer, resolve_model
     from trtspec.runtime import (

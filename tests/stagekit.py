@@ -9,7 +9,7 @@ from typing import Any
 from trtspec.artifacts import RunDir, write_json
 from trtspec.config import config_from_dict
 from trtspec.models import load_tokenizer, resolve_model
-from trtspec.stage import StageContext
+from trtspec.pipeline.stage import StageContext
 
 CONVERSATIONS = [
     ("Name three colors.", "Red, green and blue are three colors."),
@@ -55,8 +55,8 @@ def make_train(run: Path, model_dir: Path, draft_vocab: int = 256, seed: int = 0
     import torch
     from transformers import AutoConfig
 
-    from trtspec import eagle
     from trtspec.config import ConvertSection
+    from trtspec.eagle import head as eagle
     from trtspec.models import load_model
     from trtspec.stages.convert import derive_eagle_config
 
@@ -115,3 +115,52 @@ def tiny_llama(path: Path, vocab_from: Path | None = None, layers: int = 4, hidd
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def rerandomized(src: Path, dst: Path, seed: int) -> Path:
+    """A copy of the tiny model whose layers are re-drawn at unit gain: its greedy text wanders instead of
+    repeating the last token (a tied-embedding random model mostly echoes), so equality checks mean something."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.models import load_tokenizer
+
+    m = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "layers" in name and p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
+    m.save_pretrained(dst)
+    load_tokenizer(src).save_pretrained(dst)
+    return dst
+
+
+def export_random_eagle(target_dir: Path, out: Path, keep_rope: bool = True, **convert):
+    """A random EAGLE-3 head (draft vocab 512 with d2t) on `target_dir`, exported by modelopt into `out`.
+
+    Returns the modelopt model (for pseudo_speculative_generate). keep_rope: export the trained rope instead of
+    modelopt's default yarn override, so the export and modelopt's own forward agree exactly. convert: more
+    ConvertSection fields."""
+    import torch
+    from modelopt.torch.export import export_speculative_decoding
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.config import ConvertSection
+    from trtspec.eagle.head import build_eagle_model
+    from trtspec.stages.convert import derive_eagle_config
+
+    base = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    cfg = derive_eagle_config(base.config, ConvertSection(draft_vocab_size=512, **convert))
+    if keep_rope:
+        cfg["eagle_export_rope_scaling"] = {}
+    torch.manual_seed(0)
+    model = build_eagle_model(base, cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.eagle_module.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.5)  # a head that proposes varied tokens
+        d2t = torch.randperm(5000, generator=g)[:512].sort().values
+        model.eagle_module.d2t.copy_(d2t - torch.arange(512))
+    export_speculative_decoding(model, export_dir=str(out))
+    return model

@@ -25,7 +25,7 @@ def make_cfg(tmp: Path, model: str = "demo:smollm2-135m-instruct", **sections: d
 
 def make_bundle(bundle: Path, cfg, target_from: Path | None = None, info: dict | None = None) -> Path:
     """target/ (a real HF folder when target_from is given, else config.json only), draft/ (EAGLE-3 config), serving files."""
-    from trtspec.serving import write_serving_files
+    from trtspec.deploy.serving import write_serving_files
 
     bundle.mkdir(parents=True, exist_ok=True)
     if target_from is not None:

@@ -1,4 +1,4 @@
-"""The `trtspec` command: a thin Click layer over trtspec.pipeline and the stages.
+"""The `trtspec` command: a thin Click layer over trtspec.pipeline.runner and the stages.
 
 Results go to stdout (tables, or JSON with --json); progress and status go to stderr.
 Errors raised on purpose (trtspec.errors) become one `Error: ...` line and their exit code.
@@ -85,7 +85,7 @@ def _print_summary(results, as_json: bool) -> None:
 
 def _build(config, out, overrides, start, until, force, as_json, stage_command: bool = False) -> None:
     from trtspec.config import load_config
-    from trtspec.pipeline import run_build
+    from trtspec.pipeline.runner import run_build
 
     cfg = load_config(config, overrides)
     done = []
@@ -252,7 +252,7 @@ def deploy_triton(run_dir, out, as_json):
     Example:
       trtspec deploy triton runs/demo --out model_repo
     """
-    from trtspec.serving import write_triton_repo
+    from trtspec.deploy.serving import write_triton_repo
 
     info = write_triton_repo(Path(run_dir), Path(out))
     click.echo(json.dumps(info, indent=2) if as_json else "\n".join(f"wrote {p}" for p in info["files"]))

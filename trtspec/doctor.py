@@ -18,7 +18,7 @@ def _version(pkg: str) -> str:
 def diagnose() -> dict[str, Any]:
     import torch
 
-    from trtspec import trtllm, vllm_engine
+    from trtspec.deploy import trtllm, vllm_engine
     from trtspec.models import cpu_has_native_bf16
 
     cuda = torch.cuda.is_available()

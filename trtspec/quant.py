@@ -171,6 +171,36 @@ def agreement(model: Any, prompts: list[list[int]], reference: list[list[int]]) 
     return same / max(total, 1)
 
 
+def calibrate(model: Any, cfg: dict, calib: list[tuple[Any, Any]]) -> Any:
+    """modelopt's fake-quantized model, its scales calibrated by running `calib` conversations through it."""
+    import modelopt.torch.quantization as mtq
+    import torch
+
+    device = next(model.parameters()).device
+
+    def forward_loop(m: Any) -> None:
+        with torch.no_grad():
+            for ids, _ in calib:
+                m(ids.to(device))
+
+    return mtq.quantize(model, cfg, forward_loop)
+
+
+def save_and_check_restore(model: Any, base: Any, out: Path, ids: Any) -> tuple[int, float]:
+    """Save the quantization state into `out`, rebuild it on a fresh `base` and compare logits on `ids`: a state
+    that does not rebuild the model is an error here, not a surprise at export. -> (tensors saved, max logit diff)."""
+    import torch
+
+    saved = save_quantized(model, base, out)
+    restored = restore_quantized(base, out)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        diff = float((model(ids.to(device)).logits - restored(ids.to(device)).logits).abs().max())
+    if diff > 1e-4:
+        raise ArtifactError(f"the saved quantization state does not rebuild the quantized model (logits differ by {diff:.3g})")
+    return saved, diff
+
+
 def changed_tensors(model: Any, base: Any) -> dict[str, Any]:
     """Tensors of `model` that the base does not have or holds with other values."""
     import torch

@@ -33,8 +33,8 @@ def ci_run(tmp_path_factory) -> Path:
     """A run of the CI recipe up to the bundle (TRTSPEC_INTEROP_RUN: reuse a finished one)."""
     if os.environ.get("TRTSPEC_INTEROP_RUN"):
         return Path(os.environ["TRTSPEC_INTEROP_RUN"])
-    from trtspec import pipeline
     from trtspec.config import load_config
+    from trtspec.pipeline import runner as pipeline
 
     run = tmp_path_factory.mktemp("interop") / "run"
     results = pipeline.run_build(load_config(CI_CONFIG, OVERRIDES), run, until="export")

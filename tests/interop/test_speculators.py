@@ -104,7 +104,7 @@ def test_speculators_forward_equals_trtspec_draft_head(ci_bundle, converted, inp
     from speculators import SpeculatorModel
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
-    from trtspec.onnx_export import load_draft_head
+    from trtspec.eagle.onnx_export import load_draft_head
 
     config = Eagle3SpeculatorConfig.from_pretrained(converted)
     # simple_flex_attention is speculators' default (its training path; on CPU flex attention runs unfused, with a

@@ -57,7 +57,7 @@ def runtime(ci_bundle, prompts) -> tuple[list[list[int]], object]:
 
 def vllm_run(bundle: Path, draft: Path | None, prompts: list[list[int]]) -> tuple[list[list[int]], dict]:
     """Each prompt alone through vLLM -> (greedy outputs, acceptance from vLLM's counters)."""
-    from trtspec import vllm_engine as vl
+    from trtspec.deploy import vllm_engine as vl
 
     llm = vl.load(bundle / "target", draft, K, max(map(len, prompts)) + MAX_NEW + 16, 4)
     try:
@@ -155,9 +155,9 @@ def test_the_bundle_vllm_snippet_serves(ci_bundle, prompts, hf_outputs, tmp_path
 
 def test_engine_stage_runs_the_bundle_in_vllm(ci_run, ci_config, tmp_path):
     """`engine.backend: vllm` through the pipeline: greedy = HF and vLLM alone, acceptance and speed per batch size."""
-    from trtspec import pipeline
     from trtspec.artifacts import read_json
     from trtspec.config import load_config
+    from trtspec.pipeline import runner as pipeline
 
     run = tmp_path / "run"
     shutil.copytree(ci_run, run)

@@ -29,17 +29,19 @@ class DraftSpec:
     topk: int = 4  # branching of trees
     total: int = 16  # drafted nodes in a tree (root excluded)
     choices: list[tuple[int, ...]] = field(default_factory=list)  # static tree as rank paths (default: static_tree)
+    suffix_len: int = 0  # longest chain a suffix match may draft (0 = k); runtime/suffix.py
 
     def tree_choices(self) -> list[tuple[int, ...]]:
         return self.choices or static_tree(self.topk, self.total, self.k)
 
     def max_nodes(self) -> int:
         """Upper bound on tree size including the root (cache room to reserve)."""
+        suffix = self.suffix_len + 1
         if self.shape == "chain":
-            return self.k + 1
+            return max(self.k + 1, suffix)
         if self.shape == "tree":
-            return len(self.tree_choices()) + 1
-        return max(self.total, self.topk) + 1
+            return max(len(self.tree_choices()) + 1, suffix)
+        return max(self.total, self.topk, self.suffix_len) + 1
 
 
 def softmax_t(logits: Tensor, temperature: float) -> Tensor:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import ConfigError, DataError
-from trtspec.stage import StageContext
+from trtspec.pipeline.stage import StageContext
 
 # decoders whose layer the head copies (Llama-style attention + SwiGLU MLP + RMSNorm)
 LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
@@ -34,7 +34,7 @@ def derive_eagle_config(base: Any, convert: Any) -> dict:
     """
     from modelopt.torch.speculative.config import EAGLE3_DEFAULT_CFG
 
-    from trtspec.eagle import default_aux_layers
+    from trtspec.eagle.head import default_aux_layers
     from trtspec.errors import ModelError
 
     text = getattr(base, "text_config", None) or base
@@ -130,7 +130,7 @@ def pick_draft_vocab(counts: Any, size: int, always: list[int]) -> Any:
 def run(ctx: StageContext) -> dict:
     from transformers import AutoConfig
 
-    from trtspec import eagle
+    from trtspec.eagle import head as eagle
     from trtspec.models import load_model, resolve_model
 
     path = resolve_model(ctx.cfg.model.source)

@@ -32,7 +32,7 @@ from trtspec.chat import (
 )
 from trtspec.errors import DataError
 from trtspec.generation import hf_greedy
-from trtspec.stage import StageContext
+from trtspec.pipeline.stage import StageContext
 
 
 def regenerate(prompts: list[dict], model: Any, tok: Any, answers_file: Path, cfg: Any, log: Any) -> list[dict]:

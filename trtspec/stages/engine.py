@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtspec import trtllm
 from trtspec.chat import encode_prompt
+from trtspec.deploy import trtllm
+from trtspec.deploy.serving import llm_api_options, read_options, speculative_options
 from trtspec.errors import ArtifactError
 from trtspec.generation import compare, hf_greedy, tokens_per_s
 from trtspec.models import resolve_model
-from trtspec.serving import llm_api_options, read_options, speculative_options
-from trtspec.stage import StageContext, StageSkipped
+from trtspec.pipeline.stage import StageContext, StageSkipped
 
 # built-in prompts (chat-templated with the target's tokenizer); a spread of the usual categories
 PROMPTS = [
@@ -47,7 +47,7 @@ PROMPTS = [
 
 def environment_key() -> dict:
     """Part of the stage fingerprint: a machine that gains tensorrt_llm, vllm or a GPU re-attempts the stage."""
-    from trtspec import vllm_engine
+    from trtspec.deploy import vllm_engine
 
     return {"tensorrt_llm": trtllm.version(), "vllm": vllm_engine.version(), "cuda": trtllm.cuda_available()}
 
@@ -55,7 +55,7 @@ def environment_key() -> dict:
 def run(ctx: StageContext) -> dict:
     e = ctx.cfg.engine
     if e.backend == "vllm":
-        from trtspec import vllm_engine
+        from trtspec.deploy import vllm_engine
 
         ok, why = vllm_engine.availability()
         if not ok:
@@ -246,7 +246,7 @@ def crossover(speed: dict[str, dict], engine: str) -> str:
 
 
 def run_vllm(ctx: StageContext, bundle: Path) -> dict:
-    from trtspec import vllm_engine
+    from trtspec.deploy import vllm_engine
 
     e = ctx.cfg.engine
     options = options_for(ctx, bundle)

@@ -3,7 +3,7 @@
   target/   the base as an HF folder: modelopt's unified checkpoint (export_hf_checkpoint, + hf_quant_config.json)
             when quantized, else a plain save_pretrained; tokenizer and generation_config beside it
   draft/    the EAGLE-3 head as modelopt's export_speculative_decoding writes it (LlamaForCausalLMEagle3), rebuilt
-            on the *unquantized* base from train/head.safetensors, checked against trtspec/checkpoint.py's table
+            on the *unquantized* base from train/head.safetensors, checked against trtspec/eagle/checkpoint.py's table
   onnx/     the draft head as ONNX, checked against PyTorch with onnxruntime (export.onnx)
   README.md what was built and how to serve it; llm_api_options.yaml, serve.sh, triton/, snippets/ (serving.py)
 
@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtspec.compat import ENGINES_CHECKED, add_engine_fields, add_legacy_keys
+from trtspec.deploy.compat import ENGINES_CHECKED, add_engine_fields, add_legacy_keys
 from trtspec.errors import ArtifactError, ConfigError
-from trtspec.stage import StageContext
+from trtspec.pipeline.stage import StageContext
 
 
 def load_eagle_config(train_dir: Path) -> dict:
@@ -34,8 +34,8 @@ def load_eagle_config(train_dir: Path) -> dict:
 
 
 def build_draft_model(base: Any, train_dir: Path) -> Any:
-    """The base with the trained EAGLE-3 head attached (trtspec.eagle), in eval mode."""
-    from trtspec import eagle
+    """The base with the trained EAGLE-3 head attached (trtspec.eagle.head), in eval mode."""
+    from trtspec.eagle import head as eagle
 
     model = eagle.build_eagle_model(base, load_eagle_config(train_dir))
     eagle.load_head(model, train_dir / eagle.HEAD_FILE)
@@ -85,7 +85,7 @@ def check_engines_load(draft_dir: Path, target_dir: Path, tensors: list[str], re
     `required` engine (TensorRT-LLM, which the bundle is for, and the engine stage's own); for the others the
     problems are returned, and the bundle ships no launcher for them."""
     from trtspec.artifacts import read_json
-    from trtspec.compat import engine_problems
+    from trtspec.deploy.compat import engine_problems
 
     problems = engine_problems(read_json(draft_dir / "config.json"), read_json(target_dir / "config.json"), set(tensors))
     lines = [f"{engine}: {'; '.join(p)}" for engine, p in problems.items() if p and engine in required]
@@ -104,7 +104,7 @@ def acceptance_lengths(ctx: StageContext, draft_model: Any, targets: dict[str, t
     target forward (1 = the draft never helps).
     """
     from trtspec.chat import read_rows
-    from trtspec.head_eval import build_eval_set, evaluate_acceptance
+    from trtspec.eagle.acceptance import build_eval_set, evaluate_acceptance
     from trtspec.models import load_tokenizer, resolve_model
 
     data_dir, _ = ctx.run.require("data")  # upstream of both train and quantize
@@ -176,7 +176,7 @@ def write_readme(bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
         f"- draft checkpoint matches the EAGLE-3 key/shape table ({info['draft_params']} parameters)",
     ]
     if "onnx" in metrics:
-        from trtspec.onnx_export import format_onnx_check
+        from trtspec.eagle.onnx_export import format_onnx_check
 
         lines.append(f"- ONNX vs PyTorch: {format_onnx_check(metrics['onnx'])}")
     if "acceptance_length_quantized" in metrics:
@@ -191,9 +191,9 @@ def write_readme(bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
 
 
 def run(ctx: StageContext) -> dict:
-    from trtspec import serving
-    from trtspec.checkpoint import check_draft_checkpoint
-    from trtspec.head_eval import EVAL_SEQS
+    from trtspec.deploy import serving
+    from trtspec.eagle.acceptance import EVAL_SEQS
+    from trtspec.eagle.checkpoint import check_draft_checkpoint
     from trtspec.models import load_model, load_tokenizer, resolve_model, torch_dtype
     from trtspec.quant import fold_weights, read_quant_json, restore_quantized
 
@@ -245,7 +245,7 @@ def run(ctx: StageContext) -> dict:
         metrics["engines_not_served"] = not_served
 
     if cfg.export.onnx:
-        from trtspec.onnx_export import export_onnx, format_onnx_check
+        from trtspec.eagle.onnx_export import export_onnx, format_onnx_check
 
         metrics["onnx"] = export_onnx(out / "draft", out / "onnx")
         ctx.log("onnx: " + format_onnx_check(metrics["onnx"]))

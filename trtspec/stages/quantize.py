@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from trtspec.chat import encode_prompt, prompt_rows, read_rows
-from trtspec.errors import ArtifactError, DataError
+from trtspec.errors import DataError
 from trtspec.generation import common_prefix, hf_answer
+from trtspec.pipeline.stage import StageContext
 from trtspec.quant import (
     BLOCK_FORMATS,
     NVFP4_BLOCK,
@@ -23,17 +24,16 @@ from trtspec.quant import (
     STATE_FILE,
     TENSORS_FILE,
     agreement,
+    calibrate,
     check_quant_config,
     fold_weights,
     perplexity,
     pick_block_size,
     quant_config,
     quantized_linears,
-    restore_quantized,
-    save_quantized,
+    save_and_check_restore,
     token_rows,
 )
-from trtspec.stage import StageContext
 
 
 def preflight(cfg: Any, model_config: Any) -> None:
@@ -42,17 +42,7 @@ def preflight(cfg: Any, model_config: Any) -> None:
         check_quant_config(cfg.quantize, model_config)
 
 
-def _max_logit_diff(a: Any, b: Any, ids: Any) -> float:
-    import torch
-
-    device = next(a.parameters()).device
-    with torch.no_grad():
-        return float((a(ids.to(device)).logits - b(ids.to(device)).logits).abs().max())
-
-
 def run(ctx: StageContext) -> dict:
-    import modelopt.torch.quantization as mtq
-    import torch
     from transformers import AutoConfig
 
     from trtspec.artifacts import write_json
@@ -91,25 +81,10 @@ def run(ctx: StageContext) -> dict:
     ppl_before = perplexity(model, heldout)
     reference = greedy(model)
 
-    cfg = quant_config(q.format, q.kv_cache, block, q.quantize_lm_head)
-    device = next(model.parameters()).device
-
-    def forward_loop(m: Any) -> None:
-        with torch.no_grad():
-            for ids, _ in calib:
-                m(ids.to(device))
-
     ctx.log(f"quantizing {len(layers)} linear layers to {q.format}" + (f" (block {block})" if block else "")
             + (" + fp8 KV cache" if q.kv_cache == "fp8" else "") + f", calibrating on {len(calib)} conversations")
-    model = mtq.quantize(model, cfg, forward_loop)
-
-    base = load_model(path, ctx.cfg.model.dtype)
-    saved = save_quantized(model, base, ctx.out)
-    restored = restore_quantized(base, ctx.out)
-    diff = _max_logit_diff(model, restored, calib[0][0])
-    if diff > 1e-4:
-        raise ArtifactError(f"the saved quantization state does not rebuild the quantized model (logits differ by {diff:.3g})")
-    del restored, base
+    model = calibrate(model, quant_config(q.format, q.kv_cache, block, q.quantize_lm_head), calib)
+    saved, diff = save_and_check_restore(model, load_model(path, ctx.cfg.model.dtype), ctx.out, calib[0][0])
 
     ctx.log("measuring the quantized model")
     model = fold_weights(model)

@@ -20,16 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.chat import read_rows
+from trtspec.eagle.acceptance import EVAL_SEQS, build_eval_set, evaluate_acceptance, training_rows_set
+from trtspec.eagle.states import cache_states
+from trtspec.eagle.trainer import HeadDataset, make_trainer, resume_point
 from trtspec.errors import ArtifactError, DataError
-from trtspec.head_eval import EVAL_SEQS, build_eval_set, evaluate_acceptance, training_rows_set
-from trtspec.head_training import HeadDataset, last_complete_checkpoint, make_trainer, truncate_log
-from trtspec.stage import StageContext
-from trtspec.target_states import cache_states
+from trtspec.pipeline.stage import StageContext
 
 EVAL_BATCH = 64  # held-out prompts answered at once by the unquantized target (the train stage's evaluation)
 
 
-def training_args(ctx: StageContext, out_dir: Path) -> Any:
+def training_args(ctx: StageContext, out_dir: Path, rows: int) -> Any:
     import torch
     from transformers import TrainingArguments
 
@@ -49,7 +49,7 @@ def training_args(ctx: StageContext, out_dir: Path) -> Any:
         save_strategy="steps",
         save_steps=t.save_steps,
         save_total_limit=2,
-        logging_steps=1,  # train_log.jsonl has a row per optimizer step (the notebooks plot it)
+        logging_steps=log_every(rows, t),
         bf16=use_bf16(ctx.cfg.model.build_dtype),  # autocast; the head's weights and optimizer state stay fp32
         use_cpu=not gpu,
         seed=ctx.cfg.seed,
@@ -60,6 +60,13 @@ def training_args(ctx: StageContext, out_dir: Path) -> Any:
         disable_tqdm=False,
         save_only_model=False,
     )
+
+
+def log_every(rows: int, t: Any) -> int:
+    """Optimizer steps between rows of train_log.jsonl (and lines on the console): about 100 rows per run."""
+    per_epoch = math.ceil(rows / (t.batch_size * t.grad_accum))
+    steps = t.max_steps or math.ceil(per_epoch * t.epochs)
+    return max(1, steps // 100)
 
 
 def target_states_dir(ctx: StageContext, aux_layers: list[int]) -> Path:
@@ -96,7 +103,7 @@ def _load_tokens(folder: Path, name: str) -> dict:
 def run(ctx: StageContext) -> dict:
     import time
 
-    from trtspec import eagle
+    from trtspec.eagle import head as eagle
     from trtspec.models import load_model, load_tokenizer, matmul_attention_on_cpu, resolve_model, use_bf16
 
     t_cfg = ctx.cfg.train
@@ -131,17 +138,12 @@ def run(ctx: StageContext) -> dict:
 
     ckpt_dir = ctx.work / "checkpoints"
     log_file = ctx.work / "train_log.jsonl"
-    last_ckpt = last_complete_checkpoint(ckpt_dir, ctx.log)
-    if last_ckpt:
-        ctx.log(f"resuming from {Path(last_ckpt).name}")
-        truncate_log(log_file, int(Path(last_ckpt).name.split("-")[-1]))
-    elif log_file.exists():
-        log_file.unlink()
+    last_ckpt, resumed_step = resume_point(ckpt_dir, log_file, ctx.log)
 
     if t_cfg.max_rows and t_cfg.max_rows < len(tokens["input_ids"]):
         ctx.log(f"training on the first {t_cfg.max_rows} of {len(tokens['input_ids'])} rows (train.max_rows)")
         tokens = {k: v[: t_cfg.max_rows] for k, v in tokens.items()}  # states rows line up: same order, a prefix
-    trainer = make_trainer(model, HeadDataset(tokens, states), training_args(ctx, ckpt_dir), log_file,
+    trainer = make_trainer(model, HeadDataset(tokens, states), training_args(ctx, ckpt_dir, len(tokens["input_ids"])), log_file,
                            lambda: evaluate_acceptance(model, eval_set, k), t_cfg.eval_steps)
     t1 = time.time()
     result = trainer.train(resume_from_checkpoint=last_ckpt)
@@ -167,7 +169,7 @@ def run(ctx: StageContext) -> dict:
     metrics = {
         "mode": t_cfg.mode,
         "steps": steps,
-        "resumed_from_step": int(Path(last_ckpt).name.split("-")[-1]) if last_ckpt else 0,
+        "resumed_from_step": resumed_step,
         "train_loss": round(float(result.training_loss), 4) if math.isfinite(result.training_loss) else None,
         "final_acc_ttt": final.get("acc_ttt"),
         "cache_states_s": round(cache_s, 1),

@@ -9,8 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trtspec import eagle, head_eval, head_training, target_states
 from trtspec.config import ConvertSection, config_from_dict
+from trtspec.eagle import acceptance as head_eval
+from trtspec.eagle import head as eagle
+from trtspec.eagle import states as target_states
+from trtspec.eagle import trainer as head_training
 from trtspec.errors import ConfigError, ModelError
 from trtspec.stages import convert, train
 
@@ -490,7 +493,7 @@ def test_bench_head_throughputs_interleave_offline_and_online(upstream, tiny_mod
     run.mkdir()
     for name, folder in inputs.items():
         (run / name).symlink_to(folder)
-    spec = importlib.util.spec_from_file_location("bench_head", Path(__file__).parents[1] / "scripts" / "bench_head.py")
+    spec = importlib.util.spec_from_file_location("bench_head", Path(__file__).parents[2] / "scripts" / "bench_head.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     speed = bench.throughputs(_stage_ctx(tmp_path, tiny_model_dir, "train", inputs).cfg, run, steps=2)
@@ -503,7 +506,7 @@ def test_bench_data_scaling_fits_the_trend_and_prices_the_rows_it_needs(tmp_path
     import importlib.util
     import math
 
-    spec = importlib.util.spec_from_file_location("bench_data_scaling", Path(__file__).parents[1] / "scripts" / "bench_data_scaling.py")
+    spec = importlib.util.spec_from_file_location("bench_data_scaling", Path(__file__).parents[2] / "scripts" / "bench_data_scaling.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     trained = []

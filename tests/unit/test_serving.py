@@ -10,8 +10,8 @@ import yaml
 from trtllm_helpers import CONTRACT, fake_trtllm, make_bundle, make_cfg  # noqa: F401 - fixture
 
 from trtspec.artifacts import RunDir
+from trtspec.deploy.serving import llm_api_options, write_triton_repo
 from trtspec.errors import ArtifactError
-from trtspec.serving import llm_api_options, write_triton_repo
 
 NEW = CONTRACT["llm_args"]["new"]
 TRITON = CONTRACT["triton_llmapi"]
@@ -107,7 +107,7 @@ def test_bundle_serving_files(tmp_path):
 def test_bundle_yaml_builds_the_installed_config_class(tmp_path, fake_trtllm, version):  # noqa: F811
     """The yaml's speculative_config constructs the installed release's strict config class (via trtllm.py)."""
     fake_trtllm(version)
-    from trtspec import trtllm
+    from trtspec.deploy import trtllm
 
     cfg = make_cfg(tmp_path, draft={"shape": "dynamic_tree"})
     bundle = make_bundle(tmp_path / "b", cfg)
@@ -126,7 +126,7 @@ def test_unknown_spec_field_fails_loudly(tmp_path, fake_trtllm):  # noqa: F811
     fake_trtllm("1.2.0")
     from pydantic import ValidationError
 
-    from trtspec import trtllm
+    from trtspec.deploy import trtllm
 
     opts = llm_api_options(make_cfg(tmp_path))
     opts["speculative_config"]["eagle_top_k"] = 4  # not a TensorRT-LLM field

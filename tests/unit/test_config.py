@@ -83,7 +83,7 @@ def test_shipped_fp8_recipe_is_the_demo_plus_fp8():
 
     from trtspec.config import dump_config
 
-    root = Path(__file__).resolve().parents[1] / "build_configs"
+    root = Path(__file__).resolve().parents[2] / "build_configs"
     demo, fp8 = dump_config(load_config(root / "smollm2-135m-eagle3.yaml")), dump_config(load_config(root / "smollm2-135m-eagle3-fp8.yaml"))
     assert fp8["quantize"]["format"] == "fp8" and demo["quantize"]["format"] == "none"
     assert all(fp8[k] == demo[k] for k in ("model", "data", "convert", "train"))

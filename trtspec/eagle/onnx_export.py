@@ -1,7 +1,7 @@
 """ONNX export of the EAGLE-3 draft head, read back from the exported draft checkpoint by the runtime's own loader
 and exported from the runtime's own draft step (runtime/eagle3.py), checked with onnxruntime.
 
-The graph is one draft step without a KV cache (TensorRT-LLM / vLLM semantics, see trtspec/eagle.py):
+The graph is one draft step without a KV cache (TensorRT-LLM / vLLM semantics, see trtspec/eagle/head.py):
 
     h      = fc(aux_hidden_states)                                   # [B, S, A*H] -> [B, S, H]
     x      = cat(input_layernorm(input_embeds), hidden_norm(h))      # [B, S, 2H] into layer 0's q/k/v

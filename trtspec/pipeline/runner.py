@@ -20,7 +20,7 @@ from trtspec.artifacts import RunDir, fingerprint, package_versions, sha256_file
 from trtspec.config import STAGES, BuildConfig, dump_config
 from trtspec.errors import ConfigError, TrtspecError
 from trtspec.models import model_stamp
-from trtspec.stage import StageContext, StageSkipped
+from trtspec.pipeline.stage import StageContext, StageSkipped
 
 # upstream stages each stage reads
 DEPS: dict[str, tuple[str, ...]] = {

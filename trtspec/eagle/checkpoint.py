@@ -151,7 +151,7 @@ def _tensor_problems(cfg: dict, tensors: dict) -> list[str]:
                 problems.append(f"'d2t' maps draft ids outside the target vocab [0, {vocab})")
     t2d = tensors.get("t2d")
     if t2d is not None and d2t_ok and tuple(t2d.shape) == (vocab,):
-        from trtspec.compat import t2d_from_d2t
+        from trtspec.deploy.compat import t2d_from_d2t
 
         if t2d.dtype != torch.bool or not torch.equal(t2d, t2d_from_d2t(d2t, vocab)):
             problems.append("'t2d' is not the bool mask of the target ids d2t maps to")

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.chat import encode_prompt
-from trtspec.eagle import chain_drafts
+from trtspec.eagle.head import chain_drafts
+from trtspec.eagle.states import base_states, row_lengths
 from trtspec.generation import hf_greedy
-from trtspec.target_states import base_states, row_lengths
 
 
 def greedy_acceptance(drafts: Any, seq: Any, start: int, k: int) -> tuple[int, int, list[int]]:

@@ -7,12 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_runtime import export_random_eagle, rerandomized
+from stagekit import export_random_eagle, rerandomized
 
 from trtspec.artifacts import RunDir
 from trtspec.config import config_from_dict
 from trtspec.errors import ArtifactError, DataError, ValidationFailed
-from trtspec.stage import StageContext
+from trtspec.pipeline.stage import StageContext
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -121,7 +121,7 @@ def test_bench_speculative_script(tmp_path, run_inputs):
     import sys
 
     root = run_inputs[0]
-    script = Path(__file__).parents[1] / "scripts" / "bench_speculative.py"
+    script = Path(__file__).parents[2] / "scripts" / "bench_speculative.py"
     out = subprocess.run([sys.executable, str(script), str(root), "--prompts", "2", "--max-new-tokens", "8", "--ks", "1,2", "--json"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -135,7 +135,7 @@ def test_bench_compile_script(tmp_path, run_inputs):
     import subprocess
     import sys
 
-    script = Path(__file__).parents[1] / "scripts" / "bench_compile.py"
+    script = Path(__file__).parents[2] / "scripts" / "bench_compile.py"
     out = subprocess.run([sys.executable, str(script), str(run_inputs[0]), "--runs", "2", "--json"],
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from trtspec.compat import ENGINES_CHECKED, SGLANG_MIN, vllm_aux_ids
+from trtspec.deploy.compat import ENGINES_CHECKED, SGLANG_MIN, vllm_aux_ids
 from trtspec.errors import ArtifactError
 
 OPTIONS_FILE = "llm_api_options.yaml"

@@ -1,4 +1,4 @@
-"""What each engine reads from a bundle (trtspec/compat.py): aux-layer numbering, vocab maps, legacy config keys,
+"""What each engine reads from a bundle (trtspec/deploy/compat.py): aux-layer numbering, vocab maps, legacy config keys,
 and the per-engine verdict on a draft."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trtspec.compat import engine_problems, legacy_config_keys, t2d_from_d2t, vllm_aux_ids
+from trtspec.deploy.compat import engine_problems, legacy_config_keys, t2d_from_d2t, vllm_aux_ids
 from trtspec.errors import ConfigError
 
 TARGET = {"hidden_size": 64, "vocab_size": 100, "num_hidden_layers": 30}
@@ -68,8 +68,8 @@ def test_export_refuses_for_required_engines_and_skips_the_others_launchers(tmp_
     """TensorRT-LLM (and the engine stage's engine) must load the draft; another that cannot gets no launcher."""
     import json
 
+    from trtspec.deploy.serving import write_snippets
     from trtspec.errors import ArtifactError
-    from trtspec.serving import write_snippets
     from trtspec.stages.export import check_engines_load
 
     for name, cfg in (("draft", {**DRAFT, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 26]},

@@ -6,9 +6,9 @@ import types
 
 import pytest
 
-from trtspec import pipeline
 from trtspec.config import STAGES, config_from_dict
 from trtspec.errors import ConfigError, DataError
+from trtspec.pipeline import runner as pipeline
 
 RAW = {"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}}
 

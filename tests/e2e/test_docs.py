@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from trtspec.cli import main
 from trtspec.config import load_config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 CLI_DOC = ROOT / "docs" / "cli.md"
 

@@ -349,7 +349,7 @@ def test_bad_input(case, tmp_path, tiny_model_dir, monkeypatch):
 
 
 def test_catalogue_is_documented():
-    catalogue = Path(__file__).parents[1].joinpath("docs", "bad-inputs.md").read_text()
+    catalogue = Path(__file__).parents[2].joinpath("docs", "bad-inputs.md").read_text()
     missing = [c.id for c in CASES if f"`{c.id}`" not in catalogue]
     assert not missing, f"docs/bad-inputs.md lacks: {missing}"
     assert len(CASES) >= 25

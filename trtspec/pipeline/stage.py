@@ -1,4 +1,4 @@
-"""What a stage is given and what it may raise: the contract between the runner (trtspec.pipeline) and the stages.
+"""What a stage is given and what it may raise: the contract between the runner (trtspec.pipeline.runner) and the stages.
 
 A stage is a module under trtspec.stages with `run(ctx: StageContext) -> dict` (its metrics; "headline" is shown in
 the summary) and optionally `preflight(cfg, model_config)` (checks run before the first stage of a build) and

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from stagekit import export_random_eagle, rerandomized
 
 from trtspec.errors import ArtifactError, ModelError
 from trtspec.runtime.decode import Stats, generate, prefill, speculative_decode
@@ -37,22 +38,6 @@ NEW = 24
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def rerandomized(src: Path, dst: Path, seed: int) -> Path:
-    """A copy of the tiny model whose layers are re-drawn at unit gain: its greedy text wanders instead of
-    repeating the last token (a tied-embedding random model mostly echoes), so equality checks mean something."""
-    from transformers import AutoModelForCausalLM
-
-    from trtspec.models import load_tokenizer
-
-    m = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if "layers" in name and p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
-    m.save_pretrained(dst)
-    load_tokenizer(src).save_pretrained(dst)
-    return dst
 
 
 @pytest.fixture(scope="module")
@@ -90,33 +75,6 @@ def random_draft_dir(tmp_path_factory, tiny_model_dir) -> Path:
     return rerandomized(tiny_model_dir, tmp_path_factory.mktemp("rand") / "model", seed=7)
 
 
-def export_random_eagle(target_dir: Path, out: Path, keep_rope: bool = True, **convert):
-    """A random EAGLE-3 head (draft vocab 512 with d2t) on `target_dir`, exported by modelopt into `out`.
-
-    Returns the modelopt model (for pseudo_speculative_generate). keep_rope: export the trained rope instead of
-    modelopt's default yarn override, so the export and modelopt's own forward agree exactly. convert: more
-    ConvertSection fields."""
-    from modelopt.torch.export import export_speculative_decoding
-    from transformers import AutoModelForCausalLM
-
-    from trtspec.config import ConvertSection
-    from trtspec.eagle import build_eagle_model
-    from trtspec.stages.convert import derive_eagle_config
-
-    base = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    cfg = derive_eagle_config(base.config, ConvertSection(draft_vocab_size=512, **convert))
-    if keep_rope:
-        cfg["eagle_export_rope_scaling"] = {}
-    torch.manual_seed(0)
-    model = build_eagle_model(base, cfg).eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.eagle_module.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.5)  # a head that proposes varied tokens
-        d2t = torch.randperm(5000, generator=g)[:512].sort().values
-        model.eagle_module.d2t.copy_(d2t - torch.arange(512))
-    export_speculative_decoding(model, export_dir=str(out))
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +244,35 @@ def test_compile_cache_is_per_machine(monkeypatch, tmp_path):
     assert compile_cache_dir() == tmp_path / "trtspec" / f"inductor-torch{torch.__version__}"
 
 
+def test_suffix_index_finds_the_longest_earlier_match():
+    from trtspec.runtime.suffix import SuffixIndex
+
+    index = SuffixIndex(max_depth=8)
+    index.extend([1, 2, 3, 4, 9, 1, 2, 3])
+    n, end = index.match()
+    assert (n, end) == (3, 2) and index.continuation(end, 4) == [4, 9, 1, 2]
+    index.extend([7])
+    assert index.match() == (0, -1)  # 7 never occurred before
+    index.extend([1, 2])
+    assert index.match() == (2, 6) and index.continuation(6, 2) == [3, 7]  # the latest earlier "1 2" ends at 6
+
+
+@pytest.mark.parametrize("combined", [False, True])
+def test_suffix_drafts_keep_greedy_output(eagle_export, target_dir, prompts, hf_greedy, combined):
+    """Suffix drafting alone and in front of EAGLE-3 (chains of up to 6 suffix tokens, EAGLE-3 chains of 3)."""
+    from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
+
+    target = load_transformer(target_dir)[0]
+    drafter = SuffixThenModelDrafter(load_eagle3_drafter(eagle_export[0], target), SuffixDrafter(min_match=2)) if combined else SuffixDrafter()
+    for p, ref in zip(prompts, hf_greedy, strict=True):
+        # the prompt twice: the second copy's suffix matches the first, so suffix drafts are proposed and judged
+        doubled = torch.cat((p, p))
+        want = generate(target, doubled, NEW, eos={2}).tokens
+        g = speculative_decode(target, drafter, doubled, NEW, DraftSpec(k=3, suffix_len=6), eos={2})
+        assert g.tokens == want and max(g.stats.drafted) >= 1
+        assert speculative_decode(target, drafter, p, NEW, DraftSpec(k=3, suffix_len=6), eos={2}).tokens == ref
+
+
 def test_ngram_draft_keeps_greedy_output(target, prompts, hf_greedy):
     for p, ref in zip(prompts, hf_greedy, strict=True):
         assert speculative_decode(target, NgramDrafter(), p, NEW, DraftSpec(k=4), eos={2}).tokens == ref
@@ -360,19 +347,21 @@ def _next_probs(model: Transformer, ids: list[int]) -> torch.Tensor:
         return torch.softmax(prefill(model, t)[0], -1)
 
 
-def _chi2_of_joint(monkeypatch_swap: bool, monkeypatch) -> tuple[float, int]:
-    """Chi-square of the first two speculated tokens against the target's exact joint distribution."""
+def _chi2_of_joint(monkeypatch_swap: bool, monkeypatch, suffix: bool = False) -> tuple[float, int]:
+    """Chi-square of the first two speculated tokens against the target's exact joint distribution (drafted by a
+    small LM, or with `suffix` by suffix matches of a prompt that repeats itself)."""
     import trtspec.runtime.decode as gen
+    from trtspec.runtime.suffix import SuffixDrafter
 
     if monkeypatch_swap:
         monkeypatch.setattr(gen, "accept_probs", lambda p, q: (q / p).clamp(max=1.0))
     target, draft = _small_lm(0, 6.0), _small_lm(1, 6.0)
-    prompt, first = [3, 1, 4, 1, 5], 2
+    prompt, first = ([3, 1, 4, 1, 5, 3, 1], 4) if suffix else ([3, 1, 4, 1, 5], 2)
     p1 = _next_probs(target, prompt + [first])
     exact = torch.stack([p1[a] * _next_probs(target, prompt + [first, a]) for a in range(8)])  # [8, 8]
     n, g = 1500, torch.Generator().manual_seed(0)
     counts = torch.zeros(8, 8)
-    drafter = LMDrafter(draft)
+    drafter = SuffixDrafter() if suffix else LMDrafter(draft)
     for _ in range(n):
         out = gen.speculative_decode(target, drafter, torch.tensor(prompt), 3, DraftSpec(k=2), temperature=1.0, generator=g, first_token=first).tokens
         counts[out[1], out[2]] += 1
@@ -393,6 +382,14 @@ def test_sampling_test_detects_swapped_acceptance(monkeypatch):
     """The same check fails when the acceptance ratio is q/p instead of p/q: the test above has teeth."""
     chi2, bins = _chi2_of_joint(True, monkeypatch)
     assert chi2 > bins + 4 * (2 * bins) ** 0.5, chi2
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_suffix_sampling_matches_the_target_distribution(monkeypatch, swap):
+    """A deterministic suffix draft (one-hot q) stays lossless at temperature 1; accepting it always (the swapped
+    ratio) is caught."""
+    chi2, bins = _chi2_of_joint(swap, monkeypatch, suffix=True)
+    assert (chi2 < bins + 4 * (2 * bins) ** 0.5) != swap, chi2
 
 
 # ---------------------------------------------------------------------------------------------- pieces

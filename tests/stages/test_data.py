@@ -247,7 +247,7 @@ def test_matmul_attention_on_cpu_is_undone_after(tiny_model_dir):
 
 
 def test_demo_prompts_are_varied():
-    rows = [json.loads(x) for x in (Path(__file__).parents[1] / "build_configs/prompts/demo_prompts.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (Path(__file__).parents[2] / "build_configs/prompts/demo_prompts.jsonl").read_text().splitlines()]
     cats = Counter(r["category"] for r in rows)
     assert len(rows) >= 300 and len({r["prompt"] for r in rows}) == len(rows)
     assert set(cats) == {"chat", "explanation", "lists", "code", "math", "writing"} and min(cats.values()) >= 30
@@ -258,7 +258,7 @@ def test_demo_prompts_are_what_the_generator_writes():
     edits that the script would lose), and the script is deterministic."""
     import runpy
 
-    root = Path(__file__).parents[1]
+    root = Path(__file__).parents[2]
     gen = runpy.run_path(str(root / "scripts/make_demo_prompts.py"))
     shipped = [json.loads(x) for x in (root / "build_configs/prompts/demo_prompts.jsonl").read_text().splitlines()]
     assert gen["build"](len(shipped), 0) == shipped
@@ -272,7 +272,7 @@ def test_bench_regenerate_reports_each_variant(tiny_model_dir, tiny_prompts_file
     cfg = tmp_path / "c.yaml"
     cfg.write_text(json.dumps({"model": {"source": str(tiny_model_dir)}, "data": {
         "sources": [{"kind": "regenerate", "path": str(tiny_prompts_file)}], "max_new_tokens": 4}}))
-    script = Path(__file__).parents[1] / "scripts" / "bench_regenerate.py"
+    script = Path(__file__).parents[2] / "scripts" / "bench_regenerate.py"
     out = subprocess.run([sys.executable, str(script), str(cfg), "--prompts", "4", "--repeats", "1", "--json",
                           "--variant", "sdpa:2", "--variant", "matmul:4"], capture_output=True, text=True, check=True)
     rows = json.loads(out.stdout)

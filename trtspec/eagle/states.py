@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trtspec.eagle import drop_collected_states
+from trtspec.eagle.head import drop_collected_states
 
 
 def base_states(base: Any, input_ids: Any, attention_mask: Any, aux_layers: list[int], bf16: bool = False) -> tuple[Any, Any]:

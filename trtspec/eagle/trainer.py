@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from trtspec.eagle import draft_target_logits, rows_at
-from trtspec.target_states import row_lengths
+from trtspec.eagle.head import draft_target_logits, rows_at
+from trtspec.eagle.states import row_lengths
 
 
 class HeadDataset:
@@ -123,7 +123,7 @@ def head_forward(model: Any, batch: dict, unwrapped: Any = None) -> Any:
 def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: Any, eval_steps: int):
     from transformers import Trainer, TrainerCallback
 
-    from trtspec import eagle
+    from trtspec.eagle import head as eagle
 
     class StepLog(TrainerCallback):
         """One JSON line per optimizer step: loss and per-TTT-step accuracy averaged over its micro-batches."""
@@ -177,6 +177,19 @@ def last_complete_checkpoint(ckpt_dir: Path, log: Any) -> str | None:
         log(f"removing incomplete {Path(last).name} (interrupted while it was written)")
         shutil.rmtree(last)
     return None
+
+
+def resume_point(ckpt_dir: Path, log_file: Path, log: Any) -> tuple[str | None, int]:
+    """(the checkpoint to resume from, its step), with the training log cut back to it; (None, 0) and no log for a
+    fresh start."""
+    last = last_complete_checkpoint(ckpt_dir, log)
+    if last:
+        step = int(Path(last).name.split("-")[-1])
+        log(f"resuming from {Path(last).name}")
+        truncate_log(log_file, step)
+        return last, step
+    log_file.unlink(missing_ok=True)
+    return None, 0
 
 
 def truncate_log(log_file: Path, step: int) -> None:

@@ -8,10 +8,10 @@ import pytest
 from click.testing import CliRunner
 from trtllm_helpers import CONTRACT, fake_trtllm, make_bundle, make_cfg, purge_trtllm  # noqa: F401 - fixture
 
-from trtspec import trtllm, vllm_engine
 from trtspec.artifacts import RunDir
+from trtspec.deploy import trtllm, vllm_engine
 from trtspec.errors import ArtifactError
-from trtspec.stage import StageContext, StageSkipped
+from trtspec.pipeline.stage import StageContext, StageSkipped
 from trtspec.stages import engine
 
 
@@ -51,7 +51,7 @@ def test_skipped_without_gpu_and_doctor_agrees(tmp_path, fake_trtllm, monkeypatc
 
 
 def test_vllm_backend_skipped_without_vllm_and_doctor_agrees(tmp_path, monkeypatch):
-    from trtspec import vllm_engine as vl
+    from trtspec.deploy import vllm_engine as vl
     from trtspec.doctor import diagnose
 
     monkeypatch.setattr(vl, "installed", lambda: False)
@@ -63,7 +63,7 @@ def test_vllm_backend_skipped_without_vllm_and_doctor_agrees(tmp_path, monkeypat
 
 def test_vllm_acceptance_from_its_counters():
     """10 verify steps drafting 3 each; 12 draft tokens accepted: 6 at position 1, 4 at 2, 2 at 3."""
-    from trtspec.vllm_engine import acceptance
+    from trtspec.deploy.vllm_engine import acceptance
 
     before = {"drafts": 5, "draft_tokens": 15, "accepted": 3, "accepted_per_pos": [2, 1, 0]}
     after = {"drafts": 15, "draft_tokens": 45, "accepted": 15, "accepted_per_pos": [8, 5, 2]}
@@ -139,8 +139,8 @@ def test_acceptance_math():
 
 
 def test_engine_command_exits_3_when_skipped(tmp_path, monkeypatch):
-    from trtspec import pipeline
     from trtspec.cli import main
+    from trtspec.pipeline import runner as pipeline
 
     def fake_build(cfg, out, start=None, until=None, force=False, on_result=None):
         on_result(pipeline.StageResult("engine", "skipped", 0.0, "", "tensorrt_llm is not installed (pip install trtspec[trtllm])"))

@@ -1,0 +1,195 @@
+"""The checks validate runs on a bundle, each a function of what the runtime and HF produced: the reference a
+quantized target is held to, the greedy match, acceptance statistics, the speeds and what limits them, the
+sampling check at temperature > 0, and the gates."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import ArtifactError, DataError, ModelError
+from trtspec.generation import first_divergence, hf_answer, interleaved
+
+
+def check_context_length(rows: list[dict], prompts: list[list[int]], max_new: int, ctx_len: int) -> None:
+    too_long = [r["id"] for r, p in zip(rows, prompts, strict=True) if len(p) + max_new > ctx_len]
+    if too_long:
+        raise DataError(f"{len(too_long)} prompt(s) (first: {too_long[0]}) plus {max_new} new tokens exceed the context of {ctx_len}",
+                        "use shorter prompts or lower eval.max_new_tokens")
+
+
+def hf_quantized_reference(source: Path, target_dir: Path) -> Any:
+    """The original HF model with the bundle's (dequantized) weights: the quantized target as transformers runs it."""
+    import torch
+
+    from trtspec.models import load_model
+    from trtspec.runtime.model import dequantize, read_safetensors
+
+    model = load_model(source, "float32", "cpu")
+    state, _ = dequantize(read_safetensors(target_dir), torch.float32)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise ArtifactError(f"bundle target weights do not fit the original model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return model
+
+
+def quantized_reference(source: Path, target_dir: Path, quant: dict, dq_notes: list[str], rows: list[dict],
+                        prompts: list[list[int]], hf_out: list[list[int]], max_new: int, eos: set[int]) -> tuple[list, str, dict]:
+    """A quantized target's reference: HF generate on the original architecture with the bundle's dequantized
+    weights, and how far that is from the unquantized model. -> (outputs, what they are, the quantization report)."""
+    import torch
+
+    hfq = hf_quantized_reference(source, target_dir)
+    with torch.inference_mode():
+        reference = [hf_answer(hfq, p, max_new, eos) for p in prompts]
+    div = [first_divergence(a, b) for a, b in zip(hf_out, reference, strict=True)]
+    report = {
+        "format": quant.get("quantization", quant).get("quant_algo", "?") if isinstance(quant, dict) else "?",
+        "dequantized": True, "dropped": dq_notes,
+        "note": "weights dequantized to float32 (weight * weight_scale); activation/KV quantization is not simulated",
+        "identical_to_unquantized": sum(d is None for d in div),
+        "first_divergence_from_unquantized": {r["id"]: d for r, d in zip(rows, div, strict=True) if d is not None},
+    }
+    return reference, "HF generate, original architecture with the bundle's weights dequantized (weight * weight_scale), float32", report
+
+
+def hf_assisted_methods(cfg: Any, hf: Any, source: Path, eos: set[int]) -> tuple[dict, dict[str, str], dict[str, str]]:
+    """HF's own speed-ups to compare with: prompt lookup, and assisted generation with validate.assistant_model (or,
+    without one, HF's self-speculation from the target's first layers). -> (methods, skipped, notes)."""
+    from trtspec.models import load_model, resolve_model
+    from trtspec.runtime.drafters import same_tokenizer
+
+    v, n_new = cfg.validate_, cfg.eval.max_new_tokens
+    if not v.compare_hf:
+        why = "validate.compare_hf is false"
+        return {}, {"hf_assisted": why, "hf_prompt_lookup": why}, {}
+    methods = {"hf_prompt_lookup": lambda p: hf_answer(hf, p, n_new, eos, prompt_lookup_num_tokens=cfg.draft.length)}
+    notes = {}
+    if v.assistant_model:
+        assistant_dir = resolve_model(v.assistant_model)
+        if not same_tokenizer(assistant_dir, source):
+            raise ModelError(f"validate.assistant_model '{v.assistant_model}' has another tokenizer than the target")
+        assistant = load_model(assistant_dir, "float32", "cpu")
+        methods["hf_assisted"] = lambda p: hf_answer(hf, p, n_new, eos, assistant_model=assistant)
+    else:
+        exit_layer = max(1, hf.config.num_hidden_layers // 4)
+        methods["hf_assisted"] = lambda p: hf_answer(hf, p, n_new, eos, assistant_early_exit=exit_layer)
+        notes["hf_assisted"] = f"HF assisted generation, assistant_early_exit={exit_layer} (validate.assistant_model not set)"
+    return methods, {}, notes
+
+
+def time_methods(methods: dict[str, Any], prompts: list[list[int]], repeats: int, kernels: dict) -> tuple[dict, dict | None]:
+    """Interleaved repetitions: every prompt runs every method in turn, so machine noise hits all of them alike; the
+    memory bandwidth is sampled among them (before, and after each prompt's round) for the decode limit.
+    -> (interleaved's result, the bandwidth during the runs; None off a float32 CPU model)."""
+    import torch
+    from tqdm import tqdm
+
+    from trtspec.runtime.kernels import bandwidth_during, memory_bandwidth
+
+    on_cpu = "weight_mb" in kernels
+    samples = [memory_bandwidth(kernels["one_row"], repeats=3)] if on_cpu else []
+    bar = tqdm(total=repeats * len(prompts) * len(methods), desc="timed generations", unit="run")
+
+    def after_run(rep: int, i: int, m: str) -> None:
+        bar.set_postfix_str(f"rep {rep + 1}, prompt {i + 1}, {m}")
+        bar.update()
+        if on_cpu and m == list(methods)[-1]:
+            samples.append(memory_bandwidth(kernels["one_row"], repeats=3))
+
+    with torch.inference_mode():
+        timed = interleaved(methods, prompts, repeats, after_run)
+    bar.close()
+    return timed, bandwidth_during(samples) if on_cpu else None
+
+
+def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temperature: float, eos: set[int], n: int, seed: int) -> dict:
+    """Distribution of the first speculated token vs the target's exact one (chi-square, pooled small bins)."""
+    import torch
+
+    from trtspec.runtime.decode import generate, prefill, speculative_decode
+
+    p = torch.tensor(prompt)
+    first = generate(target, p, 1).tokens[0]
+    with torch.inference_mode():
+        exact = torch.softmax(prefill(target, torch.tensor(prompt + [first]))[0].float() / temperature, -1)
+    g = torch.Generator().manual_seed(seed)
+    counts = Counter()
+    for _ in range(n):
+        out = speculative_decode(target, drafter, p, 2, spec, eos=set(), temperature=temperature, generator=g, first_token=first).tokens
+        counts[out[1]] += 1
+    expected = exact * n
+    big = (expected >= 5).nonzero().flatten().tolist()
+    obs = [counts.get(t, 0) for t in big] + [n - sum(counts.get(t, 0) for t in big)]
+    exp = [float(expected[t]) for t in big] + [n - float(expected[big].sum())]
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True) if e > 0)
+    dof = max(1, len(obs) - 1)
+    tv = 0.5 * sum(abs(counts.get(t, 0) / n - float(exact[t])) for t in set(counts) | set(big))
+    return {"samples": n, "temperature": temperature, "bins": len(obs), "chi2": round(chi2, 2), "dof": dof,
+            "threshold": round(dof + 4 * (2 * dof) ** 0.5, 2), "passed": chi2 < dof + 4 * (2 * dof) ** 0.5,
+            "total_variation": round(tv, 4)}
+
+
+def check_gates(v: Any, report: dict) -> list[dict]:
+    gates = []
+    if v.require_exact:
+        m = report["greedy_match"]
+        gates.append({"gate": "require_exact", "passed": m["matched"] == m["total"],
+                      "message": f"greedy outputs identical on {m['matched']}/{m['total']} prompts (required: all)"})
+    if v.min_acceptance_length is not None:
+        gates.append({"gate": "min_acceptance_length", "passed": report["acceptance_length"] >= v.min_acceptance_length,
+                      "message": f"acceptance length {report['acceptance_length']:.2f} < required {v.min_acceptance_length}"})
+    if v.min_speedup is not None:
+        gates.append({"gate": "min_speedup", "passed": report["speedup_vs_hf"] >= v.min_speedup,
+                      "message": f"speedup {report['speedup_vs_hf']:.2f}x over HF generate < required {v.min_speedup}x"})
+    return gates
+
+
+def median_speeds(timed: dict) -> dict[str, float]:
+    return {m: round(statistics.median(t["tokens_per_s"]), 2) for m, t in timed.items()}
+
+
+def greedy_match(rows: list[dict], outputs: dict[str, list], reference: list[list[int]]) -> dict:
+    """How many speculative (and no-draft) greedy outputs equal the reference, and where the others first differ."""
+    spec = [g.tokens for g in outputs["speculative"]]
+    nodraft = [g.tokens for g in outputs["runtime_no_draft"]]
+    mismatches = {r["id"]: first_divergence(s, ref) for r, s, ref in zip(rows, spec, reference, strict=True) if s != ref}
+    return {"matched": len(rows) - len(mismatches), "total": len(rows), "first_divergence": mismatches,
+            "runtime_no_draft_matched": sum(a == b for a, b in zip(nodraft, reference, strict=True))}
+
+
+def acceptance_summary(rows: list[dict], generations: list, k: int) -> dict:
+    """AL = tokens per target forward in the decode phase; its histogram, per-position rate and per-category AL."""
+    from trtspec.runtime import Stats
+
+    total, per_cat = Stats(), defaultdict(Stats)
+    for r, g in zip(rows, generations, strict=True):
+        total.merge(g.stats)
+        per_cat[r["category"]].merge(g.stats)
+    return {
+        "acceptance_length": round(total.acceptance_length(), 3),
+        "acceptance_histogram": total.histogram(k),
+        "per_position_acceptance": [round(x, 4) for x in total.per_position(k)],
+        "per_category": {c: {"acceptance_length": round(s.acceptance_length(), 3), "steps": s.steps} for c, s in sorted(per_cat.items())},
+    }
+
+
+def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: dict | None) -> dict:
+    """Speedups against HF generate and against the runtime without a draft, and what limits them."""
+    from trtspec.runtime.kernels import speed_limits
+
+    out = {
+        "speedup_vs_hf": round(tps["speculative"] / tps["hf_generate"], 3),
+        "runtime_no_draft_vs_hf": round(tps["runtime_no_draft"] / tps["hf_generate"], 3),
+        "speculative_vs_no_draft": round(tps["speculative"] / tps["runtime_no_draft"], 3),
+    }
+    out["speedup_over_al"] = round(out["speedup_vs_hf"] / al, 3)
+    # what one speculative step (k draft passes + one verify pass over k+1 tokens) costs, in plain decode steps:
+    # speculative_vs_no_draft = AL / step_cost, so speculation pays only while AL > step_cost
+    out["step_cost_vs_decode"] = round(al / out["speculative_vs_no_draft"], 3)
+    out["limits"] = None if bandwidth is None else {
+        "bandwidth": bandwidth, **speed_limits(kernels, bandwidth, tps["runtime_no_draft"], al, out["step_cost_vs_decode"]),
+    }
+    return out
