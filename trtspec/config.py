@@ -77,6 +77,11 @@ class DraftSection(Section):
                          ge=1)
     tree_total_tokens: int = key(16, "tree shapes: draft tokens verified per step at most (TensorRT-LLM "
                                  "max_total_draft_tokens, capped at tree_topk x length)", ge=1)
+    suffix_len: int = key(0, "suffix drafting: the longest chain a match of the text's own suffix (prompt and answer so far) "
+                          "may draft; 0 = off. On, validate also times suffix drafting alone and in front of the head and "
+                          "reports which pays on its prompts", ge=0, le=64)
+    suffix_min_match: int = key(4, "suffix drafting in front of the head: a match of at least this many tokens drafts, "
+                                "the head otherwise", ge=1, le=64)
 
 
 class ConvertSection(Section):
@@ -127,9 +132,10 @@ class ExportSection(Section):
 
 
 class ServeSection(Section):
-    decoding: Literal["eagle3", "draft_target", "ngram"] = key(
-        "eagle3", "what the bundle's engines speculate with: the trained EAGLE-3 head, a small draft model "
-        "(draft_model), or n-gram matches against the prompt and answer so far")
+    decoding: Literal["eagle3", "draft_target", "ngram", "suffix"] = key(
+        "eagle3", "what the engine stage speculates with: the trained EAGLE-3 head (with draft.suffix_len > 0, "
+        "TensorRT-LLM's suffix-automaton enhancer in front of it), a small draft model (draft_model), n-gram matches "
+        "against the prompt and answer so far, or suffix-automaton drafting alone (TensorRT-LLM SA, vLLM suffix)")
     draft_model: str | None = key(None, "decoding: draft_target: the draft model (HF folder relative to the YAML, "
                                   "demo:..., or a hub id)")
     ngram_max_matching: int = key(2, "decoding: ngram: the longest suffix matched", ge=1, le=16)

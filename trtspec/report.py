@@ -91,6 +91,12 @@ def _markdown(r: dict, plots: list[str]) -> str:
         f"Speedup over HF generate: **{r['speedup_vs_hf']:.2f}x** (speedup / AL = {r['speedup_over_al']:.2f}); "
         f"runtime without draft vs HF generate: {r['runtime_no_draft_vs_hf']:.2f}x.",
     ]
+    dr = r.get("drafting")
+    if dr:
+        names = {"speculative": "EAGLE-3", "suffix": "suffix", "eagle3_suffix": "EAGLE-3 + suffix"}
+        lines += ["", "## Drafting methods side by side", "", "| drafting | AL | tokens/s | greedy identical |", "|---|---|---|---|"]
+        lines += [f"| {names.get(m, m)}{' (fastest)' if m == dr['fastest'] else ''} | {v['acceptance_length']:.2f} | "
+                  f"{v['tokens_per_s']:.1f} | {v['identical']}/{r['prompts']} |" for m, v in dr["methods"].items()]
     if "step_cost_vs_decode" in r:
         lines += ["", f"One speculative step (drafts + verify) costs {r['step_cost_vs_decode']:.2f} plain decode steps, and "
                   f"yields AL = {r['acceptance_length']:.2f} tokens: speculation pays while AL exceeds the step cost."]

@@ -193,3 +193,17 @@ def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: di
         "bandwidth": bandwidth, **speed_limits(kernels, bandwidth, tps["runtime_no_draft"], al, out["step_cost_vs_decode"]),
     }
     return out
+
+
+def drafting_summary(outputs: dict[str, list], reference: list[list[int]], tps: dict[str, float], methods: list[str]) -> dict:
+    """The drafting methods side by side: AL, tokens/s, greedy outputs equal to the reference, and the fastest."""
+    from trtspec.runtime import Stats
+
+    out = {}
+    for m in methods:
+        stats = Stats()
+        for g in outputs[m]:
+            stats.merge(g.stats)
+        out[m] = {"acceptance_length": round(stats.acceptance_length(), 3), "tokens_per_s": tps[m],
+                  "identical": sum(g.tokens == r for g, r in zip(outputs[m], reference, strict=True))}
+    return {"methods": out, "fastest": max(methods, key=lambda m: tps[m])}

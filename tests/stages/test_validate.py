@@ -70,6 +70,7 @@ def test_validate_writes_report(tmp_path, run_inputs):
     for f in ("report.md", "acceptance_histogram.png", "per_position_acceptance.png", "speed.png"):
         assert (tmp_path / "out" / f).stat().st_size > 0
     assert "2/2" in metrics["headline"]
+    assert r["drafting"] is None  # suffix drafting off: nothing to compare
     # the timed runtime is the compiled one (this machine and CI have a C++ compiler), and the report says so
     assert r["runtime_compiled"] is True and "torch.compile" in r["compile"]["note"]
     assert "Compilation:" in (tmp_path / "out" / "report.md").read_text()
@@ -85,6 +86,19 @@ def test_validate_writes_report(tmp_path, run_inputs):
     assert lim["no_draft_tokens_per_s"] == pytest.approx(r["tokens_per_s"]["runtime_no_draft"], rel=0.01)
     assert r["machine"]["cores"] >= 1
     assert "What limits the speed" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_validate_compares_suffix_drafting(tmp_path, run_inputs):
+    """draft.suffix_len on: EAGLE-3, suffix and both timed side by side, every greedy output identical."""
+    from trtspec.stages import validate
+
+    validate.run(make_ctx(tmp_path, run_inputs, {"suffix_len": 6, "suffix_min_match": 2}, compile=False, sampling_temperature=None))
+    r = json.loads((tmp_path / "out" / "report.json").read_text())
+    d = r["drafting"]
+    assert set(d["methods"]) == {"speculative", "suffix", "eagle3_suffix"} and d["fastest"] in d["methods"]
+    assert all(m["identical"] == 2 and m["acceptance_length"] >= 1.0 for m in d["methods"].values()), d
+    assert d["methods"]["speculative"]["acceptance_length"] == r["acceptance_length"]
+    assert "Drafting methods side by side" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_gate_fails_after_writing_the_report(tmp_path, run_inputs):

@@ -27,7 +27,7 @@ def pbtxt_tensors(text: str, section: str) -> dict[str, str]:
 def test_options_follow_the_documented_fields(tmp_path):
     opts = llm_api_options(make_cfg(tmp_path, draft={"shape": "dynamic_tree", "tree_topk": 4, "length": 5}))
     spec = opts["speculative_config"]
-    allowed = set(NEW["DecodingBaseConfig"]) | set(NEW["EagleDecodingConfig"]) | {"decoding_type"}
+    allowed = set(NEW["DecodingBaseConfig"]) | set(NEW["EagleDecodingConfig"]) | set(NEW["Eagle3DecodingConfig"]) | {"decoding_type"}
     assert set(spec) <= allowed
     assert set(CONTRACT["yaml"]["speculative_config_required"]) <= set(spec)
     assert spec["decoding_type"] == NEW["decoding_type"] and spec["speculative_model"] == "./draft"
@@ -120,6 +120,28 @@ def test_bundle_yaml_builds_the_installed_config_class(tmp_path, fake_trtllm, ve
     assert spec.max_draft_len == 3 and spec.use_dynamic_tree and spec.eagle3_one_model
     assert set(kwargs) <= set(CONTRACT["llm_kwargs"]["fields"])
     assert kwargs["kv_cache_config"].free_gpu_memory_fraction == opts["kv_cache_config"]["free_gpu_memory_fraction"]
+
+
+def test_suffix_drafting_options(tmp_path, fake_trtllm):  # noqa: F811
+    """draft.suffix_len: the EAGLE-3 options carry TensorRT-LLM's suffix-automaton enhancer (sa_config, its threshold
+    = draft.suffix_min_match); serve.decoding suffix: SA alone, which vLLM serves as method suffix. Both build the
+    installed release's strict classes."""
+    fake_trtllm("1.3.0.dev")
+    from trtspec.deploy import trtllm
+    from trtspec.deploy.serving import vllm_speculative_config
+
+    cfg = make_cfg(tmp_path, draft={"suffix_len": 8, "suffix_min_match": 5})
+    spec = llm_api_options(cfg)["speculative_config"]
+    assert spec["sa_config"] == {"threshold": 5} and "sa_config" in CONTRACT["llm_args"]["new"]["Eagle3DecodingConfig"]
+    bundle = make_bundle(tmp_path / "b", cfg)
+    built = trtllm.llm_kwargs(yaml.safe_load((bundle / "llm_api_options.yaml").read_text()), bundle / "target", bundle)
+    assert built["speculative_config"].sa_config.threshold == 5
+    sa = llm_api_options(cfg, decoding="suffix")
+    assert sa["speculative_config"] == {"decoding_type": "SA", "max_draft_len": 8, "max_matching_ngram_size": -1}
+    assert type(trtllm.llm_kwargs(sa, bundle / "target", bundle)["speculative_config"]).__name__ == "SADecodingConfig"
+    assert vllm_speculative_config(sa) == {"method": "suffix", "num_speculative_tokens": 8}
+    # no suffix automaton in TensorRT-LLM's dynamic-tree path: no sa_config there
+    assert "sa_config" not in llm_api_options(make_cfg(tmp_path, draft={"suffix_len": 8, "shape": "dynamic_tree"}))["speculative_config"]
 
 
 def test_unknown_spec_field_fails_loudly(tmp_path, fake_trtllm):  # noqa: F811

@@ -77,6 +77,8 @@ def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = 
         return {"decoding_type": "NGram", "max_draft_len": d.length, "max_matching_ngram_size": s.ngram_max_matching}
     if decoding == "draft_target":
         return {"decoding_type": "DraftTarget", "max_draft_len": d.length, "speculative_model": draft_rel}
+    if decoding == "suffix":  # SADecodingConfig; -1: the longest suffix match, not a fixed n-gram size
+        return {"decoding_type": "SA", "max_draft_len": d.suffix_len or d.length, "max_matching_ngram_size": -1}
     spec = {
         "decoding_type": "Eagle3",
         "max_draft_len": d.length,
@@ -85,6 +87,10 @@ def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = 
     }
     if aux_layers is not None:
         spec["eagle3_layers_to_capture"] = sorted(aux_layers)
+    if d.suffix_len and d.shape != "dynamic_tree":
+        # SAEnhancerConfig: a suffix match of >= threshold tokens overrides the head's draft (one-model, linear
+        # EAGLE-3 only: TensorRT-LLM wires no suffix automaton into its dynamic-tree path)
+        spec["sa_config"] = {"threshold": d.suffix_min_match}
     if d.shape == "dynamic_tree":
         # EAGLE-2 style tree: top-K expansions per draft layer, at most max_total_draft_tokens nodes
         # (TensorRT-LLM checks max_draft_len <= max_total_draft_tokens <= topK * max_draft_len)
@@ -267,8 +273,12 @@ def _script(path: Path, text: str) -> Path:
 
 
 def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
-    """vLLM's `speculative_config` for the bundle's draft (the aux layers come from the draft's config.json)."""
-    return {"method": "eagle3", "model": draft, "num_speculative_tokens": options["speculative_config"]["max_draft_len"]}
+    """vLLM's `speculative_config` for the bundle's draft (the aux layers come from the draft's config.json), or for
+    suffix decoding alone. vLLM serves one method at a time: no suffix matching in front of EAGLE-3."""
+    spec = options["speculative_config"]
+    if spec["decoding_type"] == "SA":
+        return {"method": "suffix", "num_speculative_tokens": spec["max_draft_len"]}
+    return {"method": "eagle3", "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
 
 
 def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[str] = frozenset()) -> list[Path]:

@@ -5,7 +5,7 @@ On copy-heavy work (editing code, answering about a given document, rewriting) t
 of its prompt, and a suffix match of many tokens predicts the next several exactly; a learned head guesses one
 token at a time from hidden states and cannot beat a verbatim copy there. On free text matches are short and rare,
 so the combination drafts with the suffix match only when it is long (`min_match` tokens), and with the model
-drafter otherwise — the rule TensorRT-LLM's EAGLE-3 + suffix-automaton mode uses.
+drafter otherwise — the rule of TensorRT-LLM's EAGLE-3 with a suffix-automaton enhancer (`sa_config`).
 """
 
 from __future__ import annotations
@@ -83,8 +83,10 @@ class SuffixDrafter:
 
 
 class SuffixThenModelDrafter:
-    """A suffix match of at least `min_match` tokens drafts (up to spec.suffix_len tokens); otherwise the model
-    drafter does. The model drafter sees every accepted token either way, so its cache stays in step with the target."""
+    """A suffix match of at least `min_match` tokens drafts (spec.k tokens at most, the model drafter's own length);
+    otherwise the model drafter does. This is TensorRT-LLM's rule for EAGLE-3 with `sa_config` (SADraftEnhancer:
+    per request and step, all-or-nothing, threshold 4 by default). The model drafter sees every accepted token
+    either way, so its cache stays in step with the target."""
 
     def __init__(self, model, suffix: SuffixDrafter):
         self.model, self.suffix = model, suffix
@@ -103,7 +105,7 @@ class SuffixThenModelDrafter:
         self.suffix.accepted(tokens, aux)
 
     def draft(self, root: int, spec: DraftSpec, temperature: float = 0.0, generator=None) -> tuple[Tree, Tensor | None]:
-        n, tokens = self.suffix.proposal(spec.suffix_len or spec.k)
+        n, tokens = self.suffix.proposal(spec.k)
         if tokens:
             self.suffix_steps += 1
             return chain(root, tokens), None

@@ -21,6 +21,7 @@ from trtspec.validation import (
     acceptance_summary,
     check_context_length,
     check_gates,
+    drafting_summary,
     greedy_match,
     hf_assisted_methods,
     median_speeds,
@@ -62,6 +63,7 @@ def run(ctx: StageContext) -> dict:
         speculative_decode,
     )
     from trtspec.runtime.kernels import cpu_description
+    from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
 
     v, d, n_new = ctx.cfg.validate_, ctx.cfg.draft, ctx.cfg.eval.max_new_tokens
     bundle = ctx.inputs["export"]
@@ -74,7 +76,7 @@ def run(ctx: StageContext) -> dict:
     target, dq_notes = load_transformer(target_dir, torch.float32)
     check_context_length(rows, prompts, n_new, target.args.max_positions)
     drafter = load_eagle3_drafter(bundle / "draft", target)
-    spec = DraftSpec(shape=d.shape, k=d.length, topk=d.tree_topk, total=d.tree_total_tokens)
+    spec = DraftSpec(shape=d.shape, k=d.length, topk=d.tree_topk, total=d.tree_total_tokens, suffix_len=d.suffix_len)
     source = resolve_model(ctx.cfg.model.source)
     kernels = target.kernel_choice
     ctx.log(f"{len(prompts)} prompts, {n_new} new tokens, draft {d.shape} k={d.length}, threads {torch.get_num_threads()}")
@@ -86,6 +88,11 @@ def run(ctx: StageContext) -> dict:
         "runtime_no_draft": lambda p: generate(target, torch.tensor(p), n_new, eos),
         "speculative": lambda p: speculative_decode(target, drafter, torch.tensor(p), n_new, spec, eos),
     }
+    if d.suffix_len:  # suffix drafting alone, and a long suffix match in front of the head
+        suffix_alone, suffix_first = SuffixDrafter(), SuffixThenModelDrafter(drafter, SuffixDrafter(min_match=d.suffix_min_match))
+        methods["suffix"] = lambda p: speculative_decode(target, suffix_alone, torch.tensor(p), n_new, spec, eos)
+        methods["eagle3_suffix"] = lambda p: speculative_decode(target, suffix_first, torch.tensor(p), n_new, spec, eos)
+    drafting = [m for m in ("speculative", "suffix", "eagle3_suffix") if m in methods]
     assisted, skipped, method_notes = hf_assisted_methods(ctx.cfg, hf, source, eos)
     methods.update(assisted)
 
@@ -93,7 +100,7 @@ def run(ctx: StageContext) -> dict:
     compile_s, compile_note = 0.0, "off (validate.compile: false)"
     if v.compile:
         ctx.log("compiling the runtime's decode, verify and draft passes (torch.compile; ~1-2 min on a CPU the first time)")
-        compile_s, compile_note = compile_steps([target, drafter.net], lambda: [methods[m](prompts[0]) for m in ("runtime_no_draft", "speculative")])
+        compile_s, compile_note = compile_steps([target, drafter.net], lambda: [methods[m](prompts[0]) for m in ("runtime_no_draft", *drafting)])
         ctx.log(f"{compile_note} ({compile_s:.0f} s)")
 
     timed, bandwidth = time_methods(methods, prompts, ctx.cfg.eval.repeats, kernels)
@@ -132,6 +139,7 @@ def run(ctx: StageContext) -> dict:
         "skipped": skipped,
         "method_notes": method_notes,
         **speed_summary(tps, acceptance["acceptance_length"], kernels, bandwidth),
+        "drafting": drafting_summary(outputs, reference, tps, drafting) if len(drafting) > 1 else None,
         "sampling_check": sampling,
         "machine": cpu_description(),
         "kernels": {"target": kernels, "draft": drafter.net.kernel_choice},

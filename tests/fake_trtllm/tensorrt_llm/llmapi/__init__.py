@@ -10,6 +10,6 @@ from tensorrt_llm.llmapi.llm_args import (
 
 __all__ = ["EagleDecodingConfig", "KvCacheConfig", "NGramDecodingConfig", "DraftTargetDecodingConfig"]
 if newer():
-    from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig  # noqa: F401
+    from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, SADecodingConfig, SAEnhancerConfig  # noqa: F401
 
-    __all__.append("Eagle3DecodingConfig")
+    __all__ += ["Eagle3DecodingConfig", "SADecodingConfig", "SAEnhancerConfig"]

@@ -74,6 +74,23 @@ class EagleDecodingConfig(DecodingBaseConfig):
         return getattr(self, "speculative_model", None) or getattr(self, "speculative_model_dir", None)
 
 
+class SAEnhancerConfig(StrictBaseModel):
+    threshold: int = Field(default=4, gt=0)
+    enable_global_pool: bool = False
+
+
+class SADecodingConfig(DecodingBaseConfig):
+    max_matching_ngram_size: int = -1
+    enable_global_pool: bool = False
+    global_pool_size: int | None = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if not self.max_draft_len or self.max_matching_ngram_size == 0:
+            raise ValueError("SA needs max_draft_len > 0 and max_matching_ngram_size -1 or > 0")
+        return self
+
+
 if newer():
 
     class EagleDecodingConfig(EagleDecodingConfig):  # noqa: F811 - newer releases: decoding_type is a field
@@ -81,6 +98,7 @@ if newer():
 
     class Eagle3DecodingConfig(EagleDecodingConfig):
         decoding_type: Literal["Eagle3"] = "Eagle3"
+        sa_config: SAEnhancerConfig | None = None
 
 
 class NGramDecodingConfig(DecodingBaseConfig):

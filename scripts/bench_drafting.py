@@ -1,0 +1,128 @@
+#!/usr/bin/env python
+"""EAGLE-3, suffix drafting and the two combined, side by side on several prompt sets, on a finished run.
+
+    python scripts/bench_drafting.py runs/demo                       # table on stdout
+    python scripts/bench_drafting.py runs/demo --json --prompts 6 --sets heldout,code,copy
+
+Prompt sets: `heldout` (the data stage's held-out chat prompts), `code` (build_configs/prompts/code_prompts.jsonl:
+complete a function) and `copy` (build_configs/prompts/copy_prompts.jsonl: answers that quote, rename or rewrite
+text given in the prompt), or any JSONL/text file of prompts. For each set, every prompt runs the runtime without a
+draft, with the EAGLE-3 head (chains of --k), with suffix drafting alone (chains of up to --suffix-len) and with
+both (a suffix match of at least --min-match tokens drafts, the head otherwise) in turn, interleaved so machine
+noise hits all alike. `exact` counts the prompts whose output is token-identical to the runtime without a draft
+(itself held equal to HF generate by validate and the tests). The runtime's passes are torch.compile'd first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SETS = {"code": ROOT / "build_configs" / "prompts" / "code_prompts.jsonl",
+        "copy": ROOT / "build_configs" / "prompts" / "copy_prompts.jsonl"}
+
+
+def load_set(name: str, run: Path, tok, n: int) -> list[list[int]]:
+    """The first n prompts of a set (heldout | code | copy | a file), chat-templated."""
+    from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
+
+    if name == "heldout":
+        rows = prompt_rows(read_rows(run / "data" / "heldout.jsonl"))
+    else:
+        path = SETS.get(name, Path(name))
+        if not path.is_file():
+            sys.exit(f"error: prompt set '{name}' is neither heldout, code, copy nor a file")
+        rows = read_prompt_file(path, Counter(), "prompt file", "give a JSONL (prompt|messages) or text file")
+    if not rows:
+        sys.exit(f"error: no prompts in set '{name}'")
+    return [encode_prompt(tok, r["messages"]) for r in rows[:n]]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--sets", default="heldout,code,copy", help="prompt sets, comma separated (heldout, code, copy, or files)")
+    ap.add_argument("--prompts", type=int, default=6, help="prompts per set")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--k", type=int, default=3, help="EAGLE-3 chain length")
+    ap.add_argument("--suffix-len", type=int, default=8, help="longest chain a suffix match drafts")
+    ap.add_argument("--min-match", type=int, default=4, help="combined: shortest suffix match that drafts instead of the head")
+    ap.add_argument("--no-compile", action="store_true", help="run the runtime eagerly (no torch.compile)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    a = ap.parse_args()
+
+    import torch
+
+    from trtspec.eagle.checkpoint import check_bundle
+    from trtspec.generation import eos_ids, interleaved
+    from trtspec.models import load_tokenizer
+    from trtspec.runtime import (
+        DraftSpec,
+        Stats,
+        compile_steps,
+        generate,
+        load_eagle3_drafter,
+        load_transformer,
+        speculative_decode,
+    )
+    from trtspec.runtime.kernels import cpu_description
+    from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
+
+    run, bundle = a.run_dir, a.run_dir / "bundle"
+    check_bundle(bundle)
+    tok = load_tokenizer(bundle / "target")
+    eos, new = eos_ids(bundle / "target", tok), a.max_new_tokens
+    sets = {name: load_set(name, run, tok, a.prompts) for name in a.sets.split(",")}
+    target, _ = load_transformer(bundle / "target")
+    eagle = load_eagle3_drafter(bundle / "draft", target)
+    spec = DraftSpec(k=a.k, suffix_len=a.suffix_len)
+    drafters = {"eagle3": eagle, "suffix": SuffixDrafter(),
+                "eagle3+suffix": SuffixThenModelDrafter(eagle, SuffixDrafter(min_match=a.min_match))}
+    methods = {"no_draft": lambda p: generate(target, torch.tensor(p), new, eos)}
+    methods |= {m: (lambda p, d=d: speculative_decode(target, d, torch.tensor(p), new, spec, eos)) for m, d in drafters.items()}
+
+    machine = cpu_description()
+    compile_s, compile_note = 0.0, "off (--no-compile)"
+    if not a.no_compile:  # warm up on every method and set: suffix chains verify other row counts than the head's
+        compile_s, compile_note = compile_steps([target, eagle.net], lambda: [methods[m](ps[0]) for ps in sets.values() for m in methods])
+    if not a.json:
+        print(f"machine: {machine['model']}, {machine['cores']} cores, {machine['torch_threads']} threads; runtime: {compile_note} ({compile_s:.0f} s)")
+        print(f"k={a.k}, suffix chains up to {a.suffix_len}, combined: suffix when its match is >= {a.min_match} tokens; "
+              f"{a.prompts} prompts per set, {new} new tokens", flush=True)
+
+    rows = []
+    with torch.inference_mode():
+        for name, prompts in sets.items():
+            res = interleaved(methods, prompts)
+            ref = [g.tokens for g in res["no_draft"]["outputs"]]
+            base_tps = res["no_draft"]["tokens_per_s"][0]
+            for m in drafters:
+                stats = Stats()
+                for g in res[m]["outputs"]:
+                    stats.merge(g.stats)
+                tps = res[m]["tokens_per_s"][0]
+                rows.append({"set": name, "method": m, "prompts": len(prompts),
+                             "exact": sum(g.tokens == r for g, r in zip(res[m]["outputs"], ref, strict=True)),
+                             "acceptance_length": round(stats.acceptance_length(), 3), "tokens_per_s": round(tps, 2),
+                             "no_draft_tokens_per_s": round(base_tps, 2), "speedup_vs_no_draft": round(tps / base_tps, 3)})
+            eagle_al = next(r["acceptance_length"] for r in rows if r["set"] == name and r["method"] == "eagle3")
+            for r in rows[-len(drafters):]:
+                r["al_vs_eagle3"] = round(r["acceptance_length"] / eagle_al, 3)
+            if not a.json:
+                print(f"\n{name} ({len(prompts)} prompts; no draft {base_tps:.1f} tok/s)")
+                print(f"  {'method':<14} {'exact':>5} {'AL':>5} {'AL/eagle3':>9} {'tok/s':>7} {'vs no draft':>11}")
+                for r in rows[-len(drafters):]:
+                    print(f"  {r['method']:<14} {r['exact']:>2}/{r['prompts']:<2} {r['acceptance_length']:>5.2f} {r['al_vs_eagle3']:>8.2f}x "
+                          f"{r['tokens_per_s']:>7.1f} {r['speedup_vs_no_draft']:>10.2f}x", flush=True)
+    if a.json:
+        print(json.dumps({"run_dir": str(run), "k": a.k, "suffix_len": a.suffix_len, "min_match": a.min_match,
+                          "max_new_tokens": new, "compile": {"seconds": compile_s, "note": compile_note},
+                          "machine": machine, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
