@@ -69,6 +69,7 @@ def main() -> None:
         load_transformer,
         speculative_decode,
     )
+    from trtspec.runtime.decode import warm_up_row_counts
     from trtspec.runtime.kernels import cpu_description
     from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
 
@@ -87,8 +88,9 @@ def main() -> None:
 
     machine = cpu_description()
     compile_s, compile_note = 0.0, "off (--no-compile)"
-    if not a.no_compile:  # warm up on every method and set: suffix chains verify other row counts than the head's
-        compile_s, compile_note = compile_steps([target, eagle.net], lambda: [methods[m](ps[0]) for ps in sets.values() for m in methods])
+    if not a.no_compile:  # warm up every row count a draft can verify, then every method on every set
+        compile_s, compile_note = compile_steps([target, eagle.net], lambda: (warm_up_row_counts(target, eagle, spec.max_nodes()),
+                                                [methods[m](ps[0]) for ps in sets.values() for m in methods]))
     if not a.json:
         print(f"machine: {machine['model']}, {machine['cores']} cores, {machine['torch_threads']} threads; runtime: {compile_note} ({compile_s:.0f} s)")
         print(f"k={a.k}, suffix chains up to {a.suffix_len}, combined: suffix when its match is >= {a.min_match} tokens; "

@@ -262,8 +262,12 @@ def test_suffix_drafts_keep_greedy_output(eagle_export, target_dir, prompts, hf_
     """Suffix drafting alone and in front of EAGLE-3 (chains of up to 6 suffix tokens, EAGLE-3 chains of 3)."""
     from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
 
+    from trtspec.runtime.decode import warm_up_row_counts
+
     target = load_transformer(target_dir)[0]
-    drafter = SuffixThenModelDrafter(load_eagle3_drafter(eagle_export[0], target), SuffixDrafter(min_match=2)) if combined else SuffixDrafter()
+    eagle = load_eagle3_drafter(eagle_export[0], target)
+    drafter = SuffixThenModelDrafter(eagle, SuffixDrafter(min_match=2)) if combined else SuffixDrafter()
+    warm_up_row_counts(target, eagle, 7)  # scratch passes over every row count: nothing of them may leak into outputs
     for p, ref in zip(prompts, hf_greedy, strict=True):
         # the prompt twice: the second copy's suffix matches the first, so suffix drafts are proposed and judged
         doubled = torch.cat((p, p))

@@ -94,6 +94,28 @@ def verify_tree(target: Transformer, tree: Tree, length: int) -> tuple[Tensor, T
     return target.step(torch.tensor(tree.tokens), positions, slots, length + n, mask)
 
 
+@torch.inference_mode()
+def warm_up_row_counts(target: Transformer, drafter, max_rows: int) -> None:
+    """Run the target's verify pass, and a model drafter's catch-up, once for every token count 1..max_rows.
+
+    The products' kernel is chosen per row count (kernels.few_rows_linear), so a compiled step holds one graph per
+    count, compiled the first time that count occurs. Drafts of varying length (suffix matches) meet counts a fixed
+    chain never does; without this, those compilations would land inside timed runs. Cache contents written here are
+    scratch: every generation starts with a prefill."""
+    prompt = torch.arange(1, 9)
+    need = prompt.numel() + max_rows * (max_rows + 1) + 2
+    if target.max_len < need:
+        target.setup_cache(need)
+    _, aux = prefill(target, prompt)
+    for n in range(1, max_rows + 1):
+        verify_tree(target, Tree(list(range(1, n + 1)), [-1, *range(n - 1)], list(range(n))), prompt.numel())
+    if hasattr(drafter, "_catch_up"):  # a model drafter: its cache takes the accepted tokens, 1..max_rows at a time
+        drafter.setup(need)
+        drafter.start(prompt, 1, aux)
+        for m in range(1, max_rows + 1):
+            drafter.accepted(torch.ones(m, dtype=torch.long), None if aux is None else aux[-1:].expand(m, -1))
+
+
 def compact_cache(model: Transformer, length: int, path: list[int]) -> None:
     """Move the KV rows of the accepted path (tree node ids) to rows length, length + 1, ..."""
     if path == list(range(len(path))):

@@ -62,6 +62,7 @@ def run(ctx: StageContext) -> dict:
         load_transformer,
         speculative_decode,
     )
+    from trtspec.runtime.decode import warm_up_row_counts
     from trtspec.runtime.kernels import cpu_description
     from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
 
@@ -100,7 +101,8 @@ def run(ctx: StageContext) -> dict:
     compile_s, compile_note = 0.0, "off (validate.compile: false)"
     if v.compile:
         ctx.log("compiling the runtime's decode, verify and draft passes (torch.compile; ~1-2 min on a CPU the first time)")
-        compile_s, compile_note = compile_steps([target, drafter.net], lambda: [methods[m](prompts[0]) for m in ("runtime_no_draft", *drafting)])
+        compile_s, compile_note = compile_steps([target, drafter.net], lambda: (warm_up_row_counts(target, drafter, spec.max_nodes()),
+                                                                                    [methods[m](prompts[0]) for m in ("runtime_no_draft", *drafting)]))
         ctx.log(f"{compile_note} ({compile_s:.0f} s)")
 
     timed, bandwidth = time_methods(methods, prompts, ctx.cfg.eval.repeats, kernels)
