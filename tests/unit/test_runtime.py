@@ -260,9 +260,8 @@ def test_suffix_index_finds_the_longest_earlier_match():
 @pytest.mark.parametrize("combined", [False, True])
 def test_suffix_drafts_keep_greedy_output(eagle_export, target_dir, prompts, hf_greedy, combined):
     """Suffix drafting alone and in front of EAGLE-3 (chains of up to 6 suffix tokens, EAGLE-3 chains of 3)."""
-    from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
-
     from trtspec.runtime.decode import warm_up_row_counts
+    from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
 
     target = load_transformer(target_dir)[0]
     eagle = load_eagle3_drafter(eagle_export[0], target)
