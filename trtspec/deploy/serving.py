@@ -276,7 +276,7 @@ def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
     """vLLM's `speculative_config` for the bundle's draft (the aux layers come from the draft's config.json), or for
     suffix decoding alone. vLLM serves one method at a time: no suffix matching in front of EAGLE-3."""
     spec = options["speculative_config"]
-    if spec["decoding_type"] == "SA":
+    if spec.get("decoding_type") == "SA":
         return {"method": "suffix", "num_speculative_tokens": spec["max_draft_len"]}
     return {"method": "eagle3", "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
 
