@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from trtspec.errors import DataError
-from trtspec.runtime.drafters import DraftSpec, softmax_t
+from trtspec.runtime.drafters import DraftSpec, ModelDrafter, softmax_t
 from trtspec.runtime.model import Transformer
 from trtspec.runtime.tree import Tree
 
@@ -109,7 +109,7 @@ def warm_up_row_counts(target: Transformer, drafter, max_rows: int) -> None:
     _, aux = prefill(target, prompt)
     for n in range(1, max_rows + 1):
         verify_tree(target, Tree(list(range(1, n + 1)), [-1, *range(n - 1)], list(range(n))), prompt.numel())
-    if hasattr(drafter, "_catch_up"):  # a model drafter: its cache takes the accepted tokens, 1..max_rows at a time
+    if isinstance(drafter, ModelDrafter):  # its cache takes the accepted tokens, 1..max_rows at a time
         drafter.setup(need)
         drafter.start(prompt, 1, aux)
         for m in range(1, max_rows + 1):
