@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -269,3 +270,13 @@ class RunDir:
                 f"move it out of '{self.path}' or choose another --out",
             )
         shutil.rmtree(d, ignore_errors=True)
+
+
+def peak_rss_gib() -> float | None:
+    """The process's peak resident memory in GiB (Linux/macOS), None where the OS does not report it."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(kb / (2**30 if sys.platform == "darwin" else 2**20), 2)

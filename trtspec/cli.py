@@ -84,10 +84,14 @@ def _print_summary(results, as_json: bool) -> None:
 
 
 def _build(config, out, overrides, start, until, force, as_json, stage_command: bool = False) -> None:
+    from trtspec import ranks
     from trtspec.config import load_config
-    from trtspec.pipeline.runner import run_build
+    from trtspec.pipeline.runner import follow_build, run_build
 
     cfg = load_config(config, overrides)
+    if not ranks.is_main():  # a multi-process launch: rank 0 runs the build, this rank joins its training
+        follow_build(cfg)
+        return
     done = []
     try:
         run_build(cfg, out, start=start, until=until, force=force, on_result=done.append)

@@ -537,3 +537,26 @@ def test_bench_data_scaling_fits_the_trend_and_prices_the_rows_it_needs(tmp_path
     assert wide["budget"]["rows"] == 3200 and wide["budget"]["doublings_over_these"] == 2.0  # 3200 = 4 x 800
     # on the trend 1 + 0.25 * log2(32) = 2.25 there; from 1.75 at 800 rows to 3.0 in 2 doublings: 0.625 each
     assert wide["budget"]["AL_on_trend"] == 2.25 and wide["budget"]["gain_per_doubling_needed"] == 0.625
+
+
+def test_offline_states_the_disk_cannot_hold_are_refused_before_any_is_computed(upstream, tiny_model_dir, tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from trtspec.eagle.states import states_bytes
+    from trtspec.errors import ConfigError
+
+    _, inputs = upstream
+    ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", inputs, mode="offline")
+    tokens = torch.load(inputs["data"] / "train_tokens.pt", weights_only=True)
+    aux = json.loads((inputs["convert"] / "eagle_config.json").read_text())["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]
+    need = states_bytes(tokens, 64, len(aux))  # the tiny model's width; fp16 aux states and the last state
+    assert need == 2 * tokens["input_ids"].numel() * 64 * (len(aux) + 1)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(need, 0, need // 2))
+    with pytest.raises(ConfigError, match=r"offline target states need .* GiB .* free") as e:
+        train.run(ctx)
+    assert "train.mode: online" in e.value.hint
+    assert not (train.target_states_dir(ctx, aux) / "states").exists()
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(need, 0, need))  # exactly enough: it trains
+    assert train.run(ctx)["steps"] == 4

@@ -28,6 +28,31 @@ def row_lengths(tokens: dict) -> list[int]:
     return tokens["attention_mask"].sum(1).tolist()
 
 
+def states_bytes(tokens: dict, hidden: int, aux: int) -> int:
+    """What cache_states writes: fp16 [rows, seq_len, hidden] for each aux layer and the last hidden state."""
+    n, t = tokens["input_ids"].shape
+    return 2 * n * t * hidden * (aux + 1)
+
+
+def check_states_fit(folder: Path, tokens: dict, hidden: int, aux: int) -> None:
+    """Refuse, before computing anything, offline states the disk cannot hold (what is already cached counts)."""
+    import shutil
+
+    need = states_bytes(tokens, hidden, aux)
+    have = sum(f.stat().st_size for f in folder.glob("*.npy")) if folder.is_dir() else 0
+    probe = folder if folder.is_dir() else next(p for p in folder.parents if p.is_dir())
+    free = shutil.disk_usage(probe).free
+    if need - have > free:
+        from trtspec.errors import ConfigError
+
+        raise ConfigError(
+            f"offline target states need {need / 2**30:.1f} GiB ({tokens['input_ids'].shape[0]} rows x "
+            f"{tokens['input_ids'].shape[1]} tokens x {hidden} x {aux + 1} states, fp16) and {probe} has "
+            f"{free / 2**30:.1f} GiB free",
+            "set train.mode: online (the target runs on every step, nothing on disk), or free disk, or lower data.seq_len",
+        )
+
+
 def cache_states(base: Any, tokens: dict, aux_layers: list[int], folder: Path, batch_size: int, log: Any, bf16: bool = False) -> dict:
     """Target hidden states of every training row in fp16 memmaps under `folder`; resumes after a kill.
     Rows go through the target shortest first, each batch cut to its longest row: little compute on padding."""

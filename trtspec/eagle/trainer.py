@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from trtspec import ranks
 from trtspec.eagle.head import draft_target_logits, rows_at
 from trtspec.eagle.states import row_lengths
 
@@ -129,32 +130,38 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
         """One JSON line per optimizer step: loss and per-TTT-step accuracy averaged over its micro-batches."""
 
         def __init__(self):
-            self.buf: list[tuple[float, list[float]]] = []
+            self.buf: list[tuple[float, ...]] = []  # (loss, accuracy of each TTT step) per micro-batch
 
         def on_step_end(self, args, state, control, **kw):
             if not self.buf:
                 return
-            loss = sum(b[0] for b in self.buf) / len(self.buf)
-            accs = [round(sum(b[1][i] for b in self.buf) / len(self.buf), 4) for i in range(len(self.buf[0][1]))]
+            # every rank's micro-batches (a DDP step's loss is their mean); rank 0 writes the row
+            loss, *accs = ranks.mean([sum(b[i] for b in self.buf) / len(self.buf) for i in range(len(self.buf[0]))])
+            self.buf.clear()
+            if not ranks.is_main():
+                return
             lr = kw["lr_scheduler"].get_last_lr()[0] if kw.get("lr_scheduler") else None
-            row = {"step": state.global_step, "epoch": round(state.epoch or 0, 3), "loss": round(loss, 4), "acc_ttt": accs, "lr": lr}
+            row = {"step": state.global_step, "epoch": round(state.epoch or 0, 3), "loss": round(loss, 4),
+                   "acc_ttt": [round(a, 4) for a in accs], "lr": lr}
             if eval_steps and state.global_step % eval_steps == 0:
                 row["eval"] = eval_fn()
             with open(log_file, "a") as f:
                 f.write(json.dumps(row) + "\n")
-            self.buf.clear()
 
     step_log = StepLog()
 
     class EagleTrainer(Trainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             out = head_forward(model, inputs, self.accelerator.unwrap_model(model))
-            step_log.buf.append((float(out.loss.detach()), [float(a) for a in out.train_acc[0]]))
+            step_log.buf.append((float(out.loss.detach()), *(float(a) for a in out.train_acc[0])))
             return (out.loss, out) if return_outputs else out.loss
 
         def _get_train_sampler(self, train_dataset=None):
+            # grouped by the global batch (every rank's micro-batches of one step): the rows of a step are the same
+            # whatever the number of processes; accelerate hands each rank its share
             ds = train_dataset or self.train_dataset
-            return LengthGroupedEpochSampler(ds.lengths, self.args.train_batch_size * self.args.gradient_accumulation_steps, self.args.seed)
+            step_rows = self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
+            return LengthGroupedEpochSampler(ds.lengths, step_rows, self.args.seed)
 
         def _save(self, output_dir=None, state_dict=None):
             # checkpoints hold the head only (the base is frozen and already on disk)

@@ -11,12 +11,14 @@ import importlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtspec.artifacts import RunDir, fingerprint, package_versions, sha256_file
+from trtspec import ranks
+from trtspec.artifacts import RunDir, fingerprint, package_versions, peak_rss_gib, sha256_file
 from trtspec.config import STAGES, BuildConfig, dump_config
 from trtspec.errors import ConfigError, TrtspecError
 from trtspec.models import model_stamp
@@ -43,6 +45,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "engine": ("engine", "eval.num_prompts", "eval.max_new_tokens"),
     "validate": ("validate", "draft", "eval", "seed"),
 }
+# stages every rank of a multi-process launch runs (the others are rank 0's alone)
+ALL_RANKS = ("train",)
 
 
 @dataclass
@@ -128,7 +132,8 @@ def run_build(
     run = RunDir(run_dir)
     results: list[StageResult] = []
     fps: dict[str, str] = {}
-    with run.locked():
+    ranks.start()
+    with _releasing_followers(), run.locked():
         preflight(cfg, run, needed, redo)
         for stage in needed:
             upstream = {d: fps[d] for d in DEPS[stage]}
@@ -153,6 +158,47 @@ def run_build(
             if on_result:
                 on_result(res)
     return results
+
+
+@contextmanager
+def _releasing_followers() -> Iterator[None]:
+    """The other ranks of a multi-process launch wait in `follow_build` until rank 0's build ends. Not when it ends
+    inside a stage they run too: they are in that stage's collectives, and rank 0 exiting is what ends the launch
+    (torchrun stops the others)."""
+    try:
+        yield
+    except BaseException:
+        if ranks.size() > 1 and not _followers_busy:
+            ranks.broadcast(None)
+        raise
+    if ranks.size() > 1:
+        ranks.broadcast(None)
+
+
+_followers_busy = False  # rank 0 is in a stage the other ranks run too
+
+
+def follow_build(cfg: BuildConfig) -> None:
+    """A rank other than 0 of a multi-process launch: run each stage rank 0 names (ALL_RANKS) with it, in rank 0's
+    run directory and scratch, until rank 0's build ends. Writes nothing but what the stage's ranks share."""
+    ranks.start()
+    while (job := ranks.broadcast()) is not None:
+        ctx = StageContext(cfg, RunDir(job["run"]), job["stage"], Path(job["out"]), Path(job["work"]),
+                           {k: Path(v) for k, v in job["inputs"].items()}, job["manifests"], quiet=True)
+        stage_module(job["stage"]).run(ctx)
+
+
+def run_with_followers(ctx: StageContext) -> dict:
+    """Run a stage on rank 0; one of ALL_RANKS with the other ranks of a launch (told where it runs first)."""
+    global _followers_busy
+    if ranks.size() == 1 or ctx.stage not in ALL_RANKS:
+        return stage_module(ctx.stage).run(ctx) or {}
+    ranks.broadcast({"stage": ctx.stage, "run": str(ctx.run.path), "out": str(ctx.out), "work": str(ctx.work),
+                     "inputs": {k: str(v) for k, v in ctx.inputs.items()}, "manifests": ctx.manifests})
+    _followers_busy = True
+    metrics = stage_module(ctx.stage).run(ctx) or {}
+    _followers_busy = False
+    return metrics
 
 
 def likely_to_run(cfg: BuildConfig, run: RunDir, needed: list[str], redo: set[str]) -> list[str]:
@@ -241,7 +287,7 @@ def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, key: str, ups
         try:
             if skipped_deps:
                 raise StageSkipped(f"upstream stage(s) {', '.join(skipped_deps)} skipped")
-            metrics = stage_module(stage).run(ctx) or {}
+            metrics = run_with_followers(ctx)
         except StageSkipped as e:
             status, reason = "skipped", str(e)
             ctx.log(f"skipped: {reason}")
@@ -263,16 +309,6 @@ def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, key: str, ups
         }
         run.commit(stage, tmp, manifest)
     return StageResult(stage, status, seconds, str(metrics.get("headline", "")), reason)
-
-
-def peak_rss_gib() -> float | None:
-    """The process's peak resident memory in GiB (Linux/macOS), None where the OS does not report it."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return round(kb / (2**30 if sys.platform == "darwin" else 2**20), 2)
 
 
 def format_exception_line(e: BaseException) -> str:

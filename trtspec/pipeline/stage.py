@@ -32,6 +32,8 @@ class StageContext:
     work: Path  # resumable scratch that survives a kill (same fingerprint only)
     inputs: dict[str, Path] = field(default_factory=dict)  # upstream stage folders
     manifests: dict[str, dict] = field(default_factory=dict)  # upstream manifests
+    quiet: bool = False  # a rank other than 0 of a multi-process launch: rank 0 says it all
 
     def log(self, msg: str) -> None:
-        print(f"[{self.stage}] {msg}", file=sys.stderr, flush=True)
+        if not self.quiet:
+            print(f"[{self.stage}] {msg}", file=sys.stderr, flush=True)

@@ -19,14 +19,22 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from trtspec import ranks
+from trtspec.artifacts import peak_rss_gib
 from trtspec.chat import read_rows
 from trtspec.eagle.acceptance import EVAL_SEQS, build_eval_set, evaluate_acceptance, training_rows_set
-from trtspec.eagle.states import cache_states
+from trtspec.eagle.states import cache_states, check_states_fit
 from trtspec.eagle.trainer import HeadDataset, make_trainer, resume_point
 from trtspec.errors import ArtifactError, DataError
 from trtspec.pipeline.stage import StageContext
 
 EVAL_BATCH = 64  # held-out prompts answered at once by the unquantized target (the train stage's evaluation)
+
+
+def environment_key() -> dict | None:
+    """The number of training processes: it multiplies the rows of an optimizer step, so a run trained with
+    another is not this one (and its checkpoints do not resume here)."""
+    return {"world_size": ranks.size()} if ranks.size() > 1 else None
 
 
 def training_args(ctx: StageContext, out_dir: Path, rows: int) -> Any:
@@ -59,6 +67,7 @@ def training_args(ctx: StageContext, out_dir: Path, rows: int) -> Any:
         dataloader_num_workers=0,
         disable_tqdm=False,
         save_only_model=False,
+        ddp_find_unused_parameters=False,  # multi-process: every trainable parameter (the head's) has a gradient
     )
 
 
@@ -121,15 +130,20 @@ def run(ctx: StageContext) -> dict:
     base.config.num_orig_hidden_layers = base.config.num_hidden_layers
 
     target_dir = target_states_dir(ctx, aux_layers)
+    if t_cfg.mode == "offline":  # before the held-out answers and the states: minutes a full disk would waste
+        check_states_fit(target_dir / "states", tokens, base.config.hidden_size, len(aux_layers))
     heldout = read_rows(data_dir / "heldout.jsonl")[: ctx.cfg.eval.acceptance_prompts]
     eval_file = target_dir / f"eval_seqs-{len(heldout)}x{ctx.cfg.data.max_new_tokens}.pt"
-    with matmul_attention_on_cpu(base):
-        eval_set = build_eval_set(base, tok, heldout, aux_layers, ctx.cfg.data.max_new_tokens, eval_file, ctx.log, EVAL_BATCH)
+    eval_set = None  # rank 0 measures acceptance; the other ranks of a multi-process launch only train
+    if ranks.is_main():
+        with matmul_attention_on_cpu(base):
+            eval_set = build_eval_set(base, tok, heldout, aux_layers, ctx.cfg.data.max_new_tokens, eval_file, ctx.log, EVAL_BATCH)
 
     t0 = time.time()
     states = None
     if t_cfg.mode == "offline":
-        states = cache_states(base, tokens, aux_layers, target_dir / "states", 16, ctx.log, use_bf16(ctx.cfg.model.build_dtype))
+        with ranks.main_first():
+            states = cache_states(base, tokens, aux_layers, target_dir / "states", 16, ctx.log, use_bf16(ctx.cfg.model.build_dtype))
         eagle_cfg["eagle_offline"] = True  # modelopt drops the target's decoder layers
     cache_s = time.time() - t0
     model = eagle.build_eagle_model(base, eagle_cfg)
@@ -138,7 +152,7 @@ def run(ctx: StageContext) -> dict:
 
     ckpt_dir = ctx.work / "checkpoints"
     log_file = ctx.work / "train_log.jsonl"
-    last_ckpt, resumed_step = resume_point(ckpt_dir, log_file, ctx.log)
+    last_ckpt, resumed_step = ranks.broadcast(resume_point(ckpt_dir, log_file, ctx.log) if ranks.is_main() else None)
 
     if t_cfg.max_rows and t_cfg.max_rows < len(tokens["input_ids"]):
         ctx.log(f"training on the first {t_cfg.max_rows} of {len(tokens['input_ids'])} rows (train.max_rows)")
@@ -149,6 +163,9 @@ def run(ctx: StageContext) -> dict:
     result = trainer.train(resume_from_checkpoint=last_ckpt)
     train_s = time.time() - t1
     steps = trainer.state.global_step
+    peak_rss = ranks.gather(peak_rss_gib())
+    if not ranks.is_main():
+        return {}
 
     fit_set = training_rows_set(tokens, states, model, aux_layers, len(eval_set))
     ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts and {len(fit_set)} training rows")
@@ -175,7 +192,9 @@ def run(ctx: StageContext) -> dict:
         "cache_states_s": round(cache_s, 1),
         "train_s": round(train_s, 1),
         # real (unpadded) tokens: batches are grouped by length and cut to their longest row
-        "train_tokens_per_s": round(steps * t_cfg.batch_size * t_cfg.grad_accum * mean_len / max(train_s, 1e-9), 1),
+        "world_size": ranks.size(),  # processes that trained (each a batch of train.batch_size per micro-step)
+        "peak_rss_gib_by_rank": peak_rss,
+        "train_tokens_per_s": round(steps * t_cfg.batch_size * t_cfg.grad_accum * ranks.size() * mean_len / max(train_s, 1e-9), 1),
         "precision": "bfloat16" if use_bf16(ctx.cfg.model.build_dtype) else "float32",
         "train_rows": len(tokens["input_ids"]),
         "label_tokens": label_tokens,
@@ -185,7 +204,7 @@ def run(ctx: StageContext) -> dict:
         "fit": {k: v for k, v in fit.items() if "ci95" not in k},
         "headline": f"AL@{k} {acc[f'AL@{k}']:.2f} held-out ({len(eval_set)} prompts"
         + (", 95% CI {:.2f}-{:.2f}".format(*acc[f"AL@{k}_ci95"]) if acc[f"AL@{k}_ci95"] else "")
-        + f"), {steps} steps {t_cfg.mode}",
+        + f"), {steps} steps {t_cfg.mode}" + (f", {ranks.size()} processes" if ranks.size() > 1 else ""),
     }
     ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k} {fit[f'AL@{k}']:.2f}")
     return metrics
