@@ -48,6 +48,16 @@ def start() -> None:
     _control = dist.new_group(backend="gloo", timeout=WAIT)
 
 
+def stop() -> None:
+    """Leave the process group (before the interpreter exits: a gloo group torn down at exit aborts the process)."""
+    global _control
+    if _control is not None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        _control = None
+
+
 def broadcast(obj: Any = None) -> Any:
     """Rank 0's `obj`, on every rank (the others pass nothing)."""
     if size() == 1:

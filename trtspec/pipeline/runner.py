@@ -170,9 +170,10 @@ def _releasing_followers() -> Iterator[None]:
     except BaseException:
         if ranks.size() > 1 and not _followers_busy:
             ranks.broadcast(None)
+            ranks.stop()
         raise
-    if ranks.size() > 1:
-        ranks.broadcast(None)
+    ranks.broadcast(None)
+    ranks.stop()
 
 
 _followers_busy = False  # rank 0 is in a stage the other ranks run too
@@ -186,6 +187,7 @@ def follow_build(cfg: BuildConfig) -> None:
         ctx = StageContext(cfg, RunDir(job["run"]), job["stage"], Path(job["out"]), Path(job["work"]),
                            {k: Path(v) for k, v in job["inputs"].items()}, job["manifests"], quiet=True)
         stage_module(job["stage"]).run(ctx)
+    ranks.stop()
 
 
 def run_with_followers(ctx: StageContext) -> dict:
