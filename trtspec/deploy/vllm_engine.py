@@ -66,8 +66,9 @@ def target_dtype(target: Path) -> str:
     return str(cfg.get("dtype") or cfg.get("torch_dtype") or "auto")
 
 
-def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_seqs: int) -> Any:
-    """vLLM's LLM over the bundle's target, in the target's dtype; with `draft`, EAGLE-3 speculation of k tokens."""
+def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_seqs: int, dtype: str | None = None) -> Any:
+    """vLLM's LLM over the bundle's target, in the target's dtype (or `dtype`); with `draft`, EAGLE-3 speculation of
+    k tokens."""
     import torch
 
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # progress on stderr, results on stdout
@@ -77,15 +78,17 @@ def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_s
     from vllm import LLM
 
     spec = {"speculative_config": {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}} if draft else {}
-    return LLM(model=str(target), dtype=target_dtype(target), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+    return LLM(model=str(target), dtype=dtype or target_dtype(target), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                enforce_eager=not torch.cuda.is_available(), disable_log_stats=False, seed=0, **spec)
 
 
-def generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """Greedy answers (token ids) to prompts given as token ids, submitted together (vLLM batches them)."""
+def generate(llm: Any, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
+             stop_ids: list[int] | None = None) -> list[list[int]]:
+    """Answers (token ids, a stop token included) to prompts given as token ids, submitted together (vLLM batches
+    them); greedy at temperature 0. `stop_ids`: tokens that end an answer besides the model's eos."""
     from vllm import SamplingParams
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop_token_ids=stop_ids)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outputs]
 

@@ -17,10 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trtspec import answering
+from trtspec.answering import Answers
 from trtspec.chat import (
     conversations_from_rows,
     encode_prompt,
@@ -31,13 +35,13 @@ from trtspec.chat import (
     tokenize_rows,
 )
 from trtspec.errors import DataError
-from trtspec.generation import hf_greedy
 from trtspec.pipeline.stage import StageContext
 
 
-def regenerate(prompts: list[dict], model: Any, tok: Any, answers_file: Path, cfg: Any, log: Any) -> list[dict]:
-    """Answer each prompt with the target (batched, left-padded generate), appending answers to `answers_file`
-    as batches finish so a killed run resumes where it stopped.
+def regenerate(prompts: list[dict], tok: Any, answers_file: Path, answer: Callable[[list[list[int]]], Answers],
+               log: Any) -> list[dict]:
+    """Answer each prompt not yet in `answers_file` with `answer` (trtspec.answering), appending each answer as it
+    comes so a killed run resumes where it stopped and asks nothing twice.
 
     A row keeps the target's own tokens (`input_ids` = prompt + answer, `label_start`) beside the answer's text:
     training uses those, because the decoded text tokenized again is not always what the target wrote (many of the
@@ -59,16 +63,16 @@ def regenerate(prompts: list[dict], model: Any, tok: Any, answers_file: Path, cf
     prompt_ids = {p["id"]: encode_prompt(tok, p["messages"]) for p in todo}
     todo.sort(key=lambda p: len(prompt_ids[p["id"]]))  # similar lengths per batch: less padding
     bar = tqdm(total=len(todo), desc="regenerating answers", unit="prompt", disable=not todo)
+    tokens, t0 = 0, time.perf_counter()
     with open(answers_file, "a", encoding="utf-8") as f:
-        for i in range(0, len(todo), cfg.batch_size):
-            batch = todo[i : i + cfg.batch_size]
-            ids = [prompt_ids[p["id"]] for p in batch]
-            answers = hf_greedy(model, ids, cfg.max_new_tokens, {tok.eos_token_id}, tok.pad_token_id, cfg.temperature)
-            for p, prompt, answer in zip(batch, ids, answers, strict=True):
-                done[p["id"]] = {"answer": tok.decode(answer, skip_special_tokens=True).strip(), "prompt_ids": prompt, "ids": answer}
-                f.write(json.dumps({"id": p["id"], **done[p["id"]]}) + "\n")
+        for i, ids in answer([prompt_ids[p["id"]] for p in todo]) if todo else ():
+            p = todo[i]
+            done[p["id"]] = {"answer": tok.decode(ids, skip_special_tokens=True).strip(), "prompt_ids": prompt_ids[p["id"]], "ids": ids}
+            f.write(json.dumps({"id": p["id"], **done[p["id"]]}) + "\n")
             f.flush()
-            bar.update(len(batch))
+            tokens += len(ids)
+            bar.set_postfix_str(f"{tokens / (time.perf_counter() - t0):.0f} tok/s", refresh=False)
+            bar.update(1)
     bar.close()
     rows = []
     for p in prompts:
@@ -76,6 +80,56 @@ def regenerate(prompts: list[dict], model: Any, tok: Any, answers_file: Path, cf
             rows.append({**p, "messages": p["messages"] + [{"role": "assistant", "content": a["answer"]}],
                          "input_ids": a["prompt_ids"] + a["ids"], "label_start": len(a["prompt_ids"])})
     return rows
+
+
+class Target:
+    """The target's folder and tokenizer, and its model loaded on first use (only HF regeneration needs it here)."""
+
+    def __init__(self, model_dir: Path, tok: Any, cfg: Any):
+        self.model_dir, self.tok, self.cfg, self._model = model_dir, tok, cfg, None
+
+    def model(self) -> Any:
+        from trtspec.models import load_answering_model
+
+        if self._model is None:
+            self._model = load_answering_model(self.model_dir, self.cfg)
+        return self._model
+
+
+def answerer(ctx: StageContext, target: Target, longest_prompt: int) -> Callable[[list[list[int]]], Answers]:
+    """data.answer_with as a function of the prompts' token ids (trtspec.answering); the endpoint is checked here,
+    before any prompt is sent."""
+    from trtspec.generation import eos_ids
+
+    d, tok, model_dir = ctx.cfg.data, target.tok, target.model_dir
+    eos = eos_ids(model_dir, tok)
+    if d.answer_with == "endpoint":
+        endpoint = answering.Endpoint(d.endpoint, ctx.log)
+        endpoint.check(tok, longest_prompt + d.max_new_tokens)
+        ctx.log(f"answering through {endpoint.url} ('{endpoint.model}', {d.endpoint.concurrency} requests at once)")
+        return lambda prompts: endpoint.answers(prompts, d.max_new_tokens, eos, d.temperature)
+    if d.answer_with == "vllm":
+        from trtspec.models import use_bf16
+
+        dtype = "bfloat16" if use_bf16(ctx.cfg.model.build_dtype) else "float32"
+        return lambda prompts: answering.answer_vllm(model_dir, dtype, prompts, d.max_new_tokens, eos, d.temperature)
+    return lambda prompts: answering.answer_hf(target.model(), prompts, d.max_new_tokens, eos, tok.pad_token_id, d.temperature,
+                                               d.batch_size)
+
+
+def answers_dir(ctx: StageContext) -> Path:
+    """Scratch of the regenerated answers, keyed on what decides them (the target, its dtype, answer length,
+    temperature, who answers) and not on how (batch size, the endpoint's URL, concurrency, retries): changing those
+    after a kill asks nothing again."""
+    from trtspec.artifacts import fingerprint, keyed_scratch
+    from trtspec.models import model_stamp
+
+    d = ctx.cfg.data
+    key = fingerprint({"model": ctx.cfg.model.source, "stamp": model_stamp(ctx.cfg.model.source),
+                       "build_dtype": ctx.cfg.model.build_dtype, "max_new_tokens": d.max_new_tokens,
+                       "temperature": d.temperature, "answer_with": d.answer_with,
+                       "endpoint_model": d.endpoint.model if d.answer_with == "endpoint" else None})
+    return keyed_scratch(ctx.work.parent, "answers", key)
 
 
 def split_heldout(rows: list[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
@@ -108,27 +162,24 @@ def load_source(src: Any, ctx: StageContext, skips: Counter, target: Any) -> lis
     prompts = read_prompt_file(path, skips)[: src.limit]
     if not prompts:
         raise DataError(f"prompt file '{path}' has no usable prompt", "one JSON object per line with a 'prompt' field")
-    model, tok = target()
-    ctx.log(f"regenerating answers to {len(prompts)} prompts with the target ({ctx.cfg.data.max_new_tokens} new tokens max)")
+    longest = max(len(encode_prompt(target.tok, p["messages"])) for p in prompts)
+    answer = answerer(ctx, target, longest)
+    ctx.log(f"regenerating answers to {len(prompts)} prompts with the target ({ctx.cfg.data.answer_with}, "
+            f"{ctx.cfg.data.max_new_tokens} new tokens max)")
     key = hashlib.sha1(str(path).encode()).hexdigest()[:8]
-    return regenerate(prompts, model, tok, ctx.work / f"answers-{key}.jsonl", ctx.cfg.data, ctx.log)
+    return regenerate(prompts, target.tok, answers_dir(ctx) / f"answers-{key}.jsonl", answer, ctx.log)
 
 
 def run(ctx: StageContext) -> dict:
     import torch
 
-    from trtspec.models import load_answering_model, load_tokenizer, resolve_model
+    from trtspec.models import load_tokenizer, resolve_model
 
     path = resolve_model(ctx.cfg.model.source)
     tok = load_tokenizer(path)
     if not tok.chat_template:
         raise DataError(f"the tokenizer in '{path}' has no chat template", "use an instruct/chat model, or a text source only")
-    loaded: dict[str, Any] = {}
-
-    def target():
-        if "model" not in loaded:
-            loaded["model"] = load_answering_model(path, ctx.cfg)
-        return loaded["model"], tok
+    target = Target(path, tok, ctx.cfg)
 
     skips: Counter = Counter()
     rows: list[dict] = []
