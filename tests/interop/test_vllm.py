@@ -11,8 +11,11 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from trtspec import answering
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of RAM per engine: plenty for a few short prompts
@@ -119,6 +122,8 @@ def post(url: str, body: dict) -> dict:
 
 def test_the_bundle_vllm_snippet_serves(ci_bundle, prompts, hf_outputs, tmp_path):
     """snippets/vllm.sh as a user runs it (OpenAI server on 127.0.0.1) answers like HF generate."""
+    from trtspec.models import load_tokenizer
+
     port = free_port()
     env = {**os.environ, "PORT": str(port), "VLLM_CPU_KVCACHE_SPACE": "1"}
     log = (tmp_path / "server.log").open("w")
@@ -143,14 +148,32 @@ def test_the_bundle_vllm_snippet_serves(ci_bundle, prompts, hf_outputs, tmp_path
         if choice.get("token_ids") is not None:
             assert list(choice["token_ids"]) == want
         else:
-            from trtspec.models import load_tokenizer
-
             assert choice["text"] == load_tokenizer(ci_bundle / "target").decode(want, skip_special_tokens=True)
+        # the data stage's regeneration client against the real server: its checks pass, its answers are HF's ids
+        ep = answering.Endpoint(SimpleNamespace(url=f"http://127.0.0.1:{port}", model=None, concurrency=4, timeout_s=120,
+                                                retries=1))
+        ep.check(load_tokenizer(ci_bundle / "target"), max(map(len, prompts)) + MAX_NEW)
+        assert ep.model == name and ep.ids_field == {"return_token_ids": True}
+        got = dict(ep.answers(prompts, MAX_NEW, eos_of(ci_bundle), 0.0))
+        assert [got[i] for i in range(len(prompts))] == hf_outputs
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=60)
         log.close()
 
+
+
+def eos_of(bundle: Path) -> set[int]:
+    from trtspec.generation import eos_ids
+    from trtspec.models import load_tokenizer
+
+    return eos_ids(bundle / "target", load_tokenizer(bundle / "target"))
+
+
+def test_regeneration_with_vllm_in_process_answers_like_hf(ci_bundle, prompts, hf_outputs):
+    """data.answer_with: vllm — the offline engine's answers are HF generate's token ids."""
+    got = dict(answering.answer_vllm(ci_bundle / "target", "float32", prompts, MAX_NEW, eos_of(ci_bundle), 0.0, chunk=4))
+    assert [got[i] for i in range(len(prompts))] == hf_outputs
 
 
 def test_engine_stage_runs_the_bundle_in_vllm(ci_run, ci_config, tmp_path):
