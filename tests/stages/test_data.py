@@ -277,7 +277,8 @@ def test_demo_prompts_are_what_the_generator_writes():
 
 
 def test_bench_regenerate_reports_each_variant(tiny_model_dir, tiny_prompts_file, tmp_path):
-    """scripts/bench_regenerate.py times the data stage's generation per attention and batch size, in one run."""
+    """scripts/bench_regenerate.py times the data stage's answerers side by side, in one run (HF variants here; the
+    engine variants need vLLM and minutes)."""
     import subprocess
     import sys
 
@@ -286,7 +287,8 @@ def test_bench_regenerate_reports_each_variant(tiny_model_dir, tiny_prompts_file
         "sources": [{"kind": "regenerate", "path": str(tiny_prompts_file)}], "max_new_tokens": 4}}))
     script = Path(__file__).parents[2] / "scripts" / "bench_regenerate.py"
     out = subprocess.run([sys.executable, str(script), str(cfg), "--prompts", "4", "--repeats", "1", "--json",
-                          "--variant", "sdpa:2", "--variant", "matmul:4"], capture_output=True, text=True, check=True)
+                          "--variant", "hf-sdpa:2", "--variant", "hf-matmul:4"], capture_output=True, text=True, check=True)
     rows = json.loads(out.stdout)
-    assert [(r["attention"], r["batch"]) for r in rows] == [("sdpa", 2), ("matmul", 4)]
+    assert [r["variant"] for r in rows] == ["hf-sdpa:2", "hf-matmul:4"]
     assert rows[0]["ratio"] == 1.0 and all(r["tokens_per_s"] > 0 for r in rows)
+    assert rows[1]["same_answers_as_first"] == 4  # the same greedy answers, either attention
