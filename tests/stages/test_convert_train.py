@@ -560,3 +560,24 @@ def test_offline_states_the_disk_cannot_hold_are_refused_before_any_is_computed(
     assert not (train.target_states_dir(ctx, aux) / "states").exists()
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(need, 0, need))  # exactly enough: it trains
     assert train.run(ctx)["steps"] == 4
+
+
+def test_model_optimizer_recipe_settings_reach_the_trainer(upstream, tiny_model_dir, tmp_path, monkeypatch):
+    """train.lr_schedule, train.warmup_steps and train.loss_on_prompt (the anchor recipe's settings) are what the
+    Trainer and the dataset get; the answer-only default is untouched."""
+    _, inputs = upstream
+    ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", inputs, lr_schedule="linear", warmup_steps=3, loss_on_prompt=True)
+    args = train.training_args(ctx, tmp_path / "ckpt", 10)
+    assert str(args.lr_scheduler_type.value) == "linear" and args.warmup_steps == 3
+    default = train.training_args(_stage_ctx(tmp_path / "d", tiny_model_dir, "train", inputs), tmp_path / "ckpt", 10)
+    assert str(default.lr_scheduler_type.value) == "cosine" and default.warmup_steps == 0.05
+
+    seen = []
+    real = train.HeadDataset
+    monkeypatch.setattr(train, "HeadDataset", lambda tokens, states: seen.append(tokens) or real(tokens, states))
+    m = train.run(ctx)
+    tokens = torch.load(inputs["data"] / "train_tokens.pt", weights_only=True)
+    assert seen[0]["loss_mask"].equal(tokens["attention_mask"]) and not tokens["loss_mask"].equal(tokens["attention_mask"])
+    assert m["label_tokens"] == int(tokens["loss_mask"].sum())  # the answers' tokens, as reported
+    train.run(_stage_ctx(tmp_path / "a", tiny_model_dir, "train", inputs))
+    assert seen[1]["loss_mask"].equal(tokens["loss_mask"])

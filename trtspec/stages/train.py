@@ -50,8 +50,9 @@ def training_args(ctx: StageContext, out_dir: Path, rows: int) -> Any:
         per_device_train_batch_size=t.batch_size,
         gradient_accumulation_steps=t.grad_accum,
         learning_rate=t.lr,
-        lr_scheduler_type="cosine",
-        warmup_steps=t.warmup_ratio,  # transformers 5: a float < 1 is a share of the steps
+        lr_scheduler_type=t.lr_schedule,
+        # transformers 5: a float < 1 is a share of the steps, an int a number of steps
+        warmup_steps=t.warmup_steps if t.warmup_steps is not None else t.warmup_ratio,
         num_train_epochs=t.epochs,
         max_steps=t.max_steps or -1,
         save_strategy="steps",
@@ -157,7 +158,9 @@ def run(ctx: StageContext) -> dict:
     if t_cfg.max_rows and t_cfg.max_rows < len(tokens["input_ids"]):
         ctx.log(f"training on the first {t_cfg.max_rows} of {len(tokens['input_ids'])} rows (train.max_rows)")
         tokens = {k: v[: t_cfg.max_rows] for k, v in tokens.items()}  # states rows line up: same order, a prefix
-    trainer = make_trainer(model, HeadDataset(tokens, states), training_args(ctx, ckpt_dir, len(tokens["input_ids"])), log_file,
+    # train.loss_on_prompt: every real token is a label, prompt included (not the padding)
+    scored = {**tokens, "loss_mask": tokens["attention_mask"].clone()} if t_cfg.loss_on_prompt else tokens
+    trainer = make_trainer(model, HeadDataset(scored, states), training_args(ctx, ckpt_dir, len(tokens["input_ids"])), log_file,
                            lambda: evaluate_acceptance(model, eval_set, k), t_cfg.eval_steps)
     t1 = time.time()
     result = trainer.train(resume_from_checkpoint=last_ckpt)
