@@ -49,6 +49,8 @@ class DataSource(Section):
     path: str = key(description="a file relative to the YAML, or the datasets name for kind: hf")
     split: str = key("train", "the datasets split (kind: hf)")
     limit: int | None = key(None, "rows taken from this source at most (null = all)", ge=1)
+    regenerate: bool = key(False, "jsonl/hf: drop the rows' own answers and have the target answer their prompts "
+                           "(the turns before each last answer), as kind: regenerate does with a prompt file")
 
 
 class EndpointSection(Section):

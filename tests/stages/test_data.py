@@ -194,6 +194,35 @@ def test_regenerated_rows_train_on_the_targets_own_tokens(tmp_path, tiny_model_d
     assert again[0]["messages"][-1]["content"] != "text only" and again[0]["input_ids"] == rows[0]["input_ids"]
 
 
+def test_conversations_can_be_answered_again_by_the_target(tmp_path, tiny_model_dir, monkeypatch):
+    """data.sources[*].regenerate on a jsonl (or hf) source: the rows' own answers are dropped and the target answers
+    the turns before them; the earlier turns are kept as the prompt."""
+    from trtspec.models import load_model, load_tokenizer
+
+    model, tok = _talkative(load_model(tiny_model_dir)), load_tokenizer(tiny_model_dir)
+    monkeypatch.setattr(data, "answerer", lambda ctx, target, longest: hf_answers(model, tok, 4))
+    _write(tmp_path / "c.jsonl", [
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "FROM THE FILE"}]},
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                      {"role": "user", "content": "c"}, {"role": "assistant", "content": "FROM THE FILE"}]},
+    ])
+    kept = data.run(_ctx(tmp_path, tiny_model_dir, [{"kind": "jsonl", "path": "c.jsonl"}], holdout_fraction=0.0))
+    assert kept["train_rows"] == 2
+    rows = [json.loads(x) for x in (tmp_path / "out" / "train.jsonl").read_text().splitlines()]
+    assert sorted(r["messages"][-1]["content"] for r in rows) == ["FROM THE FILE"] * 2
+
+    (tmp_path / "out" / "train.jsonl").unlink()
+    data.run(_ctx(tmp_path, tiny_model_dir, [{"kind": "jsonl", "path": "c.jsonl", "regenerate": True}], holdout_fraction=0.0))
+    rows = sorted((json.loads(x) for x in (tmp_path / "out" / "train.jsonl").read_text().splitlines()),
+                  key=lambda r: len(r["messages"]))
+    prompts = [[{"role": "user", "content": "hi"}],
+               [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]]
+    assert [r["messages"][:-1] for r in rows] == prompts
+    answers = hf_greedy(model, [chat.encode_prompt(tok, p) for p in prompts], 4, {tok.eos_token_id}, tok.pad_token_id)
+    assert [r["input_ids"][-len(a):] for r, a in zip(rows, answers, strict=True)] == answers
+    assert all(r["messages"][-1]["content"] != "FROM THE FILE" for r in rows)
+
+
 @pytest.mark.parametrize("attention", ["sdpa", "matmul"])
 def test_batched_generate_matches_one_prompt_at_a_time(tiny_model_dir, tiny_prompts_file, attention):
     """Left padding changes nothing (each answer equals its unbatched greedy answer), with transformers' SDPA and

@@ -6,6 +6,8 @@ Sources (data.sources[*].kind):
   jsonl       conversations: OpenAI/HF `messages` [{role, content}] or ShareGPT `conversations` [{from, value}]
   text        one document per line (no chat template; every token is a label)
   hf          a `datasets` name (needs a network); rows parsed like jsonl rows, or a `text` column
+A jsonl or hf source with `regenerate: true` keeps each conversation's turns before its answer and has the target
+answer them again, as for a prompt file.
 
 Writes data/train.jsonl, data/heldout.jsonl (rows {id, category, messages}; the last message is the answer) and
 data/train_tokens.pt, data/heldout_tokens.pt: {input_ids, attention_mask, loss_mask} [N, data.seq_len], right-padded
@@ -28,6 +30,7 @@ from trtspec.answering import Answers
 from trtspec.chat import (
     conversations_from_rows,
     encode_prompt,
+    prompt_rows,
     read_jsonl,
     read_lines,
     read_prompt_file,
@@ -143,30 +146,39 @@ def split_heldout(rows: list[dict], fraction: float, seed: int) -> tuple[list[di
 
 
 def load_source(src: Any, ctx: StageContext, skips: Counter, target: Any) -> list[dict]:
-    if src.kind == "hf":
-        try:
-            import datasets
-
-            ds = datasets.load_dataset(src.path, split=src.split)
-        except Exception as e:  # datasets raises many kinds (network, missing split, bad name)
-            raise DataError(f"cannot load HF dataset '{src.path}' split '{src.split}': {e.__class__.__name__}: {str(e)[:160]}",
-                            "it needs a network; or export it to JSONL and use kind: jsonl") from None
-        rows = [dict(r) for r in (ds.select(range(min(src.limit, len(ds)))) if src.limit else ds)]
-        return conversations_from_rows(rows, src.path, skips)
-    path = ctx.cfg.resolve_path(src.path)
+    if src.kind == "regenerate":
+        prompts = read_prompt_file(ctx.cfg.resolve_path(src.path), skips)[: src.limit]
+        return answer_prompts(prompts, src, ctx, target)
     if src.kind == "text":
-        lines = [ln for ln in read_lines(path) if ln.strip()][: src.limit]
-        return [text_row(ln, f"{path.stem}:{i}") for i, ln in enumerate(lines)]
-    if src.kind == "jsonl":
-        return conversations_from_rows(read_jsonl(path, skips)[: src.limit], path.stem, skips)
-    prompts = read_prompt_file(path, skips)[: src.limit]
+        lines = [ln for ln in read_lines(ctx.cfg.resolve_path(src.path)) if ln.strip()][: src.limit]
+        return [text_row(ln, f"{Path(src.path).stem}:{i}") for i, ln in enumerate(lines)]
+    rows = hf_rows(src) if src.kind == "hf" else read_jsonl(ctx.cfg.resolve_path(src.path), skips)[: src.limit]
+    conversations = conversations_from_rows(rows, src.path if src.kind == "hf" else Path(src.path).stem, skips)
+    return answer_prompts(prompt_rows(conversations), src, ctx, target) if src.regenerate else conversations
+
+
+def hf_rows(src: Any) -> list[dict]:
+    try:
+        import datasets
+
+        ds = datasets.load_dataset(src.path, split=src.split)
+    except Exception as e:  # datasets raises many kinds (network, missing split, bad name)
+        raise DataError(f"cannot load HF dataset '{src.path}' split '{src.split}': {e.__class__.__name__}: {str(e)[:160]}",
+                        "it needs a network; or export it to JSONL and use kind: jsonl") from None
+    return [dict(r) for r in (ds.select(range(min(src.limit, len(ds)))) if src.limit else ds)]
+
+
+def answer_prompts(prompts: list[dict], src: Any, ctx: StageContext, target: Any) -> list[dict]:
+    """The target's own answers to `prompts`, kept in a scratch file per source (a killed run resumes)."""
     if not prompts:
-        raise DataError(f"prompt file '{path}' has no usable prompt", "one JSON object per line with a 'prompt' field")
+        raise DataError(f"'{src.path}' has no usable prompt", "one JSON object per line with a 'prompt' field, or "
+                        "conversations with a turn before their answer")
     longest = max(len(encode_prompt(target.tok, p["messages"])) for p in prompts)
     answer = answerer(ctx, target, longest)
     ctx.log(f"regenerating answers to {len(prompts)} prompts with the target ({ctx.cfg.data.answer_with}, "
             f"{ctx.cfg.data.max_new_tokens} new tokens max)")
-    key = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    where = f"{src.path}:{src.split}" if src.kind == "hf" else str(ctx.cfg.resolve_path(src.path))
+    key = hashlib.sha1(where.encode()).hexdigest()[:8]
     return regenerate(prompts, target.tok, answers_dir(ctx) / f"answers-{key}.jsonl", answer, ctx.log)
 
 
