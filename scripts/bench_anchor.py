@@ -6,8 +6,8 @@ with the same CPU minutes, side by side in one run. Prints accepted draft tokens
     python scripts/bench_anchor.py --out runs/anchor [--data-from runs/demo]
 
 Equal minutes: the anchor trains online (as it ships), trtspec's recipe offline; trtspec's budget is its training plus
-caching the target's states, and the anchor gets as many optimizer steps as fit in that many seconds (timed on a short
-first run; its learning-rate schedule spans those steps). --as-shipped also trains the anchor for its full epoch.
+caching the target's states, and the anchor gets as many optimizer steps as fit in that many seconds (its marginal
+cost per step, timed on two short runs so start-up is not counted; its learning-rate schedule spans those steps). --as-shipped also trains the anchor for its full epoch.
 Each recipe runs in OUT/NAME (the data stage is shared: built once, or copied from --data-from); results in
 OUT/anchor.json.
 """
@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from trtspec.artifacts import MARKER
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"trtspec": ROOT / "build_configs" / "smollm2-135m-eagle3.yaml",
@@ -44,6 +46,7 @@ def share_data(src: Path, dst: Path) -> None:
     if not (dst / "data").is_dir():
         dst.mkdir(parents=True, exist_ok=True)
         shutil.copytree(src / "data", dst / "data")
+        shutil.copy2(src / MARKER, dst / MARKER)
 
 
 def al_row(name: str, m: dict, k: int = 3) -> dict:
@@ -61,7 +64,8 @@ def main() -> None:
                                  epilog="\n".join(__doc__.splitlines()[2:]))
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--data-from", type=Path, help="a run directory of the demo recipe whose data stage to reuse")
-    ap.add_argument("--probe-steps", type=int, default=40, help="anchor steps timed to size its budget")
+    ap.add_argument("--probe-steps", type=int, default=40,
+                    help="the anchor is timed at N and 2N steps; the difference sizes its budget")
     ap.add_argument("--as-shipped", action="store_true", help="also train the anchor for its full epoch")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -72,9 +76,11 @@ def main() -> None:
     results = {"trtspec": build_train(RECIPES["trtspec"], out / "trtspec", [])}
     budget_s = results["trtspec"]["train_s"] + results["trtspec"]["cache_states_s"]
     share_data(out / "trtspec", out / "modelopt")
-    probe = build_train(RECIPES["modelopt"], out / "modelopt", [f"train.max_steps={args.probe_steps}"])
-    per_step = probe["train_s"] / probe["steps"]
-    steps = max(1, round(budget_s / per_step))
+    short, probe = (build_train(RECIPES["modelopt"], out / "modelopt", [f"train.max_steps={n}"])
+                    for n in (args.probe_steps, 2 * args.probe_steps))
+    per_step = (probe["train_s"] - short["train_s"]) / (probe["steps"] - short["steps"])
+    start_s = max(0.0, short["train_s"] - short["steps"] * per_step)
+    steps = max(1, round((budget_s - start_s) / per_step))
     epoch_steps = probe["train_rows"]  # batch 1: one step per row
     results["modelopt"] = build_train(RECIPES["modelopt"], out / "modelopt", [f"train.max_steps={min(steps, epoch_steps)}"])
     if args.as_shipped and steps < epoch_steps:

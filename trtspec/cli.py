@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from trtspec.config import STAGES
+from trtspec.config import DRAFTING, STAGES
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 EXIT_CODES_HELP = "Exit codes: 0 ok, 1 validation gate missed, 2 bad input, 3 missing dependency, 4 run dir locked."
@@ -248,18 +248,25 @@ def deploy():
 @deploy.command(name="triton", context_settings=CONTEXT)
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--out", "-o", "out", type=click.Path(file_okay=False), required=True, help="Model repository to write.")
+@click.option("--drafting", type=click.Choice(("auto", *DRAFTING)), default="auto", show_default=True,
+              help="auto: the drafting validate measured fastest on this bundle (EAGLE-3, suffix, or suffix in front of "
+                   "EAGLE-3; the bundle's own without a comparison); or name one.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def deploy_triton(run_dir, out, as_json):
+def deploy_triton(run_dir, out, drafting, as_json):
     """Write a Triton model repository (TensorRT-LLM LLM-API backend) for RUN_DIR's bundle.
 
     \b
-    Example:
+    Examples:
       trtspec deploy triton runs/demo --out model_repo
+      trtspec deploy triton runs/demo --out model_repo --drafting suffix
     """
     from trtspec.deploy.serving import write_triton_repo
 
-    info = write_triton_repo(Path(run_dir), Path(out))
-    click.echo(json.dumps(info, indent=2) if as_json else "\n".join(f"wrote {p}" for p in info["files"]))
+    info = write_triton_repo(Path(run_dir), Path(out), drafting)
+    d = info["drafting"]
+    click.echo(json.dumps(info, indent=2) if as_json else "\n".join(
+        [f"wrote {p}" for p in info["files"]] + [f"drafting: {d['method']} ({d['decoding_type']}"
+                                                  f"{' + sa_config' if d['sa_config'] else ''}): {d['why']}"]))
 
 
 if __name__ == "__main__":

@@ -91,12 +91,14 @@ def _markdown(r: dict, plots: list[str]) -> str:
         f"Speedup over HF generate: **{r['speedup_vs_hf']:.2f}x** (speedup / AL = {r['speedup_over_al']:.2f}); "
         f"runtime without draft vs HF generate: {r['runtime_no_draft_vs_hf']:.2f}x.",
     ]
+    names = {"speculative": "EAGLE-3", "suffix": "suffix", "eagle3_suffix": "EAGLE-3 + suffix"}
     dr = r.get("drafting")
     if dr:
-        names = {"speculative": "EAGLE-3", "suffix": "suffix", "eagle3_suffix": "EAGLE-3 + suffix"}
         lines += ["", "## Drafting methods side by side", "", "| drafting | AL | tokens/s | greedy identical |", "|---|---|---|---|"]
         lines += [f"| {names.get(m, m)}{' (fastest)' if m == dr['fastest'] else ''} | {v['acceptance_length']:.2f} | "
                   f"{v['tokens_per_s']:.1f} | {v['identical']}/{r['prompts']} |" for m, v in dr["methods"].items()]
+        lines += ["", f"`trtspec deploy triton RUN_DIR --out DIR` serves the fastest, {names.get(dr['fastest'])} "
+                  "(`--drafting` picks another)."]
     if "step_cost_vs_decode" in r:
         lines += ["", f"One speculative step (drafts + verify) costs {r['step_cost_vs_decode']:.2f} plain decode steps, and "
                   f"yields AL = {r['acceptance_length']:.2f} tokens: speculation pays while AL exceeds the step cost."]
@@ -119,12 +121,15 @@ def _markdown(r: dict, plots: list[str]) -> str:
             f"| speculation: AL / step cost | {lim['acceptance_length']:.2f} / {lim['step_cost_vs_decode']:.2f} = "
             f"{lim['speculative_over_no_draft']:.2f}x over no draft |",
         ]
-    s = r.get("sampling_check")
-    if s:
-        lines += ["", "## Sampling check", "",
-                  f"{s['samples']} samples of the first speculated token at temperature {s['temperature']}: chi-square "
-                  f"{s['chi2']} on {s['dof']} dof (threshold {s['threshold']}), total variation {s['total_variation']}: "
-                  f"**{'passed' if s['passed'] else 'FAILED'}**."]
+    checks = r.get("sampling_check")
+    if checks:
+        lines += ["", "## Sampling check", "", "The first speculated token, sampled at temperature > 0 with each drafting, "
+                  "against the target's own distribution (chi-square, lossless when passed):", "",
+                  "| drafting | samples (with a draft) | chi-square / dof (threshold) | total variation | result |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {names.get(m, m)} | {s['samples']} ({s['drafted']}) at T={s['temperature']} | {s['chi2']} / {s['dof']} "
+                  f"({s['threshold']}) | {s['total_variation']} | **{'passed' if s['passed'] else 'FAILED'}** |"
+                  for m, s in checks.items()]
     if r.get("gates"):
         lines += ["", "## Gates", ""] + [f"- {g['gate']}: {'passed' if g['passed'] else 'FAILED — ' + g['message']}" for g in r["gates"]]
     lines += [""] + [f"![{p}]({p})" for p in plots]

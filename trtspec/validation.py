@@ -105,21 +105,31 @@ def time_methods(methods: dict[str, Any], prompts: list[list[int]], repeats: int
     return timed, bandwidth_during(samples) if on_cpu else None
 
 
-def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temperature: float, eos: set[int], n: int, seed: int) -> dict:
-    """Distribution of the first speculated token vs the target's exact one (chi-square, pooled small bins)."""
+def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temperature: float, eos: set[int], n: int, seed: int,
+                   repeat: bool = False) -> dict:
+    """Distribution of the first speculated token vs the target's exact one (chi-square, pooled small bins).
+
+    `drafted`: how many of the samples had a draft to verify. A suffix drafter proposes only after a match, so with
+    `repeat` the context is the prompt followed by its last 16 tokens again (the last of them given as the first
+    generated token): its suffix then matches the prompt's end and every sample verifies a suffix draft."""
     import torch
 
     from trtspec.runtime.decode import generate, prefill, speculative_decode
 
+    if repeat:
+        tail = prompt[-16:]
+        prompt, first = prompt + tail[:-1], tail[-1]
     p = torch.tensor(prompt)
-    first = generate(target, p, 1).tokens[0]
+    if not repeat:
+        first = generate(target, p, 1).tokens[0]
     with torch.inference_mode():
         exact = torch.softmax(prefill(target, torch.tensor(prompt + [first]))[0].float() / temperature, -1)
     g = torch.Generator().manual_seed(seed)
-    counts = Counter()
+    counts, drafted = Counter(), 0
     for _ in range(n):
-        out = speculative_decode(target, drafter, p, 2, spec, eos=set(), temperature=temperature, generator=g, first_token=first).tokens
-        counts[out[1]] += 1
+        out = speculative_decode(target, drafter, p, 2, spec, eos=set(), temperature=temperature, generator=g, first_token=first)
+        counts[out.tokens[1]] += 1
+        drafted += sum(out.stats.drafted) > 0
     expected = exact * n
     big = (expected >= 5).nonzero().flatten().tolist()
     obs = [counts.get(t, 0) for t in big] + [n - sum(counts.get(t, 0) for t in big)]
@@ -129,7 +139,8 @@ def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temp
     tv = 0.5 * sum(abs(counts.get(t, 0) / n - float(exact[t])) for t in set(counts) | set(big))
     return {"samples": n, "temperature": temperature, "bins": len(obs), "chi2": round(chi2, 2), "dof": dof,
             "threshold": round(dof + 4 * (2 * dof) ** 0.5, 2), "passed": chi2 < dof + 4 * (2 * dof) ** 0.5,
-            "total_variation": round(tv, 4)}
+            "total_variation": round(tv, 4), "drafted": drafted,
+            "context": "the shortest prompt and its last 16 tokens again" if repeat else "the shortest prompt"}
 
 
 def check_gates(v: Any, report: dict) -> list[dict]:
@@ -195,8 +206,10 @@ def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: di
     return out
 
 
-def drafting_summary(outputs: dict[str, list], reference: list[list[int]], tps: dict[str, float], methods: list[str]) -> dict:
-    """The drafting methods side by side: AL, tokens/s, greedy outputs equal to the reference, and the fastest."""
+def drafting_summary(outputs: dict[str, list], reference: list[list[int]], tps: dict[str, float], methods: list[str],
+                     suffix_len: int) -> dict:
+    """The drafting methods side by side: AL, tokens/s, greedy outputs equal to the reference, and the fastest
+    (`trtspec deploy triton` serves that one; suffix_len sizes its suffix drafts)."""
     from trtspec.runtime import Stats
 
     out = {}
@@ -206,4 +219,4 @@ def drafting_summary(outputs: dict[str, list], reference: list[list[int]], tps: 
             stats.merge(g.stats)
         out[m] = {"acceptance_length": round(stats.acceptance_length(), 3), "tokens_per_s": tps[m],
                   "identical": sum(g.tokens == r for g, r in zip(outputs[m], reference, strict=True))}
-    return {"methods": out, "fastest": max(methods, key=lambda m: tps[m])}
+    return {"methods": out, "fastest": max(methods, key=lambda m: tps[m]), "suffix_len": suffix_len}

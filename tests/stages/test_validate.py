@@ -66,7 +66,8 @@ def test_validate_writes_report(tmp_path, run_inputs):
     # the cost model: speculative / no-draft speed = AL / (cost of one speculative step in decode steps)
     assert r["speculative_vs_no_draft"] == pytest.approx(r["acceptance_length"] / r["step_cost_vs_decode"], rel=0.01)
     assert set(r["per_category"]) == {"math", "chat"}
-    assert r["sampling_check"]["passed"], r["sampling_check"]
+    assert set(r["sampling_check"]) == {"speculative"} and r["sampling_check"]["speculative"]["passed"], r["sampling_check"]
+    assert r["sampling_check"]["speculative"]["drafted"] == 200  # the head drafts every time
     for f in ("report.md", "acceptance_histogram.png", "per_position_acceptance.png", "speed.png"):
         assert (tmp_path / "out" / f).stat().st_size > 0
     assert "2/2" in metrics["headline"]
@@ -92,13 +93,18 @@ def test_validate_compares_suffix_drafting(tmp_path, run_inputs):
     """draft.suffix_len on: EAGLE-3, suffix and both timed side by side, every greedy output identical."""
     from trtspec.stages import validate
 
-    validate.run(make_ctx(tmp_path, run_inputs, {"suffix_len": 6, "suffix_min_match": 2}, compile=False, sampling_temperature=None))
+    validate.run(make_ctx(tmp_path, run_inputs, {"suffix_len": 6, "suffix_min_match": 2}, compile=False))
     r = json.loads((tmp_path / "out" / "report.json").read_text())
     d = r["drafting"]
     assert set(d["methods"]) == {"speculative", "suffix", "eagle3_suffix"} and d["fastest"] in d["methods"]
+    assert d["suffix_len"] == 6
+    # lossless at temperature > 0 with each drafting, each check exercising drafts
+    checks = r["sampling_check"]
+    assert set(checks) == set(d["methods"]) and all(c["passed"] and c["drafted"] > 0 for c in checks.values()), checks
     assert all(m["identical"] == 2 and m["acceptance_length"] >= 1.0 for m in d["methods"].values()), d
     assert d["methods"]["speculative"]["acceptance_length"] == r["acceptance_length"]
-    assert "Drafting methods side by side" in (tmp_path / "out" / "report.md").read_text()
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Drafting methods side by side" in md and "| suffix |" in md.split("## Sampling check")[1]
 
 
 def test_gate_fails_after_writing_the_report(tmp_path, run_inputs):

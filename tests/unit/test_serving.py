@@ -156,11 +156,18 @@ def test_unknown_spec_field_fails_loudly(tmp_path, fake_trtllm):  # noqa: F811
         trtllm.llm_kwargs(opts, tmp_path, tmp_path)
 
 
-def finished_run(tmp_path, cfg):
+def finished_run(tmp_path, cfg, validated: dict | None = None, of_export: str = "e1"):
+    """A run with a finished export (fingerprint e1) and, given `validated` (the report's drafting), a finished
+    validate stage that measured the export with fingerprint `of_export`."""
     run = RunDir(tmp_path / "run")
-    with run.locked(), run.staging("export") as tmp:
-        make_bundle(tmp, cfg)
-        run.commit("export", tmp, {"stage": "export", "status": "done"})
+    with run.locked():
+        with run.staging("export") as tmp:
+            make_bundle(tmp, cfg)
+            run.commit("export", tmp, {"stage": "export", "status": "done", "fingerprint": "e1"})
+        if validated is not None:
+            with run.staging("validate") as tmp:
+                (tmp / "report.json").write_text(json.dumps({"drafting": validated}))
+                run.commit("validate", tmp, {"stage": "validate", "status": "done", "inputs": {"export": of_export}})
     return run.path
 
 
@@ -176,6 +183,41 @@ def test_write_triton_repo(tmp_path):
     assert "tritonserver --model-repository=/tmp/repo" in launch and "all_models/llmapi/tensorrt_llm/1/model.py" in launch
     assert "triton_client.py" in info["usage"]
     write_triton_repo(run_dir, out)  # a previous trtspec repo is replaced, not refused
+
+
+def test_triton_repo_serves_the_drafting_validate_measured_fastest(tmp_path):
+    """deploy triton --drafting auto: the fastest of validate's side-by-side drafting on this very bundle; a report
+    of an older bundle is not trusted; a named method wins over the report."""
+    cfg = make_cfg(tmp_path, draft={"suffix_len": 8, "suffix_min_match": 5})
+
+    def measured(fastest):
+        speeds = {"speculative": 80.0, "suffix": 70.0, "eagle3_suffix": 75.0, fastest: 90.0}
+        return {"methods": {m: {"tokens_per_s": v} for m, v in speeds.items()}, "fastest": fastest, "suffix_len": 8}
+
+    def served(out):
+        return yaml.safe_load((out / "model_repo" / "tensorrt_llm" / "1" / "model.yaml").read_text())["speculative_config"]
+
+    cases = {"speculative": ("Eagle3", False), "suffix": ("SA", None), "eagle3_suffix": ("Eagle3", True)}
+    for fastest, (decoding, sa) in cases.items():
+        root = tmp_path / fastest
+        run_dir = finished_run(root, cfg, measured(fastest))
+        info = write_triton_repo(run_dir, root / "deploy")
+        spec = served(root / "deploy")
+        assert spec["decoding_type"] == decoding and info["drafting"]["why"].startswith("the fastest validate measured")
+        if sa is not None:
+            assert ("sa_config" in spec) == sa
+        else:
+            assert spec == {"decoding_type": "SA", "max_draft_len": 8, "max_matching_ngram_size": -1}
+    # validate measured another bundle: the bundle's own options (the head with sa_config, as exported)
+    stale = finished_run(tmp_path / "stale", cfg, measured("suffix"), of_export="older")
+    info = write_triton_repo(stale, tmp_path / "stale" / "deploy")
+    assert "older bundle" in info["drafting"]["why"] and "sa_config" in served(tmp_path / "stale" / "deploy")
+    info = write_triton_repo(stale, tmp_path / "stale" / "deploy", "eagle3")
+    assert info["drafting"]["method"] == "eagle3" and "sa_config" not in served(tmp_path / "stale" / "deploy")
+    # a bundle exported without suffix drafting cannot serve it in front of the head
+    plain = finished_run(tmp_path / "plain", make_cfg(tmp_path))
+    with pytest.raises(ArtifactError, match="without suffix drafting"):
+        write_triton_repo(plain, tmp_path / "plain" / "deploy", "eagle3_suffix")
 
 
 def test_write_triton_repo_refusals(tmp_path):

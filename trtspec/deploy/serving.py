@@ -77,8 +77,8 @@ def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = 
         return {"decoding_type": "NGram", "max_draft_len": d.length, "max_matching_ngram_size": s.ngram_max_matching}
     if decoding == "draft_target":
         return {"decoding_type": "DraftTarget", "max_draft_len": d.length, "speculative_model": draft_rel}
-    if decoding == "suffix":  # SADecodingConfig; -1: the longest suffix match, not a fixed n-gram size
-        return {"decoding_type": "SA", "max_draft_len": d.suffix_len or d.length, "max_matching_ngram_size": -1}
+    if decoding == "suffix":
+        return speculative_options_sa(d.suffix_len or d.length)
     spec = {
         "decoding_type": "Eagle3",
         "max_draft_len": d.length,
@@ -329,8 +329,54 @@ def _check_out(out: Path) -> None:
         )
 
 
-def write_triton_repo(run_dir: Path, out: Path) -> dict:
-    """A self-contained Triton deployment of RUN_DIR's bundle: weights, model_repo/, launch.sh."""
+REPORT_NAMES = {"speculative": "eagle3", "suffix": "suffix", "eagle3_suffix": "eagle3_suffix"}  # validate's -> ours
+
+
+def drafting_options(options: dict, method: str, suffix_len: int | None = None) -> dict:
+    """The bundle's LLM-API options serving one drafting method: the EAGLE-3 head alone, suffix-automaton drafting
+    alone (SADecodingConfig), or a suffix match in front of the head (EAGLE-3 with sa_config)."""
+    spec = dict(options["speculative_config"])
+    if spec.get("decoding_type") != "Eagle3":
+        raise ArtifactError(f"the bundle serves {spec.get('decoding_type')} drafting; --drafting {method} needs an "
+                            "EAGLE-3 bundle", "leave --drafting at auto")
+    if method == "eagle3":
+        spec.pop("sa_config", None)
+    elif method == "eagle3_suffix" and "sa_config" not in spec:
+        raise ArtifactError("the bundle was exported without suffix drafting in front of the head",
+                            "set draft.suffix_len > 0 and re-run export and validate")
+    elif method == "suffix":
+        spec = speculative_options_sa(suffix_len or spec["max_draft_len"])
+    return {**options, "speculative_config": spec}
+
+
+def speculative_options_sa(max_draft_len: int) -> dict:
+    # SADecodingConfig; -1: the longest suffix match, not a fixed n-gram size
+    return {"decoding_type": "SA", "max_draft_len": max_draft_len, "max_matching_ngram_size": -1}
+
+
+def measured_drafting(run: Any) -> tuple[str | None, int | None, str]:
+    """(the fastest drafting validate measured on this bundle, its suffix length, why) -- (None, None, why) when
+    validate did not compare methods or its report is older than the bundle."""
+    from trtspec.artifacts import read_json
+
+    m, export = run.manifest("validate"), run.manifest("export")
+    if not m or m.get("status") != "done" or not export:
+        return None, None, "no finished validate stage: the bundle's own drafting"
+    if m.get("inputs", {}).get("export") != export.get("fingerprint"):
+        return None, None, "validate measured an older bundle: the bundle's own drafting"
+    drafting = read_json(run.stage_dir("validate") / "report.json").get("drafting")
+    if not drafting:
+        return None, None, "validate compared no drafting methods (draft.suffix_len: 0): the bundle's own drafting"
+    fastest = REPORT_NAMES[drafting["fastest"]]
+    speeds = ", ".join(f"{REPORT_NAMES[k]} {v['tokens_per_s']:.1f}" for k, v in drafting["methods"].items())
+    return fastest, drafting.get("suffix_len"), f"the fastest validate measured (tokens/s: {speeds})"
+
+
+def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto") -> dict:
+    """A self-contained Triton deployment of RUN_DIR's bundle: weights, model_repo/, launch.sh.
+
+    drafting: auto = the method validate measured fastest on this bundle (else the bundle's own); or one of
+    eagle3, suffix, eagle3_suffix."""
     from trtspec.artifacts import RunDir, write_json
 
     run = RunDir(run_dir)
@@ -341,6 +387,11 @@ def write_triton_repo(run_dir: Path, out: Path) -> dict:
         if not (bundle / part).is_file():
             raise ArtifactError(f"the bundle in '{bundle}' has no {part}", f"re-run `trtspec export CONFIG --out {run_dir} --force`")
     options = read_options(bundle)
+    method, suffix_len, why = measured_drafting(run)
+    if drafting != "auto":
+        method, why = drafting, "--drafting"
+    if method:
+        options = drafting_options(options, method, suffix_len)
     out = Path(out)
     _check_out(out)
     for name in ("target", "draft", "model_repo"):
@@ -350,7 +401,9 @@ def write_triton_repo(run_dir: Path, out: Path) -> dict:
         shutil.copytree(bundle / name, out / name, copy_function=_link_or_copy)
     files = write_model_repo(out / "model_repo", options)
     files.append(_script(out / "launch.sh", LAUNCH_SH.format(image=TRITON_IMAGE, repo="model_repo", up=".")))
-    write_json(out / TRITON_MARKER, {"kind": "trtspec-triton", "bundle": str(bundle.resolve()), "format": 1})
+    served = options["speculative_config"]
+    write_json(out / TRITON_MARKER, {"kind": "trtspec-triton", "bundle": str(bundle.resolve()), "format": 1,
+                                     "drafting": method or "bundle", "why": why})
     usage = (
         f"{out / 'launch.sh'}   # starts tritonserver in {TRITON_IMAGE}\n"
         "python scripts/triton_client.py --url localhost:8000 --prompt 'Name three colors.'"
@@ -359,5 +412,7 @@ def write_triton_repo(run_dir: Path, out: Path) -> dict:
         "out": str(out),
         "files": [str(p) for p in [out / "target", out / "draft", *files, out / TRITON_MARKER]],
         "image": TRITON_IMAGE,
+        "drafting": {"method": method or "bundle", "decoding_type": served.get("decoding_type"),
+                     "sa_config": "sa_config" in served, "why": why},
         "usage": usage,
     }

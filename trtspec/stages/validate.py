@@ -119,8 +119,10 @@ def run(ctx: StageContext) -> dict:
     acceptance = acceptance_summary(rows, outputs["speculative"], d.length)
     sampling = None
     if v.sampling_temperature is not None:  # chains only: sampling from a top-k tree is not lossless
-        chain = DraftSpec(shape="chain", k=d.length)
-        sampling = sampling_check(target, drafter, min(prompts, key=len), chain, v.sampling_temperature, eos, n=200, seed=ctx.cfg.seed)
+        chain = DraftSpec(shape="chain", k=d.length, suffix_len=d.suffix_len)
+        drafters = {"speculative": drafter, **({"suffix": suffix_alone, "eagle3_suffix": suffix_first} if d.suffix_len else {})}
+        sampling = {m: sampling_check(target, dr, min(prompts, key=len), chain, v.sampling_temperature, eos, n=200, seed=ctx.cfg.seed,
+                                      repeat=m != "speculative") for m, dr in drafters.items()}
 
     report = {
         "runtime": "trtspec PyTorch speculative runtime (EAGLE-3 draft from bundle/draft), CPU float32",
@@ -141,7 +143,7 @@ def run(ctx: StageContext) -> dict:
         "skipped": skipped,
         "method_notes": method_notes,
         **speed_summary(tps, acceptance["acceptance_length"], kernels, bandwidth),
-        "drafting": drafting_summary(outputs, reference, tps, drafting) if len(drafting) > 1 else None,
+        "drafting": drafting_summary(outputs, reference, tps, drafting, d.suffix_len) if len(drafting) > 1 else None,
         "sampling_check": sampling,
         "machine": cpu_description(),
         "kernels": {"target": kernels, "draft": drafter.net.kernel_choice},
