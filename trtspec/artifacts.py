@@ -49,6 +49,12 @@ def fingerprint(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def output_fingerprint(manifest: dict) -> str:
+    """What a downstream stage keys on (its manifest's `inputs`): the stage's fingerprint and the sha256 of the
+    files it wrote, so a stage redone with the same settings but other outputs still redoes what follows."""
+    return fingerprint({"fp": manifest["fingerprint"], "files": {k: v["sha256"] for k, v in manifest.get("files", {}).items()}})
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Write JSON atomically (temp file + rename), so a reader never sees half a file."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

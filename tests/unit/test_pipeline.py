@@ -195,3 +195,35 @@ def test_preflight_checks_only_stages_that_will_run_before_any_stage(tmp_path, c
     with pytest.raises(ConfigError, match="bad convert setting"):
         pipeline.run_build(config_from_dict({**RAW, "model": {"source": "other/model"}}), tmp_path / "r")
     assert calls == []  # not even the data stage ran
+
+
+def test_validate_records_the_export_it_measured_as_deploy_reads_it(tmp_path, calls, monkeypatch):
+    """deploy's drafting choice trusts validate's report only for the bundle it measured: the runner's record of
+    validate's input and deploy's reading of it must agree (and disagree once export is redone with other outputs)."""
+    import json
+
+    from trtspec.artifacts import RunDir
+    from trtspec.deploy.serving import measured_drafting
+
+    stand_in = pipeline.stage_module
+
+    def validate_run(ctx):
+        (ctx.out / "report.json").write_text(json.dumps({"drafting": {
+            "fastest": "eagle3_suffix", "suffix_len": 8,
+            "methods": {m: {"tokens_per_s": 1.0} for m in ("speculative", "suffix", "eagle3_suffix")}}}))
+        return {"headline": "validate ok"}
+
+    exports = []
+
+    def export_run(ctx):  # each export writes another bundle
+        exports.append(1)
+        (ctx.out / "bundle.txt").write_text(f"bundle {len(exports)}")
+        return {"headline": "export ok"}
+
+    runs = {"validate": validate_run, "export": export_run}
+    monkeypatch.setattr(pipeline, "stage_module", lambda s: types.SimpleNamespace(run=runs[s]) if s in runs else stand_in(s))
+    pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
+    run = RunDir(tmp_path / "r")
+    assert measured_drafting(run)[:2] == ("eagle3_suffix", 8)
+    pipeline.run_build(config_from_dict(RAW), tmp_path / "r", start="export", until="export")  # validate not redone
+    assert "older bundle" in measured_drafting(run)[2]

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from trtllm_helpers import CONTRACT, fake_trtllm, make_bundle, make_cfg  # noqa: F401 - fixture
 
-from trtspec.artifacts import RunDir
+from trtspec.artifacts import RunDir, output_fingerprint
 from trtspec.deploy.serving import llm_api_options, write_triton_repo
 from trtspec.errors import ArtifactError
 
@@ -156,18 +156,19 @@ def test_unknown_spec_field_fails_loudly(tmp_path, fake_trtllm):  # noqa: F811
         trtllm.llm_kwargs(opts, tmp_path, tmp_path)
 
 
-def finished_run(tmp_path, cfg, validated: dict | None = None, of_export: str = "e1"):
-    """A run with a finished export (fingerprint e1) and, given `validated` (the report's drafting), a finished
-    validate stage that measured the export with fingerprint `of_export`."""
+def finished_run(tmp_path, cfg, validated: dict | None = None, of_export: str | None = None):
+    """A run with a finished export and, given `validated` (the report's drafting), a finished validate stage that
+    measured that export (the input the runner records), or the one `of_export` names."""
     run = RunDir(tmp_path / "run")
     with run.locked():
         with run.staging("export") as tmp:
             make_bundle(tmp, cfg)
             run.commit("export", tmp, {"stage": "export", "status": "done", "fingerprint": "e1"})
         if validated is not None:
+            measured = of_export or output_fingerprint(run.manifest("export"))
             with run.staging("validate") as tmp:
                 (tmp / "report.json").write_text(json.dumps({"drafting": validated}))
-                run.commit("validate", tmp, {"stage": "validate", "status": "done", "inputs": {"export": of_export}})
+                run.commit("validate", tmp, {"stage": "validate", "status": "done", "inputs": {"export": measured}})
     return run.path
 
 

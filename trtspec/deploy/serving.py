@@ -357,12 +357,12 @@ def speculative_options_sa(max_draft_len: int) -> dict:
 def measured_drafting(run: Any) -> tuple[str | None, int | None, str]:
     """(the fastest drafting validate measured on this bundle, its suffix length, why) -- (None, None, why) when
     validate did not compare methods or its report is older than the bundle."""
-    from trtspec.artifacts import read_json
+    from trtspec.artifacts import output_fingerprint, read_json
 
     m, export = run.manifest("validate"), run.manifest("export")
     if not m or m.get("status") != "done" or not export:
         return None, None, "no finished validate stage: the bundle's own drafting"
-    if m.get("inputs", {}).get("export") != export.get("fingerprint"):
+    if m.get("inputs", {}).get("export") != output_fingerprint(export):
         return None, None, "validate measured an older bundle: the bundle's own drafting"
     drafting = read_json(run.stage_dir("validate") / "report.json").get("drafting")
     if not drafting:

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from trtspec import ranks
-from trtspec.artifacts import RunDir, fingerprint, package_versions, peak_rss_gib, sha256_file
+from trtspec.artifacts import (
+    RunDir,
+    fingerprint,
+    output_fingerprint,
+    package_versions,
+    peak_rss_gib,
+    sha256_file,
+)
 from trtspec.config import STAGES, BuildConfig, dump_config
 from trtspec.errors import ConfigError, TrtspecError
 from trtspec.models import model_stamp
@@ -152,8 +159,7 @@ def run_build(
                         on_result(results[-1])
                     raise
             # downstream stages key on what this stage actually wrote, not only on how it was asked
-            m = run.manifest(stage) or {}
-            fps[stage] = fingerprint({"fp": fp, "files": {k: v["sha256"] for k, v in m.get("files", {}).items()}})
+            fps[stage] = output_fingerprint({**(run.manifest(stage) or {}), "fingerprint": fp})
             results.append(res)
             if on_result:
                 on_result(res)
