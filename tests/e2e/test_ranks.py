@@ -124,3 +124,21 @@ def test_a_killed_rank_is_resumed_from_the_last_checkpoint(tmp_path, tiny_model_
     assert steps == list(range(1, 361))  # logged once each: the log was cut back to the checkpoint
     metrics = json.loads((out / "train" / "manifest.json").read_text())["metrics"]
     assert metrics["resumed_from_step"] > 0 and metrics["world_size"] == 2
+
+
+def accelerate_launch(cfg: Path, out: Path, procs: int = 2) -> list[str]:
+    # --multi_gpu is accelerate's torch.distributed.run launcher; on a machine without GPUs the ranks use gloo.
+    # (--cpu with several processes is accelerate's mpirun launcher, which needs MPI and a hostfile.)
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={procs}", "--num_machines=1",
+            "--mixed_precision=no", "--dynamo_backend=no", "-m", "trtspec.cli", "build", str(cfg), "--out", str(out),
+            "--until", "train"]
+
+
+def test_accelerate_launch_trains_as_torchrun_does(tmp_path, tiny_model_dir):
+    cfg = write_config(tmp_path, tiny_model_dir, 2)
+    run_ok(torchrun(cfg, tmp_path / "torchrun"))
+    r = run_ok(accelerate_launch(cfg, tmp_path / "accelerate"))
+    assert "2 processes" in r.stdout
+    assert json.loads((tmp_path / "accelerate" / "train" / "manifest.json").read_text())["metrics"]["world_size"] == 2
+    a, b = log_rows(tmp_path / "torchrun"), log_rows(tmp_path / "accelerate")
+    assert [r["loss"] for r in a] == [r["loss"] for r in b]  # the same processes, rows and order: the same run
