@@ -139,6 +139,10 @@ class TrainSection(Section):
     loss_on_prompt: bool = key(False, "score the head on prompt tokens too (Model Optimizer's answer_only_loss: "
                                "false); off = on answer tokens only, the text it drafts when serving")
     save_steps: int = key(100, "optimizer steps between checkpoints (a killed run resumes from the last)", ge=1)
+    sharding: Literal["ddp", "fsdp"] = key(
+        "ddp", "how the processes of a multi-process launch hold the head: ddp = each a full copy of its weights, "
+        "gradients and AdamW state; fsdp = each 1/N of them (torch FSDP2), for heads whose training state does "
+        "not fit one device (rank 0 also keeps the weights whole, for evaluation). One process: no effect")
     eval_steps: int = key(0, "optimizer steps between held-out acceptance measurements during training "
                           "(0 = at the end only)", ge=0)
 

@@ -90,6 +90,27 @@ def test_two_processes_follow_one_process_of_twice_the_batch(tmp_path, tiny_mode
     assert not list((tmp_path / "two").glob(".lock"))
 
 
+def test_fsdp_shards_the_head_and_follows_one_process(tmp_path, tiny_model_dir):
+    run_ok(single(write_config(tmp_path, tiny_model_dir, 4), tmp_path / "one"))
+    fsdp = run_ok(torchrun(write_config(tmp_path, tiny_model_dir, 2, sharding="fsdp", eval_steps=9), tmp_path / "fsdp"))
+    assert "2 processes" in fsdp.stdout
+    metrics = json.loads((tmp_path / "fsdp" / "train" / "manifest.json").read_text())["metrics"]
+    assert metrics["sharding"] == "fsdp"
+    whole = sum(v.numel() for v in head(tmp_path / "fsdp").values() if v.is_floating_point())
+    assert sum(metrics["head_parameters_by_rank"]) == whole  # each rank held half of the head, not a copy
+    assert max(metrics["head_parameters_by_rank"]) <= 0.55 * whole
+    a, b = log_rows(tmp_path / "one"), log_rows(tmp_path / "fsdp")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 19))
+    for x, y in zip(a, b, strict=True):
+        assert abs(x["loss"] - y["loss"]) <= LOSS_RTOL * x["loss"], (x, y)
+    assert [r["step"] for r in b if "eval" in r] == [9, 18]  # the gathered head, measured during training
+    ha, hb = head(tmp_path / "one"), head(tmp_path / "fsdp")
+    for k in ha:
+        if ha[k].is_floating_point():
+            diff = float((ha[k] - hb[k]).norm() / max(float(ha[k].norm()), 1e-12))
+            assert diff < HEAD_RTOL, (k, diff)
+
+
 def rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
     import psutil
 
@@ -102,15 +123,14 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
     return None
 
 
-def test_a_killed_rank_is_resumed_from_the_last_checkpoint(tmp_path, tiny_model_dir):
-    cfg = write_config(tmp_path, tiny_model_dir, 2, epochs=40.0, save_steps=20)  # 360 steps
-    out = tmp_path / "run"
+def kill_rank_1_after_a_checkpoint(cfg: Path, out: Path) -> None:
+    """Launch 2 ranks, SIGKILL rank 1 as soon as a checkpoint is complete; the launch fails and leaves no result."""
+    import os
+
     launcher = subprocess.Popen(torchrun(cfg, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     t0, killed = time.time(), False
     while time.time() - t0 < 300 and launcher.poll() is None:
         if list(out.glob(".work/train-*/checkpoints/checkpoint-*/trainer_state.json")) and (pid := rank_pid(launcher, 1)):
-            import os
-
             os.kill(pid, signal.SIGKILL)
             killed = True
             break
@@ -118,6 +138,12 @@ def test_a_killed_rank_is_resumed_from_the_last_checkpoint(tmp_path, tiny_model_
     assert killed, "training finished before a checkpoint could be caught"
     assert launcher.wait(timeout=120) != 0  # torchrun stops the other rank and fails
     assert not (out / "train" / "manifest.json").exists()
+
+
+def test_a_killed_rank_is_resumed_from_the_last_checkpoint(tmp_path, tiny_model_dir):
+    cfg = write_config(tmp_path, tiny_model_dir, 2, epochs=40.0, save_steps=20)  # 360 steps
+    out = tmp_path / "run"
+    kill_rank_1_after_a_checkpoint(cfg, out)
     again = run_ok(torchrun(cfg, out))
     assert "resuming from checkpoint-" in again.stderr
     steps = [r["step"] for r in log_rows(out)]
@@ -142,3 +168,21 @@ def test_accelerate_launch_trains_as_torchrun_does(tmp_path, tiny_model_dir):
     assert json.loads((tmp_path / "accelerate" / "train" / "manifest.json").read_text())["metrics"]["world_size"] == 2
     a, b = log_rows(tmp_path / "torchrun"), log_rows(tmp_path / "accelerate")
     assert [r["loss"] for r in a] == [r["loss"] for r in b]  # the same processes, rows and order: the same run
+
+
+def test_a_killed_fsdp_run_resumes_its_optimizer_shards(tmp_path, tiny_model_dir):
+    cfg = write_config(tmp_path, tiny_model_dir, 2, epochs=10.0, save_steps=10, sharding="fsdp")  # 90 steps
+    whole = tmp_path / "whole"
+    run_ok(torchrun(cfg, whole))
+    out = tmp_path / "run"
+    kill_rank_1_after_a_checkpoint(cfg, out)
+    again = run_ok(torchrun(cfg, out))
+    assert "resuming from checkpoint-" in again.stderr
+    resumed = json.loads((out / "train" / "manifest.json").read_text())["metrics"]["resumed_from_step"]
+    assert resumed > 0
+    # after the checkpoint the resumed run takes the uninterrupted run's steps: the same weights, AdamW moments,
+    # schedule and rows (a fresh optimizer would start its moments at zero and leave these curves)
+    a, b = log_rows(whole), log_rows(out)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 91))
+    for x, y in zip(a[resumed:], b[resumed:], strict=True):
+        assert abs(x["loss"] - y["loss"]) <= 1e-3 * x["loss"], (x, y)

@@ -164,7 +164,12 @@ def load_head(model: Any, path: str | Path) -> Any:
             f"'{path}' does not fit this head: missing {missing[:3]}, unexpected {unexpected[:3]}, wrong shape {wrong[:3]}",
             "the head was built with another eagle_config; re-run convert and train",
         )
-    model.eagle_module.load_state_dict(state)
+    from trtspec.eagle.sharding import is_sharded, load_full_state
+
+    if is_sharded(model.eagle_module):  # FSDP (train.sharding): every rank reads the file and keeps its shard
+        load_full_state(model.eagle_module, state)
+    else:
+        model.eagle_module.load_state_dict(state)
     return model
 
 

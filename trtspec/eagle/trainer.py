@@ -12,6 +12,7 @@ from typing import Any
 
 from trtspec import ranks
 from trtspec.eagle.head import draft_target_logits, rows_at
+from trtspec.eagle.sharding import ShardedHead
 from trtspec.eagle.states import row_lengths
 
 
@@ -121,10 +122,16 @@ def head_forward(model: Any, batch: dict, unwrapped: Any = None) -> Any:
         return model(**batch, **kwargs)
 
 
-def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: Any, eval_steps: int):
+def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: Any, eval_steps: int,
+                 head: ShardedHead | None = None):
+    """The HF Trainer of the head. `eval_fn` is called on every rank at eval steps (gathering a sharded head is
+    collective) and returns rank 0's measurement. `head`: the FSDP-sharded head (train.sharding: fsdp), whose
+    checkpoints hold each rank's optimizer shard."""
+    import torch
     from transformers import Trainer, TrainerCallback
 
     from trtspec.eagle import head as eagle
+    from trtspec.eagle import sharding
 
     class StepLog(TrainerCallback):
         """One JSON line per optimizer step: loss and per-TTT-step accuracy averaged over its micro-batches."""
@@ -138,13 +145,14 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
             # every rank's micro-batches (a DDP step's loss is their mean); rank 0 writes the row
             loss, *accs = ranks.mean([sum(b[i] for b in self.buf) / len(self.buf) for i in range(len(self.buf[0]))])
             self.buf.clear()
+            evaluation = eval_fn() if eval_steps and state.global_step % eval_steps == 0 else None
             if not ranks.is_main():
                 return
             lr = kw["lr_scheduler"].get_last_lr()[0] if kw.get("lr_scheduler") else None
             row = {"step": state.global_step, "epoch": round(state.epoch or 0, 3), "loss": round(loss, 4),
                    "acc_ttt": [round(a, 4) for a in accs], "lr": lr}
-            if eval_steps and state.global_step % eval_steps == 0:
-                row["eval"] = eval_fn()
+            if evaluation is not None:
+                row["eval"] = evaluation
             with open(log_file, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
@@ -164,13 +172,39 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
             return LengthGroupedEpochSampler(ds.lengths, step_rows, self.args.seed)
 
         def _save(self, output_dir=None, state_dict=None):
-            # checkpoints hold the head only (the base is frozen and already on disk)
-            eagle.save_head(self.model, Path(output_dir or self.args.output_dir) / eagle.HEAD_FILE)
+            # checkpoints hold the head only (the base is frozen and already on disk); a sharded head is gathered
+            # first (every rank is here), rank 0 writes
+            with sharding.full_head(self.model, head):
+                if ranks.is_main():
+                    eagle.save_head(self.model, Path(output_dir or self.args.output_dir) / eagle.HEAD_FILE)
 
         def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
             eagle.load_head(self.model, Path(resume_from_checkpoint) / eagle.HEAD_FILE)
 
+        def _save_checkpoint(self, model, trial):
+            # a sharded head: the Trainer saves no optimizer state (save_only_model), each rank writes its shard
+            # here, before the Trainer writes trainer_state.json (what marks a checkpoint complete)
+            if head is not None:
+                folder = Path(self._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
+                sharding.save_optimizer(self.model, inner_optimizer(self.optimizer), folder)
+                if ranks.is_main():
+                    torch.save(self.lr_scheduler.state_dict(), folder / sharding.SCHEDULER_FILE)
+                self._save_rng_state(str(folder))
+                ranks.barrier()
+            super()._save_checkpoint(model, trial)
+
+        def _load_optimizer_and_scheduler(self, checkpoint):
+            if head is None or checkpoint is None:
+                return super()._load_optimizer_and_scheduler(checkpoint)
+            sharding.load_optimizer(self.model, inner_optimizer(self.optimizer), Path(checkpoint))
+            self.lr_scheduler.load_state_dict(torch.load(Path(checkpoint) / sharding.SCHEDULER_FILE, weights_only=True))
+
     return EagleTrainer(model=model, args=args, train_dataset=dataset, data_collator=HeadDataset.collate, callbacks=[step_log])
+
+
+def inner_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer inside accelerate's wrapper."""
+    return getattr(optimizer, "optimizer", optimizer)
 
 
 def last_complete_checkpoint(ckpt_dir: Path, log: Any) -> str | None:

@@ -22,6 +22,7 @@ from typing import Any
 from trtspec import ranks
 from trtspec.artifacts import peak_rss_gib
 from trtspec.chat import read_rows
+from trtspec.eagle import sharding
 from trtspec.eagle.acceptance import EVAL_SEQS, build_eval_set, evaluate_acceptance, training_rows_set
 from trtspec.eagle.states import cache_states, check_states_fit
 from trtspec.eagle.trainer import HeadDataset, make_trainer, resume_point
@@ -37,7 +38,7 @@ def environment_key() -> dict | None:
     return {"world_size": ranks.size()} if ranks.size() > 1 else None
 
 
-def training_args(ctx: StageContext, out_dir: Path, rows: int) -> Any:
+def training_args(ctx: StageContext, out_dir: Path, rows: int, sharded: bool = False) -> Any:
     import torch
     from transformers import TrainingArguments
 
@@ -67,7 +68,7 @@ def training_args(ctx: StageContext, out_dir: Path, rows: int) -> Any:
         remove_unused_columns=False,
         dataloader_num_workers=0,
         disable_tqdm=False,
-        save_only_model=False,
+        save_only_model=sharded,  # a sharded head's optimizer state is saved by trtspec (per rank), not the Trainer
         ddp_find_unused_parameters=False,  # multi-process: every trainable parameter (the head's) has a gradient
     )
 
@@ -149,6 +150,7 @@ def run(ctx: StageContext) -> dict:
     cache_s = time.time() - t0
     model = eagle.build_eagle_model(base, eagle_cfg)
     eagle.load_head(model, conv_dir / "head_init.safetensors")
+    head = sharding.shard_head(model) if t_cfg.sharding == "fsdp" and ranks.size() > 1 else None
     gc.collect()
 
     ckpt_dir = ctx.work / "checkpoints"
@@ -160,13 +162,20 @@ def run(ctx: StageContext) -> dict:
         tokens = {k: v[: t_cfg.max_rows] for k, v in tokens.items()}  # states rows line up: same order, a prefix
     # train.loss_on_prompt: every real token is a label, prompt included (not the padding)
     scored = {**tokens, "loss_mask": tokens["attention_mask"].clone()} if t_cfg.loss_on_prompt else tokens
-    trainer = make_trainer(model, HeadDataset(scored, states), training_args(ctx, ckpt_dir, len(tokens["input_ids"])), log_file,
-                           lambda: evaluate_acceptance(model, eval_set, k), t_cfg.eval_steps)
+    def evaluate_now() -> dict | None:  # every rank (a sharded head is gathered); rank 0 measures
+        with sharding.full_head(model, head):
+            return evaluate_acceptance(model, eval_set, k) if ranks.is_main() else None
+
+    args = training_args(ctx, ckpt_dir, len(tokens["input_ids"]), sharded=head is not None)
+    trainer = make_trainer(model, HeadDataset(scored, states), args, log_file, evaluate_now, t_cfg.eval_steps, head)
     t1 = time.time()
     result = trainer.train(resume_from_checkpoint=last_ckpt)
     train_s = time.time() - t1
     steps = trainer.state.global_step
     peak_rss = ranks.gather(peak_rss_gib())
+    head_params = ranks.gather(sharding.local_parameters(model.eagle_module))  # FSDP: each rank's shards
+    if head is not None:
+        sharding.keep_full_head(model, head)
     if not ranks.is_main():
         return {}
 
@@ -197,6 +206,8 @@ def run(ctx: StageContext) -> dict:
         # real (unpadded) tokens: batches are grouped by length and cut to their longest row
         "world_size": ranks.size(),  # processes that trained (each a batch of train.batch_size per micro-step)
         "peak_rss_gib_by_rank": peak_rss,
+        "sharding": "fsdp" if head is not None else "ddp" if ranks.size() > 1 else None,
+        "head_parameters_by_rank": head_params,
         "train_tokens_per_s": round(steps * t_cfg.batch_size * t_cfg.grad_accum * ranks.size() * mean_len / max(train_s, 1e-9), 1),
         "precision": "bfloat16" if use_bf16(ctx.cfg.model.build_dtype) else "float32",
         "train_rows": len(tokens["input_ids"]),
