@@ -425,3 +425,14 @@ def test_dequantize_fp8_weights():
     out, notes = dequantize(state, torch.float32)
     assert set(out) == {"l.weight"} and "input_scale" in notes
     torch.testing.assert_close(out["l.weight"], w, atol=0.08 * w.abs().max(), rtol=0.1)
+
+
+@pytest.mark.parametrize("cached", [1, 7, 300])
+def test_one_token_attention_is_sdpa(cached):
+    """The decode step's fused attention (compiled, grouped query heads) computes what torch's SDPA does."""
+    from trtspec.runtime.model import one_token_attention
+
+    q, k, v = torch.randn(1, 9, 1, 64), torch.randn(1, 3, cached, 64), torch.randn(1, 3, cached, 64)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(one_token_attention(q, k, v), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.compile(one_token_attention, dynamic=True)(q, k, v), want, atol=1e-5, rtol=1e-5)

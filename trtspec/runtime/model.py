@@ -102,6 +102,19 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
+def one_token_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Attention of one new token over every cached row: q [1, H, 1, D], k/v [1, KV, L, D] -> [1, H, 1, D].
+
+    softmax(q k^T / sqrt(D)) v written as products and sums, which inductor fuses into its own loops over the cache
+    (query head h reads KV head h // (H / KV)). In a compiled decode step this beats the CPU's flash-attention kernel,
+    whose blocking and threading cost more than the sums themselves at one query row (scripts/bench_attention.py;
+    docs/results.md)."""
+    (_, H, _, D), KV = q.shape, k.shape[1]
+    q = q.view(KV, H // KV, 1, D)
+    scores = (q * k[0][:, None]).sum(-1) * D**-0.5  # [KV, H/KV, L]
+    return (scores.softmax(-1)[..., None] * v[0][:, None]).sum(-2).view(1, H, 1, D)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
@@ -172,7 +185,10 @@ class Attention(nn.Module):
             k, v = self.k_cache[:, :, :length], self.v_cache[:, :, :length]
         # mask None: every cached row is visible (single-token decode); "causal": prefill of an empty cache
         causal = isinstance(mask, str)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else mask, is_causal=causal, enable_gqa=True)
+        if T == 1 and mask is None and torch.compiler.is_compiling():  # a decode step (eager: the flash kernel)
+            y = one_token_attention(q, k, v)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else mask, is_causal=causal, enable_gqa=True)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
