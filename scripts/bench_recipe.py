@@ -46,13 +46,15 @@ def train_recipe(config: str, base_sets: list[str], out: Path, name: str, sets: 
 
 
 def print_table(rows: list[dict]) -> None:
+    ks = sorted({int(k[3:]) for r in rows for k in r["metrics"] if k.startswith("AL@") and k[3:].isdigit()})
     print(f"{'recipe':14s} {'steps':>5s} {'train s':>7s} {'tok/s':>6s} {'acc_ttt (last step)':>20s} "
-          f"{'AL@1':>5s} {'AL@2':>5s} {'AL@3':>5s} {'AL@4':>5s}  accept rate by position")
+          + " ".join(f"{f'AL@{k}':>5s}" for k in ks) + "  accept rate by position")
     for r in rows:
         m = r["metrics"]
         acc = "/".join(f"{a:.2f}" for a in (m.get("final_acc_ttt") or []))
+        als = " ".join(f"{m[f'AL@{k}']:5.2f}" if f"AL@{k}" in m else f"{'-':>5s}" for k in ks)
         print(f"{r['name']:14s} {m['steps']:5d} {m['train_s']:7.0f} {m['train_tokens_per_s']:6.0f} {acc:>20s} "
-              + " ".join(f"{m[f'AL@{k}']:5.2f}" for k in range(1, 5)) + f"  {m['accept_rate_by_position']}")
+              f"{als}  {m['accept_rate_by_position']}")
 
 
 def plot(rows: list[dict], path: Path) -> None:
