@@ -90,9 +90,12 @@ def test_two_processes_follow_one_process_of_twice_the_batch(tmp_path, tiny_mode
     assert not list((tmp_path / "two").glob(".lock"))
 
 
-def test_fsdp_shards_the_head_and_follows_one_process(tmp_path, tiny_model_dir):
-    run_ok(single(write_config(tmp_path, tiny_model_dir, 4), tmp_path / "one"))
-    fsdp = run_ok(torchrun(write_config(tmp_path, tiny_model_dir, 2, sharding="fsdp", eval_steps=9), tmp_path / "fsdp"))
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_fsdp_shards_the_head_and_follows_one_process(tmp_path, tiny_model_dir, mode):
+    # online: every rank runs the frozen target itself, whole (FSDP's ignored parameters), beside its half of the head
+    run_ok(single(write_config(tmp_path, tiny_model_dir, 4, mode=mode), tmp_path / "one"))
+    fsdp = run_ok(torchrun(write_config(tmp_path, tiny_model_dir, 2, mode=mode, sharding="fsdp", eval_steps=9),
+                           tmp_path / "fsdp"))
     assert "2 processes" in fsdp.stdout
     metrics = json.loads((tmp_path / "fsdp" / "train" / "manifest.json").read_text())["metrics"]
     assert metrics["sharding"] == "fsdp"
