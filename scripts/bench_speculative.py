@@ -12,7 +12,8 @@ torch.compile'd first, as in `trtspec validate` (`--no-compile`: eager).
 
 Printed first: the CPU and the kernels the runtime chose by timing on it. Each row gives the memory bandwidth
 (median of samples taken among that row's timed runs: a shared machine's bandwidth moves within minutes), the decode
-limit it implies (bandwidth / weight bytes per token) and the runtime's plain decoding as a fraction of it.
+limit it implies (bandwidth / weight bytes per token) and the runtime's plain decoding as a fraction of it: `nd/limit`
+with each answer's prefill in the time, `decode/limit` its decode steps alone (`decode`: their tokens/s).
 """
 
 from __future__ import annotations
@@ -108,17 +109,20 @@ def main() -> None:
                          "speculative": round(spec_tps, 2), "hf_prompt_lookup": round(pl_tps, 2),
                          "speedup_vs_hf": round(spec_tps / hf_tps, 3), "speedup_vs_no_draft": round(spec_tps / base_tps, 3),
                          "no_draft_vs_hf": round(base_tps / hf_tps, 3), "speedup_over_al": round(spec_tps / hf_tps / al, 3),
-                         "limits": speed_limits(kernels, bandwidth, base_tps, al, al * base_tps / spec_tps)})
+                         "limits": speed_limits(kernels, bandwidth, base_tps, al, al * base_tps / spec_tps,
+                                                res["base"]["decode_tokens_per_s"][0])})
             if not a.json:
                 r = rows[-1]
                 if len(rows) == 1:
                     print(f"{'k':>2} {'AL':>5} {'exact':>5} | {'HF gen':>7} {'no-draft':>8} {'spec':>7} {'lookup':>7} | tok/s"
-                          f" | {'spec/HF':>7} {'spec/nd':>7} {'nd/HF':>6} {'(spec/HF)/AL':>12} | {'GB/s':>5} {'limit':>6} {'nd/limit':>8}")
+                          f" | {'spec/HF':>7} {'spec/nd':>7} {'nd/HF':>6} {'(spec/HF)/AL':>12} | {'GB/s':>5} {'limit':>6} {'nd/limit':>8}"
+                          f" {'decode':>7} {'decode/limit':>12}")
                 print(f"{k:>2} {r['acceptance_length']:>5.2f} {exact:>2}/{len(prompts):<2} | {r['hf_generate']:>7.1f} {r['runtime_no_draft']:>8.1f} "
                       f"{r['speculative']:>7.1f} {r['hf_prompt_lookup']:>7.1f} |       | {r['speedup_vs_hf']:>6.2f}x "
                       f"{r['speedup_vs_no_draft']:>6.2f}x {r['no_draft_vs_hf']:>5.2f}x {r['speedup_over_al']:>12.2f} | "
                       f"{bandwidth['gb_per_s']:>5.1f} {r['limits']['limit_tokens_per_s']:>6.1f} "
-                      f"{r['limits']['no_draft_fraction_of_limit']:>8.0%}", flush=True)
+                      f"{r['limits']['no_draft_fraction_of_limit']:>8.0%} {r['limits']['decode_tokens_per_s']:>7.1f} "
+                      f"{r['limits']['decode_fraction_of_limit']:>12.0%}", flush=True)
     if a.json:
         print(json.dumps({"run_dir": str(run), "prompts": len(prompts), "max_new_tokens": new, "shape": a.shape, "compile": {"seconds": compile_s, "note": compile_note},
                           "threads": torch.get_num_threads(), "machine": machine, "kernels": kernels, "rows": rows}, indent=2))

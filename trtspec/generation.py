@@ -88,9 +88,12 @@ def interleaved(methods: dict[str, Callable[[list[int]], Any]], prompts: list[li
                 on_run: Callable[[int, int, str], None] | None = None) -> dict[str, dict]:
     """Every prompt through every method in turn, `repeats` times, so machine noise hits all methods alike.
 
-    A method returns a token list or an object with `.tokens`. -> {method: {"tokens_per_s": [one per repetition],
-    "outputs": [the first repetition's outputs]}}. `on_run(repetition, prompt index, method)` after each run."""
+    A method returns a token list or an object with `.tokens` (and `.prefill_s`: the runtime's generations).
+    -> {method: {"tokens_per_s": [one per repetition], "outputs": [the first repetition's outputs]}}, and for methods
+    that time their prefill, "decode_tokens_per_s": the tokens after the first over the time after the prefill.
+    `on_run(repetition, prompt index, method)` after each run."""
     seconds = {m: [0.0] * repeats for m in methods}
+    prefill = {m: [0.0] * repeats for m in methods}
     tokens = {m: [0] * repeats for m in methods}
     outputs: dict[str, list] = {m: [] for m in methods}
     for rep in range(repeats):
@@ -100,9 +103,15 @@ def interleaved(methods: dict[str, Callable[[list[int]], Any]], prompts: list[li
                 out = fn(p)
                 seconds[m][rep] += time.perf_counter() - t0
                 tokens[m][rep] += len(out if isinstance(out, list) else out.tokens)
+                prefill[m][rep] += getattr(out, "prefill_s", 0.0)
                 if rep == 0:
                     outputs[m].append(out)
                 if on_run:
                     on_run(rep, i, m)
-    return {m: {"tokens_per_s": [t / s for t, s in zip(tokens[m], seconds[m], strict=True)], "outputs": outputs[m]}
-            for m in methods}
+    timed = {m: {"tokens_per_s": [t / s for t, s in zip(tokens[m], seconds[m], strict=True)], "outputs": outputs[m]}
+             for m in methods}
+    for m in methods:
+        if all(prefill[m]):
+            timed[m]["decode_tokens_per_s"] = [(t - len(prompts)) / (s - f) for t, s, f in
+                                               zip(tokens[m], seconds[m], prefill[m], strict=True)]
+    return timed

@@ -115,7 +115,10 @@ def _markdown(r: dict, plots: list[str]) -> str:
             f"| memory bandwidth (best of a streaming read and a large matrix-vector product; median of samples taken among the timed runs) | {lim['bandwidth_gb_per_s']:.1f} GB/s |",
             f"| weights read per decoded token | {lim['weight_mb_per_token']:.0f} MB |",
             f"| decode limit = bandwidth / weights | {lim['limit_tokens_per_s']:.1f} tokens/s |",
-            f"| runtime without draft | {lim['no_draft_tokens_per_s']:.1f} tokens/s = **{lim['no_draft_fraction_of_limit']:.0%} of the limit** |",
+            f"| runtime without draft, decode steps | {lim['decode_tokens_per_s']:.1f} tokens/s = "
+            f"**{lim['decode_fraction_of_limit']:.0%} of the limit** |",
+            f"| the same with the prompts' prefill (per answer) | {lim['no_draft_tokens_per_s']:.1f} tokens/s = "
+            f"{lim['no_draft_fraction_of_limit']:.0%} of the limit |",
             f"| decode step / of it in weight products | {lim['decode_step_ms']:.1f} ms / {lim['weight_products_ms']:.1f} ms "
             f"({lim['weight_products_share']:.0%}; the rest is attention, norms, rope and Python) |",
             f"| speculation: AL / step cost | {lim['acceptance_length']:.2f} / {lim['step_cost_vs_decode']:.2f} = "

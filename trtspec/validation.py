@@ -158,8 +158,9 @@ def check_gates(v: Any, report: dict) -> list[dict]:
     return gates
 
 
-def median_speeds(timed: dict) -> dict[str, float]:
-    return {m: round(statistics.median(t["tokens_per_s"]), 2) for m, t in timed.items()}
+def median_speeds(timed: dict, key: str = "tokens_per_s") -> dict[str, float]:
+    """{method: median over the repetitions of `key`} for the methods that measured it."""
+    return {m: round(statistics.median(t[key]), 2) for m, t in timed.items() if key in t}
 
 
 def greedy_match(rows: list[dict], outputs: dict[str, list], reference: list[list[int]]) -> dict:
@@ -187,8 +188,10 @@ def acceptance_summary(rows: list[dict], generations: list, k: int) -> dict:
     }
 
 
-def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: dict | None) -> dict:
-    """Speedups against HF generate and against the runtime without a draft, and what limits them."""
+def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: dict | None,
+                  no_draft_decode_tps: float | None = None) -> dict:
+    """Speedups against HF generate and against the runtime without a draft, and what limits them
+    (`no_draft_decode_tps`: the runtime's decode steps alone, without the prompts' prefill)."""
     from trtspec.runtime.kernels import speed_limits
 
     out = {
@@ -201,7 +204,8 @@ def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: di
     # speculative_vs_no_draft = AL / step_cost, so speculation pays only while AL > step_cost
     out["step_cost_vs_decode"] = round(al / out["speculative_vs_no_draft"], 3)
     out["limits"] = None if bandwidth is None else {
-        "bandwidth": bandwidth, **speed_limits(kernels, bandwidth, tps["runtime_no_draft"], al, out["step_cost_vs_decode"]),
+        "bandwidth": bandwidth,
+        **speed_limits(kernels, bandwidth, tps["runtime_no_draft"], al, out["step_cost_vs_decode"], no_draft_decode_tps),
     }
     return out
 

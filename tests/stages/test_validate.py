@@ -85,6 +85,10 @@ def test_validate_writes_report(tmp_path, run_inputs):
     assert len(lim["bandwidth"]["samples_gb_per_s"]) == 3
     assert lim["no_draft_fraction_of_limit"] == pytest.approx(lim["no_draft_tokens_per_s"] / lim["limit_tokens_per_s"], rel=0.01)
     assert lim["no_draft_tokens_per_s"] == pytest.approx(r["tokens_per_s"]["runtime_no_draft"], rel=0.01)
+    # decode steps alone: the prefill's time taken out, so faster than per answer, and the fraction follows
+    assert lim["decode_tokens_per_s"] > lim["no_draft_tokens_per_s"]
+    assert lim["decode_fraction_of_limit"] == pytest.approx(lim["decode_tokens_per_s"] / lim["limit_tokens_per_s"], rel=0.01)
+    assert lim["decode_step_ms"] == pytest.approx(1e3 / lim["decode_tokens_per_s"], rel=0.01)
     assert r["machine"]["cores"] >= 1
     assert "What limits the speed" in (tmp_path / "out" / "report.md").read_text()
 

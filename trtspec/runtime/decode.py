@@ -17,6 +17,7 @@ Every step costs one target forward and yields accepted + 1 tokens: acceptance l
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -64,6 +65,7 @@ class Stats:
 class Generation:
     tokens: list[int]
     stats: Stats
+    prefill_s: float = 0.0  # seconds of the prompt's prefill (and first token): the rest of the time is decode steps
 
 
 # ---------------------------------------------------------------------------------------------- target steps
@@ -219,13 +221,15 @@ def generate(
 ) -> Generation:
     """Plain autoregressive decoding with the static cache (the no-draft baseline)."""
     eos = eos or set()
+    t0 = time.perf_counter()
     out, _, _ = _begin(target, prompt, max_new_tokens, None, temperature, generator, first_token)
+    prefill_s = time.perf_counter() - t0
     length = prompt.numel()
     stats = Stats()
     while True:
         out, done = _finish(out, max_new_tokens, eos)
         if done:
-            return Generation(out, stats)
+            return Generation(out, stats, prefill_s)
         logits = decode_one_token(target, out[-1], length)
         length += 1
         out.append(sample(logits, temperature, generator))
@@ -247,15 +251,17 @@ def speculative_decode(
 ) -> Generation:
     """Speculative decoding; with temperature 0 the output equals `generate`'s token for token."""
     eos = eos or set()
+    t0 = time.perf_counter()
     out, aux, max_len = _begin(target, prompt, max_new_tokens, spec, temperature, generator, first_token)
     drafter.setup(max_len + spec.max_nodes())
     drafter.start(prompt, out[0], aux)
+    prefill_s = time.perf_counter() - t0
     length = prompt.numel()  # target cache rows; out[-1] (the root) is not in it yet
     stats = Stats()
     while True:
         out, done = _finish(out, max_new_tokens, eos)
         if done:
-            return Generation(out, stats)
+            return Generation(out, stats, prefill_s)
         tree, q = drafter.draft(out[-1], spec, temperature, generator)
         logits, aux = verify_tree(target, tree, length)
         if temperature > 0:

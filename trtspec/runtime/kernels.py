@@ -169,22 +169,26 @@ def bandwidth_during(samples: list[dict]) -> dict:
 
 
 def speed_limits(kernel_choice: dict, bandwidth: dict, no_draft_tps: float, acceptance_length: float,
-                 step_cost: float) -> dict:
+                 step_cost: float, no_draft_decode_tps: float | None = None) -> dict:
     """What bounds the runtime's speed on this machine, from what was measured.
 
     Plain decoding reads every Linear weight once per token (the embedding row and the KV cache are small beside
-    them), so tokens/s <= bandwidth / weight bytes: `limit_tokens_per_s`. `no_draft_fraction_of_limit` is how close
-    the runtime comes (its tokens/s include the prompt's prefill, so this is a lower bound on the decode steps'
-    own fraction); `weight_products_share` the part of a decode step spent in the weight products alone (the
-    rest: attention, norms, rope, Python). Speculation multiplies plain decoding by AL / step cost.
+    them), so decode steps run at most bandwidth / weight bytes tokens/s: `limit_tokens_per_s`.
+    `decode_fraction_of_limit` is how close the runtime's decode steps come (tokens after the first over the time
+    after the prompt's prefill, which reads the weights once for the whole prompt and is bound by arithmetic
+    instead); `no_draft_fraction_of_limit` the same with the prefill's time included (what a user sees per answer).
+    `weight_products_share` is the part of a decode step spent in the weight products alone (the rest: attention,
+    norms, rope, Python). Speculation multiplies plain decoding by AL / step cost.
     """
     limit = bandwidth["gb_per_s"] * 1e3 / kernel_choice["weight_mb"]
-    step_ms = 1e3 / no_draft_tps
+    decode_tps = no_draft_decode_tps or no_draft_tps
+    step_ms = 1e3 / decode_tps
     products_ms = kernel_choice["weight_mb"] / kernel_choice["gb_per_s_one_row"]
     return {
         "weight_mb_per_token": kernel_choice["weight_mb"], "bandwidth_gb_per_s": bandwidth["gb_per_s"],
         "limit_tokens_per_s": round(limit, 2), "no_draft_tokens_per_s": round(no_draft_tps, 2),
         "no_draft_fraction_of_limit": round(no_draft_tps / limit, 3),
+        "decode_tokens_per_s": round(decode_tps, 2), "decode_fraction_of_limit": round(decode_tps / limit, 3),
         "decode_step_ms": round(step_ms, 2), "weight_products_ms": round(products_ms, 2),
         "weight_products_share": round(min(1.0, products_ms / step_ms), 3),
         "acceptance_length": round(acceptance_length, 3), "step_cost_vs_decode": round(step_cost, 3),
