@@ -20,20 +20,16 @@ from pathlib import Path
 
 import torch
 
-from trtspec.runtime import compile_steps, load_transformer
-from trtspec.runtime.decode import prefill
+from trtspec.runtime import compile_steps, generate, load_transformer
 from trtspec.runtime.kernels import few_rows_linear, memory_bandwidth
 from trtspec.runtime.model import Linear
 
 
 def decode_ms(target, prompt: torch.Tensor, n: int) -> float:
-    """Milliseconds per greedy decode step after a prefill of `prompt`."""
-    token, length = int(prefill(target, prompt)[0].argmax()), prompt.numel()
+    """Milliseconds per greedy decode step after a prefill of `prompt` (the runtime's `generate`, prefill excluded)."""
     t0 = time.perf_counter()
-    for i in range(n):
-        pos = torch.tensor([length + i])
-        token = int(target.step(torch.tensor([token]), pos, pos, length + i + 1, None)[0][0].argmax())
-    return 1000 * (time.perf_counter() - t0) / n
+    g = generate(target, prompt, n + 1)  # the first token comes from the prefill, the other n from decode steps
+    return 1000 * (time.perf_counter() - t0 - g.prefill_s) / n
 
 
 def products_ms(linears: list[Linear], n: int) -> float:

@@ -95,10 +95,7 @@ def full_head(model: Any, head: ShardedHead | None) -> Iterator[None]:
     if head is None:
         yield
         return
-    state = full_state(head.sharded)
-    if head.plain is not None:
-        head.plain.load_state_dict(state)
-        model.eagle_module = head.plain
+    keep_full_head(model, head)
     try:
         yield
     finally:
@@ -124,8 +121,8 @@ def load_optimizer(model: Any, optimizer: Any, folder: Path) -> None:
 
 
 def keep_full_head(model: Any, head: ShardedHead) -> None:
-    """After training: rank 0's model takes the unsharded head holding the trained weights, for what follows on
-    rank 0 alone (evaluation, saving). Every rank must call."""
+    """Rank 0's model takes the unsharded head, loaded with the weights gathered from the sharded one (after
+    training: for what follows on rank 0 alone, evaluation and saving). Every rank must call."""
     state = full_state(head.sharded)
     if head.plain is not None:
         head.plain.load_state_dict(state)
