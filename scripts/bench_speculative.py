@@ -49,7 +49,7 @@ def main() -> None:
     import torch
 
     from trtspec.eagle.checkpoint import check_bundle
-    from trtspec.generation import eos_ids, hf_answer, interleaved
+    from trtspec.generation import eos_ids, hf_answer
     from trtspec.models import load_model, load_tokenizer, resolve_model
     from trtspec.runtime import (
         DraftSpec,
@@ -60,7 +60,8 @@ def main() -> None:
         load_transformer,
         speculative_decode,
     )
-    from trtspec.runtime.kernels import bandwidth_during, cpu_description, memory_bandwidth, speed_limits
+    from trtspec.runtime.kernels import cpu_description, speed_limits
+    from trtspec.validation import time_methods
 
     run, bundle = a.run_dir, a.run_dir / "bundle"
     check_bundle(bundle)
@@ -87,42 +88,39 @@ def main() -> None:
         print(f"runtime: {compile_note} ({compile_s:.0f} s)", flush=True)
 
     rows = []
-    sample = lambda: memory_bandwidth(kernels["one_row"], repeats=3)  # noqa: E731 - among the timed runs, per row
-    with torch.inference_mode():
-        for k, spec in specs.items():
-            samples = [sample()]
-            res = interleaved({
-                "hf": lambda p: hf_answer(hf, p, new, eos),
-                "base": lambda p: generate(target, torch.tensor(p), new, eos),
-                "spec": lambda p, s=spec: speculative_decode(target, drafter, torch.tensor(p), new, s, eos),
-                "lookup": lambda p, k=k: hf_answer(hf, p, new, eos, prompt_lookup_num_tokens=k),
-            }, prompts, on_run=lambda _rep, _i, m, samples=samples: samples.append(sample()) if m == "lookup" else None)
-            bandwidth = bandwidth_during(samples)
-            (hf_tps, base_tps, spec_tps, pl_tps) = (res[m]["tokens_per_s"][0] for m in ("hf", "base", "spec", "lookup"))
-            hf_outs, outs = res["hf"]["outputs"], res["spec"]["outputs"]
-            stats = Stats()
-            for g in outs:
-                stats.merge(g.stats)
-            al = stats.acceptance_length()
-            exact = sum(g.tokens == h for g, h in zip(outs, hf_outs, strict=True))
-            rows.append({"k": k, "acceptance_length": round(al, 3), "exact": exact, "hf_generate": round(hf_tps, 2), "runtime_no_draft": round(base_tps, 2),
-                         "speculative": round(spec_tps, 2), "hf_prompt_lookup": round(pl_tps, 2),
-                         "speedup_vs_hf": round(spec_tps / hf_tps, 3), "speedup_vs_no_draft": round(spec_tps / base_tps, 3),
-                         "no_draft_vs_hf": round(base_tps / hf_tps, 3), "speedup_over_al": round(spec_tps / hf_tps / al, 3),
-                         "limits": speed_limits(kernels, bandwidth, base_tps, al, al * base_tps / spec_tps,
-                                                res["base"]["decode_tokens_per_s"][0])})
-            if not a.json:
-                r = rows[-1]
-                if len(rows) == 1:
-                    print(f"{'k':>2} {'AL':>5} {'exact':>5} | {'HF gen':>7} {'no-draft':>8} {'spec':>7} {'lookup':>7} | tok/s"
-                          f" | {'spec/HF':>7} {'spec/nd':>7} {'nd/HF':>6} {'(spec/HF)/AL':>12} | {'GB/s':>5} {'limit':>6} {'nd/limit':>8}"
-                          f" {'decode':>7} {'decode/limit':>12}")
-                print(f"{k:>2} {r['acceptance_length']:>5.2f} {exact:>2}/{len(prompts):<2} | {r['hf_generate']:>7.1f} {r['runtime_no_draft']:>8.1f} "
-                      f"{r['speculative']:>7.1f} {r['hf_prompt_lookup']:>7.1f} |       | {r['speedup_vs_hf']:>6.2f}x "
-                      f"{r['speedup_vs_no_draft']:>6.2f}x {r['no_draft_vs_hf']:>5.2f}x {r['speedup_over_al']:>12.2f} | "
-                      f"{bandwidth['gb_per_s']:>5.1f} {r['limits']['limit_tokens_per_s']:>6.1f} "
-                      f"{r['limits']['no_draft_fraction_of_limit']:>8.0%} {r['limits']['decode_tokens_per_s']:>7.1f} "
-                      f"{r['limits']['decode_fraction_of_limit']:>12.0%}", flush=True)
+    for k, spec in specs.items():
+        res, bandwidth = time_methods({
+            "hf_generate": lambda p: hf_answer(hf, p, new, eos),
+            "runtime_no_draft": lambda p: generate(target, torch.tensor(p), new, eos),
+            "speculative": lambda p, s=spec: speculative_decode(target, drafter, torch.tensor(p), new, s, eos),
+            "hf_prompt_lookup": lambda p, k=k: hf_answer(hf, p, new, eos, prompt_lookup_num_tokens=k),
+        }, prompts, 1, kernels)
+        (hf_tps, base_tps, spec_tps, pl_tps) = (res[m]["tokens_per_s"][0] for m in ("hf_generate", "runtime_no_draft", "speculative", "hf_prompt_lookup"))
+        hf_outs, outs = res["hf_generate"]["outputs"], res["speculative"]["outputs"]
+        stats = Stats()
+        for g in outs:
+            stats.merge(g.stats)
+        al = stats.acceptance_length()
+        exact = sum(g.tokens == h for g, h in zip(outs, hf_outs, strict=True))
+        rows.append({"k": k, "acceptance_length": round(al, 3), "exact": exact, "hf_generate": round(hf_tps, 2), "runtime_no_draft": round(base_tps, 2),
+                     "speculative": round(spec_tps, 2), "hf_prompt_lookup": round(pl_tps, 2),
+                     "speedup_vs_hf": round(spec_tps / hf_tps, 3), "speedup_vs_no_draft": round(spec_tps / base_tps, 3),
+                     "no_draft_vs_hf": round(base_tps / hf_tps, 3), "speedup_over_al": round(spec_tps / hf_tps / al, 3),
+                     "limits": speed_limits(kernels, bandwidth, base_tps, al, al * base_tps / spec_tps,
+                                            res["runtime_no_draft"]["decode_tokens_per_s"][0],
+                                                res["runtime_no_draft"]["decode_runs"])})
+        if not a.json:
+            r = rows[-1]
+            if len(rows) == 1:
+                print(f"{'k':>2} {'AL':>5} {'exact':>5} | {'HF gen':>7} {'no-draft':>8} {'spec':>7} {'lookup':>7} | tok/s"
+                      f" | {'spec/HF':>7} {'spec/nd':>7} {'nd/HF':>6} {'(spec/HF)/AL':>12} | {'GB/s':>5} {'limit':>6} {'nd/limit':>8}"
+                      f" {'decode':>7} {'decode/limit':>12}")
+            print(f"{k:>2} {r['acceptance_length']:>5.2f} {exact:>2}/{len(prompts):<2} | {r['hf_generate']:>7.1f} {r['runtime_no_draft']:>8.1f} "
+                  f"{r['speculative']:>7.1f} {r['hf_prompt_lookup']:>7.1f} |       | {r['speedup_vs_hf']:>6.2f}x "
+                  f"{r['speedup_vs_no_draft']:>6.2f}x {r['no_draft_vs_hf']:>5.2f}x {r['speedup_over_al']:>12.2f} | "
+                  f"{bandwidth['gb_per_s']:>5.1f} {r['limits']['limit_tokens_per_s']:>6.1f} "
+                  f"{r['limits']['no_draft_fraction_of_limit']:>8.0%} {r['limits']['decode_tokens_per_s']:>7.1f} "
+                  f"{r['limits']['decode_fraction_of_limit']:>12.0%}", flush=True)
     if a.json:
         print(json.dumps({"run_dir": str(run), "prompts": len(prompts), "max_new_tokens": new, "shape": a.shape, "compile": {"seconds": compile_s, "note": compile_note},
                           "threads": torch.get_num_threads(), "machine": machine, "kernels": kernels, "rows": rows}, indent=2))

@@ -90,20 +90,25 @@ def interleaved(methods: dict[str, Callable[[list[int]], Any]], prompts: list[li
 
     A method returns a token list or an object with `.tokens` (and `.prefill_s`: the runtime's generations).
     -> {method: {"tokens_per_s": [one per repetition], "outputs": [the first repetition's outputs]}}, and for methods
-    that time their prefill, "decode_tokens_per_s": the tokens after the first over the time after the prefill.
+    that time their prefill, "decode_tokens_per_s": the tokens after the first over the time after the prefill, per
+    repetition, and "decode_runs": the same per run, in the order they ran (None for a run that stopped at its first token).
     `on_run(repetition, prompt index, method)` after each run."""
     seconds = {m: [0.0] * repeats for m in methods}
     prefill = {m: [0.0] * repeats for m in methods}
     tokens = {m: [0] * repeats for m in methods}
+    runs: dict[str, list[float | None]] = {m: [] for m in methods}
     outputs: dict[str, list] = {m: [] for m in methods}
     for rep in range(repeats):
         for i, p in enumerate(prompts):
             for m, fn in methods.items():
                 t0 = time.perf_counter()
                 out = fn(p)
-                seconds[m][rep] += time.perf_counter() - t0
-                tokens[m][rep] += len(out if isinstance(out, list) else out.tokens)
-                prefill[m][rep] += getattr(out, "prefill_s", 0.0)
+                s = time.perf_counter() - t0
+                n, f = len(out if isinstance(out, list) else out.tokens), getattr(out, "prefill_s", 0.0)
+                seconds[m][rep] += s
+                tokens[m][rep] += n
+                prefill[m][rep] += f
+                runs[m].append((n - 1) / (s - f) if f and n > 1 else None)
                 if rep == 0:
                     outputs[m].append(out)
                 if on_run:
@@ -114,4 +119,5 @@ def interleaved(methods: dict[str, Callable[[list[int]], Any]], prompts: list[li
         if all(prefill[m]):
             timed[m]["decode_tokens_per_s"] = [(t - len(prompts)) / (s - f) for t, s, f in
                                                zip(tokens[m], seconds[m], prefill[m], strict=True)]
+            timed[m]["decode_runs"] = runs[m]
     return timed

@@ -81,28 +81,39 @@ def hf_assisted_methods(cfg: Any, hf: Any, source: Path, eos: set[int]) -> tuple
 
 
 def time_methods(methods: dict[str, Any], prompts: list[list[int]], repeats: int, kernels: dict) -> tuple[dict, dict | None]:
-    """Interleaved repetitions: every prompt runs every method in turn, so machine noise hits all of them alike; the
-    memory bandwidth is sampled among them (before, and after each prompt's round) for the decode limit.
-    -> (interleaved's result, the bandwidth during the runs; None off a float32 CPU model)."""
+    """Interleaved repetitions: every prompt runs every method in turn, so machine noise hits all of them alike.
+
+    For the decode limit the memory bandwidth is sampled among the runs: right before and right after every run of
+    the runtime without a draft (each such run is then measured against the bandwidth of its own moment: a shared
+    host's moves by tens of percent within a minute), and after each prompt's round.
+    -> (interleaved's result, the bandwidth during the runs with "no_draft_runs_gb_per_s": the mean of the samples
+    around each no-draft run, in run order; None off a float32 CPU model)."""
     import torch
     from tqdm import tqdm
 
     from trtspec.runtime.kernels import bandwidth_during, memory_bandwidth
 
     on_cpu = "weight_mb" in kernels
-    samples = [memory_bandwidth(kernels["one_row"], repeats=3)] if on_cpu else []
+    sample = lambda: memory_bandwidth(kernels["one_row"], repeats=3)  # noqa: E731
+    order = list(methods)
+    before_no_draft = order[order.index("runtime_no_draft") - 1]  # the method that runs just before it (cyclically)
+    samples = [sample()] if on_cpu else []
+    around: list[float] = []
     bar = tqdm(total=repeats * len(prompts) * len(methods), desc="timed generations", unit="run")
 
     def after_run(rep: int, i: int, m: str) -> None:
         bar.set_postfix_str(f"rep {rep + 1}, prompt {i + 1}, {m}")
         bar.update()
-        if on_cpu and m == list(methods)[-1]:
-            samples.append(memory_bandwidth(kernels["one_row"], repeats=3))
+        if on_cpu and m in (before_no_draft, "runtime_no_draft", order[-1]):
+            last = samples[-1]
+            samples.append(sample())
+            if m == "runtime_no_draft":
+                around.append((last["gb_per_s"] + samples[-1]["gb_per_s"]) / 2)
 
     with torch.inference_mode():
         timed = interleaved(methods, prompts, repeats, after_run)
     bar.close()
-    return timed, bandwidth_during(samples) if on_cpu else None
+    return timed, {**bandwidth_during(samples), "no_draft_runs_gb_per_s": [round(b, 2) for b in around]} if on_cpu else None
 
 
 def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temperature: float, eos: set[int], n: int, seed: int,
@@ -189,9 +200,10 @@ def acceptance_summary(rows: list[dict], generations: list, k: int) -> dict:
 
 
 def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: dict | None,
-                  no_draft_decode_tps: float | None = None) -> dict:
+                  no_draft_decode_tps: float | None = None, decode_runs: list | None = None) -> dict:
     """Speedups against HF generate and against the runtime without a draft, and what limits them
-    (`no_draft_decode_tps`: the runtime's decode steps alone, without the prompts' prefill)."""
+    (`no_draft_decode_tps`: the runtime's decode steps alone, without the prompts' prefill; `decode_runs`: the same
+    per run, each held against the bandwidth sampled around it: kernels.speed_limits)."""
     from trtspec.runtime.kernels import speed_limits
 
     out = {
@@ -205,7 +217,8 @@ def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: di
     out["step_cost_vs_decode"] = round(al / out["speculative_vs_no_draft"], 3)
     out["limits"] = None if bandwidth is None else {
         "bandwidth": bandwidth,
-        **speed_limits(kernels, bandwidth, tps["runtime_no_draft"], al, out["step_cost_vs_decode"], no_draft_decode_tps),
+        **speed_limits(kernels, bandwidth, tps["runtime_no_draft"], al, out["step_cost_vs_decode"], no_draft_decode_tps,
+                       decode_runs),
     }
     return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -81,16 +82,25 @@ def test_validate_writes_report(tmp_path, run_inputs):
     assert set(r["kernels"]["target"]["by_rows"]) <= set(CANDIDATES) and set(r["kernels"]["draft"]["by_rows"]) <= set(CANDIDATES)
     lim = r["limits"]
     assert lim["bandwidth"]["gb_per_s"] > 0 and lim["limit_tokens_per_s"] > 0
-    # sampled among the timed runs: before them and after each prompt's round (2 prompts, 1 repetition)
-    assert len(lim["bandwidth"]["samples_gb_per_s"]) == 3
+    # sampled among the timed runs: before them, and after each prompt's HF, no-draft and last run (2 prompts, 1 repetition)
+    samples = lim["bandwidth"]["samples_gb_per_s"]
+    assert len(samples) == 7
+    # each no-draft run is held against the mean of the samples right before and after it
+    around = lim["bandwidth"]["no_draft_runs_gb_per_s"]
+    assert around == pytest.approx([(samples[1] + samples[2]) / 2, (samples[4] + samples[5]) / 2], abs=0.01)
+    runs = lim["decode_runs_tokens_per_s"]
+    assert len(runs) == 2 and all(t > 0 for t in runs)
+    mb = lim["weight_mb_per_token"]
+    assert lim["decode_fraction_runs"] == pytest.approx([t / (b * 1e3 / mb) for t, b in zip(runs, around, strict=True)], rel=0.01)
+    assert lim["decode_fraction_of_limit"] == pytest.approx(statistics.median(lim["decode_fraction_runs"]), abs=0.002)
     assert lim["no_draft_fraction_of_limit"] == pytest.approx(lim["no_draft_tokens_per_s"] / lim["limit_tokens_per_s"], rel=0.01)
     assert lim["no_draft_tokens_per_s"] == pytest.approx(r["tokens_per_s"]["runtime_no_draft"], rel=0.01)
     # decode steps alone: the prefill's time taken out, so faster than per answer, and the fraction follows
     assert lim["decode_tokens_per_s"] > lim["no_draft_tokens_per_s"]
-    assert lim["decode_fraction_of_limit"] == pytest.approx(lim["decode_tokens_per_s"] / lim["limit_tokens_per_s"], rel=0.01)
     assert lim["decode_step_ms"] == pytest.approx(1e3 / lim["decode_tokens_per_s"], rel=0.01)
     assert r["machine"]["cores"] >= 1
     assert "What limits the speed" in (tmp_path / "out" / "report.md").read_text()
+    assert "median of 2 runs" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_validate_compares_suffix_drafting(tmp_path, run_inputs):

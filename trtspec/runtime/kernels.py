@@ -169,26 +169,36 @@ def bandwidth_during(samples: list[dict]) -> dict:
 
 
 def speed_limits(kernel_choice: dict, bandwidth: dict, no_draft_tps: float, acceptance_length: float,
-                 step_cost: float, no_draft_decode_tps: float | None = None) -> dict:
+                 step_cost: float, no_draft_decode_tps: float | None = None, decode_runs: list | None = None) -> dict:
     """What bounds the runtime's speed on this machine, from what was measured.
 
     Plain decoding reads every Linear weight once per token (the embedding row and the KV cache are small beside
     them), so decode steps run at most bandwidth / weight bytes tokens/s: `limit_tokens_per_s`.
     `decode_fraction_of_limit` is how close the runtime's decode steps come (tokens after the first over the time
     after the prompt's prefill, which reads the weights once for the whole prompt and is bound by arithmetic
-    instead); `no_draft_fraction_of_limit` the same with the prefill's time included (what a user sees per answer).
+    instead). With `decode_runs` (each no-draft run's decode tokens/s) and the bandwidth sampled around each of those
+    runs (`bandwidth["no_draft_runs_gb_per_s"]`), each run is held against its own moment's limit and the fraction is
+    the median over runs (`decode_fraction_runs`: all of them); otherwise the median decode speed against the median
+    bandwidth. `no_draft_fraction_of_limit`: the same with the prefill's time included (what a user sees per answer).
     `weight_products_share` is the part of a decode step spent in the weight products alone (the rest: attention,
     norms, rope, Python). Speculation multiplies plain decoding by AL / step cost.
     """
-    limit = bandwidth["gb_per_s"] * 1e3 / kernel_choice["weight_mb"]
+    import statistics
+
+    mb = kernel_choice["weight_mb"]
+    limit = bandwidth["gb_per_s"] * 1e3 / mb
     decode_tps = no_draft_decode_tps or no_draft_tps
     step_ms = 1e3 / decode_tps
-    products_ms = kernel_choice["weight_mb"] / kernel_choice["gb_per_s_one_row"]
+    products_ms = mb / kernel_choice["gb_per_s_one_row"]
+    around = bandwidth.get("no_draft_runs_gb_per_s") or []
+    runs = [round(t / (b * 1e3 / mb), 3) for t, b in zip(decode_runs, around, strict=True) if t] if decode_runs and around else []
     return {
-        "weight_mb_per_token": kernel_choice["weight_mb"], "bandwidth_gb_per_s": bandwidth["gb_per_s"],
+        "weight_mb_per_token": mb, "bandwidth_gb_per_s": bandwidth["gb_per_s"],
         "limit_tokens_per_s": round(limit, 2), "no_draft_tokens_per_s": round(no_draft_tps, 2),
         "no_draft_fraction_of_limit": round(no_draft_tps / limit, 3),
-        "decode_tokens_per_s": round(decode_tps, 2), "decode_fraction_of_limit": round(decode_tps / limit, 3),
+        "decode_tokens_per_s": round(decode_tps, 2),
+        "decode_fraction_of_limit": round(statistics.median(runs) if runs else decode_tps / limit, 3),
+        "decode_runs_tokens_per_s": [round(t, 2) if t else None for t in decode_runs or []], "decode_fraction_runs": runs,
         "decode_step_ms": round(step_ms, 2), "weight_products_ms": round(products_ms, 2),
         "weight_products_share": round(min(1.0, products_ms / step_ms), 3),
         "acceptance_length": round(acceptance_length, 3), "step_cost_vs_decode": round(step_cost, 3),
