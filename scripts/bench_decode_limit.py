@@ -7,7 +7,8 @@ of percent within minutes).
     python scripts/bench_decode_limit.py runs/demo [--rounds 5] [--context 300] [--tokens 64] [--json]
 
 Prints per round: bandwidth (GB/s), products alone (ms, GB/s), decode step (ms), the rest of the step (ms), and the
-step's fraction of the limit (weights / bandwidth); then the medians.
+step's fraction of the limit (weights / bandwidth); then the medians, and how fast each kind of product streams when
+called alone (every layer's qkv_proj in turn, then o_proj, ...).
 """
 
 from __future__ import annotations
@@ -42,6 +43,26 @@ def products_ms(linears: list[Linear], n: int) -> float:
     return 1000 * (time.perf_counter() - t0) / n
 
 
+def kinds_gb_per_s(target, n: int = 5) -> dict[str, float]:
+    """Each kind of weight product (qkv_proj, o_proj, ..., lm_head) called alone over every layer in turn, best of
+    `n` passes, in GB/s: how fast the chosen kernel streams each shape outside a decode step."""
+    by_kind: dict[str, list[Linear]] = {}
+    for name, m in target.named_modules():
+        if isinstance(m, Linear):
+            by_kind.setdefault(name.rsplit(".", 1)[-1], []).append(m)
+    out = {}
+    for kind, ms in by_kind.items():
+        x = torch.randn(1, 1, ms[0].in_features)
+        best = float("inf")
+        for _ in range(n):
+            t0 = time.perf_counter()
+            for m in ms:
+                few_rows_linear(x, m.weight, m.bias, m.kernels)
+            best = min(best, time.perf_counter() - t0)
+        out[kind] = round(sum(m.weight.numel() * m.weight.element_size() for m in ms) / best / 1e9, 1)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="\n".join(__doc__.splitlines()[2:]),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,8 +87,10 @@ def main() -> None:
             limit_ms = weight_mb / bw
             rows.append({"bandwidth_gb_per_s": bw, "products_ms": round(prods, 2),
                          "products_gb_per_s": round(weight_mb / prods, 1), "step_ms": round(step, 2),
-                         "rest_ms": round(step - prods, 2), "fraction_of_limit": round(limit_ms / step, 3)})
-    median = {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}
+                         "rest_ms": round(step - prods, 2), "fraction_of_limit": round(limit_ms / step, 3),
+                         "kinds_gb_per_s": kinds_gb_per_s(target)})
+    median = {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0] if k != "kinds_gb_per_s"}
+    median["kinds_gb_per_s"] = {k: round(statistics.median(r["kinds_gb_per_s"][k] for r in rows), 1) for k in rows[0]["kinds_gb_per_s"]}
     summary = {"weight_mb": round(weight_mb, 1), "context": a.context, "compiled": how, "rounds": rows, "median": median}
     if a.json:
         print(json.dumps(summary, indent=1))
@@ -77,6 +100,8 @@ def main() -> None:
     for r in [*rows, median]:
         print(f"{r['bandwidth_gb_per_s']:>15} {r['products_ms']:>12} {r['products_gb_per_s']:>14} {r['step_ms']:>8} "
               f"{r['rest_ms']:>8} {r['fraction_of_limit']:>13}" + ("   (median)" if r is median else ""))
+    print("each kind of product alone, over all layers in turn (GB/s, median of rounds): "
+          + ", ".join(f"{k} {v}" for k, v in median["kinds_gb_per_s"].items()))
 
 
 if __name__ == "__main__":
