@@ -13,7 +13,6 @@ already holds (the first wrapper compiled warms parts of it for the second).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -28,20 +27,18 @@ from trtspec.runtime.model import compile_cache_dir
 WRAPPERS = {"python": {}, "cpp": {"cpp_wrapper": True}}
 
 
-def target_vocab(run: Path) -> int:
-    return json.loads((run / "bundle" / "target" / "config.json").read_text())["vocab_size"]
-
-
-def load_compiled(run: Path, options: dict, prompt: torch.Tensor, spec: DraftSpec) -> tuple[object, object, float]:
-    """(target, drafter, compile seconds) with both networks' steps compiled under inductor `options`."""
+def load_compiled(run: Path, options: dict, context: int, spec: DraftSpec) -> tuple[object, object, torch.Tensor, float]:
+    """(target, drafter, a `context`-token prompt, compile seconds) with both networks' steps compiled under
+    inductor `options`."""
     target, _ = load_transformer(run / "bundle" / "target")
     drafter = load_eagle3_drafter(run / "bundle" / "draft", target)
+    prompt = torch.arange(100, 100 + context) % target.args.vocab_size
     t0 = time.perf_counter()
     for net in (target, drafter.net):
         net.compiled_step = torch.compile(net.forward, dynamic=True, options=options)
     generate(target, prompt[:40], 5)
     speculative_decode(target, drafter, prompt[:40], 20, spec, set())
-    return target, drafter, time.perf_counter() - t0
+    return target, drafter, prompt, time.perf_counter() - t0
 
 
 def main() -> None:
@@ -56,10 +53,9 @@ def main() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
     spec = DraftSpec(shape="chain", k=a.k)
     with torch.inference_mode():
-        prompt = torch.arange(100, 100 + a.context) % target_vocab(a.run_dir)
         nets = {}
         for name, options in WRAPPERS.items():
-            target, drafter, seconds = load_compiled(a.run_dir, options, prompt, spec)
+            target, drafter, prompt, seconds = load_compiled(a.run_dir, options, a.context, spec)
             nets[name] = (target, drafter)
             print(f"{name} wrapper: compiled in {seconds:.0f} s", flush=True)
         speeds = {f"{w}/{kind}": [] for w in WRAPPERS for kind in ("decode", "spec")}

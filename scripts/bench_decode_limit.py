@@ -43,6 +43,11 @@ def products_ms(linears: list[Linear], n: int) -> float:
     return 1000 * (time.perf_counter() - t0) / n
 
 
+def megabytes(linears: list[Linear]) -> float:
+    """Megabytes of weights the products read."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in linears) / 1e6
+
+
 def kinds_gb_per_s(target, n: int = 5) -> dict[str, float]:
     """Each kind of weight product (qkv_proj, o_proj, ..., lm_head) called alone over every layer in turn, best of
     `n` passes, in GB/s: how fast the chosen kernel streams each shape outside a decode step."""
@@ -50,17 +55,7 @@ def kinds_gb_per_s(target, n: int = 5) -> dict[str, float]:
     for name, m in target.named_modules():
         if isinstance(m, Linear):
             by_kind.setdefault(name.rsplit(".", 1)[-1], []).append(m)
-    out = {}
-    for kind, ms in by_kind.items():
-        x = torch.randn(1, 1, ms[0].in_features)
-        best = float("inf")
-        for _ in range(n):
-            t0 = time.perf_counter()
-            for m in ms:
-                few_rows_linear(x, m.weight, m.bias, m.kernels)
-            best = min(best, time.perf_counter() - t0)
-        out[kind] = round(sum(m.weight.numel() * m.weight.element_size() for m in ms) / best / 1e9, 1)
-    return out
+    return {kind: round(megabytes(ms) / min(products_ms(ms, 1) for _ in range(n)), 1) for kind, ms in by_kind.items()}
 
 
 def main() -> None:
@@ -76,7 +71,7 @@ def main() -> None:
     target.setup_cache(a.context + a.tokens + 8)
     prompt = torch.arange(100, 100 + a.context) % target.args.vocab_size
     linears = [m for m in target.modules() if isinstance(m, Linear)]
-    weight_mb = sum(m.weight.numel() * m.weight.element_size() for m in linears) / 1e6
+    weight_mb = megabytes(linears)
     rows = []
     with torch.inference_mode():
         _, how = compile_steps([target], lambda: decode_ms(target, prompt[:40], 4))
