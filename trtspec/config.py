@@ -87,8 +87,12 @@ class DataSection(Section):
 
 
 class DraftSection(Section):
-    length: int = key(3, "tokens the head drafts per step, everywhere: the train-time-test steps of its loss, the "
-                      "k of its acceptance measure, the engines' max_draft_len and what validate runs",
+    method: Literal["eagle3", "dflash"] = key(
+        "eagle3", "the draft model trained and shipped: eagle3 = an EAGLE-3 head drafting one token per pass "
+        "(convert section); dflash = a DFlash block drafter proposing a whole block in one pass (dflash section)")
+    length: int = key(3, "tokens drafted and verified per step, everywhere: the train-time-test steps of an EAGLE-3 "
+                      "head's loss, the k of the acceptance measure, the engines' max_draft_len and what validate "
+                      "runs; a DFlash block of dflash.block_size drafts up to block_size - 1",
                       ge=1, le=16)
     shape: Literal["chain", "tree", "dynamic_tree"] = key(
         "chain", "chain: one guess per position; dynamic_tree: EAGLE-2 top-k expansion (validate and TensorRT-LLM); "
@@ -116,6 +120,24 @@ class ConvertSection(Section):
         "head (listed in convert's metrics: init_not_copied)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="any other eagle_architecture_config field, applied last "
                                     "(e.g. intermediate_size: 1536)")
+
+
+class DFlashSection(Section):
+    block_size: int = key(8, "tokens in a draft block: the last verified token and block_size - 1 guesses, all from "
+                          "one pass (DFlash's paper and Model Optimizer use 8 or 16)", ge=2, le=32)
+    num_layers: int = key(2, "decoder layers in the draft (one target layer feeds each)", ge=1, le=8)
+    target_layers: list[int] | None = key(None, "target layers whose outputs feed the draft, one per draft layer; "
+                                          "null = Model Optimizer's uniform pick")
+    intermediate_size: int | None = key(None, "the draft's MLP width; null = the target's", ge=16)
+    mask_token_id: int | None = key(None, "the token standing for the unknown positions of a block; null = the "
+                                    "tokenizer's mask token, else a special token no training label uses")
+    attention: Literal["bidirectional", "causal"] = key(
+        "bidirectional", "attention inside a block: bidirectional (DFlash) or causal (each guess sees earlier "
+        "positions only)")
+    anchors: int = key(32, "block anchors sampled per training row and step (Model Optimizer's dflash_num_anchors)",
+                       ge=1, le=4096)
+    loss: Literal["dpace", "decay"] = key("dpace", "weights of the block positions in the loss: dpace = confidence-"
+                                          "derived (D-PACE), decay = exponential decay")
 
 
 class TrainSection(Section):
@@ -216,6 +238,7 @@ class BuildConfig(Section):
     data: DataSection
     draft: DraftSection = Field(default_factory=DraftSection)
     convert: ConvertSection = Field(default_factory=ConvertSection)
+    dflash: DFlashSection = Field(default_factory=DFlashSection)
     train: TrainSection = Field(default_factory=TrainSection)
     quantize: QuantizeSection = Field(default_factory=QuantizeSection)
     export: ExportSection = Field(default_factory=ExportSection)
@@ -235,7 +258,26 @@ class BuildConfig(Section):
             raise ValueError("quantize.kv_cache needs a quantize.format other than 'none'")
         if self.serve.decoding == "draft_target" and not self.serve.draft_model:
             raise ValueError("serve.decoding=draft_target needs serve.draft_model")
+        self._check_draft_method()
         return self
+
+    def _check_draft_method(self) -> None:
+        """Options that belong to the other draft method are refused, naming the key, before anything runs."""
+        if self.draft.method == "eagle3":
+            if set_keys := sorted(self.dflash.model_fields_set):
+                raise ValueError(f"dflash.{set_keys[0]} is a DFlash option, but draft.method is eagle3 "
+                                 "(set draft.method: dflash, or drop the dflash section)")
+            return
+        eagle_only = {"draft.shape": self.draft.shape != "chain", "convert.aux_layers": self.convert.aux_layers is not None,
+                      "convert.draft_vocab_size": self.convert.draft_vocab_size is not None,
+                      "convert.num_layers": self.convert.num_layers != 1, "convert.init_from_target": self.convert.init_from_target,
+                      "convert.overrides": bool(self.convert.overrides)}
+        if bad := [k for k, v in eagle_only.items() if v]:
+            raise ValueError(f"{bad[0]} is an EAGLE-3 option, but draft.method is dflash "
+                             "(a DFlash block drafts a chain from the target's full vocabulary; see the dflash section)")
+        if self.draft.length > self.dflash.block_size - 1:
+            raise ValueError(f"draft.length {self.draft.length} is more than a DFlash block of {self.dflash.block_size} "
+                             f"drafts (block_size - 1 = {self.dflash.block_size - 1})")
 
     def resolve_model_source(self, source: str) -> str:
         """A model named by a relative local path (a folder or a .gguf file) as an absolute one, relative to the

@@ -1,0 +1,200 @@
+"""The DFlash block drafter through Model Optimizer 0.47 (`mtsp.convert(model, [("dflash", cfg)])`): its config
+sized from the base model, the two fixes it needs under transformers 5.x, its weights saved and loaded, its
+training forward on cached target states, and its block drafts from every position at once for evaluation.
+Every touch of modelopt's DFlash plugin lives here.
+
+DFlash draft step (modelopt's DFlashModule; vLLM's qwen3_dflash serves the same checkpoint):
+
+    ctx    = hidden_norm(fc(cat(target layer outputs)))          # verified positions 0..L-1, [L, n*H] -> [L, H]
+    block  = embed([root, mask, mask, ...])                      # B tokens at positions L..L+B-1
+    per draft layer:  q from norm(block); k, v from cat(ctx, norm(block)) (q/k norms, rope at those positions);
+                      every block query sees all of ctx and the whole block (bidirectional)
+    logits = target lm_head(norm(out[1:]))                       # guesses for tokens L+1..L+B-1, in one pass
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import ArtifactError, ConfigError, ModelError
+
+HEAD_FILE = "head.safetensors"
+LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def text_config(base_config: Any) -> Any:
+    return getattr(base_config, "text_config", None) or base_config
+
+
+def target_layers(base_config: Any, section: Any) -> list[int]:
+    """The target layers feeding the draft: one per draft layer (modelopt's rule), uniform when not given."""
+    from modelopt.torch.speculative.plugins.modeling_dflash import build_target_layer_ids
+
+    text = text_config(base_config)
+    n = text.num_hidden_layers
+    ids = list(section.target_layers) if section.target_layers is not None else build_target_layer_ids(n, section.num_layers)
+    if len(ids) != section.num_layers:
+        raise ConfigError(f"dflash.target_layers has {len(ids)} ids for {section.num_layers} draft layers",
+                          "give one target layer per draft layer (dflash.num_layers), or null")
+    if any(not 0 <= i < n - 1 for i in ids) or len(set(ids)) != len(ids):
+        raise ConfigError(f"dflash.target_layers {ids}: need distinct layer ids in 0..{n - 2}")
+    return sorted(ids)
+
+
+def derive_dflash_config(base_config: Any, section: Any, mask_token_id: int) -> dict:
+    """The mtsp.convert config for `base_config` (an HF config) and the `dflash` config section.
+
+    Every size is given explicitly: modelopt builds the draft's config as a Qwen3Config, whose own defaults
+    (intermediate 22016, 32 heads of 128) win over the base model's for any size left out."""
+    text = text_config(base_config)
+    if getattr(text, "model_type", None) not in LLAMA_FAMILY:
+        raise ModelError(f"DFlash conversion supports Llama-family decoders, not model_type '{getattr(text, 'model_type', '?')}'",
+                         f"supported: {', '.join(LLAMA_FAMILY)}")
+    vocab = text.vocab_size
+    if not 0 <= mask_token_id < vocab:
+        raise ConfigError(f"dflash.mask_token_id {mask_token_id} is outside the vocabulary (0..{vocab - 1})")
+    heads = text.num_attention_heads
+    arch = {
+        "num_hidden_layers": section.num_layers,
+        "target_layer_ids": target_layers(base_config, section),
+        "hidden_size": text.hidden_size,
+        "num_attention_heads": heads,
+        "num_key_value_heads": getattr(text, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads,
+        "intermediate_size": section.intermediate_size or text.intermediate_size,
+        "max_position_embeddings": text.max_position_embeddings,
+        "rms_norm_eps": getattr(text, "rms_norm_eps", 1e-6),
+        "rope_theta": rope_theta(text),
+        "hidden_act": "silu",
+    }
+    return {
+        "dflash_block_size": section.block_size,
+        "dflash_mask_token_id": mask_token_id,
+        "dflash_architecture_config": arch,
+        "dflash_draft_attention": section.attention,
+        "dflash_num_anchors": section.anchors,
+        "dflash_loss_objective": section.loss,
+        # the data stage's answers are the target's own greedy tokens: their cross-entropy is the distillation
+        # target already, without the [anchors x block x vocab] teacher logits the KD loss gathers
+        "dflash_self_logit_distillation": False,
+        "dflash_use_torch_compile": False,
+        "dflash_offline": False,
+    }
+
+
+def rope_theta(text: Any) -> float:
+    params = getattr(text, "rope_parameters", None) or {}
+    return float(params.get("rope_theta") or getattr(text, "rope_theta", None) or 10000.0)
+
+
+def choose_mask_token(tok: Any, counts: Any | None = None) -> tuple[int, str]:
+    """The token that stands for "not yet known" in a draft block -> (id, why).
+
+    The tokenizer's own mask token where it has one; else a special token the training labels never use (the
+    base's embedding of it is frozen, so any stable, otherwise unused row serves); else the rarest label token."""
+    if getattr(tok, "mask_token_id", None) is not None:
+        return int(tok.mask_token_id), "the tokenizer's mask token"
+    reserved = {tok.eos_token_id, tok.bos_token_id, tok.pad_token_id}
+    special = sorted(set(tok.all_special_ids) | {int(i) for i in getattr(tok, "added_tokens_decoder", {})})
+    unused = [i for i in special if i not in reserved and (counts is None or int(counts[i]) == 0)]
+    if unused:
+        return unused[-1], f"special token {tok.convert_ids_to_tokens(unused[-1])!r}, never a training label"
+    if counts is None:
+        raise ConfigError("the tokenizer has no mask token and no spare special token", "set dflash.mask_token_id")
+    rarest = int(counts.argmin())
+    return rarest, f"token {rarest}, the rarest training label"
+
+
+def build_dflash_model(base_model: Any, cfg: dict) -> Any:
+    """mtsp.convert(base, [("dflash", cfg)]) with the draft's rotary embedding made up front (modelopt 0.47 passes
+    `device=` to Qwen3RotaryEmbedding, which transformers 5.19+ refuses on the first forward)."""
+    import modelopt.torch.speculative as mtsp
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    model = mtsp.convert(base_model, [("dflash", copy.deepcopy(cfg))])
+    module = model.dflash_module
+    device = next(module.parameters()).device
+    module.rotary_emb = Qwen3RotaryEmbedding(config=module.config).to(device)
+    return model
+
+
+def head_state_dict(model: Any) -> dict:
+    """The draft's own weights (no rotary buffers: recomputed), keys as exported (modelopt's DFlashExporter)."""
+    return {k: v.detach().contiguous().clone() for k, v in model.dflash_module.state_dict().items() if "rotary_emb" not in k}
+
+
+def save_head(model: Any, path: str | Path) -> Path:
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(head_state_dict(model), str(tmp))
+    tmp.replace(path)
+    return path
+
+
+def load_head(model: Any, path: str | Path) -> Any:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"DFlash draft weights '{path}' are missing", "re-run the convert/train stage")
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ArtifactError(f"'{path}' is not a readable safetensors file ({e})", "re-run the stage that wrote it") from None
+    own = head_state_dict(model)
+    wrong = sorted(set(own) ^ set(state)) + sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
+    if wrong:
+        raise ArtifactError(f"'{path}' does not fit this DFlash draft ({wrong[:3]})",
+                            "the draft was built with another dflash config; re-run convert and train")
+    model.dflash_module.load_state_dict(state, strict=False)
+    return model
+
+
+def train_forward(model: Any, batch: dict, unwrapped: Any = None) -> Any:
+    """One training forward on a batch of HeadDataset.collate: modelopt's DFlash loss (random anchors, one block
+    each, D-PACE or decay weights). Offline batches carry the cached states of the target layers.
+
+    modelopt scores block position j of an anchor at a against token a + j where loss_mask[a + j] is set, and
+    draws anchors among positions with loss_mask set: the data stage's own (unshifted) label mask."""
+    batch = dict(batch)
+    kwargs = {}
+    if "aux_hidden_states" in batch:
+        dtype = (unwrapped or model).dflash_module.fc.weight.dtype
+        batch.pop("base_model_hidden_states", None)
+        kwargs["base_model_outputs"] = {"aux_hidden_states": batch.pop("aux_hidden_states").to(dtype)}
+    return model(**batch, **kwargs)
+
+
+def block_drafts(model: Any, input_ids: Any, aux: Any, k: int, first: int = 1, chunk: int = 64) -> Any:
+    """Greedy block drafts from every anchor at once (teacher-forced): drafts[j, s] = the draft's guess for token
+    j + 2 + s from the block anchored at token j + 1 with the target's states of positions 0..j (the verified
+    context at that step), for anchors j + 1 >= first. Same layout as the EAGLE-3 head's chain drafts, so the
+    same acceptance count applies; exact for greedy decoding, as the block sees only verified tokens."""
+    import torch
+
+    module, B = model.dflash_module, model.dflash_block_size
+    t = input_ids.shape[-1]
+    ids = input_ids.reshape(-1)
+    out = torch.zeros(t, k, dtype=torch.long, device=ids.device)
+    dtype = module.fc.weight.dtype
+    ctx = aux.reshape(1, t, -1).to(dtype)
+    with torch.no_grad():
+        for lo in range(max(first, 1), t, chunk):
+            anchors = torch.arange(lo, min(lo + chunk, t), device=ids.device)
+            n = len(anchors)
+            block = torch.full((n, B), model.mask_token_id, device=ids.device)
+            block[:, 0] = ids[anchors]
+            noise = model._base_model_embeddings(block.reshape(1, -1)).to(dtype)
+            pos = torch.cat((torch.arange(t, device=ids.device), (anchors[:, None] + torch.arange(B, device=ids.device)).reshape(-1)))
+            mask = model._build_draft_attention_mask(t, anchors[None], torch.ones(1, n, dtype=torch.bool, device=ids.device),
+                                                     n, dtype, ids.device)
+            hidden = module(noise_embedding=noise, target_hidden=ctx, position_ids=pos[None], attention_mask=mask)
+            logits = model._base_model_lm_head(hidden.view(n, B, -1)[:, 1 : k + 1])
+            out[anchors - 1] = logits.argmax(-1)
+    return out

@@ -1,0 +1,220 @@
+"""The DFlash block draft as exported in bundle/draft (DFlashDraftModel, Model Optimizer's export; vLLM's
+qwen3_dflash and TensorRT-LLM's DFlashForCausalLM load the same files), drafting a whole block in one pass.
+
+    ctx_t  = hidden_norm(fc(cat(target layer outputs at t)))     for every verified position t (cached as k/v)
+    block  = embed([root, mask, ..., mask])                      at positions L..L+B-1 (L verified positions)
+    layer: q = q_norm(q_proj(norm(x))); k, v = cat(k_norm(k_proj(ctx)), k_norm(k_proj(norm(x)))), v likewise;
+           every block query sees every ctx row and the whole block; x += o_proj(attn); x += mlp(norm(x))
+    logits = target lm_head(norm(x[1:k+1]))                       # guesses for tokens L+1..L+k
+
+Only the context rows live in the KV cache (one row per verified token, each layer's k/v of ctx_t); the block's
+own keys and values are recomputed each step and forgotten, as the block is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from trtspec.errors import ArtifactError, ModelError
+from trtspec.runtime.drafters import DraftSpec, softmax_t
+from trtspec.runtime.model import (
+    MLP,
+    Linear,
+    ModelArgs,
+    Stepper,
+    apply_rope,
+    fuse_projections,
+    read_config,
+    read_safetensors,
+    rms_norm,
+)
+from trtspec.runtime.tree import Tree
+
+
+@dataclass
+class DFlashInfo:
+    target_layers: tuple[int, ...]
+    block_size: int
+    mask_token_id: int
+    causal: bool
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        hd = args.head_dim
+        self.qkv_proj = Linear(args.hidden_size, (args.num_heads + 2 * args.num_kv_heads) * hd, bias=args.attention_bias)
+        self.o_proj = Linear(args.num_heads * hd, args.hidden_size, bias=args.attention_bias)
+        self.q_norm = nn.Parameter(torch.ones(hd))
+        self.k_norm = nn.Parameter(torch.ones(hd))
+        self.mlp = MLP(args)
+        self.input_layernorm = nn.Parameter(torch.ones(args.hidden_size))
+        self.post_attention_layernorm = nn.Parameter(torch.ones(args.hidden_size))
+        self.args = args
+        self.k_cache: Tensor | None = None
+        self.v_cache: Tensor | None = None
+
+    def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x [T, in] -> q [H, T, D], k/v [KV, T, D], normed and rotated."""
+        a = self.args
+        q, k, v = self.qkv_proj(x).view(x.shape[0], -1, a.head_dim).transpose(0, 1).split(
+            (a.num_heads, a.num_kv_heads, a.num_kv_heads), dim=0)
+        q, k = rms_norm(q, self.q_norm, a.norm_eps), rms_norm(k, self.k_norm, a.norm_eps)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def add_context(self, ctx: Tensor, cos: Tensor, sin: Tensor, slots: Tensor) -> None:
+        """Write the keys/values of verified positions (ctx [T, H], not normed: modelopt's KV injection)."""
+        _, k, v = self.qkv(ctx, cos, sin)
+        self.k_cache.index_copy_(1, slots, k)
+        self.v_cache.index_copy_(1, slots, v)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, length: int, mask: Tensor | None) -> Tensor:
+        """x [B, H] (the block) attends to `length` cached context rows and to the whole block."""
+        q, k, v = self.qkv(rms_norm(x, self.input_layernorm, self.args.norm_eps), cos, sin)
+        k = torch.cat((self.k_cache[:, :length], k), dim=1)
+        v = torch.cat((self.v_cache[:, :length], v), dim=1)
+        y = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)[0]
+        x = x + self.o_proj(y.transpose(0, 1).reshape(x.shape[0], -1))
+        return x + self.mlp(rms_norm(x, self.post_attention_layernorm, self.args.norm_eps))
+
+
+class DFlashDraft(Stepper):
+    def __init__(self, args: ModelArgs, num_target_layers: int, causal: bool):
+        super().__init__()
+        H = args.hidden_size
+        self.args = args
+        self.fc = Linear(num_target_layers * H, H, bias=False)
+        self.hidden_norm = nn.Parameter(torch.ones(H))
+        self.layers = nn.ModuleList(DFlashLayer(args) for _ in range(args.num_layers))
+        self.norm = nn.Parameter(torch.ones(H))
+        self.causal = causal
+        self.lm_head: Linear | None = None  # the target's, set by the loader
+
+    def setup_cache(self, max_len: int) -> None:
+        p = self.fc.weight
+        for layer in self.layers:
+            shape = (self.args.num_kv_heads, max_len, self.args.head_dim)
+            layer.k_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
+            layer.v_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
+        from trtspec.runtime.model import rope_tables
+
+        cos, sin = rope_tables(self.args, max_len)
+        self.cos, self.sin = cos.to(p), sin.to(p)
+        self.max_len = max_len
+
+    def forward(self, aux: Tensor, length: int, embeds: Tensor, k: int, mode: str | None = None) -> Tensor:
+        """One draft pass: the m newest verified positions' target states aux [m, n*H] join the context (rows
+        length - m .. length - 1), then the block embeds [B, H] at positions length .. length + B - 1 runs
+        -> logits of block rows 1..k [k, V]. `mode` "prefill" marks the first call of a generation (eager)."""
+        m, B = aux.shape[0], embeds.shape[0]
+        slots = torch.arange(length - m, length)
+        ctx = rms_norm(self.fc(aux), self.hidden_norm, self.args.norm_eps)
+        block = torch.arange(length, length + B)
+        mask = None
+        if self.causal:  # a block row sees the context and the block rows up to itself
+            mask = torch.ones(B, length + B, dtype=torch.bool).tril(length)
+        x = embeds
+        for layer in self.layers:
+            layer.add_context(ctx, self.cos[slots], self.sin[slots], slots)
+            x = layer(x, self.cos[block], self.sin[block], length, mask)
+        return self.lm_head(rms_norm(x[1 : k + 1], self.norm, self.args.norm_eps))
+
+
+class DFlashDrafter:
+    """Drafts the chain root -> k tokens from one pass of the block [root, mask, ...]. Its cache holds one row per
+    verified token; `accepted` hands it the target's states of the newly verified positions, which the next
+    draft pass adds to the context before running the block (one compiled call per step)."""
+
+    name = "dflash"
+
+    def __init__(self, net: DFlashDraft, embed: nn.Embedding, info: DFlashInfo):
+        self.net, self.embed, self.info = net, embed, info
+        self.length = 0  # verified positions whose states the draft has, or is about to get (pending)
+        self.pending: Tensor | None = None
+        self.first = True
+
+    def setup(self, max_len: int) -> None:
+        if self.net.max_len < max_len:
+            self.net.setup_cache(max_len)
+
+    def start(self, prompt: Tensor, first: int, aux: Tensor | None) -> None:
+        self.pending, self.length, self.first = aux, prompt.numel(), True
+
+    def accepted(self, tokens: Tensor, aux: Tensor | None) -> None:
+        # aux rows: the root and the accepted drafts, now verified; tokens[-1] is the next root
+        self.pending = aux
+        self.length += aux.shape[0]
+
+    def draft(self, root: int, spec: DraftSpec, temperature: float = 0.0, generator=None) -> tuple[Tree, Tensor | None]:
+        if spec.shape != "chain":
+            raise ModelError("a DFlash block drafts a chain", "use draft.shape: chain")
+        k = min(spec.k, self.info.block_size - 1)
+        block = torch.full((self.info.block_size,), self.info.mask_token_id)
+        block[0] = root
+        mode = "prefill" if self.first else None
+        logits = self.net.step(self.pending, self.length, self.embed(block), k, mode)
+        self.first = False
+        tree, q = Tree.root(root), None
+        if temperature > 0:
+            # each position's guess is drawn from its own q_j, a function of the verified context only: accepting
+            # x_j with min(1, p_j(x_j) / q_j(x_j)) keeps the output distributed as the target's (decode.py)
+            q = softmax_t(logits, temperature)
+            ids = torch.multinomial(q, 1, generator=generator)[:, 0].tolist()
+        else:
+            ids = logits.argmax(-1).tolist()
+        for j, t in enumerate(ids):
+            tree.add(t, j)
+        return tree, q
+
+
+def is_dflash(folder: Path) -> bool:
+    return "DFlashDraftModel" in (read_config(folder).get("architectures") or [])
+
+
+def load_dflash(folder: Path, target_hidden: int | None, target_layers: int | None,
+                dtype: torch.dtype = torch.float32) -> tuple[DFlashDraft, DFlashInfo]:
+    folder = Path(folder)
+    cfg = read_config(folder)
+    if "DFlashDraftModel" not in (cfg.get("architectures") or []):
+        raise ArtifactError(f"'{folder}' is not a DFlash draft (architectures {cfg.get('architectures')})",
+                            "expected DFlashDraftModel (Model Optimizer's DFlash export)")
+    dc = cfg.get("dflash_config") or {}
+    layers = tuple(dc.get("target_layer_ids") or ())
+    if not layers or "mask_token_id" not in dc or "block_size" not in cfg:
+        raise ArtifactError(f"'{folder}/config.json' lacks block_size or dflash_config.target_layer_ids/mask_token_id")
+    args = ModelArgs.from_hf({**cfg, "architectures": ["Qwen3ForCausalLM"]})
+    if target_hidden is not None and args.hidden_size != target_hidden:
+        raise ArtifactError(f"the draft's hidden size {args.hidden_size} does not match the target's {target_hidden}",
+                            "the draft was trained for another model")
+    if target_layers is not None and (bad := [i for i in layers if not 0 <= i < target_layers]):
+        raise ArtifactError(f"the draft reads target layers {bad}, the target has {target_layers}")
+    state = {k: v.to(dtype) for k, v in read_safetensors(folder).items()}
+    state = {k.removesuffix(".weight") if k.endswith("norm.weight") else k: v for k, v in fuse_projections(state).items()}
+    state = {k.replace("self_attn.", ""): v for k, v in state.items()}
+    with torch.device("meta"):
+        model = DFlashDraft(args, len(layers), bool(dc.get("causal", False)))
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        raise ArtifactError(f"weights in '{folder}' do not fit its config.json: {str(e)[:300]}") from None
+    info = DFlashInfo(layers, int(cfg["block_size"]), int(dc["mask_token_id"]), bool(dc.get("causal", False)))
+    return model.eval().requires_grad_(False), info
+
+
+def load_dflash_drafter(draft_dir: Path, target, dtype=torch.float32) -> DFlashDrafter:
+    """The exported DFlash draft, sharing the target's embedding and lm_head; the target is set to hand out the
+    states of the layers the draft reads."""
+    from trtspec.runtime.kernels import choose_kernels
+
+    net, info = load_dflash(draft_dir, target.args.hidden_size, target.args.num_layers, dtype)
+    if not 0 <= info.mask_token_id < target.args.vocab_size:
+        raise ArtifactError(f"the draft's mask token {info.mask_token_id} is outside the target's vocabulary")
+    net.kernel_choice = choose_kernels(net)
+    net.lm_head = target.lm_head
+    target.aux_layers = info.target_layers
+    return DFlashDrafter(net, target.embed_tokens, info)
