@@ -164,3 +164,67 @@ def export_random_eagle(target_dir: Path, out: Path, keep_rope: bool = True, **c
         model.eagle_module.d2t.copy_(d2t - torch.arange(512))
     export_speculative_decoding(model, export_dir=str(out))
     return model
+
+
+def export_random_dflash(target_dir: Path, out: Path, block_size: int = 8, **section):
+    """A random DFlash drafter (2 layers reading target layers 0 and 2) on `target_dir`, exported by Model Optimizer's
+    DFlashExporter into `out`. Returns the modelopt model (for pseudo_speculative_generate)."""
+    import torch
+    from modelopt.torch.export.plugins.hf_spec_export import DFlashExporter
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.config import DFlashSection
+    from trtspec.dflash.head import build_dflash_model, derive_dflash_config
+
+    base = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    sec = DFlashSection(block_size=block_size, num_layers=2, target_layers=[0, 2], **section)
+    torch.manual_seed(0)
+    model = build_dflash_model(base, derive_dflash_config(base.config, sec, mask_token_id=16)).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.dflash_module.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)  # a draft that proposes varied tokens
+    DFlashExporter(model).export(out)
+    return model
+
+
+def small_lm(seed: int, sharpness: float):
+    """A random 8-token runtime LM whose next-token distributions are sharp enough to tell samplers apart."""
+    import torch
+
+    from trtspec.runtime.model import ModelArgs, Transformer
+
+    torch.manual_seed(seed)
+    m = Transformer(ModelArgs(vocab_size=8, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64))
+    with torch.no_grad():
+        m.lm_head.weight.mul_(sharpness)
+    return m.eval()
+
+
+def chi2_of_first_two(target, drafter, prompt: list[int], first: int, n: int = 1500) -> tuple[float, int]:
+    """Chi-square of the first two tokens speculative sampling (temperature 1, k = 2) emits after `first` against
+    the 8-token target's exact joint distribution -> (chi2, bins). Lossless sampling stays below
+    bins + 4 sqrt(2 bins) (4 sd of chi-square), a wrong acceptance rule goes far above."""
+    import torch
+
+    from trtspec.runtime.decode import prefill, speculative_decode
+    from trtspec.runtime.drafters import DraftSpec
+
+    def next_probs(ids: list[int]) -> torch.Tensor:
+        target.setup_cache(16)
+        with torch.inference_mode():
+            return torch.softmax(prefill(target, torch.tensor(ids))[0], -1)
+
+    p1 = next_probs(prompt + [first])
+    exact = torch.stack([p1[a] * next_probs(prompt + [first, a]) for a in range(8)])  # [8, 8]
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(8, 8)
+    for _ in range(n):
+        out = speculative_decode(target, drafter, torch.tensor(prompt), 3, DraftSpec(k=2), temperature=1.0, generator=g,
+                                 first_token=first).tokens
+        counts[out[1], out[2]] += 1
+    expected = exact.flatten() * n
+    big = expected >= 5  # bins with too few expected samples are pooled into one
+    obs = torch.cat((counts.flatten()[big], counts.flatten()[~big].sum()[None]))
+    exp = torch.cat((expected[big], expected[~big].sum()[None]))
+    return float(((obs - exp) ** 2 / exp.clamp(min=1e-9)).sum()), int(big.sum())

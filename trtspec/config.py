@@ -275,6 +275,8 @@ class BuildConfig(Section):
         if bad := [k for k, v in eagle_only.items() if v]:
             raise ValueError(f"{bad[0]} is an EAGLE-3 option, but draft.method is dflash "
                              "(a DFlash block drafts a chain from the target's full vocabulary; see the dflash section)")
+        if self.train.sharding == "fsdp":
+            raise ValueError("train.sharding fsdp shards an EAGLE-3 head; a DFlash draft trains with ddp (the default)")
         if self.draft.length > self.dflash.block_size - 1:
             raise ValueError(f"draft.length {self.draft.length} is more than a DFlash block of {self.dflash.block_size} "
                              f"drafts (block_size - 1 = {self.dflash.block_size - 1})")

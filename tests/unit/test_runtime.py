@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from stagekit import export_random_eagle, rerandomized
+from stagekit import chi2_of_first_two, export_random_eagle, rerandomized, small_lm
 
 from trtspec.errors import ArtifactError, ModelError
 from trtspec.runtime.decode import Stats, generate, prefill, speculative_decode
@@ -23,8 +23,6 @@ from trtspec.runtime.kernels import CANDIDATES, FEW_ROWS, few_rows_linear
 from trtspec.runtime.model import (
     COMPILED,
     Linear,
-    ModelArgs,
-    Transformer,
     compile_steps,
     dequantize,
     load_transformer,
@@ -335,21 +333,6 @@ def test_eagle3_draft_for_another_model_is_refused(eagle_export, tmp_path, tiny_
 # ---------------------------------------------------------------------------------------------- sampling
 
 
-def _small_lm(seed: int, sharpness: float) -> Transformer:
-    torch.manual_seed(seed)
-    m = Transformer(ModelArgs(vocab_size=8, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64))
-    with torch.no_grad():
-        m.lm_head.weight.mul_(sharpness)
-    return m.eval()
-
-
-def _next_probs(model: Transformer, ids: list[int]) -> torch.Tensor:
-    model.setup_cache(16)
-    t = torch.tensor(ids)
-    with torch.inference_mode():
-        return torch.softmax(prefill(model, t)[0], -1)
-
-
 def _chi2_of_joint(monkeypatch_swap: bool, monkeypatch, suffix: bool = False) -> tuple[float, int]:
     """Chi-square of the first two speculated tokens against the target's exact joint distribution (drafted by a
     small LM, or with `suffix` by suffix matches of a prompt that repeats itself)."""
@@ -358,21 +341,9 @@ def _chi2_of_joint(monkeypatch_swap: bool, monkeypatch, suffix: bool = False) ->
 
     if monkeypatch_swap:
         monkeypatch.setattr(gen, "accept_probs", lambda p, q: (q / p).clamp(max=1.0))
-    target, draft = _small_lm(0, 6.0), _small_lm(1, 6.0)
+    target, draft = small_lm(0, 6.0), small_lm(1, 6.0)
     prompt, first = ([3, 1, 4, 1, 5, 3, 1], 4) if suffix else ([3, 1, 4, 1, 5], 2)
-    p1 = _next_probs(target, prompt + [first])
-    exact = torch.stack([p1[a] * _next_probs(target, prompt + [first, a]) for a in range(8)])  # [8, 8]
-    n, g = 1500, torch.Generator().manual_seed(0)
-    counts = torch.zeros(8, 8)
-    drafter = SuffixDrafter() if suffix else LMDrafter(draft)
-    for _ in range(n):
-        out = gen.speculative_decode(target, drafter, torch.tensor(prompt), 3, DraftSpec(k=2), temperature=1.0, generator=g, first_token=first).tokens
-        counts[out[1], out[2]] += 1
-    expected = exact.flatten() * n
-    big = expected >= 5  # bins with too few expected samples are pooled into one
-    obs = torch.cat((counts.flatten()[big], counts.flatten()[~big].sum()[None]))
-    exp = torch.cat((expected[big], expected[~big].sum()[None]))
-    return float(((obs - exp) ** 2 / exp.clamp(min=1e-9)).sum()), int(big.sum())
+    return chi2_of_first_two(target, SuffixDrafter() if suffix else LMDrafter(draft), prompt, first)
 
 
 def test_speculative_sampling_matches_the_target_distribution(monkeypatch):

@@ -79,6 +79,8 @@ def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = 
         return {"decoding_type": "DraftTarget", "max_draft_len": d.length, "speculative_model": draft_rel}
     if decoding == "suffix":
         return speculative_options_sa(d.suffix_len or d.length)
+    if d.method == "dflash":  # DFlashDecodingConfig: mask token and target layers come from the draft's dflash_config
+        return {"decoding_type": "DFlash", "max_draft_len": d.length, "speculative_model": draft_rel}
     spec = {
         "decoding_type": "Eagle3",
         "max_draft_len": d.length,
@@ -193,6 +195,16 @@ exec python -m sglang.launch_server --model-path ./target --tp {tp} \\
   --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k1} "$@"
 """
 
+SGLANG_DFLASH_SH = """\
+#!/usr/bin/env bash
+# SGLang with this DFlash draft (pip install "sglang[all]"): --speculative-num-draft-tokens counts the block's anchor
+# too (drafts verified per step + 1). Mask token and target layers: draft/config.json's dflash_config.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec python -m sglang.launch_server --model-path ./target --tp {tp} \\
+  --speculative-algorithm DFLASH --speculative-draft-model-path ./draft --speculative-num-draft-tokens {k1} "$@"
+"""
+
 SPECULATORS_SH = """\
 #!/usr/bin/env bash
 # The draft in speculators' format (what vLLM users keep on the hub), written to ./draft-speculators.
@@ -278,7 +290,8 @@ def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
     spec = options["speculative_config"]
     if spec.get("decoding_type") == "SA":
         return {"method": "suffix", "num_speculative_tokens": spec["max_draft_len"]}
-    return {"method": "eagle3", "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
+    method = "dflash" if spec.get("decoding_type") == "DFlash" else "eagle3"
+    return {"method": method, "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
 
 
 def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[str] = frozenset()) -> list[Path]:
@@ -290,7 +303,8 @@ def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[s
     scripts = {
         "vLLM": ("vllm.sh", VLLM_SH.format(tp=tp, dtype=dtype, spec=json.dumps(vllm_speculative_config(options)),
                                            checked=ENGINES_CHECKED["vLLM"])),
-        "SGLang": ("sglang.sh", SGLANG_SH.format(tp=tp, k=k, k1=k + 1, sglang_min=SGLANG_MIN)),
+        "SGLang": ("sglang.sh", SGLANG_DFLASH_SH.format(tp=tp, k1=k + 1) if spec.get("decoding_type") == "DFlash"
+                   else SGLANG_SH.format(tp=tp, k=k, k1=k + 1, sglang_min=SGLANG_MIN)),
         "speculators": ("speculators.sh", SPECULATORS_SH.format(kwargs=kwargs, checked=ENGINES_CHECKED["speculators"])),
     }
     return [_script(folder / name, text) for engine, (name, text) in scripts.items() if engine not in skip]

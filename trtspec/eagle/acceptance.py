@@ -45,16 +45,17 @@ def al_interval(per_prompt: list[tuple[int, int]], resamples: int = 1000, seed: 
     return [round(float(q), 3) for q in torch.quantile(al, torch.tensor([0.025, 0.975], dtype=torch.float64))]
 
 
-def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int) -> dict:
+def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int, drafts_fn: Any = chain_drafts) -> dict:
     """AL (tokens per target forward) for chain drafts of length 1..k_max with its 95% bootstrap interval over the
-    prompts, and per-position acceptance at k_max."""
+    prompts, and per-position acceptance at k_max. `drafts_fn`: the family's drafts from every position
+    (DraftFamily.drafts; default the EAGLE-3 head's chains)."""
     per_prompt: dict[int, list[tuple[int, int]]] = {k: [] for k in range(1, k_max + 1)}
     per_pos = [0] * k_max
     was_training = model.training
     model.eval()
     for ex in eval_set:
         ids = ex["input_ids"][None]
-        drafts = chain_drafts(model, ids, ex["aux"][None], ex["last"][None], k_max)[0]
+        drafts = drafts_fn(model, ids, ex["aux"][None], ex["last"][None], k_max)[0]
         for k in per_prompt:
             tok, fwd, pos = greedy_acceptance(drafts, ex["input_ids"], ex["start"], k)
             per_prompt[k].append((tok, fwd))

@@ -21,14 +21,15 @@ class HeadDataset:
     `collate` pads a batch to its longest row. The loss mask is shifted to modelopt's convention:
     modelopt scores position t against the target's prediction *for t+1*, so loss_mask[t] = is_label[t+1]."""
 
-    def __init__(self, tokens: dict, states: dict | None = None):
+    def __init__(self, tokens: dict, states: dict | None = None, shift_labels: bool = True):
         import torch
 
         self.tokens = tokens
         self.states = states
         self.lengths = [max(1, n) for n in row_lengths(tokens)]
         lm = tokens["loss_mask"]
-        self.loss_mask = torch.cat([lm[:, 1:], torch.zeros_like(lm[:, :1])], dim=1)
+        # shift_labels=False: the mask as the data stage wrote it (a drafter scoring position t against token t)
+        self.loss_mask = torch.cat([lm[:, 1:], torch.zeros_like(lm[:, :1])], dim=1) if shift_labels else lm
 
     def __len__(self) -> int:
         return len(self.tokens["input_ids"])
@@ -123,15 +124,20 @@ def head_forward(model: Any, batch: dict, unwrapped: Any = None) -> Any:
 
 
 def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: Any, eval_steps: int,
-                 head: ShardedHead | None = None):
+                 head: ShardedHead | None = None, family: Any = None):
     """The HF Trainer of the head. `eval_fn` is called on every rank at eval steps (gathering a sharded head is
     collective) and returns rank 0's measurement. `head`: the FSDP-sharded head (train.sharding: fsdp), whose
-    checkpoints hold each rank's optimizer shard."""
+    checkpoints hold each rank's optimizer shard. `family`: the draft's trtspec.drafting.DraftFamily (its training
+    forward and how its weights are saved); None = EAGLE-3."""
     import torch
     from transformers import Trainer, TrainerCallback
 
-    from trtspec.eagle import head as eagle
     from trtspec.eagle import sharding
+
+    if family is None:
+        from trtspec.drafting import family as family_of
+
+        family = family_of("eagle3")
 
     class StepLog(TrainerCallback):
         """One JSON line per optimizer step: loss and per-TTT-step accuracy averaged over its micro-batches."""
@@ -160,7 +166,7 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
 
     class EagleTrainer(Trainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            out = head_forward(model, inputs, self.accelerator.unwrap_model(model))
+            out = family.train_forward(model, inputs, self.accelerator.unwrap_model(model))
             step_log.buf.append((float(out.loss.detach()), *(float(a) for a in out.train_acc[0])))
             return (out.loss, out) if return_outputs else out.loss
 
@@ -176,10 +182,10 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
             # first (every rank is here), rank 0 writes
             with sharding.full_head(self.model, head):
                 if ranks.is_main():
-                    eagle.save_head(self.model, Path(output_dir or self.args.output_dir) / eagle.HEAD_FILE)
+                    family.save_head(self.model, Path(output_dir or self.args.output_dir) / family.head_file)
 
         def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-            eagle.load_head(self.model, Path(resume_from_checkpoint) / eagle.HEAD_FILE)
+            family.load_head(self.model, Path(resume_from_checkpoint) / family.head_file)
 
         def _save_checkpoint(self, model, trial):
             # a sharded head: the Trainer saves no optimizer state (save_only_model), each rank writes its shard

@@ -45,8 +45,8 @@ DEPS: dict[str, tuple[str, ...]] = {
 # (eval.num_prompts, read by quantize, engine and validate, does not redo training)
 SECTIONS: dict[str, tuple[str, ...]] = {
     "data": ("model", "data", "seed"),
-    "convert": ("convert", "seed"),
-    "train": ("train", "draft.length", "eval.acceptance_prompts", "seed"),
+    "convert": ("convert", "draft.method", "dflash", "seed"),
+    "train": ("train", "draft.method", "draft.length", "dflash", "eval.acceptance_prompts", "seed"),
     "quantize": ("quantize", "eval.num_prompts", "eval.max_new_tokens", "seed"),
     "export": ("export", "serve", "draft", "engine.backend", "eval.acceptance_prompts"),  # the bundle's serving options
     "engine": ("engine", "eval.num_prompts", "eval.max_new_tokens"),

@@ -146,8 +146,9 @@ class DFlashDrafter:
         self.pending, self.length, self.first = aux, prompt.numel(), True
 
     def accepted(self, tokens: Tensor, aux: Tensor | None) -> None:
-        # aux rows: the root and the accepted drafts, now verified; tokens[-1] is the next root
-        self.pending = aux
+        # aux rows: the root and the accepted drafts, now verified; tokens[-1] is the next root. Rows wait for the
+        # next draft pass (a step drafted by another drafter, e.g. a suffix match, leaves them waiting longer)
+        self.pending = aux if self.pending is None else torch.cat((self.pending, aux))
         self.length += aux.shape[0]
 
     def draft(self, root: int, spec: DraftSpec, temperature: float = 0.0, generator=None) -> tuple[Tree, Tensor | None]:
@@ -158,7 +159,7 @@ class DFlashDrafter:
         block[0] = root
         mode = "prefill" if self.first else None
         logits = self.net.step(self.pending, self.length, self.embed(block), k, mode)
-        self.first = False
+        self.first, self.pending = False, None
         tree, q = Tree.root(root), None
         if temperature > 0:
             # each position's guess is drawn from its own q_j, a function of the verified context only: accepting

@@ -98,6 +98,12 @@ LAYER_SHAPE = ("hidden_size", "intermediate_size", "num_attention_heads", "num_k
 
 def preflight(cfg: Any, model_config: Any) -> None:
     """The convert settings checked against the model's config alone, before the data stage spends minutes."""
+    if cfg.draft.method == "dflash":
+        from trtspec.dflash.head import derive_dflash_config
+
+        mask = cfg.dflash.mask_token_id
+        derive_dflash_config(model_config, cfg.dflash, 0 if mask is None else mask)
+        return
     arch = derive_eagle_config(model_config, cfg.convert)["eagle_architecture_config"]
     if cfg.convert.init_from_target:
         plain = derive_eagle_config(model_config, cfg.convert.model_copy(update={"overrides": {}}))["eagle_architecture_config"]
@@ -135,6 +141,8 @@ def run(ctx: StageContext) -> dict:
 
     path = resolve_model(ctx.cfg.model.source)
     base_config = AutoConfig.from_pretrained(path)
+    if ctx.cfg.draft.method == "dflash":
+        return run_dflash(ctx, path, base_config)
     cfg = derive_eagle_config(base_config, ctx.cfg.convert)
     arch = cfg["eagle_architecture_config"]
     ctx.log(
@@ -176,3 +184,38 @@ def run(ctx: StageContext) -> dict:
         + (f", draft vocab {arch['draft_vocab_size']} ({metrics['draft_vocab_coverage']:.1%} coverage)" if "draft_vocab_coverage" in metrics else ""),
     )
     return metrics
+
+
+def run_dflash(ctx: StageContext, path: str, base_config: Any) -> dict:
+    """DFlash: the block drafter through Model Optimizer's dflash mode; its mask token chosen where the tokenizer has
+    none (recorded in dflash_config.json, which export writes into the draft's config for every engine)."""
+    import torch
+
+    from trtspec.dflash import head as dflash
+    from trtspec.models import load_model, load_tokenizer
+
+    section = ctx.cfg.dflash
+    tok = load_tokenizer(path)
+    mask, why = section.mask_token_id, "dflash.mask_token_id"
+    if mask is None:
+        counts = token_counts(ctx.inputs["data"] / "train_tokens.pt", text_vocab(base_config))
+        mask, why = dflash.choose_mask_token(tok, counts)
+    cfg = dflash.derive_dflash_config(base_config, section, mask)
+    arch = cfg["dflash_architecture_config"]
+    ctx.log(f"DFlash draft: {arch['num_hidden_layers']} layers, block {section.block_size}, target layers "
+            f"{arch['target_layer_ids']}, mask token {mask} ({why})")
+    torch.manual_seed(ctx.cfg.seed)
+    model = dflash.build_dflash_model(load_model(path, ctx.cfg.model.dtype), cfg)
+    (ctx.out / "dflash_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    dflash.save_head(model, ctx.out / "head_init.safetensors")
+    params = sum(p.numel() for p in model.dflash_module.parameters())
+    return {
+        "draft_method": "dflash", "head_params": params, "target_layers": arch["target_layer_ids"],
+        "block_size": section.block_size, "mask_token_id": mask, "mask_token": why,
+        "headline": f"DFlash draft {params / 1e6:.1f}M params, {arch['num_hidden_layers']} layers, block "
+        f"{section.block_size}, target layers {arch['target_layer_ids']}, mask token {mask}",
+    }
+
+
+def text_vocab(base_config: Any) -> int:
+    return (getattr(base_config, "text_config", None) or base_config).vocab_size

@@ -72,7 +72,7 @@ def export_target(model: Any, tok: Any, out: Path, dtype: Any, quantized: bool) 
 
 def preflight(cfg: Any, model_config: Any) -> None:
     """The draft is exported for engines that load one draft layer as trtspec trains it: refuse more, early."""
-    if cfg.convert.num_layers != 1:
+    if cfg.draft.method == "eagle3" and cfg.convert.num_layers != 1:
         raise ConfigError(
             f"convert.num_layers {cfg.convert.num_layers}: no engine loads such a draft as it is trained (TensorRT-LLM "
             "expects hidden_norm on every draft layer; SGLang and speculators load one layer)",
@@ -197,6 +197,8 @@ def run(ctx: StageContext) -> dict:
     from trtspec.models import load_model, load_tokenizer, resolve_model, torch_dtype
     from trtspec.quant import fold_weights, read_quant_json, restore_quantized
 
+    if ctx.cfg.draft.method == "dflash":
+        return run_dflash(ctx)
     t0 = time.time()
     cfg, out = ctx.cfg, ctx.out
     path = resolve_model(cfg.model.source)
@@ -275,3 +277,85 @@ def run(ctx: StageContext) -> dict:
     onnx = f", ONNX ✓ (max diff {max(metrics['onnx']['max_abs_diff'].values()):.1g})" if "onnx" in metrics else ""
     metrics["headline"] = f"target ({quant['format']}) + draft ({draft['dtype']}) written in {export_s:.0f}s{onnx}{al}"
     return metrics
+
+
+def run_dflash(ctx: StageContext) -> dict:
+    """The bundle with a DFlash draft: Model Optimizer's DFlashExporter (DFlashDraftModel config.json with block_size
+    and dflash_config {mask_token_id, target_layer_ids, causal}; weights without embedding or lm_head, which every
+    engine shares from the target), the target as for EAGLE-3, and the serving files with the DFlash options."""
+    from modelopt.torch.export.plugins.hf_spec_export import DFlashExporter
+
+    from trtspec.deploy import serving
+    from trtspec.drafting import family
+    from trtspec.models import load_model, load_tokenizer, resolve_model, torch_dtype
+    from trtspec.quant import read_quant_json, restore_quantized
+
+    t0 = time.time()
+    cfg, out = ctx.cfg, ctx.out
+    path = resolve_model(cfg.model.source)
+    quant = read_quant_json(ctx.inputs["quantize"])
+    quantized = quant["format"] != "none"
+    dtype = torch_dtype(cfg.model.dtype)
+    fam = family("dflash")
+    train_dir = ctx.inputs["train"]
+    ctx.log(f"draft: the trained DFlash drafter, exported as {dtype}")
+    model = fam.build(load_model(path, cfg.model.dtype), fam.read_config(train_dir))
+    fam.load_head(model, train_dir / fam.head_file)
+    model.eval().dflash_module.to(dtype)
+    DFlashExporter(model).export(out / "draft", dtype)
+    draft_cfg = json.loads((out / "draft" / "config.json").read_text())
+    draft_cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (out / "draft" / "config.json").write_text(json.dumps(draft_cfg, indent=2) + "\n")
+    params = sum(p.numel() for p in model.dflash_module.parameters())
+    del model
+    target = load_model(path, cfg.model.dtype)
+    if quantized:
+        target = restore_quantized(target, ctx.inputs["quantize"])
+    export_target(target, load_tokenizer(path), out / "target", dtype, quantized)
+    del target
+    info = {
+        "draft_method": "dflash",
+        "target_dtype": str(dtype).removeprefix("torch."),
+        "draft_dtype": draft_cfg["torch_dtype"],
+        "quant_format": quant["format"],
+        "kv_cache": quant.get("kv_cache", "none"),
+        "target_layers": draft_cfg["dflash_config"]["target_layer_ids"],
+        "block_size": draft_cfg["block_size"],
+        "mask_token_id": draft_cfg["dflash_config"]["mask_token_id"],
+        "draft_params": params,
+        "max_draft_len": cfg.draft.length,
+    }
+    serving_files = serving.write_serving_files(out, cfg, info, skip={"speculators"})
+    write_dflash_readme(out, cfg, info)
+    seconds = round(time.time() - t0, 1)
+    return {**info, "serving_files": serving_files, "stage_s": seconds,
+            "headline": f"target ({quant['format']}) + DFlash draft ({info['draft_dtype']}, block {info['block_size']}) "
+            f"written in {seconds:.0f}s"}
+
+
+def write_dflash_readme(bundle: Path, cfg: Any, info: dict) -> None:
+    from trtspec.artifacts import package_versions
+
+    source = cfg.model.source if cfg.model.source.startswith("demo:") else Path(cfg.model.source).name
+    lines = [
+        "# trtspec deployment bundle",
+        "",
+        f"Target `{source}` ({info['quant_format']}, {info['target_dtype']}) with a DFlash block drafter "
+        f"({info['draft_params'] / 1e6:.1f}M parameters, {info['draft_dtype']}, block {info['block_size']}, target layers "
+        f"{info['target_layers']}, mask token {info['mask_token_id']}); {info['max_draft_len']} drafts verified per step.",
+        "",
+        "| folder | what |",
+        "|---|---|",
+        "| `target/` | the target, HF format |",
+        "| `draft/` | the DFlash draft (`DFlashDraftModel`, Model Optimizer's export): embedding and lm_head are the target's |",
+        "| `llm_api_options.yaml` | TensorRT-LLM LLM-API options (`decoding_type: DFlash`, speculative_config points at `./draft`) |",
+        "| `serve.sh`, `triton/`, `snippets/` | trtllm-serve, Triton, vLLM (`method: dflash`) and SGLang (`DFLASH`) launchers |",
+        "",
+        "Every engine reads the mask token and the target layers from `draft/config.json`'s `dflash_config`.",
+        "",
+        "## Built with",
+        "",
+        ", ".join(f"{k} {v}" for k, v in package_versions().items()),
+        "",
+    ]
+    (bundle / "README.md").write_text("\n".join(lines), encoding="utf-8")

@@ -13,7 +13,6 @@ run resumes from the last one.
 from __future__ import annotations
 
 import gc
-import json
 import math
 import shutil
 from pathlib import Path
@@ -114,15 +113,17 @@ def _load_tokens(folder: Path, name: str) -> dict:
 def run(ctx: StageContext) -> dict:
     import time
 
-    from trtspec.eagle import head as eagle
+    from trtspec.drafting import family
     from trtspec.models import load_model, load_tokenizer, matmul_attention_on_cpu, resolve_model, use_bf16
 
     t_cfg = ctx.cfg.train
     data_dir, conv_dir = ctx.inputs["data"], ctx.inputs["convert"]
-    eagle_cfg = json.loads((conv_dir / "eagle_config.json").read_text())
+    fam = family(ctx.cfg.draft.method)
+    draft_cfg = fam.read_config(conv_dir)
     k = ctx.cfg.draft.length
-    eagle_cfg["eagle_ttt_steps"] = k  # the loss trains the head on chains as long as the engines will draft
-    aux_layers = eagle_cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]
+    if fam.name == "eagle3":
+        draft_cfg["eagle_ttt_steps"] = k  # the loss trains the head on chains as long as the engines will draft
+    aux_layers = fam.state_layers(draft_cfg)
     tokens = _load_tokens(data_dir, "train")
     if len(tokens["input_ids"]) == 0:
         raise DataError("the data stage produced no training rows", "add data sources")
@@ -146,10 +147,10 @@ def run(ctx: StageContext) -> dict:
     if t_cfg.mode == "offline":
         with ranks.main_first():
             states = cache_states(base, tokens, aux_layers, target_dir / "states", 16, ctx.log, use_bf16(ctx.cfg.model.build_dtype))
-        eagle_cfg["eagle_offline"] = True  # modelopt drops the target's decoder layers
+        fam.set_offline(draft_cfg, True)  # modelopt drops the target's decoder layers
     cache_s = time.time() - t0
-    model = eagle.build_eagle_model(base, eagle_cfg)
-    eagle.load_head(model, conv_dir / "head_init.safetensors")
+    model = fam.build(base, draft_cfg)
+    fam.load_head(model, conv_dir / "head_init.safetensors")
     head = sharding.shard_head(model) if t_cfg.sharding == "fsdp" and ranks.size() > 1 else None
     gc.collect()
 
@@ -164,16 +165,17 @@ def run(ctx: StageContext) -> dict:
     scored = {**tokens, "loss_mask": tokens["attention_mask"].clone()} if t_cfg.loss_on_prompt else tokens
     def evaluate_now() -> dict | None:  # every rank (a sharded head is gathered); rank 0 measures
         with sharding.full_head(model, head):
-            return evaluate_acceptance(model, eval_set, k) if ranks.is_main() else None
+            return evaluate_acceptance(model, eval_set, k, fam.drafts) if ranks.is_main() else None
 
     args = training_args(ctx, ckpt_dir, len(tokens["input_ids"]), sharded=head is not None)
-    trainer = make_trainer(model, HeadDataset(scored, states), args, log_file, evaluate_now, t_cfg.eval_steps, head)
+    trainer = make_trainer(model, HeadDataset(scored, states, fam.shift_labels), args, log_file, evaluate_now,
+                           t_cfg.eval_steps, head, fam)
     t1 = time.time()
     result = trainer.train(resume_from_checkpoint=last_ckpt)
     train_s = time.time() - t1
     steps = trainer.state.global_step
     peak_rss = ranks.gather(peak_rss_gib())
-    head_params = ranks.gather(sharding.local_parameters(model.eagle_module))  # FSDP: each rank's shards
+    head_params = ranks.gather(sharding.local_parameters(getattr(model, "eagle_module", None) or model.dflash_module))  # FSDP: each rank's shards
     if head is not None:
         sharding.keep_full_head(model, head)
     if not ranks.is_main():
@@ -181,12 +183,12 @@ def run(ctx: StageContext) -> dict:
 
     fit_set = training_rows_set(tokens, states, model, aux_layers, len(eval_set))
     ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts and {len(fit_set)} training rows")
-    acc = evaluate_acceptance(model, eval_set, k)
-    fit = evaluate_acceptance(model, fit_set, k)
-    eagle.save_head(model, ctx.out / eagle.HEAD_FILE)
+    acc = evaluate_acceptance(model, eval_set, k, fam.drafts)
+    fit = evaluate_acceptance(model, fit_set, k, fam.drafts)
+    fam.save_head(model, ctx.out / fam.head_file)
     shutil.copyfile(eval_file, ctx.out / EVAL_SEQS)  # export's acceptance check reuses these greedy answers
-    eagle_cfg["eagle_offline"] = False  # the head is used with a full target from here on
-    (ctx.out / "eagle_config.json").write_text(json.dumps(eagle_cfg, indent=2) + "\n")
+    fam.set_offline(draft_cfg, False)  # the draft is used with a full target from here on
+    fam.write_config(ctx.out, draft_cfg)
     shutil.copyfile(log_file, ctx.out / "train_log.jsonl") if log_file.is_file() else (ctx.out / "train_log.jsonl").touch()
     # the head is in the stage's output now; a finished run's checkpoints would only make a forced redo (--force,
     # --from train) "resume" at its last step and train nothing. Killed between here and the manifest: it retrains.
@@ -196,6 +198,7 @@ def run(ctx: StageContext) -> dict:
     label_tokens = int(tokens["loss_mask"].sum())
     mean_len = float(tokens["attention_mask"].sum()) / max(len(tokens["attention_mask"]), 1)
     metrics = {
+        "draft_method": fam.name,
         "mode": t_cfg.mode,
         "steps": steps,
         "resumed_from_step": resumed_step,

@@ -52,13 +52,13 @@ def load_prompt_rows(ctx: StageContext) -> list[dict]:
 def run(ctx: StageContext) -> dict:
     import torch
 
+    from trtspec.drafting import family, load_drafter
     from trtspec.models import load_model, load_tokenizer, resolve_model
     from trtspec.report import write_report
     from trtspec.runtime import (
         DraftSpec,
         compile_steps,
         generate,
-        load_eagle3_drafter,
         load_transformer,
         speculative_decode,
     )
@@ -76,7 +76,7 @@ def run(ctx: StageContext) -> dict:
     eos = eos_ids(target_dir, tok)
     target, dq_notes = load_transformer(target_dir, torch.float32)
     check_context_length(rows, prompts, n_new, target.args.max_positions)
-    drafter = load_eagle3_drafter(bundle / "draft", target)
+    drafter = load_drafter(bundle / "draft", target)
     spec = DraftSpec(shape=d.shape, k=d.length, topk=d.tree_topk, total=d.tree_total_tokens, suffix_len=d.suffix_len)
     source = resolve_model(ctx.cfg.model.source)
     kernels = target.kernel_choice
@@ -125,7 +125,8 @@ def run(ctx: StageContext) -> dict:
                                       repeat=m != "speculative") for m, dr in drafters.items()}
 
     report = {
-        "runtime": "trtspec PyTorch speculative runtime (EAGLE-3 draft from bundle/draft), CPU float32",
+        "runtime": f"trtspec PyTorch speculative runtime ({family(drafter.name).title} from bundle/draft), CPU float32",
+        "draft_method": drafter.name,
         "runtime_compiled": target.compiled_step is not None,
         "compile": {"seconds": compile_s, "note": compile_note},
         "bundle": str(bundle),

@@ -1,0 +1,228 @@
+"""The DFlash block drafter: its conversion through Model Optimizer, the runtime's one-pass block draft against
+modelopt's own, and the speculative decoder's exactness with it (greedy and sampling)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from stagekit import export_random_dflash, rerandomized
+
+from trtspec.config import ConvertSection, DFlashSection
+from trtspec.errors import ArtifactError, ConfigError, ModelError
+from trtspec.runtime.decode import generate, prefill, speculative_decode
+from trtspec.runtime.dflash import DFlashDrafter, load_dflash_drafter
+from trtspec.runtime.drafters import DraftSpec
+from trtspec.runtime.model import load_transformer
+
+NEW = 24
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory, tiny_model_dir) -> Path:
+    return rerandomized(tiny_model_dir, tmp_path_factory.mktemp("target") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model_dir):
+    from trtspec.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    texts = ["Name three colors.", "Write a Python function that adds two numbers."]
+    return [torch.tensor(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False)) for t in texts]
+
+
+@pytest.fixture(scope="module")
+def reference(target_dir, prompts):
+    """The target's greedy answers without a draft (the runtime's plain decode equals HF generate: test_runtime)."""
+    target = load_transformer(target_dir)[0]
+    return [generate(target, p, NEW, eos={2}).tokens for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def dflash_export(tmp_path_factory, target_dir):
+    """Exported random DFlash draft + modelopt's own draft tokens for a prompt."""
+    out = tmp_path_factory.mktemp("dflash") / "draft"
+    model = export_random_dflash(target_dir, out)
+    ids = torch.tensor([[1, 504, 3000, 77, 12, 900, 45, 8]])
+    with torch.no_grad():
+        base_tok, drafts = model.pseudo_speculative_generate(ids, steps=7)
+    return out, ids[0], int(base_tok), drafts[0].tolist()
+
+
+def test_block_draft_matches_modelopt(dflash_export, target_dir):
+    """The runtime's block pass over its context cache gives the tokens of modelopt's pseudo_speculative_generate
+    (the whole sequence recomputed, no cache)."""
+    draft_dir, ids, base_tok, want = dflash_export
+    target = load_transformer(target_dir)[0]
+    drafter = load_dflash_drafter(draft_dir, target)
+    assert target.aux_layers == (0, 2)
+    target.setup_cache(64)
+    drafter.setup(64)
+    with torch.inference_mode():
+        logits, aux = prefill(target, ids)
+        assert int(logits.argmax()) == base_tok
+        drafter.start(ids, base_tok, aux)
+        tree, _ = drafter.draft(base_tok, DraftSpec(k=len(want)))
+    assert tree.tokens[1:] == want
+    assert len(set(want)) > 1  # a draft that repeats one token would prove little
+
+
+def test_teacher_forced_block_drafts_match_modelopt(dflash_export, target_dir):
+    """block_drafts (the train stage's acceptance measure, every anchor at once) agrees with modelopt's own draft
+    at the anchor modelopt drafts from."""
+    from trtspec.dflash.head import block_drafts
+    from trtspec.eagle.states import base_states
+
+    draft_dir, ids, base_tok, want = dflash_export
+    model = export_random_dflash(target_dir, draft_dir.parent / "again")
+    seq = torch.cat((ids, torch.tensor([base_tok])))
+    aux, _ = base_states(model, seq[None], torch.ones(1, len(seq), dtype=torch.long), model.target_layer_ids)
+    assert block_drafts(model, seq, aux[0], 7)[len(ids) - 1].tolist() == want
+
+
+@pytest.mark.parametrize("k", [3, 7])
+def test_dflash_draft_keeps_greedy_output(dflash_export, target_dir, prompts, reference, k):
+    target = load_transformer(target_dir)[0]
+    drafter = load_dflash_drafter(dflash_export[0], target)
+    for p, ref in zip(prompts, reference, strict=True):
+        g = speculative_decode(target, drafter, p, NEW, DraftSpec(k=k), eos={2})
+        assert g.tokens == ref
+        assert g.stats.acceptance_length() < 1.5  # a random draft: hardly anything accepted
+
+
+class OracleNet:
+    """A stand-in block network that knows the target's answer: its guesses for positions length+1.. are the
+    reference tokens there. Everything is accepted only if the drafter's position bookkeeping is right."""
+
+    def __init__(self, seq: list[int], vocab: int):
+        self.seq, self.vocab, self.max_len, self.calls = seq, vocab, 0, []
+
+    def setup_cache(self, n):
+        self.max_len = n
+
+    def step(self, aux, length, embeds, k, mode):
+        self.calls.append((aux.shape[0], length))
+        logits = torch.full((k, self.vocab), -1e9)
+        for j in range(k):
+            pos = length + 1 + j
+            logits[j, self.seq[pos] if pos < len(self.seq) else 0] = 0.0
+        return logits
+
+
+def test_perfect_block_draft_keeps_greedy_output_and_accepts_everything(dflash_export, target_dir, prompts, reference):
+    from trtspec.runtime.dflash import DFlashInfo
+
+    target = load_transformer(target_dir)[0]
+    real = load_dflash_drafter(dflash_export[0], target)
+    for p, ref in zip(prompts, reference, strict=True):
+        net = OracleNet(p.tolist() + ref + [0] * 16, target.args.vocab_size)
+        drafter = DFlashDrafter(net, real.embed, DFlashInfo((0, 2), 8, 16, False))
+        g = speculative_decode(target, drafter, p, NEW, DraftSpec(k=7), eos={2})
+        assert g.tokens == ref
+        assert g.stats.accepted[:-1] == [7] * (g.stats.steps - 1)  # the last step may stop at the answer's end
+        assert net.calls[0] == (p.numel(), p.numel())  # the prompt's states, then 8 new verified rows per step
+        assert all(m == 8 for m, _ in net.calls[1:])
+
+
+def small_block_drafter(target, seed: int = 3):
+    """A random one-layer block network on the 8-token target, with an lm_head of its own (sharp, unlike the
+    target's) so that its guesses' distributions q differ from the target's p."""
+    from trtspec.runtime.dflash import DFlashDraft, DFlashInfo
+    from trtspec.runtime.model import Linear
+
+    torch.manual_seed(seed)
+    net = DFlashDraft(target.args.__class__(**{**target.args.__dict__, "num_layers": 1}), 1, causal=False).eval()
+    net.lm_head = Linear(target.args.hidden_size, 8, bias=False)
+    with torch.no_grad():
+        net.lm_head.weight.mul_(6.0)
+    target.aux_layers = (0,)
+    return DFlashDrafter(net, target.embed_tokens, DFlashInfo((0,), 4, 7, False))
+
+
+@pytest.mark.parametrize("swap", [False, True], ids=["lossless", "swapped-ratio-caught"])
+def test_dflash_sampling_matches_the_target_distribution(monkeypatch, swap):
+    """Each guess of a block is drawn from its own position's distribution, independent of the other guesses:
+    accepting it with min(1, p/q) stays lossless; the swapped ratio q/p is caught."""
+    from stagekit import chi2_of_first_two, small_lm
+
+    import trtspec.runtime.decode as gen
+
+    if swap:
+        monkeypatch.setattr(gen, "accept_probs", lambda p, q: (q / p).clamp(max=1.0))
+    target = small_lm(0, 6.0)
+    chi2, bins = chi2_of_first_two(target, small_block_drafter(target), [3, 1, 4, 1, 5], 2)
+    assert (chi2 < bins + 4 * (2 * bins) ** 0.5) != swap, (chi2, bins)
+
+
+def test_dflash_drafts_chains_only(dflash_export, target_dir):
+    target = load_transformer(target_dir)[0]
+    drafter = load_dflash_drafter(dflash_export[0], target)
+    with pytest.raises(ModelError, match="chain"):
+        drafter.draft(1, DraftSpec(shape="tree"))
+
+
+def test_dflash_draft_for_another_model_is_refused(dflash_export, tmp_path, tiny_model_dir, target_dir):
+    from stagekit import tiny_llama
+
+    wide = load_transformer(tiny_llama(tmp_path / "wide", vocab_from=tiny_model_dir, layers=2, hidden=32))[0]
+    with pytest.raises(ArtifactError, match="hidden size"):
+        load_dflash_drafter(dflash_export[0], wide)
+    cfg = json.loads((dflash_export[0] / "config.json").read_text())
+    cfg["dflash_config"]["target_layer_ids"] = [0, 9]
+    shutil.copytree(dflash_export[0], tmp_path / "deep")
+    (tmp_path / "deep" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ArtifactError, match="layers"):
+        load_dflash_drafter(tmp_path / "deep", load_transformer(target_dir)[0])
+    cfg["dflash_config"]["target_layer_ids"] = [0, 2]
+    cfg["dflash_config"]["mask_token_id"] = 10**6
+    (tmp_path / "deep" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ArtifactError, match="mask token"):
+        load_dflash_drafter(tmp_path / "deep", load_transformer(target_dir)[0])
+
+
+def test_derive_config_sizes_the_draft_from_the_base(target_dir):
+    from transformers import AutoConfig
+
+    from trtspec.dflash.head import derive_dflash_config
+
+    base = AutoConfig.from_pretrained(target_dir)
+    arch = derive_dflash_config(base, DFlashSection(num_layers=2, target_layers=[0, 2]), 16)["dflash_architecture_config"]
+    assert (arch["hidden_size"], arch["num_attention_heads"], arch["num_key_value_heads"], arch["intermediate_size"]) == (
+        base.hidden_size, base.num_attention_heads, base.num_key_value_heads, base.intermediate_size)
+    with pytest.raises(ConfigError, match="mask_token_id"):
+        derive_dflash_config(base, DFlashSection(num_layers=2, target_layers=[0, 2]), base.vocab_size)
+    with pytest.raises(ConfigError, match="target_layers"):
+        derive_dflash_config(base, DFlashSection(num_layers=2, target_layers=[0]), 16)
+
+
+def test_mask_token_is_a_special_token_no_label_uses(tiny_model_dir):
+    from trtspec.dflash.head import choose_mask_token
+    from trtspec.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    counts = torch.zeros(tok.vocab_size if hasattr(tok, "vocab_size") else 49152, dtype=torch.long)
+    mask, why = choose_mask_token(tok, counts)
+    assert mask in tok.all_special_ids or mask in tok.added_tokens_decoder
+    assert mask not in (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id)
+    counts[mask] = 5  # now a training label: another token is chosen
+    assert choose_mask_token(tok, counts)[0] != mask
+
+
+@pytest.mark.parametrize(("raw", "match"), [
+    ({"draft": {"method": "eagle3"}, "dflash": {"block_size": 16}}, "dflash.block_size is a DFlash option"),
+    ({"draft": {"method": "dflash", "shape": "tree"}}, "draft.shape is an EAGLE-3 option"),
+    ({"draft": {"method": "dflash"}, "convert": {"draft_vocab_size": 4096}}, "convert.draft_vocab_size is an EAGLE-3 option"),
+    ({"draft": {"method": "dflash", "length": 8}, "dflash": {"block_size": 8}}, "more than a DFlash block"),
+])
+def test_options_of_the_other_method_are_refused(raw, match):
+    from trtspec.config import config_from_dict
+
+    base = {"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}}
+    with pytest.raises(ConfigError, match=match):
+        config_from_dict({**base, **raw})
+    assert ConvertSection().num_layers == 1

@@ -1,0 +1,94 @@
+"""The draft-model families trtspec trains and ships, behind one interface the stages call (draft.method).
+
+A family says how its draft is converted from the base (Model Optimizer's mode and config), trained (forward on a
+batch, which target layers' states it reads, whether labels are shifted), saved, measured (its greedy drafts from
+every position of a target answer, for the acceptance count), exported and loaded by the runtime.
+
+    eagle3   EAGLE-3 head: one token per pass, chained k times           trtspec.eagle
+    dflash   DFlash block drafter: block_size - 1 tokens in one pass      trtspec.dflash
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DraftFamily:
+    name: str
+    title: str  # how reports and logs name it
+    config_file: str  # the mtsp.convert config, in convert/ and train/
+    head_file: str  # the draft's weights in convert/ (head_init.safetensors) and train/
+    build: Callable[[Any, dict], Any]  # (base model, config) -> the base with the draft attached (mtsp.convert)
+    save_head: Callable[[Any, Path], Any]
+    load_head: Callable[[Any, Path], Any]
+    train_forward: Callable[..., Any]  # (model, batch, unwrapped model) -> output with .loss and .train_acc
+    state_layers: Callable[[dict], list[int]]  # the target layers whose outputs the draft reads
+    drafts: Callable[[Any, Any, Any, Any, int], Any]  # (model, ids [1,T], aux [1,T,A], last [1,T,H], k) -> [1,T,k]
+    shift_labels: bool  # the loss mask scores position t against token t + 1 (EAGLE-3) or token t itself (DFlash)
+
+    def read_config(self, folder: Path) -> dict:
+        return json.loads((Path(folder) / self.config_file).read_text())
+
+    def write_config(self, folder: Path, cfg: dict) -> None:
+        (Path(folder) / self.config_file).write_text(json.dumps(cfg, indent=2) + "\n")
+
+    def set_offline(self, cfg: dict, offline: bool) -> None:
+        """Offline: the draft reads cached target states and Model Optimizer drops the target's decoder layers."""
+        cfg[f"{'eagle' if self.name == 'eagle3' else self.name}_offline"] = offline
+
+
+def _eagle3() -> DraftFamily:
+    from trtspec.eagle import head
+    from trtspec.eagle.trainer import head_forward
+
+    return DraftFamily(
+        name="eagle3", title="EAGLE-3 head", config_file="eagle_config.json", head_file=head.HEAD_FILE,
+        build=head.build_eagle_model, save_head=head.save_head, load_head=head.load_head, train_forward=head_forward,
+        state_layers=lambda cfg: cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"],
+        drafts=head.chain_drafts, shift_labels=True,
+    )
+
+
+def _dflash() -> DraftFamily:
+    from trtspec.dflash import head
+
+    def drafts(model: Any, ids: Any, aux: Any, last: Any, k: int) -> Any:
+        return head.block_drafts(model, ids[0], aux[0], k)[None]
+
+    return DraftFamily(
+        name="dflash", title="DFlash block drafter", config_file="dflash_config.json", head_file=head.HEAD_FILE,
+        build=head.build_dflash_model, save_head=head.save_head, load_head=head.load_head, train_forward=head.train_forward,
+        state_layers=lambda cfg: cfg["dflash_architecture_config"]["target_layer_ids"],
+        drafts=drafts, shift_labels=False,
+    )
+
+
+FAMILIES: dict[str, Callable[[], DraftFamily]] = {"eagle3": _eagle3, "dflash": _dflash}
+
+
+def family(method: str) -> DraftFamily:
+    """The family of draft.method."""
+    return FAMILIES[method]()
+
+
+def family_of_draft(draft_dir: Path) -> str:
+    """Which family an exported draft folder holds, from its config.json's architectures."""
+    from trtspec.runtime.model import read_config
+
+    return "dflash" if "DFlashDraftModel" in (read_config(draft_dir).get("architectures") or []) else "eagle3"
+
+
+def load_drafter(draft_dir: Path, target: Any) -> Any:
+    """The runtime drafter for an exported draft (EAGLE-3 or DFlash), sharing the target's embedding and lm_head."""
+    if family_of_draft(draft_dir) == "dflash":
+        from trtspec.runtime.dflash import load_dflash_drafter
+
+        return load_dflash_drafter(draft_dir, target)
+    from trtspec.runtime.drafters import load_eagle3_drafter
+
+    return load_eagle3_drafter(draft_dir, target)
