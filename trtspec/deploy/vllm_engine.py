@@ -67,8 +67,8 @@ def target_dtype(target: Path) -> str:
 
 
 def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_seqs: int, dtype: str | None = None) -> Any:
-    """vLLM's LLM over the bundle's target, in the target's dtype (or `dtype`); with `draft`, EAGLE-3 speculation of
-    k tokens."""
+    """vLLM's LLM over the bundle's target, in the target's dtype (or `dtype`); with `draft`, speculation of k tokens
+    by that draft (EAGLE-3 or DFlash: vLLM's method named after the draft's family)."""
     import torch
 
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # progress on stderr, results on stdout
@@ -77,7 +77,9 @@ def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_s
             os.environ.setdefault(key, value)
     from vllm import LLM
 
-    spec = {"speculative_config": {"method": "eagle3", "model": str(draft), "num_speculative_tokens": k}} if draft else {}
+    from trtspec.drafting import family_of_draft
+
+    spec = {"speculative_config": {"method": family_of_draft(draft), "model": str(draft), "num_speculative_tokens": k}} if draft else {}
     return LLM(model=str(target), dtype=dtype or target_dtype(target), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                enforce_eager=not torch.cuda.is_available(), disable_log_stats=False, seed=0, **spec)
 

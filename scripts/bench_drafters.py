@@ -1,0 +1,138 @@
+#!/usr/bin/env python
+"""Draft families side by side on one target: EAGLE-3 and DFlash drafts (each from its own finished run) timed in
+one process, interleaved prompt by prompt, on held-out chat prompts and on code prompts.
+
+    python scripts/bench_drafters.py runs/demo runs/demo-dflash                      # table on stdout
+    python scripts/bench_drafters.py runs/demo runs/demo-dflash --ks eagle3=3 --ks dflash=3,7 --json
+
+Every run must hold the same target (its bundle/target is loaded once, from the first run). For each prompt set,
+every prompt runs the runtime without a draft and each (draft, k) in turn, so machine noise hits all alike.
+Columns: tokens/s, AL (tokens per target forward), how many outputs are token-identical to the runtime without a
+draft (greedy: all must be), per-position acceptance, and one speculative step's cost in plain decode steps
+(AL x no-draft tokens/s / speculative tokens/s: what drafting and verifying k + 1 rows cost against one token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+CODE_PROMPTS = Path(__file__).resolve().parent.parent / "build_configs" / "prompts" / "code_prompts.jsonl"
+
+
+def prompt_sets(run: Path, tok, n: int) -> dict[str, list[list[int]]]:
+    """held-out chat prompts of the first run's data stage, and the recipe folder's code prompts."""
+    from collections import Counter
+
+    from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
+
+    chat = prompt_rows(read_rows(run / "data" / "heldout.jsonl"))[:n]
+    code = read_prompt_file(CODE_PROMPTS, Counter(), "code prompts", "")[:n]
+    return {name: [encode_prompt(tok, r["messages"]) for r in rows] for name, rows in (("chat", chat), ("code", code)) if rows}
+
+
+def parse_ks(items: list[str]) -> dict[str, list[int]]:
+    ks = {"eagle3": [3], "dflash": [3, 7]}
+    for item in items:
+        method, _, values = item.partition("=")
+        ks[method] = [int(v) for v in values.split(",")]
+    return ks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", type=Path, nargs="+", help="finished runs (bundle/ and data/), one per draft")
+    ap.add_argument("--ks", action="append", default=[], help="METHOD=K[,K...]: draft lengths per family "
+                    "(default eagle3=3, dflash=3,7)")
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per set (chat, code)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+
+    import torch
+
+    from trtspec.drafting import load_drafter
+    from trtspec.generation import eos_ids
+    from trtspec.models import load_tokenizer
+    from trtspec.runtime import (
+        DraftSpec,
+        Stats,
+        compile_steps,
+        generate,
+        load_transformer,
+        speculative_decode,
+    )
+    from trtspec.runtime.kernels import cpu_description
+    from trtspec.validation import median_speeds, time_methods
+
+    bundle = a.runs[0] / "bundle"
+    tok = load_tokenizer(bundle / "target")
+    eos, new = eos_ids(bundle / "target", tok), a.max_new_tokens
+    target, _ = load_transformer(bundle / "target")
+    ks = parse_ks(a.ks)
+    drafts = {}  # name -> (drafter, the target layers it reads, its k values)
+    for run in a.runs:
+        drafter = load_drafter(run / "bundle" / "draft", target)
+        limit = drafter.info.block_size - 1 if drafter.name == "dflash" else 16
+        drafts[f"{drafter.name}:{run.name}"] = (drafter, target.aux_layers, [k for k in ks.get(drafter.name, [3]) if k <= limit])
+    sets = prompt_sets(a.runs[0], tok, a.prompts)
+
+    def speculative(p, drafter, layers, k):
+        target.aux_layers = layers  # each draft reads its own target layers: the target hands those out
+        return speculative_decode(target, drafter, torch.tensor(p), new, DraftSpec(k=k), eos)
+
+    def no_draft(p):
+        target.aux_layers = ()
+        return generate(target, torch.tensor(p), new, eos)
+
+    methods = {"runtime_no_draft": no_draft}
+    for name, (drafter, layers, kk) in drafts.items():
+        for k in kk:
+            methods[f"{name}@k={k}"] = lambda p, d=drafter, lay=layers, k=k: speculative(p, d, lay, k)
+    torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)  # graphs per aux-layer set
+    compile_note = "off (--no-compile)"
+    if not a.no_compile:
+        first = next(iter(sets.values()))[0]
+        compile_s, compile_note = compile_steps([target, *(d.net for d, _, _ in drafts.values())],
+                                                lambda: [m(first) for m in methods.values()])
+        compile_note += f" ({compile_s:.0f} s)"
+    machine = cpu_description()
+    if not a.json:
+        print(f"machine: {machine['model']}, {machine['cores']} cores; runtime {compile_note}", flush=True)
+
+    table = []
+    for set_name, prompts in sets.items():
+        timed, _ = time_methods(methods, prompts, a.repeats, target.kernel_choice)
+        tps = median_speeds(timed)
+        reference = [g.tokens for g in timed["runtime_no_draft"]["outputs"]]
+        for m in methods:
+            stats = Stats()
+            for g in timed[m]["outputs"]:
+                stats.merge(g.stats)
+            al = stats.acceptance_length()
+            k = max(stats.drafted) if stats.drafted else 0
+            table.append({
+                "prompts": set_name, "method": m, "tokens_per_s": round(tps[m], 2), "acceptance_length": round(al, 3),
+                "identical": sum(g.tokens == r for g, r in zip(timed[m]["outputs"], reference, strict=True)),
+                "of": len(prompts), "speedup_vs_no_draft": round(tps[m] / tps["runtime_no_draft"], 3),
+                "step_cost_in_decode_steps": round(al * tps["runtime_no_draft"] / tps[m], 3),
+                "accept_rate_by_position": [round(x, 3) for x in stats.per_position(k)],
+            })
+            if not a.json:
+                r = table[-1]
+                print(f"{set_name:>5} {m:<34} {r['tokens_per_s']:>7.1f} tok/s  {r['speedup_vs_no_draft']:>5.2f}x  AL {al:>5.2f}  "
+                      f"identical {r['identical']}/{r['of']}  step {r['step_cost_in_decode_steps']:>5.2f} decode steps  "
+                      f"by position {r['accept_rate_by_position']}", flush=True)
+    if a.json:
+        print(json.dumps({"runs": [str(r) for r in a.runs], "max_new_tokens": new, "compile": compile_note,
+                          "machine": machine, "rows": table}, indent=2))
+    if any(r["identical"] != r["of"] for r in table):
+        sys.exit("error: a draft changed a greedy output")
+
+
+if __name__ == "__main__":
+    main()

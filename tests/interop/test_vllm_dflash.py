@@ -1,0 +1,100 @@
+"""vLLM's CPU build serves the DFlash bundle trtspec exports (speculative method dflash): greedy outputs equal the
+target's alone and trtspec's runtime's, and vLLM's own acceptance counters equal the runtime's within 2%."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "build_configs" / "smollm2-135m-dflash-ci.yaml"
+# trained long enough to learn its 18 training answers by heart: on those prompts acceptance is high and sensitive
+OVERRIDES = ["train.epochs=24", "draft.length=7"]
+K, MAX_NEW = 7, 48
+
+
+@pytest.fixture(scope="module")
+def dflash_run(ci_run, tmp_path_factory) -> Path:
+    """The DFlash CI recipe up to the bundle, on the EAGLE-3 interop run's data stage (the same answers)."""
+    from trtspec.config import load_config
+    from trtspec.pipeline import runner as pipeline
+
+    run = tmp_path_factory.mktemp("dflash") / "run"
+    run.mkdir()
+    shutil.copytree(ci_run / "data", run / "data")
+    results = pipeline.run_build(load_config(CONFIG, OVERRIDES), run, until="export")
+    assert [r.status for r in results if r.stage == "data"] == ["cached"], results  # the answers were reused
+    assert not [r for r in results if r.status == "failed"], results
+    return run
+
+
+@pytest.fixture(scope="module")
+def prompts(dflash_run) -> list[list[int]]:
+    from trtspec.chat import encode_prompt
+    from trtspec.models import load_tokenizer
+
+    tok = load_tokenizer(dflash_run / "bundle" / "target")
+    rows = [json.loads(line) for line in (dflash_run / "data" / "train.jsonl").read_text().splitlines() if line.strip()]
+    return [encode_prompt(tok, r["messages"][:-1]) for r in rows[:6]]
+
+
+def eos_of(bundle: Path) -> set[int]:
+    from trtspec.generation import eos_ids
+    from trtspec.models import load_tokenizer
+
+    return eos_ids(bundle / "target", load_tokenizer(bundle / "target"))
+
+
+@pytest.fixture(scope="module")
+def runtime(dflash_run, prompts):
+    """trtspec's runtime with the DFlash draft, blocks of K guesses: (outputs, Stats)."""
+    from trtspec.drafting import load_drafter
+    from trtspec.runtime import DraftSpec, load_transformer, speculative_on_prompts
+
+    bundle = dflash_run / "bundle"
+    target, _ = load_transformer(bundle / "target")
+    drafter = load_drafter(bundle / "draft", target)
+    return speculative_on_prompts(target, drafter, prompts, MAX_NEW, DraftSpec(k=K), eos_of(bundle))
+
+
+def vllm_run(bundle: Path, draft: Path | None, prompts: list[list[int]]) -> tuple[list[list[int]], dict]:
+    from trtspec.deploy import vllm_engine as vl
+
+    llm = vl.load(bundle / "target", draft, K, max(map(len, prompts)) + MAX_NEW + 16, 4)
+    try:
+        before = vl.spec_counters(llm)
+        outputs = [vl.generate(llm, [p], MAX_NEW)[0] for p in prompts]
+        return outputs, vl.acceptance(before, vl.spec_counters(llm)) if draft else {}
+    finally:
+        vl.shutdown(llm)
+
+
+def test_the_bundle_names_dflash_for_every_engine(dflash_run):
+    import yaml
+
+    bundle = dflash_run / "bundle"
+    cfg = json.loads((bundle / "draft" / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == 8
+    assert set(cfg["dflash_config"]) >= {"mask_token_id", "target_layer_ids", "causal"}
+    spec = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())["speculative_config"]
+    assert spec == {"decoding_type": "DFlash", "max_draft_len": K, "speculative_model": "./draft"}
+    assert '"method": "dflash"' in (bundle / "snippets" / "vllm.sh").read_text()
+    assert "--speculative-algorithm DFLASH" in (bundle / "snippets" / "sglang.sh").read_text()
+
+
+def test_vllm_serves_the_dflash_draft_like_the_runtime(dflash_run, prompts, runtime):
+    bundle = dflash_run / "bundle"
+    outputs, acc = vllm_run(bundle, bundle / "draft", prompts)
+    alone, _ = vllm_run(bundle, None, prompts)
+    assert outputs == alone == runtime[0]
+    stats = runtime[1]
+    assert stats.acceptance_length() > 1.5  # a draft that drafts: a wrong layer or mask token could not hide
+    assert acc["acceptance_length"] == pytest.approx(stats.acceptance_length(), rel=0.02)
+    assert acc["per_position"] == pytest.approx(stats.per_position(K), abs=0.02)
