@@ -78,7 +78,7 @@ def test_readme_starts_with_the_two_commands():
 
 def named_recipes() -> set[str]:
     docs = README.read_text(encoding="utf-8") + (ROOT / "build_configs" / "README.md").read_text(encoding="utf-8")
-    return set(re.findall(r"[\w.-]+-eagle3[\w.-]*\.yaml", docs))
+    return set(re.findall(r"[\w.-]+-(?:eagle3|dflash)[\w.-]*\.yaml", docs))
 
 
 def test_named_recipes_exist_and_load():

@@ -350,6 +350,8 @@ def drafting_options(options: dict, method: str, suffix_len: int | None = None) 
     """The bundle's LLM-API options serving one drafting method: the EAGLE-3 head alone, suffix-automaton drafting
     alone (SADecodingConfig), or a suffix match in front of the head (EAGLE-3 with sa_config)."""
     spec = dict(options["speculative_config"])
+    if spec.get("decoding_type") == "DFlash" and method in ("dflash", "suffix"):  # the bundle's block draft, or SA alone
+        return options if method == "dflash" else {**options, "speculative_config": speculative_options_sa(suffix_len or spec["max_draft_len"])}
     if spec.get("decoding_type") != "Eagle3":
         raise ArtifactError(f"the bundle serves {spec.get('decoding_type')} drafting; --drafting {method} needs an "
                             "EAGLE-3 bundle", "leave --drafting at auto")
