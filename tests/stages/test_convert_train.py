@@ -353,7 +353,12 @@ class _Ctx(SimpleNamespace):
         pass
 
 
-def _stage_ctx(tmp_path, model_dir, stage, inputs, **train_kw):
+# a DFlash draft on the tiny model: 2 layers reading target layers 0 and 2, blocks of 4 (3 guesses)
+DFLASH = {"draft": {"method": "dflash", "length": 3}, "convert": {},
+          "dflash": {"block_size": 4, "num_layers": 2, "target_layers": [0, 2], "anchors": 4}}
+
+
+def _stage_ctx(tmp_path, model_dir, stage, inputs, method="eagle3", **train_kw):
     cfg = config_from_dict(
         {
             "model": {"source": str(model_dir)},
@@ -361,6 +366,7 @@ def _stage_ctx(tmp_path, model_dir, stage, inputs, **train_kw):
             "convert": {"draft_vocab_size": 128},
             "train": {"max_steps": 4, "batch_size": 2, "save_steps": 2, **train_kw},
             "eval": {"acceptance_prompts": 2},
+            **(DFLASH if method == "dflash" else {}),
         },
         base_dir=tmp_path,
     )
@@ -420,6 +426,75 @@ def test_train_few_steps_writes_head_and_log(upstream, tiny_model_dir, tmp_path,
         m2 = train.run(ctx2)
         assert states.stat().st_mtime_ns == stamp and m2["steps"] == 4
         assert m2["train_rows"] == 2 < m["train_rows"] and m2["label_tokens"] < m["label_tokens"]
+
+
+@pytest.fixture(scope="module")
+def dflash_upstream(upstream, tiny_model_dir):
+    """convert with draft.method dflash on the same data: a mask token chosen, the draft's config and initial weights."""
+    tmp, inputs = upstream
+    cctx = _stage_ctx(tmp, tiny_model_dir, "convert-dflash", {"data": inputs["data"]}, method="dflash")
+    m = convert.run(cctx)
+    cfg = json.loads((cctx.out / "dflash_config.json").read_text())
+    assert m["draft_method"] == "dflash" and cfg["dflash_mask_token_id"] == m["mask_token_id"]
+    assert cfg["dflash_architecture_config"]["target_layer_ids"] == [0, 2] and cfg["dflash_block_size"] == 4
+    assert (cctx.out / "head_init.safetensors").is_file() and not (cctx.out / "eagle_config.json").exists()
+    return {"data": inputs["data"], "convert": cctx.out}
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_dflash_trains_with_the_same_stage(dflash_upstream, tiny_model_dir, tmp_path, mode):
+    ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", dflash_upstream, method="dflash", mode=mode)
+    m = train.run(ctx)
+    rows = [json.loads(x) for x in (ctx.out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and m["draft_method"] == "dflash"
+    assert 1.0 <= m["AL@3"] <= 4.0 and len(m["accept_rate_by_position"]) == 3
+    assert (ctx.out / "head.safetensors").is_file()
+    assert json.loads((ctx.out / "dflash_config.json").read_text())["dflash_offline"] is False
+    assert (train.target_states_dir(ctx, [0, 2]) / "states" / "aux.npy").is_file() == (mode == "offline")
+
+
+def test_dflash_train_resumes_and_exports_a_bundle_the_runtime_serves_exactly(dflash_upstream, tiny_model_dir, tmp_path, monkeypatch):
+    """Killed at step 3, resumed from checkpoint 2; the export stage writes a DFlash draft every engine's loader
+    reads, and trtspec's runtime decodes with it exactly as without it."""
+    from transformers import TrainerCallback
+
+    from trtspec.drafting import load_drafter
+    from trtspec.quant import QUANT_JSON
+    from trtspec.runtime import DraftSpec, generate, load_transformer, speculative_decode
+    from trtspec.stages import export
+
+    ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", dflash_upstream, method="dflash")
+
+    class Killed(Exception):
+        pass
+
+    class KillAt3(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 3:
+                raise Killed()
+
+    make = train.make_trainer
+    monkeypatch.setattr(train, "make_trainer", lambda *a, **kw: (t := make(*a, **kw), t.add_callback(KillAt3()))[0])
+    with pytest.raises(Killed):
+        train.run(ctx)
+    assert (ctx.work / "checkpoints" / "checkpoint-2" / "head.safetensors").is_file()
+    monkeypatch.setattr(train, "make_trainer", make)
+    m = train.run(ctx)
+    assert m["steps"] == 4 and m["resumed_from_step"] == 2
+
+    quant = tmp_path / "quantize"
+    quant.mkdir()
+    (quant / QUANT_JSON).write_text(json.dumps({"format": "none"}))
+    ectx = _stage_ctx(tmp_path, tiny_model_dir, "export", {"train": ctx.out, "convert": dflash_upstream["convert"],
+                                                           "quantize": quant}, method="dflash")
+    em = export.run(ectx)
+    draft = json.loads((ectx.out / "draft" / "config.json").read_text())
+    assert draft["architectures"] == ["DFlashDraftModel"] and draft["dflash_config"]["target_layer_ids"] == [0, 2]
+    assert em["block_size"] == 4 and "snippets/vllm.sh" in em["serving_files"]
+    target = load_transformer(ectx.out / "target")[0]
+    drafter = load_drafter(ectx.out / "draft", target)
+    prompt = torch.tensor([1, 504, 3000, 77, 12, 900, 45, 8])
+    assert speculative_decode(target, drafter, prompt, 16, DraftSpec(k=3), eos={2}).tokens == generate(target, prompt, 16, eos={2}).tokens
 
 
 def test_train_resumes_from_checkpoint(upstream, tiny_model_dir, tmp_path, monkeypatch):
