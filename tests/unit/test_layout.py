@@ -4,6 +4,7 @@ never another stage or the runner; the library never imports a stage or the runn
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,8 +36,8 @@ def test_a_stage_imports_no_other_stage_and_not_the_runner():
 def test_the_library_imports_no_stage_and_not_the_runner():
     for path in sorted((ROOT / "trtspec").rglob("*.py")):
         rel = path.relative_to(ROOT / "trtspec").as_posix()
-        if rel.startswith("stages/") or rel in ("cli.py", "pipeline/runner.py"):
-            continue  # the stages themselves; the CLI and the runner are the ones that run them
+        if rel.startswith("stages/") or rel in ("cli.py", "bench.py", "pipeline/runner.py"):
+            continue  # the stages themselves; the CLI, the benchmarks' harness and the runner are the ones that run them
         bad = {m for m in imported_modules(path) if is_stage(m) or m == "trtspec.stages" or m.startswith(RUNNER)}
         assert not bad, f"trtspec/{rel} imports {sorted(bad)}"
 
@@ -45,6 +46,17 @@ def test_scripts_use_the_library_only():
     for path in sorted((ROOT / "scripts").glob("*.py")):
         bad = {m for m in imported_modules(path) if is_stage(m) or m == "trtspec.stages"}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_no_script_imports_another():
+    """What the scripts share lives in the library (trtspec.bench), not in each other reached through sys.path;
+    code a script runs in a child process (a string) counts too."""
+    names = {p.stem for p in (ROOT / "scripts").glob("*.py")}
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        imported = set(re.findall(r"^\s*(?:from|import)\s+(\w+)", text, re.M))
+        assert not imported & names, f"scripts/{path.name} imports {sorted(imported & names)}"
+        assert "sys.path" not in text, f"scripts/{path.name} edits sys.path"
 
 
 def module_name(path: Path) -> str:
