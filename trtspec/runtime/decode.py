@@ -247,9 +247,10 @@ def decode(
     sample (the sampling check starts every method from one token)."""
     if drafter is not None and spec is None:
         raise ValueError("a drafter needs a DraftSpec")
+    spec = spec if drafter is not None else None  # without a drafter nothing is drafted: one cache row per step
     eos = eos or set()
     t0 = time.perf_counter()
-    out, aux, max_len = _begin(target, prompt, max_new_tokens, spec if drafter is not None else None, temperature, generator, first_token)
+    out, aux, max_len = _begin(target, prompt, max_new_tokens, spec, temperature, generator, first_token)
     if drafter is not None:
         drafter.setup(max_len + spec.max_nodes())
         drafter.start(prompt, out[0], aux)
