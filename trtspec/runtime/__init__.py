@@ -1,16 +1,8 @@
 """The project's own PyTorch speculative-decoding runtime: loads the exported bundle (target/ + draft/), decodes
-with a static KV cache in one loop (`decode`, the drafter optional), EAGLE-3 / draft-target / n-gram drafters,
-chain and tree drafts, greedy and lossless sampling verification. Used by the validate stage anywhere (CPU
-included)."""
+with a static KV cache, EAGLE-3 / draft-target / n-gram drafters, chain and tree drafts, greedy and lossless
+sampling verification. Used by the validate stage anywhere (CPU included)."""
 
-from trtspec.runtime.decode import (
-    Generation,
-    Stats,
-    decode,
-    generate,
-    speculative_decode,
-    speculative_on_prompts,
-)
+from trtspec.runtime.decode import Generation, Stats, generate, speculative_decode, speculative_on_prompts
 from trtspec.runtime.drafters import (
     DraftSpec,
     Eagle3Drafter,
@@ -30,7 +22,6 @@ __all__ = [
     "Stats",
     "Transformer",
     "compile_steps",
-    "decode",
     "generate",
     "load_draft_target",
     "load_eagle3_drafter",
