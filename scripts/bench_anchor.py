@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from trtspec.artifacts import MARKER
+from trtspec.bench import stage_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"trtspec": ROOT / "build_configs" / "smollm2-135m-eagle3.yaml",
@@ -36,7 +37,7 @@ def build_train(config: Path, out: Path, sets: list[str]) -> dict:
     r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode:
         sys.exit(f"Error: {' '.join(cmd[3:])} failed:\n{r.stderr[-2000:]}")
-    metrics = json.loads((out / "train" / "manifest.json").read_text())["metrics"]
+    metrics = stage_metrics(out, "train")
     metrics["wall_s"] = round(time.perf_counter() - t0, 1)
     return metrics
 

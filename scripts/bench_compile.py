@@ -20,16 +20,14 @@ import tempfile
 from pathlib import Path
 
 ONE_RUN = """
-import json, sys, torch
+import json, torch
 from pathlib import Path
-sys.path.insert(0, {scripts!r})
-from bench_speculative import load_prompts
-from trtspec.models import load_tokenizer
-from trtspec.runtime import DraftSpec, compile_steps, generate, load_eagle3_drafter, load_transformer, speculative_decode
-bundle = {bundle!r}
-target, _ = load_transformer(bundle + "/target")
-drafter = load_eagle3_drafter(bundle + "/draft", target)
-p = torch.tensor(load_prompts(Path({run!r}), load_tokenizer(bundle + "/target"), 1)[0])
+from trtspec.bench import load_prompts, open_bundle
+from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
+run = Path({run!r})
+bundle = open_bundle(run)
+target, drafter = bundle.runtime()
+p = torch.tensor(load_prompts(run, bundle.tok, 1)[0])
 spec = DraftSpec(shape="chain", k={k})
 seconds, note = compile_steps([target, drafter.net], lambda: (generate(target, p, 32), speculative_decode(target, drafter, p, 32, spec)))
 print(json.dumps({{"seconds": seconds, "note": note}}))
@@ -43,8 +41,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=1, help="draft length of the speculative warm-up")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    code = ONE_RUN.format(scripts=str(Path(__file__).resolve().parent), bundle=str(a.run_dir / "bundle"),
-                          run=str(a.run_dir), k=a.k)
+    code = ONE_RUN.format(run=str(a.run_dir), k=a.k)
     rows = []
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}

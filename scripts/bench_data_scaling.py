@@ -5,7 +5,7 @@ The trend through the sizes measured, priced at this machine's own speed.
     python scripts/bench_data_scaling.py build_configs/smollm2-135m-eagle3.yaml --out runs/scaling --target-al 3.0 --plot
 
 Trains the head on all of the run's training rows and on the first 1/2, 1/4 and 1/8 of them (`train.max_rows`:
-the same recipe, data order and held-out prompts otherwise). It reuses scripts/bench_recipe.py: the data and convert
+the same recipe, data order and held-out prompts otherwise). It trains as scripts/bench_recipe.py does (trtspec.bench.train_recipe): the data and convert
 stages and the target's hidden states are computed once, a finished size is read back, and the run's own train
 stage serves as the full-size point when it matches. Each size is measured twice: held-out AL@3 (what serving sees)
 and AL@3 on training rows (how well the head fits what it saw: see the train stage's `fit` metric).
@@ -25,8 +25,7 @@ import math
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_recipe import print_table, save_figure, train_recipe  # noqa: E402
+from trtspec.bench import print_table, save_figure, train_recipe
 
 K = 3  # chain drafts of 3, the and the engine's default
 

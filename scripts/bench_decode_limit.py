@@ -22,8 +22,7 @@ from pathlib import Path
 import torch
 
 from trtspec.runtime import compile_steps, generate, load_transformer
-from trtspec.runtime.kernels import few_rows_linear, memory_bandwidth
-from trtspec.runtime.model import Linear
+from trtspec.runtime.kernels import Linear, few_rows_linear, memory_bandwidth
 
 
 def decode_ms(target, prompt: torch.Tensor, n: int) -> float:

@@ -28,15 +28,15 @@ SETS = {"code": ROOT / "build_configs" / "prompts" / "code_prompts.jsonl",
 
 def load_set(name: str, run: Path, tok, n: int) -> list[list[int]]:
     """The first n prompts of a set (heldout | code | copy | a file), chat-templated."""
-    from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
+    from trtspec.bench import load_prompts
+    from trtspec.chat import encode_prompt, read_prompt_file
 
     if name == "heldout":
-        rows = prompt_rows(read_rows(run / "data" / "heldout.jsonl"))
-    else:
-        path = SETS.get(name, Path(name))
-        if not path.is_file():
-            sys.exit(f"error: prompt set '{name}' is neither heldout, code, copy nor a file")
-        rows = read_prompt_file(path, Counter(), "prompt file", "give a JSONL (prompt|messages) or text file")
+        return load_prompts(run, tok, n)
+    path = SETS.get(name, Path(name))
+    if not path.is_file():
+        sys.exit(f"error: prompt set '{name}' is neither heldout, code, copy nor a file")
+    rows = read_prompt_file(path, Counter(), "prompt file", "give a JSONL (prompt|messages) or text file")
     if not rows:
         sys.exit(f"error: no prompts in set '{name}'")
     return [encode_prompt(tok, r["messages"]) for r in rows[:n]]
@@ -57,29 +57,17 @@ def main() -> None:
 
     import torch
 
-    from trtspec.eagle.checkpoint import check_bundle
-    from trtspec.generation import eos_ids, interleaved
-    from trtspec.models import load_tokenizer
-    from trtspec.runtime import (
-        DraftSpec,
-        Stats,
-        compile_steps,
-        generate,
-        load_eagle3_drafter,
-        load_transformer,
-        speculative_decode,
-    )
+    from trtspec.bench import open_bundle
+    from trtspec.generation import interleaved
+    from trtspec.runtime import DraftSpec, Stats, compile_steps, generate, speculative_decode
     from trtspec.runtime.decode import warm_up_row_counts
     from trtspec.runtime.kernels import cpu_description
     from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
 
-    run, bundle = a.run_dir, a.run_dir / "bundle"
-    check_bundle(bundle)
-    tok = load_tokenizer(bundle / "target")
-    eos, new = eos_ids(bundle / "target", tok), a.max_new_tokens
-    sets = {name: load_set(name, run, tok, a.prompts) for name in a.sets.split(",")}
-    target, _ = load_transformer(bundle / "target")
-    eagle = load_eagle3_drafter(bundle / "draft", target)
+    run, bundle = a.run_dir, open_bundle(a.run_dir)
+    eos, new = bundle.eos, a.max_new_tokens
+    sets = {name: load_set(name, run, bundle.tok, a.prompts) for name in a.sets.split(",")}
+    target, eagle = bundle.runtime()
     spec = DraftSpec(k=a.k, suffix_len=a.suffix_len)
     drafters = {"eagle3": eagle, "suffix": SuffixDrafter(),
                 "eagle3+suffix": SuffixThenModelDrafter(eagle, SuffixDrafter(min_match=a.min_match))}

@@ -19,8 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -34,22 +32,18 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     a = ap.parse_args()
 
-    from bench_speculative import load_prompts
-
+    from trtspec.bench import load_prompts, model_source, open_bundle
     from trtspec.deploy import vllm_engine
-    from trtspec.eagle.checkpoint import check_bundle
-    from trtspec.generation import compare, eos_ids, hf_answer
-    from trtspec.models import load_model, load_tokenizer, resolve_model
-    from trtspec.runtime import DraftSpec, load_eagle3_drafter, load_transformer, speculative_on_prompts
+    from trtspec.generation import compare, hf_answer
+    from trtspec.models import load_model
+    from trtspec.runtime import DraftSpec, speculative_on_prompts
 
     ok, why = vllm_engine.availability()
     if not ok:
         sys.exit(f"error: {why}")
-    run, bundle = a.run_dir, a.run_dir / "bundle"
-    check_bundle(bundle)
-    source = resolve_model(json.loads((run / "data" / "manifest.json").read_text())["config"]["model"]["source"])
-    tok = load_tokenizer(bundle / "target")
-    prompts, eos, new = load_prompts(run, tok, a.prompts, a.split), eos_ids(bundle / "target", tok), a.max_new_tokens
+    run, opened = a.run_dir, open_bundle(a.run_dir)
+    bundle, source = opened.path, model_source(run)
+    prompts, eos, new = load_prompts(run, opened.tok, a.prompts, a.split), opened.eos, a.max_new_tokens
     levels = [int(x) for x in a.concurrency.split(",")]
 
     print(f"HF generate on {len(prompts)} prompts", file=sys.stderr)
@@ -58,8 +52,7 @@ def main() -> None:
     del hf
     print(f"trtspec runtime, chains of {a.k}", file=sys.stderr)
     t0 = time.perf_counter()
-    target, _ = load_transformer(bundle / "target")
-    drafter = load_eagle3_drafter(bundle / "draft", target)
+    target, drafter = opened.runtime()
     rt_out, stats = speculative_on_prompts(target, drafter, prompts, new, DraftSpec(shape="chain", k=a.k), eos)
     rt_s = time.perf_counter() - t0
     del target, drafter

@@ -14,6 +14,8 @@ import resource
 import time
 from pathlib import Path
 
+from trtspec.bench import stage_metrics
+
 
 def training_step(cfg, run_dir: Path, mode: str):
     """(one optimizer step in `mode` on the first batch of the data stage's rows, its real token count), the batch
@@ -82,7 +84,7 @@ def main() -> None:
     wall = time.time() - t0
     for r in results:
         print(f"{r.stage:8s} {r.status:7s} {r.seconds:7.1f}s  {r.headline}")
-    metrics = json.loads((Path(args.out) / "train" / "manifest.json").read_text())["metrics"]
+    metrics = stage_metrics(Path(args.out), "train")
     print(f"data+convert+train wall: {wall / 60:.1f} min (this run; cached stages count 0)")
     print("held-out acceptance: " + ", ".join(f"{k} {v}" for k, v in metrics.items() if k.startswith("AL@"))
           + f"; by draft position {metrics['accept_rate_by_position']}")

@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trtspec.bench import stage_metrics
+
 
 def train_with(config: str, out: Path, procs: int, batch: int, steps: int, sets: list[str], sharding: str = "ddp") -> dict:
     """`trtspec train` with `procs` processes -> {procs, sharding, metrics, log}; the train stage is redone each time."""
@@ -28,7 +30,7 @@ def train_with(config: str, out: Path, procs: int, batch: int, steps: int, sets:
     r = subprocess.run(launcher + cmd, capture_output=True, text=True)
     if r.returncode:
         sys.exit(f"Error: training with {procs} process(es) failed:\n{r.stderr[-2000:]}")
-    metrics = json.loads((out / "train" / "manifest.json").read_text())["metrics"]
+    metrics = stage_metrics(out, "train")
     log = [json.loads(x) for x in (out / "train" / "train_log.jsonl").read_text().splitlines() if x.strip()]
     result = {"procs": procs, "sharding": sharding if procs > 1 else "-", "batch_per_process": batch // procs,
               "metrics": metrics, "log": log}

@@ -18,43 +18,14 @@ import json
 import sys
 from pathlib import Path
 
+from trtspec.bench import print_table, save_figure, train_recipe
+
 
 def parse_recipe(text: str) -> tuple[str, list[str]]:
     name, _, sets = text.partition(":")
     if not name or "/" in name:
         sys.exit(f"Error: recipe '{text}' needs a name: NAME:KEY=VALUE[,KEY=VALUE...]")
     return name, [s for s in sets.split(",") if s]
-
-
-def train_recipe(config: str, base_sets: list[str], out: Path, name: str, sets: list[str]) -> dict:
-    """Train one recipe (or read it back if it finished before) -> {name, sets, metrics, log}."""
-    from trtspec.config import load_config
-    from trtspec.pipeline.runner import run_build
-
-    saved = out / "recipes" / f"{name}.json"
-    if saved.is_file():
-        return json.loads(saved.read_text())
-    cfg = load_config(config, base_sets + sets)
-    run_build(cfg, out, until="train")
-    train_dir = out / "train"
-    log = [json.loads(x) for x in (train_dir / "train_log.jsonl").read_text().splitlines() if x.strip()]
-    row = {"name": name, "sets": sets, "metrics": json.loads((train_dir / "manifest.json").read_text())["metrics"],
-           "evals": [{"step": r["step"], "epoch": r["epoch"], **r["eval"]} for r in log if "eval" in r]}
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(row, indent=1) + "\n")
-    return row
-
-
-def print_table(rows: list[dict]) -> None:
-    ks = sorted({int(k[3:]) for r in rows for k in r["metrics"] if k.startswith("AL@") and k[3:].isdigit()})
-    print(f"{'recipe':14s} {'steps':>5s} {'train s':>7s} {'tok/s':>6s} {'acc_ttt (last step)':>20s} "
-          + " ".join(f"{f'AL@{k}':>5s}" for k in ks) + "  accept rate by position")
-    for r in rows:
-        m = r["metrics"]
-        acc = "/".join(f"{a:.2f}" for a in (m.get("final_acc_ttt") or []))
-        als = " ".join(f"{m[f'AL@{k}']:5.2f}" if f"AL@{k}" in m else f"{'-':>5s}" for k in ks)
-        print(f"{r['name']:14s} {m['steps']:5d} {m['train_s']:7.0f} {m['train_tokens_per_s']:6.0f} {acc:>20s} "
-              f"{als}  {m['accept_rate_by_position']}")
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -72,12 +43,6 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     save_figure(fig, path)
-
-
-def save_figure(fig, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
 
 
 def main() -> None:

@@ -20,19 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-
-
-def load_prompts(run: Path, tok, n: int, split: str = "heldout") -> list[list[int]]:
-    """The first n prompts of the data stage's split (heldout | train), chat-templated."""
-    from trtspec.chat import encode_prompt, prompt_rows, read_rows
-
-    path = run / "data" / f"{split}.jsonl"
-    rows = prompt_rows(read_rows(path))[:n]
-    if not rows:
-        sys.exit(f"error: no prompts in {path}")
-    return [encode_prompt(tok, r["messages"]) for r in rows]
 
 
 def main() -> None:
@@ -48,29 +36,18 @@ def main() -> None:
 
     import torch
 
-    from trtspec.eagle.checkpoint import check_bundle
-    from trtspec.generation import eos_ids, hf_answer
-    from trtspec.models import load_model, load_tokenizer, resolve_model
-    from trtspec.runtime import (
-        DraftSpec,
-        Stats,
-        compile_steps,
-        generate,
-        load_eagle3_drafter,
-        load_transformer,
-        speculative_decode,
-    )
+    from trtspec.bench import load_prompts, model_source, open_bundle
+    from trtspec.generation import hf_answer
+    from trtspec.models import load_model
+    from trtspec.runtime import DraftSpec, Stats, compile_steps, generate, speculative_decode
     from trtspec.runtime.kernels import cpu_description, speed_limits
     from trtspec.validation import time_methods
 
-    run, bundle = a.run_dir, a.run_dir / "bundle"
-    check_bundle(bundle)
-    source = resolve_model(json.loads((run / "data" / "manifest.json").read_text())["config"]["model"]["source"])
-    tok = load_tokenizer(bundle / "target")
-    prompts, eos, new = load_prompts(run, tok, a.prompts), eos_ids(bundle / "target", tok), a.max_new_tokens
+    run, bundle = a.run_dir, open_bundle(a.run_dir)
+    source = model_source(run)
+    prompts, eos, new = load_prompts(run, bundle.tok, a.prompts), bundle.eos, a.max_new_tokens
     hf = load_model(source, "float32", "cpu")
-    target, _ = load_transformer(bundle / "target")
-    drafter = load_eagle3_drafter(bundle / "draft", target)
+    target, drafter = bundle.runtime()
     machine, kernels = cpu_description(), target.kernel_choice
     if not a.json:
         print(f"machine: {machine['model']}, {machine['cores']} cores, {machine['torch_threads']} threads, {' '.join(machine['flags'])}")

@@ -205,13 +205,22 @@ class RunDir:
         return keyed_scratch(self.path / ".work", stage, key)
 
     def manifest(self, stage: str) -> dict | None:
+        """A stage's manifest; None when it is missing or unreadable (the stage is then redone: check_stage)."""
+        try:
+            return self.read_manifest(stage)
+        except ArtifactError:
+            return None
+
+    def read_manifest(self, stage: str) -> dict | None:
+        """A stage's manifest, None when it has none; an ArtifactError naming the file when it is not a JSON object
+        (truncated, corrupted): what `trtspec inspect` reports."""
         p = self.stage_dir(stage) / MANIFEST
         if not p.is_file():
             return None
-        try:
-            return read_json(p)
-        except ArtifactError:
-            return None
+        m = read_json(p)
+        if not isinstance(m, dict):
+            raise ArtifactError(f"'{p}' is not a manifest (a JSON object)")
+        return m
 
     def check_stage(self, stage: str, fp: str) -> str | None:
         """None when the stage is done with fingerprint fp and intact, else why it must be (re)done."""

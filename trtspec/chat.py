@@ -149,6 +149,54 @@ def read_prompt_file(path: Path, skips: Counter, what: str = "data file",
     return prompts
 
 
+def answered_by_target(kind: str, regenerate: bool) -> bool:
+    """Whether a data source (data.sources[*]) gives prompts for the target to answer rather than conversations."""
+    return kind == "regenerate" or (regenerate and kind in ("jsonl", "hf"))
+
+
+def read_source(path: Path, skips: Counter, kind: str, limit: int | None = None, regenerate: bool = False,
+                name: str | None = None) -> list[dict]:
+    """The rows a local data source (data.sources[*] of kind regenerate, jsonl or text) gives the data stage:
+    prompts (see answered_by_target), text documents or conversations. The build's preflight reads each source
+    through this too, so it refuses exactly the files the data stage could not use.
+
+    `name` prefixes the ids of rows without one (default: the file's stem); `limit` is data.sources[*].limit."""
+    name = name or path.stem
+    if kind == "regenerate":
+        return read_prompt_file(path, skips)[:limit]
+    if kind == "text":
+        lines = [ln for ln in read_lines(path) if ln.strip()][:limit]
+        return [text_row(ln, f"{name}:{i}") for i, ln in enumerate(lines)]
+    conversations = conversations_from_rows(read_jsonl(path, skips)[:limit], name, skips)
+    if not answered_by_target(kind, regenerate):
+        return conversations
+    prompts = prompt_rows(conversations)
+    if len(prompts) < len(conversations):
+        skips["conversation without a turn before its answer"] += len(conversations) - len(prompts)
+    return prompts
+
+
+def usable_row(kind: str, regenerate: bool) -> str:
+    """What a usable row of a data source is: a key of USABLE_ROW."""
+    return "prompt" if answered_by_target(kind, regenerate) else "document" if kind == "text" else "conversation"
+
+
+# what a file that gave nothing usable should hold instead, by what its rows are
+USABLE_ROW = {
+    "prompt": "one JSON object per line with a non-empty 'prompt' or 'messages', or one prompt per line",
+    "conversation": "one JSON object per line with 'messages' (or ShareGPT 'conversations') ending on an assistant turn",
+    "document": "one document per line",
+}
+
+
+def require_rows(rows: list, path: Path, what: str, row: str, skips: Counter) -> None:
+    """A DataError naming `path` when reading it gave no usable `row` (a key of USABLE_ROW), with the skips counted."""
+    if rows:
+        return
+    why = ", ".join(f"{n} {reason}" for reason, n in skips.items()) or "empty, or blank lines only"
+    raise DataError(f"{what} '{path}' holds no usable {row} ({why})", USABLE_ROW[row])
+
+
 def tokenize_row(row: dict, tok: Any, seq_len: int) -> tuple[list[int], list[int], bool]:
     """(input_ids, loss_mask, truncated): chat template applied, loss on assistant tokens only. A regenerated row
     brings the target's own tokens (input_ids, label_start: see regenerate); they are used as they are."""

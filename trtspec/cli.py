@@ -200,22 +200,27 @@ _validate.callback = _validate_callback
 def inspect(run_dir, as_json):
     """Show what each stage of a run produced: status, time, headline metrics, versions.
 
+    A stage whose manifest is unreadable or whose files differ from it is shown as corrupted, and the command then
+    exits 2 naming the file.
+
     \b
     Example:
       trtspec inspect runs/demo --json
     """
-    from trtspec.inspect import inspect_run
+    from trtspec.inspect import damage, inspect_run
 
     info = inspect_run(Path(run_dir))
     if as_json:
         click.echo(json.dumps(info, indent=2, default=str))
-        return
-    click.echo(f"run directory: {run_dir}")
-    click.echo(f"{'stage':<10} {'status':<10} {'time':>8}  headline")
-    for row in info["stages"]:
-        click.echo(f"{row['stage']:<10} {row['status']:<10} {row.get('wall_s', 0):>7.1f}s  {row.get('headline', '')}")
-    if info.get("versions"):
-        click.echo("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
+    else:
+        click.echo(f"run directory: {run_dir}")
+        click.echo(f"{'stage':<10} {'status':<10} {'time':>8}  headline")
+        for row in info["stages"]:
+            click.echo(f"{row['stage']:<10} {row['status']:<10} {row.get('wall_s', 0):>7.1f}s  {row.get('headline', '')}")
+        if info.get("versions"):
+            click.echo("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
+    if error := damage(info):
+        raise error
 
 
 @main.command(context_settings=CONTEXT)

@@ -211,6 +211,22 @@ def case_regenerate_prompts_unparsable(tmp, model, mp):
     return build(tmp, p, "--until", "data")
 
 
+def case_regenerate_prompts_empty(tmp, model, mp):
+    p = config(tmp, model, data={"sources": [{"kind": "regenerate", "path": "prompts.jsonl"}]})
+    (tmp / "prompts.jsonl").write_text("\n  \n")
+    return build(tmp, p, "--until", "data")
+
+
+def case_eval_prompts_empty(tmp, model, mp):
+    (tmp / "prompts.jsonl").write_text("")
+    return build(tmp, config(tmp, model, eval={"prompts": "prompts.jsonl"}))
+
+
+def case_eval_prompts_unparsable(tmp, model, mp):
+    write_jsonl(tmp / "prompts.jsonl", ['{"prompt": "cut sh', '["a list"]', '{"messages": []}'])
+    return build(tmp, config(tmp, model, eval={"prompts": "prompts.jsonl"}))
+
+
 def case_nvfp4_on_cpu(tmp, model, mp):
     return build(tmp, config(tmp, model, quantize={"format": "nvfp4"}), "--until", "quantize")
 
@@ -279,6 +295,20 @@ def case_disk_full(tmp, model, mp):
     return build(tmp, config(tmp, model), "--until", "data")
 
 
+def case_inspect_truncated_manifest(tmp, model, mp):
+    from trtspec.artifacts import RunDir
+
+    run = RunDir(tmp / "run")
+    run.ensure()
+    for stage in ("data", "convert"):
+        with run.staging(stage) as out:
+            (out / "rows.jsonl").write_text("{}\n")
+            run.commit(stage, out, {"stage": stage, "status": "done", "fingerprint": "f"})
+    manifest = run.stage_dir("convert") / "manifest.json"
+    manifest.write_text(manifest.read_text()[:40])  # what a kill or a full disk mid-write leaves
+    return ["inspect", str(run.path)]
+
+
 CLEANUPS: list[Callable[[], object]] = []
 
 
@@ -305,11 +335,14 @@ CASES = [
     Case("data-is-folder", case_data_is_folder, 2, r"data file .*data\.jsonl' is a folder, not a file", "data", before_data=True),
     Case("eval-prompts-missing", case_eval_prompts_missing, 2, r"eval\.prompts file .*no-such-prompts\.jsonl' does not exist", "validate", before_data=True),
     Case("eval-prompts-binary", case_eval_prompts_binary, 2, r"eval\.prompts file .* cannot be read as UTF-8", "validate", before_data=True),
-    Case("data-empty", case_data_empty, 2, r"no usable conversation", "data"),
-    Case("data-malformed", case_data_malformed, 2, r"no usable conversation", "data"),
-    Case("data-no-assistant-turn", case_data_no_assistant, 2, r"no usable conversation", "data"),
-    Case("data-binary", case_data_binary, 2, r"cannot be read as UTF-8", "data"),
-    Case("prompts-unparsable", case_regenerate_prompts_unparsable, 2, r"prompt", "data"),
+    Case("eval-prompts-empty", case_eval_prompts_empty, 2, r"eval\.prompts file .*prompts\.jsonl' holds no usable prompt \(empty", "validate", before_data=True),
+    Case("eval-prompts-unparsable", case_eval_prompts_unparsable, 2, r"eval\.prompts file .*prompts\.jsonl' holds no usable prompt \(2 unparsable prompt line, 1 prompt row without prompt\)", "validate", before_data=True),
+    Case("data-empty", case_data_empty, 2, r"data file .*data\.jsonl' holds no usable conversation \(empty", "data", before_data=True),
+    Case("data-malformed", case_data_malformed, 2, r"data file .*data\.jsonl' holds no usable conversation \(1 unparsable line, 2 not a JSON object\)", "data", before_data=True),
+    Case("data-no-assistant-turn", case_data_no_assistant, 2, r"data file .*data\.jsonl' holds no usable conversation \(2 no assistant turn\)", "data", before_data=True),
+    Case("data-binary", case_data_binary, 2, r"cannot be read as UTF-8", "data", before_data=True),
+    Case("prompts-empty", case_regenerate_prompts_empty, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(empty", "data", before_data=True),
+    Case("prompts-unparsable", case_regenerate_prompts_unparsable, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(1 unparsable prompt line, 2 prompt row without prompt\)", "data", before_data=True),
     Case("quant-nvfp4-on-cpu", case_nvfp4_on_cpu, 3, r"nvfp4.*CUDA", "quantize", before_data=True),
     Case("quant-int4-block-size", case_int4_block_size, 2, r"block", "quantize"),
     Case("convert-aux-layers", case_aux_layer_out_of_range, 2, r"aux_layers \[0, 40\]: need distinct layer ids in 0\.\.2", "convert", before_data=True),
@@ -320,6 +353,7 @@ CASES = [
     Case("rundir-locked", case_locked, 4, r"in use by another trtspec process"),
     Case("rundir-read-only", case_read_only, 2, r"not writable"),
     Case("rundir-disk-full", case_disk_full, 2, r"(?i)no space|free some disk", "data"),
+    Case("inspect-corrupt-manifest", case_inspect_truncated_manifest, 2, r"stage convert: '.*convert/manifest\.json' is not valid JSON"),
 ]
 
 
@@ -344,6 +378,7 @@ def test_bad_input(case, tmp_path, tiny_model_dir, monkeypatch):
         assert not (run / f".tmp-{case.failing_stage}").exists()
     if case.before_data:
         assert not (tmp_path / "run" / "data" / "manifest.json").exists(), "preflight should have stopped the build before the data stage"
+        assert "[data] running" not in out, "preflight should have stopped the build before the data stage started"
     if (tmp_path / "run" / "thesis.tex").exists():
         assert (tmp_path / "run" / "thesis.tex").read_text() == "years of work"
 

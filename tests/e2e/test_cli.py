@@ -65,6 +65,42 @@ def test_inspect_foreign_dir(tmp_path):
     assert "not a trtspec run" in one_error_line(run("inspect", str(tmp_path)), 2)
 
 
+def finished_run(path: Path, stages=("data", "convert")) -> Path:
+    from trtspec.artifacts import RunDir
+
+    run = RunDir(path)
+    run.ensure()
+    for stage in stages:
+        with run.staging(stage) as out:
+            (out / "rows.jsonl").write_text("{}\n")
+            run.commit(stage, out, {"stage": stage, "status": "done", "fingerprint": "f", "metrics": {"headline": f"{stage} ok"}})
+    return path
+
+
+def test_inspect_intact_run(tmp_path):
+    r = run("inspect", str(finished_run(tmp_path / "r")))
+    assert r.exit_code == 0 and "Error" not in r.output, r.output
+    assert "data ok" in r.output and "convert ok" in r.output
+
+
+def test_inspect_names_the_corrupt_manifest_and_fails(tmp_path):
+    manifest = finished_run(tmp_path / "r") / "convert" / "manifest.json"
+    manifest.write_text(manifest.read_text()[:40])
+    r = run("inspect", str(tmp_path / "r"), "--json")
+    assert r.exit_code == 2, r.output
+    rows = {row["stage"]: row for row in json.loads(r.output[: r.output.index("Error: ")])["stages"]}
+    assert rows["data"]["status"] == "done" and rows["convert"]["status"] == "corrupted" and rows["train"]["status"] == "missing"
+    line = next(ln for ln in r.output.splitlines() if ln.startswith("Error: "))
+    assert f"stage convert: '{manifest}' is not valid JSON" in line, r.output
+
+
+def test_inspect_names_a_changed_file_and_fails(tmp_path):
+    (finished_run(tmp_path / "r") / "data" / "rows.jsonl").write_text("edited\n")
+    r = run("inspect", str(tmp_path / "r"))
+    line = next(ln for ln in r.output.splitlines() if ln.startswith("Error: "))
+    assert r.exit_code == 2 and "data/rows.jsonl: size" in line, r.output
+
+
 def test_doctor_json():
     r = run("doctor", "--json")
     info = json.loads(r.output)

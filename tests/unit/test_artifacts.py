@@ -70,6 +70,21 @@ def test_corrupt_manifest_is_redone(tmp_path):
     assert "manifest" in run.check_stage("data", "abc")
 
 
+def test_read_manifest_names_a_corrupt_manifest(tmp_path):
+    run = RunDir(tmp_path / "r")
+    run.ensure()
+    assert run.read_manifest("data") is None  # not run: nothing to report
+    commit_stage(run, "data")
+    manifest = run.stage_dir("data") / "manifest.json"
+    manifest.write_text(manifest.read_text()[:30])
+    with pytest.raises(ArtifactError, match=f"'{manifest}' is not valid JSON"):
+        run.read_manifest("data")
+    manifest.write_text("[1, 2]")
+    with pytest.raises(ArtifactError, match="not a manifest"):
+        run.read_manifest("data")
+    assert run.manifest("data") is None and "manifest" in run.check_stage("data", "abc")
+
+
 def test_lock_refuses_a_live_holder(tmp_path):
     run = RunDir(tmp_path / "r")
     run.ensure()

@@ -4,6 +4,7 @@ never another stage or the runner; the library never imports a stage or the runn
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,8 +36,8 @@ def test_a_stage_imports_no_other_stage_and_not_the_runner():
 def test_the_library_imports_no_stage_and_not_the_runner():
     for path in sorted((ROOT / "trtspec").rglob("*.py")):
         rel = path.relative_to(ROOT / "trtspec").as_posix()
-        if rel.startswith("stages/") or rel in ("cli.py", "pipeline/runner.py"):
-            continue  # the stages themselves; the CLI and the runner are the ones that run them
+        if rel.startswith("stages/") or rel in ("cli.py", "bench.py", "pipeline/runner.py"):
+            continue  # the stages themselves; the CLI, the benchmarks' harness and the runner are the ones that run them
         bad = {m for m in imported_modules(path) if is_stage(m) or m == "trtspec.stages" or m.startswith(RUNNER)}
         assert not bad, f"trtspec/{rel} imports {sorted(bad)}"
 
@@ -45,3 +46,74 @@ def test_scripts_use_the_library_only():
     for path in sorted((ROOT / "scripts").glob("*.py")):
         bad = {m for m in imported_modules(path) if is_stage(m) or m == "trtspec.stages"}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_no_script_imports_another():
+    """What the scripts share lives in the library (trtspec.bench), not in each other reached through sys.path;
+    code a script runs in a child process (a string) counts too."""
+    names = {p.stem for p in (ROOT / "scripts").glob("*.py")}
+    for path in sorted((ROOT / "scripts").glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        imported = set(re.findall(r"^\s*(?:from|import)\s+(\w+)", text, re.M))
+        assert not imported & names, f"scripts/{path.name} imports {sorted(imported & names)}"
+        assert "sys.path" not in text, f"scripts/{path.name} edits sys.path"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """trtspec module -> the trtspec modules it imports (a `from m import name` counts as m, or m.name when that
+    is a module)."""
+    modules = {module_name(p): p for p in (ROOT / "trtspec").rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        found = {m if m in modules else m.rpartition(".")[0] for m in imported_modules(path)}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_the_package():
+    """Function-level imports included: a cycle hidden inside a function is still two modules that need each other."""
+    graph = import_graph()
+    assert "trtspec.runtime.model" in graph["trtspec.runtime.eagle3"]  # the graph sees imports at all
+    assert not cycles(graph), cycles(graph)

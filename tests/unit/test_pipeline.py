@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 
 import pytest
@@ -116,6 +117,17 @@ def test_corrupted_stage_is_redone_and_identical_output_keeps_downstream(tmp_pat
     assert calls == ["convert"]  # redone; it wrote the same bytes, so train & co. still hold
 
 
+def test_truncated_manifest_is_redone(tmp_path, calls):
+    pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
+    manifest = tmp_path / "r" / "convert" / "manifest.json"
+    manifest.write_text(manifest.read_text()[:40])
+    calls.clear()
+    res = pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
+    assert calls == ["convert"]  # neither trusted nor fatal: redone, and the same bytes keep train & co.
+    assert [r.status for r in res] == ["cached", "done", *["cached"] * (len(STAGES) - 2)]
+    assert json.loads(manifest.read_text())["status"] == "done"
+
+
 def test_redone_stage_with_new_output_redoes_downstream(tmp_path, calls, monkeypatch):
     pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
     orig = pipeline.stage_module
@@ -227,3 +239,14 @@ def test_validate_records_the_export_it_measured_as_deploy_reads_it(tmp_path, ca
     assert measured_drafting(run)[:2] == ("eagle3_suffix", 8)
     pipeline.run_build(config_from_dict(RAW), tmp_path / "r", start="export", until="export")  # validate not redone
     assert "older bundle" in measured_drafting(run)[2]
+
+
+def test_preflight_reads_a_source_as_the_data_stage_will(tmp_path):
+    """A conversation is usable as it is, but gives no prompt to regenerate when nothing comes before its answer."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"messages": [{"role": "assistant", "content": "Hello."}]}\n')
+    source = {"kind": "jsonl", "path": str(rows)}
+    pipeline.check_inputs(config_from_dict({"data": {"sources": [source]}}), ["data"])
+    with pytest.raises(DataError, match=r"holds no usable prompt \(1 conversation without a turn before its answer\)"):
+        pipeline.check_inputs(config_from_dict({"data": {"sources": [{**source, "regenerate": True}]}}), ["data"])
+    pipeline.check_inputs(config_from_dict({"data": {"sources": [{**source, "regenerate": True}]}}), ["convert"])  # not read

@@ -11,9 +11,11 @@ import importlib
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -229,13 +231,30 @@ def load_model_config(source: str) -> Any:
     return AutoConfig.from_pretrained(resolve_model(source))
 
 
-def files_read(cfg: BuildConfig, stages: list[str]) -> list[tuple[str, Path]]:
-    """(config key, path) of every local text file the given stages will read."""
+@dataclass(frozen=True)
+class InputFile:
+    """A local text file a stage reads, and how: `read(path, skips)` is the reader that stage uses."""
+
+    key: str  # the config key that names it
+    path: Path
+    row: str  # what a usable row is: a key of chat.USABLE_ROW
+    read: Callable[[Path, Counter], list]
+
+
+def files_read(cfg: BuildConfig, stages: list[str]) -> list[InputFile]:
+    """Every local text file the given stages will read, with the reader each stage reads it with."""
+    from trtspec.chat import read_prompt_file, read_source, usable_row
+
     out = []
     if "data" in stages:
-        out += [(f"data.sources[{i}].path", cfg.resolve_path(s.path)) for i, s in enumerate(cfg.data.sources) if s.kind != "hf"]
+        for i, s in enumerate(cfg.data.sources):
+            if s.kind == "hf":
+                continue
+            read = partial(read_source, kind=s.kind, limit=s.limit, regenerate=s.regenerate, name=Path(s.path).stem)
+            out.append(InputFile(f"data.sources[{i}].path", cfg.resolve_path(s.path), usable_row(s.kind, s.regenerate), read))
     if "validate" in stages and cfg.eval.prompts:
-        out.append(("eval.prompts", cfg.resolve_path(cfg.eval.prompts)))
+        read = partial(read_prompt_file, what="eval.prompts file", hint="check eval.prompts (relative to the YAML)")
+        out.append(InputFile("eval.prompts", cfg.resolve_path(cfg.eval.prompts), "prompt", read))
     return out
 
 
@@ -251,13 +270,17 @@ def models_read(cfg: BuildConfig, stages: list[str]) -> list[tuple[str, str]]:
 
 def check_inputs(cfg: BuildConfig, stages: list[str]) -> None:
     """Every file and model a stage of this build will read exists and is what it should be, before the first
-    stage runs: a bad prompt file that validate reads must not cost the data stage's minutes first."""
-    from trtspec.chat import check_text_file
+    stage runs: a prompt file that validate reads and that holds no usable prompt must not cost the data stage's
+    minutes first. Each file is read whole with its stage's own reader and must give at least one usable row."""
+    from trtspec.chat import check_text_file, require_rows
     from trtspec.errors import ModelError
     from trtspec.models import resolve_model
 
-    for key, path in files_read(cfg, stages):
-        check_text_file(path, "data file" if key.startswith("data.") else f"{key} file", f"check {key} (relative to the YAML's folder)")
+    for f in files_read(cfg, stages):
+        what = "data file" if f.key.startswith("data.") else f"{f.key} file"
+        check_text_file(f.path, what, f"check {f.key} (relative to the YAML's folder)")
+        skips: Counter = Counter()
+        require_rows(f.read(f.path, skips), f.path, what, f.row, skips)
     for key, source in models_read(cfg, stages):
         local = cfg.resolve_path(source)
         if source.startswith((".", "/", "~")) or local.exists():

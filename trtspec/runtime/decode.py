@@ -1,4 +1,5 @@
-"""Decoding loops: plain autoregressive and speculative (gpt-fast style), batch 1, static KV caches.
+"""One decoding loop (gpt-fast style), batch 1, static KV caches: plain autoregressive steps, or speculative ones
+when a drafter is given.
 
 Speculative step (root = the last verified token, not yet in the target's cache, which holds L tokens):
   1. the drafter proposes a tree below the root (a chain is a tree);
@@ -209,72 +210,79 @@ def _begin(target: Transformer, prompt: Tensor, max_new_tokens: int, spec: Draft
     return [sample(logits, temperature, generator) if first_token is None else first_token], aux, max_len
 
 
+def plain_step(target: Transformer, root: int, length: int, temperature: float, generator) -> tuple[list[int], int]:
+    """One decode step without a draft: the target's next token after root -> ([token], depth drafted = 0)."""
+    return [sample(decode_one_token(target, root, length), temperature, generator)], 0
+
+
+def speculative_step(target: Transformer, drafter, root: int, length: int, spec: DraftSpec, temperature: float,
+                     generator) -> tuple[list[int], int]:
+    """One speculative step (steps 1-4 above) -> (accepted draft tokens + the target's next token, depth drafted)."""
+    tree, q = drafter.draft(root, spec, temperature, generator)
+    logits, aux = verify_tree(target, tree, length)
+    if temperature > 0:
+        path, nxt = verify_sampling(tree, logits, q, temperature, generator)
+    else:
+        path, nxt = verify_greedy(tree, logits)
+    compact_cache(target, length, path)
+    new = [tree.tokens[n] for n in path[1:]] + [nxt]
+    drafter.accepted(torch.tensor(new), None if aux is None else aux[path])
+    return new, max(tree.depth)
+
+
 @torch.inference_mode()
-def generate(
+def decode(
     target: Transformer,
     prompt: Tensor,
     max_new_tokens: int,
+    drafter=None,
+    spec: DraftSpec | None = None,
     eos: set[int] | None = None,
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
     first_token: int | None = None,
 ) -> Generation:
-    """Plain autoregressive decoding with the static cache (the no-draft baseline)."""
-    eos = eos or set()
-    t0 = time.perf_counter()
-    out, _, _ = _begin(target, prompt, max_new_tokens, None, temperature, generator, first_token)
-    prefill_s = time.perf_counter() - t0
-    length = prompt.numel()
-    stats = Stats()
-    while True:
-        out, done = _finish(out, max_new_tokens, eos)
-        if done:
-            return Generation(out, stats, prefill_s)
-        logits = decode_one_token(target, out[-1], length)
-        length += 1
-        out.append(sample(logits, temperature, generator))
-        stats.accepted.append(0)
-        stats.drafted.append(0)
-
-
-@torch.inference_mode()
-def speculative_decode(
-    target: Transformer,
-    drafter,
-    prompt: Tensor,
-    max_new_tokens: int,
-    spec: DraftSpec,
-    eos: set[int] | None = None,
-    temperature: float = 0.0,
-    generator: torch.Generator | None = None,
-    first_token: int | None = None,
-) -> Generation:
-    """Speculative decoding; with temperature 0 the output equals `generate`'s token for token."""
+    """Decode `prompt` with the static cache: plain autoregressive steps, or speculative ones when a drafter (and
+    its DraftSpec) is given. With temperature 0 both give the same tokens; `first_token` replaces the prefill's
+    sample (the sampling check starts every method from one token)."""
+    if drafter is not None and spec is None:
+        raise ValueError("a drafter needs a DraftSpec")
+    spec = spec if drafter is not None else None  # without a drafter nothing is drafted: one cache row per step
     eos = eos or set()
     t0 = time.perf_counter()
     out, aux, max_len = _begin(target, prompt, max_new_tokens, spec, temperature, generator, first_token)
-    drafter.setup(max_len + spec.max_nodes())
-    drafter.start(prompt, out[0], aux)
+    if drafter is not None:
+        drafter.setup(max_len + spec.max_nodes())
+        drafter.start(prompt, out[0], aux)
     prefill_s = time.perf_counter() - t0
-    length = prompt.numel()  # target cache rows; out[-1] (the root) is not in it yet
+    length = prompt.numel()  # target cache rows; out[-1] (the root of the next step) is not in it yet
     stats = Stats()
     while True:
         out, done = _finish(out, max_new_tokens, eos)
         if done:
             return Generation(out, stats, prefill_s)
-        tree, q = drafter.draft(out[-1], spec, temperature, generator)
-        logits, aux = verify_tree(target, tree, length)
-        if temperature > 0:
-            path, nxt = verify_sampling(tree, logits, q, temperature, generator)
+        if drafter is None:
+            new, depth = plain_step(target, out[-1], length, temperature, generator)
         else:
-            path, nxt = verify_greedy(tree, logits)
-        compact_cache(target, length, path)
-        length += len(path)
-        new = [tree.tokens[n] for n in path[1:]] + [nxt]
+            new, depth = speculative_step(target, drafter, out[-1], length, spec, temperature, generator)
+        length += len(new)
         out += new
-        stats.accepted.append(len(path) - 1)
-        stats.drafted.append(max(tree.depth))
-        drafter.accepted(torch.tensor(new), None if aux is None else aux[path])
+        stats.accepted.append(len(new) - 1)
+        stats.drafted.append(depth)
+
+
+def generate(target: Transformer, prompt: Tensor, max_new_tokens: int, eos: set[int] | None = None,
+             temperature: float = 0.0, generator: torch.Generator | None = None, first_token: int | None = None) -> Generation:
+    """Plain autoregressive decoding (the no-draft baseline): `decode` without a drafter."""
+    return decode(target, prompt, max_new_tokens, None, None, eos, temperature, generator, first_token)
+
+
+def speculative_decode(target: Transformer, drafter, prompt: Tensor, max_new_tokens: int, spec: DraftSpec,
+                       eos: set[int] | None = None, temperature: float = 0.0, generator: torch.Generator | None = None,
+                       first_token: int | None = None) -> Generation:
+    """Speculative decoding: `decode` with a drafter; with temperature 0 the output equals `generate`'s token for
+    token."""
+    return decode(target, prompt, max_new_tokens, drafter, spec, eos, temperature, generator, first_token)
 
 
 def speculative_on_prompts(target: Transformer, drafter, prompts: list[list[int]], max_new_tokens: int, spec: DraftSpec,

@@ -20,9 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from trtspec.errors import ArtifactError
+from trtspec.runtime.kernels import Linear
 from trtspec.runtime.model import (
     Block,
-    Linear,
     ModelArgs,
     Stepper,
     hf_to_runtime_keys,

@@ -59,6 +59,16 @@ def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tup
     return y if bias is None else y + bias
 
 
+class Linear(nn.Linear):
+    """nn.Linear whose decode/verification products use the kernels `choose_kernels` picked for this machine (the
+    runtime's networks, runtime/model.py and runtime/eagle3.py, build their layers from it)."""
+
+    kernels: tuple[str, ...] = DEFAULT
+
+    def forward(self, x: Tensor) -> Tensor:
+        return few_rows_linear(x, self.weight, self.bias, self.kernels)
+
+
 def _time_pass(weights: list[Tensor], inputs: list[Tensor], kernel: str) -> float:
     t0 = time.perf_counter()
     for w, x in zip(weights, inputs, strict=True):
@@ -84,7 +94,6 @@ def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
     Rounds are interleaved (each round runs every candidate once) and the best is kept, so noise on a busy machine
     hits all candidates alike. Off a CPU, or for weights that are not float32, F.linear is kept.
     """
-    from trtspec.runtime.model import Linear
     from trtspec.runtime.native import build
 
     layers = [m for m in model.modules() if isinstance(m, Linear)]

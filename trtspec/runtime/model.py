@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trtspec.errors import ArtifactError, ModelError
-from trtspec.runtime.kernels import DEFAULT, choose_kernels, few_rows_linear
+from trtspec.runtime.kernels import Linear, choose_kernels
 
 
 @dataclass
@@ -117,15 +117,6 @@ def one_token_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-class Linear(nn.Linear):
-    """nn.Linear whose decode/verification products use the kernels `choose_kernels` picked for this machine."""
-
-    kernels: tuple[str, str] = DEFAULT
-
-    def forward(self, x: Tensor) -> Tensor:
-        return few_rows_linear(x, self.weight, self.bias, self.kernels)
 
 
 class Stepper(nn.Module):

@@ -28,13 +28,11 @@ from typing import Any
 from trtspec import answering
 from trtspec.answering import Answers
 from trtspec.chat import (
+    answered_by_target,
     conversations_from_rows,
     encode_prompt,
     prompt_rows,
-    read_jsonl,
-    read_lines,
-    read_prompt_file,
-    text_row,
+    read_source,
     tokenize_rows,
 )
 from trtspec.errors import DataError
@@ -146,15 +144,15 @@ def split_heldout(rows: list[dict], fraction: float, seed: int) -> tuple[list[di
 
 
 def load_source(src: Any, ctx: StageContext, skips: Counter, target: Any) -> list[dict]:
-    if src.kind == "regenerate":
-        prompts = read_prompt_file(ctx.cfg.resolve_path(src.path), skips)[: src.limit]
-        return answer_prompts(prompts, src, ctx, target)
-    if src.kind == "text":
-        lines = [ln for ln in read_lines(ctx.cfg.resolve_path(src.path)) if ln.strip()][: src.limit]
-        return [text_row(ln, f"{Path(src.path).stem}:{i}") for i, ln in enumerate(lines)]
-    rows = hf_rows(src) if src.kind == "hf" else read_jsonl(ctx.cfg.resolve_path(src.path), skips)[: src.limit]
-    conversations = conversations_from_rows(rows, src.path if src.kind == "hf" else Path(src.path).stem, skips)
-    return answer_prompts(prompt_rows(conversations), src, ctx, target) if src.regenerate else conversations
+    """One source's conversations: a local file read by chat.read_source (as the build's preflight read it), or a
+    datasets split; prompts among them answered by the target."""
+    answered = answered_by_target(src.kind, src.regenerate)
+    if src.kind == "hf":
+        rows = conversations_from_rows(hf_rows(src), src.path, skips)
+        rows = prompt_rows(rows) if answered else rows
+    else:
+        rows = read_source(ctx.cfg.resolve_path(src.path), skips, src.kind, src.limit, src.regenerate, Path(src.path).stem)
+    return answer_prompts(rows, src, ctx, target) if answered else rows
 
 
 def hf_rows(src: Any) -> list[dict]:

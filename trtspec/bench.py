@@ -1,0 +1,112 @@
+"""What the benchmark scripts (scripts/bench_*.py) share: reading a finished run (its model source, prompts, bundle,
+a stage's metrics) and training head recipes side by side on one run's data.
+
+Each script holds what it measures; how a run is read lives here once, the way the validate stage reads it, so
+no two scripts read a run two ways and no script imports another. Like cli.py, this is an entry point above the
+pipeline: it may run builds (train_recipe); the library below it never imports it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import DataError
+
+
+def stage_metrics(run: Path, stage: str) -> dict:
+    """The metrics a finished stage of `run` recorded in its manifest."""
+    from trtspec.artifacts import STAGE_DIRS
+
+    return json.loads((run / STAGE_DIRS.get(stage, stage) / "manifest.json").read_text())["metrics"]
+
+
+def model_source(run: Path) -> Path:
+    """The local folder of the run's model.source, as its data stage recorded it (the demo's GGUF converted once)."""
+    from trtspec.models import resolve_model
+
+    return resolve_model(json.loads((run / "data" / "manifest.json").read_text())["config"]["model"]["source"])
+
+
+def load_prompts(run: Path, tok: Any, n: int, split: str = "heldout") -> list[list[int]]:
+    """The first n prompts of the data stage's split (heldout | train), chat-templated."""
+    from trtspec.chat import encode_prompt, prompt_rows, read_rows
+
+    path = run / "data" / f"{split}.jsonl"
+    rows = prompt_rows(read_rows(path))[:n]
+    if not rows:
+        raise DataError(f"no prompts in {path}")
+    return [encode_prompt(tok, r["messages"]) for r in rows]
+
+
+@dataclass
+class Bundle:
+    """A run's exported bundle, checked, with the target's tokenizer and the ids that end an answer."""
+
+    path: Path
+    tok: Any
+    eos: set[int]
+
+    def runtime(self, draft: bool = True) -> tuple[Any, Any]:
+        """(the runtime's target, its EAGLE-3 drafter or None): loading the target times the product kernels."""
+        from trtspec.runtime import load_eagle3_drafter, load_transformer
+
+        target, _ = load_transformer(self.path / "target")
+        return target, load_eagle3_drafter(self.path / "draft", target) if draft else None
+
+
+def open_bundle(run: Path) -> Bundle:
+    """RUN/bundle checked (every file the export stage writes), with its target's tokenizer and eos ids."""
+    from trtspec.eagle.checkpoint import check_bundle
+    from trtspec.generation import eos_ids
+    from trtspec.models import load_tokenizer
+
+    path = run / "bundle"
+    check_bundle(path)
+    tok = load_tokenizer(path / "target")
+    return Bundle(path, tok, eos_ids(path / "target", tok))
+
+
+# ---------------------------------------------------------------------------------------------- head recipes
+
+
+def train_recipe(config: str, base_sets: list[str], out: Path, name: str, sets: list[str]) -> dict:
+    """Train one recipe (config overrides `sets` on `base_sets`) in run `out`, or read it back if it finished before
+    -> {name, sets, metrics, evals}. Every recipe reuses the run's data and convert stages and the target's hidden
+    states, so each costs its training alone; OUT/recipes/NAME.json keeps it."""
+    from trtspec.config import load_config
+    from trtspec.pipeline.runner import run_build
+
+    saved = out / "recipes" / f"{name}.json"
+    if saved.is_file():
+        return json.loads(saved.read_text())
+    cfg = load_config(config, base_sets + sets)
+    run_build(cfg, out, until="train")
+    log = [json.loads(x) for x in (out / "train" / "train_log.jsonl").read_text().splitlines() if x.strip()]
+    row = {"name": name, "sets": sets, "metrics": stage_metrics(out, "train"),
+           "evals": [{"step": r["step"], "epoch": r["epoch"], **r["eval"]} for r in log if "eval" in r]}
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(row, indent=1) + "\n")
+    return row
+
+
+def print_table(rows: list[dict]) -> None:
+    """One line per recipe: steps, training time and speed, last-step TTT accuracy, held-out AL@k, per-position rates."""
+    ks = sorted({int(k[3:]) for r in rows for k in r["metrics"] if k.startswith("AL@") and k[3:].isdigit()})
+    print(f"{'recipe':14s} {'steps':>5s} {'train s':>7s} {'tok/s':>6s} {'acc_ttt (last step)':>20s} "
+          + " ".join(f"{f'AL@{k}':>5s}" for k in ks) + "  accept rate by position")
+    for r in rows:
+        m = r["metrics"]
+        acc = "/".join(f"{a:.2f}" for a in (m.get("final_acc_ttt") or []))
+        als = " ".join(f"{m[f'AL@{k}']:5.2f}" if f"AL@{k}" in m else f"{'-':>5s}" for k in ks)
+        print(f"{r['name']:14s} {m['steps']:5d} {m['train_s']:7.0f} {m['train_tokens_per_s']:6.0f} {acc:>20s} "
+              f"{als}  {m['accept_rate_by_position']}")
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write a matplotlib figure and say where."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
