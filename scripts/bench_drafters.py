@@ -26,11 +26,11 @@ def prompt_sets(run: Path, tok, n: int) -> dict[str, list[list[int]]]:
     """held-out chat prompts of the first run's data stage, and the recipe folder's code prompts."""
     from collections import Counter
 
-    from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
+    from trtspec.bench import load_prompts
+    from trtspec.chat import encode_prompt, read_prompt_file
 
-    chat = prompt_rows(read_rows(run / "data" / "heldout.jsonl"))[:n]
     code = read_prompt_file(CODE_PROMPTS, Counter(), "code prompts", "")[:n]
-    return {name: [encode_prompt(tok, r["messages"]) for r in rows] for name, rows in (("chat", chat), ("code", code)) if rows}
+    return {"chat": load_prompts(run, tok, n), "code": [encode_prompt(tok, r["messages"]) for r in code]}
 
 
 def parse_ks(items: list[str]) -> dict[str, list[int]]:
@@ -55,24 +55,15 @@ def main() -> None:
 
     import torch
 
+    from trtspec.bench import open_bundle
     from trtspec.drafting import load_drafter
-    from trtspec.generation import eos_ids
-    from trtspec.models import load_tokenizer
-    from trtspec.runtime import (
-        DraftSpec,
-        Stats,
-        compile_steps,
-        generate,
-        load_transformer,
-        speculative_decode,
-    )
+    from trtspec.runtime import DraftSpec, Stats, compile_steps, generate, speculative_decode
     from trtspec.runtime.kernels import cpu_description
     from trtspec.validation import median_speeds, time_methods
 
-    bundle = a.runs[0] / "bundle"
-    tok = load_tokenizer(bundle / "target")
-    eos, new = eos_ids(bundle / "target", tok), a.max_new_tokens
-    target, _ = load_transformer(bundle / "target")
+    bundle = open_bundle(a.runs[0])
+    tok, eos, new = bundle.tok, bundle.eos, a.max_new_tokens
+    target, _ = bundle.runtime(draft=False)
     ks = parse_ks(a.ks)
     drafts = {}  # name -> (drafter, the target layers it reads, its k values)
     for run in a.runs:

@@ -50,11 +50,12 @@ class Bundle:
     eos: set[int]
 
     def runtime(self, draft: bool = True) -> tuple[Any, Any]:
-        """(the runtime's target, its EAGLE-3 drafter or None): loading the target times the product kernels."""
-        from trtspec.runtime import load_eagle3_drafter, load_transformer
+        """(the runtime's target, its drafter (EAGLE-3 or DFlash) or None): loading the target times the product kernels."""
+        from trtspec.drafting import load_drafter
+        from trtspec.runtime import load_transformer
 
         target, _ = load_transformer(self.path / "target")
-        return target, load_eagle3_drafter(self.path / "draft", target) if draft else None
+        return target, load_drafter(self.path / "draft", target) if draft else None
 
 
 def open_bundle(run: Path) -> Bundle:
