@@ -239,6 +239,22 @@ def case_aux_layer_out_of_range(tmp, model, mp):
     return build(tmp, config(tmp, model), "--set", "convert.aux_layers=[0,40]")
 
 
+def case_dflash_option_with_eagle3(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "dflash.block_size=16")
+
+
+def case_eagle3_option_with_dflash(tmp, model, mp):
+    return build(tmp, config(tmp, model, draft={"method": "dflash"}, convert={"draft_vocab_size": 64}))
+
+
+def case_dflash_block_too_small(tmp, model, mp):
+    return build(tmp, config(tmp, model, draft={"method": "dflash", "length": 7}, dflash={"block_size": 4}))
+
+
+def case_dflash_mask_token_outside_vocab(tmp, model, mp):
+    return build(tmp, config(tmp, model, draft={"method": "dflash"}, dflash={"mask_token_id": 10**6, "target_layers": [0, 2]}))
+
+
 def case_init_from_resized_head(tmp, model, mp):
     return build(tmp, config(tmp, model, convert={"init_from_target": True, "overrides": {"intermediate_size": 96}}))
 
@@ -345,6 +361,10 @@ CASES = [
     Case("prompts-unparsable", case_regenerate_prompts_unparsable, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(1 unparsable prompt line, 2 prompt row without prompt\)", "data", before_data=True),
     Case("quant-nvfp4-on-cpu", case_nvfp4_on_cpu, 3, r"nvfp4.*CUDA", "quantize", before_data=True),
     Case("quant-int4-block-size", case_int4_block_size, 2, r"block", "quantize"),
+    Case("dflash-option-with-eagle3", case_dflash_option_with_eagle3, 2, r"dflash\.block_size is a DFlash option, but draft\.method is eagle3"),
+    Case("eagle3-option-with-dflash", case_eagle3_option_with_dflash, 2, r"convert\.draft_vocab_size is an EAGLE-3 option, but draft\.method is dflash"),
+    Case("dflash-block-too-small", case_dflash_block_too_small, 2, r"draft\.length 7 is more than a DFlash block of 4 drafts"),
+    Case("dflash-mask-token-outside-vocab", case_dflash_mask_token_outside_vocab, 2, r"dflash\.mask_token_id 1000000 is outside the vocabulary", "convert", before_data=True),
     Case("convert-aux-layers", case_aux_layer_out_of_range, 2, r"aux_layers \[0, 40\]: need distinct layer ids in 0\.\.2", "convert", before_data=True),
     Case("convert-init-resized-head", case_init_from_resized_head, 2, r"init_from_target.*resizes the head \(intermediate_size\)", "convert", before_data=True),
     Case("quant-tied-lm-head", case_quant_tied_lm_head, 2, r"shares its weights with the embeddings", "quantize", before_data=True),

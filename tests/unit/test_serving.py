@@ -235,3 +235,30 @@ def test_write_triton_repo_refusals(tmp_path):
     with pytest.raises(ArtifactError, match="refusing"):
         write_triton_repo(run_dir, foreign)
     assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_dflash_options_build_the_installed_config_class(tmp_path, fake_trtllm):  # noqa: F811
+    """draft.method dflash: llm_api_options.yaml names decoding_type DFlash (mask token and target layers come from
+    the draft's dflash_config), which builds the installed release's DFlashDecodingConfig; vLLM serves it as method
+    dflash; a release without DFlash refuses the bundle with one line naming the decoding type."""
+    fake_trtllm("1.3.0.dev")
+    from trtspec.deploy import trtllm
+    from trtspec.deploy.serving import drafting_options, vllm_speculative_config
+
+    cfg = make_cfg(tmp_path, draft={"method": "dflash", "length": 7})
+    opts = llm_api_options(cfg)
+    assert opts["speculative_config"] == {"decoding_type": "DFlash", "max_draft_len": 7, "speculative_model": "./draft"}
+    assert set(opts["speculative_config"]) - {"decoding_type"} <= set(NEW["DFlashDecodingConfig"]) | {"max_draft_len", "speculative_model"}
+    bundle = make_bundle(tmp_path / "b", cfg)
+    spec = trtllm.llm_kwargs(yaml.safe_load((bundle / "llm_api_options.yaml").read_text()), bundle / "target", bundle)["speculative_config"]
+    assert type(spec).__name__ == "DFlashDecodingConfig" and spec.max_total_draft_tokens == 7
+    assert vllm_speculative_config(opts) == {"method": "dflash", "model": "./draft", "num_speculative_tokens": 7}
+    assert "--speculative-algorithm DFLASH" in (bundle / "snippets" / "sglang.sh").read_text()
+    assert drafting_options(opts, "suffix")["speculative_config"]["decoding_type"] == "SA"
+    with pytest.raises(ArtifactError, match="serves DFlash drafting; --drafting eagle3_suffix"):
+        drafting_options(opts, "eagle3_suffix")
+    fake_trtllm("1.0.0")
+    from trtspec.errors import MissingDependency
+
+    with pytest.raises(MissingDependency, match="cannot serve this bundle: .* no config class for decoding_type 'DFlash'"):
+        trtllm.llm_kwargs(opts, bundle / "target", bundle)

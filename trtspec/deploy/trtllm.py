@@ -60,7 +60,10 @@ def spec_class(llmapi: Any, decoding_type: str) -> type:
         cls = getattr(llmapi, name, None)
         if cls is not None:
             return cls
-    raise AttributeError(f"tensorrt_llm.llmapi has no config class for decoding_type '{decoding_type}'")
+    from trtspec.errors import MissingDependency
+
+    raise MissingDependency(f"tensorrt_llm {version()} cannot serve this bundle: tensorrt_llm.llmapi has no config class "
+                            f"for decoding_type '{decoding_type}'", "install a TensorRT-LLM release that has it")
 
 
 def fields_of(cls: type) -> set[str]:

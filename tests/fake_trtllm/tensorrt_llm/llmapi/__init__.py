@@ -10,6 +10,11 @@ from tensorrt_llm.llmapi.llm_args import (
 
 __all__ = ["EagleDecodingConfig", "KvCacheConfig", "NGramDecodingConfig", "DraftTargetDecodingConfig"]
 if newer():
-    from tensorrt_llm.llmapi.llm_args import Eagle3DecodingConfig, SADecodingConfig, SAEnhancerConfig  # noqa: F401
+    from tensorrt_llm.llmapi.llm_args import (  # noqa: F401
+        DFlashDecodingConfig,
+        Eagle3DecodingConfig,
+        SADecodingConfig,
+        SAEnhancerConfig,
+    )
 
-    __all__ += ["Eagle3DecodingConfig", "SADecodingConfig", "SAEnhancerConfig"]
+    __all__ += ["DFlashDecodingConfig", "Eagle3DecodingConfig", "SADecodingConfig", "SAEnhancerConfig"]

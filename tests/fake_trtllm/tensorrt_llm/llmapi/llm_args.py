@@ -100,6 +100,23 @@ if newer():
         decoding_type: Literal["Eagle3"] = "Eagle3"
         sa_config: SAEnhancerConfig | None = None
 
+    class DFlashDecodingConfig(DecodingBaseConfig):
+        # mask_token_id / target_layer_ids: None = read from the draft's config.json dflash_config
+        mask_token_id: int | None = None
+        target_layer_ids: list[int] | None = None
+        decoding_type: Literal["DFlash"] = "DFlash"
+        attention_backend: Literal["VANILLA", "TRTLLM"] = "VANILLA"
+
+        @model_validator(mode="after")
+        def _check(self):
+            # as the real validator: one chain of max_draft_len drafts, verified as max_draft_len + 1 tokens
+            if not self.max_draft_len:
+                raise ValueError("max_draft_len must be > 0 for DFlash")
+            if self.speculative_model is None:
+                raise ValueError("Draft model must be provided for DFlash")
+            self.max_total_draft_tokens = self.max_draft_len
+            return self
+
 
 class NGramDecodingConfig(DecodingBaseConfig):
     max_matching_ngram_size: int = 2
