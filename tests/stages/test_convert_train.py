@@ -15,6 +15,7 @@ from trtspec.eagle import head as eagle
 from trtspec.eagle import states as target_states
 from trtspec.eagle import trainer as head_training
 from trtspec.errors import ConfigError, ModelError
+from trtspec.pipeline.stage import StageContext
 from trtspec.stages import convert, train
 
 
@@ -349,6 +350,11 @@ def test_chain_drafts_match_step_by_step_drafting(tiny_model_dir):
 
 
 class _Ctx(SimpleNamespace):
+    """The StageContext fields a stage reads, without a run directory."""
+
+    model_path = StageContext.model_path
+    model_stamp = StageContext.model_stamp
+
     def log(self, msg):
         pass
 

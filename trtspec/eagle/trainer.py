@@ -124,20 +124,15 @@ def head_forward(model: Any, batch: dict, unwrapped: Any = None) -> Any:
 
 
 def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: Any, eval_steps: int,
-                 head: ShardedHead | None = None, family: Any = None):
+                 head: ShardedHead | None, family: Any):
     """The HF Trainer of the head. `eval_fn` is called on every rank at eval steps (gathering a sharded head is
     collective) and returns rank 0's measurement. `head`: the FSDP-sharded head (train.sharding: fsdp), whose
     checkpoints hold each rank's optimizer shard. `family`: the draft's trtspec.drafting.DraftFamily (its training
-    forward and how its weights are saved); None = EAGLE-3."""
+    forward and how its weights are saved)."""
     import torch
     from transformers import Trainer, TrainerCallback
 
     from trtspec.eagle import sharding
-
-    if family is None:
-        from trtspec.drafting import family as family_of
-
-        family = family_of("eagle3")
 
     class StepLog(TrainerCallback):
         """One JSON line per optimizer step: loss and per-TTT-step accuracy averaged over its micro-batches."""

@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from trtspec import ranks
@@ -31,31 +31,7 @@ from trtspec.artifacts import (
 from trtspec.config import STAGES, BuildConfig, dump_config
 from trtspec.errors import ConfigError, TrtspecError
 from trtspec.models import model_stamp
-from trtspec.pipeline.stage import StageContext, StageSkipped
-
-# upstream stages each stage reads
-DEPS: dict[str, tuple[str, ...]] = {
-    "data": (),
-    "convert": ("data",),
-    "train": ("data", "convert"),
-    "quantize": ("data",),
-    "export": ("convert", "train", "quantize"),
-    "engine": ("export",),
-    "validate": ("data", "export"),
-}
-# config each stage reads (besides its upstream stages): a section, or one key of a section shared by several stages
-# (eval.num_prompts, read by quantize, engine and validate, does not redo training)
-SECTIONS: dict[str, tuple[str, ...]] = {
-    "data": ("model", "data", "seed"),
-    "convert": ("convert", "draft.method", "dflash", "seed"),
-    "train": ("train", "draft.method", "draft.length", "dflash", "eval.acceptance_prompts", "seed"),
-    "quantize": ("quantize", "eval.num_prompts", "eval.max_new_tokens", "seed"),
-    "export": ("export", "serve", "draft", "engine.backend", "eval.acceptance_prompts"),  # the bundle's serving options
-    "engine": ("engine", "eval.num_prompts", "eval.max_new_tokens"),
-    "validate": ("validate", "draft", "eval", "seed"),
-}
-# stages every rank of a multi-process launch runs (the others are rank 0's alone)
-ALL_RANKS = ("train",)
+from trtspec.pipeline.stage import HOOK_DEFAULTS, InputFile, StageContext, StageSkipped
 
 
 @dataclass
@@ -68,38 +44,47 @@ class StageResult:
 
 
 def stage_module(stage: str):
+    """The stage's module, whose `run` (and `preflight`) the runner calls."""
     return importlib.import_module(f"trtspec.stages.{stage}")
+
+
+def contract(stage: str) -> ModuleType:
+    """The stage's declared contract (trtspec.pipeline.stage): UPSTREAM, READS, and its optional hooks."""
+    return importlib.import_module(f"trtspec.stages.{stage}")
+
+
+def upstream_of(stage: str) -> tuple[str, ...]:
+    return contract(stage).UPSTREAM
+
+
+def hook(stage: str, name: str) -> Callable:
+    """A stage's optional hook (environment_key, files_read, models_read), or what its absence means."""
+    return getattr(contract(stage), name, HOOK_DEFAULTS[name])
 
 
 def _section_values(cfg: BuildConfig, stage: str) -> dict[str, Any]:
     full = dump_config(cfg)
     values: dict[str, Any] = {}
-    for name in SECTIONS[stage]:
+    for name in contract(stage).READS:
         section, _, key = name.partition(".")
         values[name] = full[section][key] if key else full[section]
     return values
 
 
 def input_files(cfg: BuildConfig, stage: str) -> dict[str, str]:
-    """sha256 of the local files a stage reads by path (data sources, validate's prompts), so that editing one in
-    place redoes the stage and what follows, as a changed key does. Model files are not hashed (gigabytes): the
-    work key has their sizes and mtimes (models.model_stamp)."""
-    paths = []
-    if stage == "data":
-        paths = [s.path for s in cfg.data.sources if s.kind != "hf"]
-    elif stage == "validate" and cfg.eval.prompts:
-        paths = [cfg.eval.prompts]
-    files = {p: cfg.resolve_path(p) for p in paths}
-    return {p: sha256_file(f) if f.is_file() else "missing" for p, f in files.items()}
+    """sha256 of the local files a stage reads by path (its files_read: data sources, validate's prompts), so that
+    editing one in place redoes the stage and what follows, as a changed key does. Model files are not hashed
+    (gigabytes): the work key has their sizes and mtimes (models.model_stamp)."""
+    return {f.written: sha256_file(f.path) if f.path.is_file() else "missing" for f in hook(stage, "files_read")(cfg)}
 
 
 def work_key(cfg: BuildConfig, stage: str, upstream: dict[str, str]) -> str:
     """A stage's config, upstream stages and environment: the key of its resumable scratch (.work), which an edited
     input file does not void (the data stage's regenerated answers are keyed by prompt, so only new prompts are
     answered)."""
-    env = getattr(stage_module(stage), "environment_key", lambda: None)()
+    env = hook(stage, "environment_key")()
     key = {"stage": stage, "config": _section_values(cfg, stage), "inputs": upstream, "env": env}
-    if "model" in SECTIONS[stage] and (stamp := model_stamp(cfg.model.source)):
+    if "model" in contract(stage).READS and (stamp := model_stamp(cfg.model.source)):
         key["model_files"] = stamp  # a local model replaced in place: every stage after is keyed on this one
     return fingerprint(key)
 
@@ -145,7 +130,7 @@ def run_build(
     with _releasing_followers(), run.locked():
         preflight(cfg, run, needed, redo)
         for stage in needed:
-            upstream = {d: fps[d] for d in DEPS[stage]}
+            upstream = {d: fps[d] for d in upstream_of(stage)}
             key = work_key(cfg, stage, upstream)
             fp = stage_fingerprint(key, input_files(cfg, stage))
             why = "forced" if stage in redo else run.check_stage(stage, fp)
@@ -201,7 +186,7 @@ def follow_build(cfg: BuildConfig) -> None:
 def run_with_followers(ctx: StageContext) -> dict:
     """Run a stage on rank 0; one of ALL_RANKS with the other ranks of a launch (told where it runs first)."""
     global _followers_busy
-    if ranks.size() == 1 or ctx.stage not in ALL_RANKS:
+    if ranks.size() == 1 or not getattr(contract(ctx.stage), "ALL_RANKS", False):
         return stage_module(ctx.stage).run(ctx) or {}
     ranks.broadcast({"stage": ctx.stage, "run": str(ctx.run.path), "out": str(ctx.out), "work": str(ctx.work),
                      "inputs": {k: str(v) for k, v in ctx.inputs.items()}, "manifests": ctx.manifests})
@@ -217,7 +202,7 @@ def likely_to_run(cfg: BuildConfig, run: RunDir, needed: list[str], redo: set[st
     changed: set[str] = set()
     for stage in needed:
         m = run.manifest(stage)
-        if stage in redo or not m or m.get("status") != "done" or m.get("config") != _section_values(cfg, stage) or changed & set(DEPS[stage]):
+        if stage in redo or not m or m.get("status") != "done" or m.get("config") != _section_values(cfg, stage) or changed & set(upstream_of(stage)):
             changed.add(stage)
     return [s for s in needed if s in changed]
 
@@ -231,41 +216,14 @@ def load_model_config(source: str) -> Any:
     return AutoConfig.from_pretrained(resolve_model(source))
 
 
-@dataclass(frozen=True)
-class InputFile:
-    """A local text file a stage reads, and how: `read(path, skips)` is the reader that stage uses."""
-
-    key: str  # the config key that names it
-    path: Path
-    row: str  # what a usable row is: a key of chat.USABLE_ROW
-    read: Callable[[Path, Counter], list]
-
-
 def files_read(cfg: BuildConfig, stages: list[str]) -> list[InputFile]:
     """Every local text file the given stages will read, with the reader each stage reads it with."""
-    from trtspec.chat import read_prompt_file, read_source, usable_row
-
-    out = []
-    if "data" in stages:
-        for i, s in enumerate(cfg.data.sources):
-            if s.kind == "hf":
-                continue
-            read = partial(read_source, kind=s.kind, limit=s.limit, regenerate=s.regenerate, name=Path(s.path).stem)
-            out.append(InputFile(f"data.sources[{i}].path", cfg.resolve_path(s.path), usable_row(s.kind, s.regenerate), read))
-    if "validate" in stages and cfg.eval.prompts:
-        read = partial(read_prompt_file, what="eval.prompts file", hint="check eval.prompts (relative to the YAML)")
-        out.append(InputFile("eval.prompts", cfg.resolve_path(cfg.eval.prompts), "prompt", read))
-    return out
+    return [f for s in stages for f in hook(s, "files_read")(cfg)]
 
 
 def models_read(cfg: BuildConfig, stages: list[str]) -> list[tuple[str, str]]:
     """(config key, model source) of the models besides model.source that the given stages will load."""
-    out = []
-    if "engine" in stages and cfg.serve.decoding == "draft_target" and cfg.serve.draft_model:
-        out.append(("serve.draft_model", cfg.serve.draft_model))
-    if "validate" in stages and cfg.validate_.compare_hf and cfg.validate_.assistant_model:
-        out.append(("validate.assistant_model", cfg.validate_.assistant_model))
-    return out
+    return [m for s in stages for m in hook(s, "models_read")(cfg)]
 
 
 def check_inputs(cfg: BuildConfig, stages: list[str]) -> None:
@@ -277,10 +235,9 @@ def check_inputs(cfg: BuildConfig, stages: list[str]) -> None:
     from trtspec.models import resolve_model
 
     for f in files_read(cfg, stages):
-        what = "data file" if f.key.startswith("data.") else f"{f.key} file"
-        check_text_file(f.path, what, f"check {f.key} (relative to the YAML's folder)")
+        check_text_file(f.path, f.what, f"check {f.name} (relative to the YAML's folder)")
         skips: Counter = Counter()
-        require_rows(f.read(f.path, skips), f.path, what, f.row, skips)
+        require_rows(f.read(f.path, skips), f.path, f.what, f.row, skips)
     for key, source in models_read(cfg, stages):
         local = cfg.resolve_path(source)
         if source.startswith((".", "/", "~")) or local.exists():
@@ -305,8 +262,8 @@ def preflight(cfg: BuildConfig, run: RunDir, needed: list[str], redo: set[str]) 
 
 def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, key: str, upstream: dict[str, str], why: str) -> StageResult:
     inputs, manifests = {}, {}
-    skipped_deps = [d for d in DEPS[stage] if (run.manifest(d) or {}).get("status") == "skipped"]
-    for dep in DEPS[stage]:
+    skipped_deps = [d for d in upstream_of(stage) if (run.manifest(d) or {}).get("status") == "skipped"]
+    for dep in upstream_of(stage):
         if dep not in skipped_deps:
             inputs[dep], manifests[dep] = run.require(dep)
     run.invalidate(stage)  # never leave an outdated stage that a later run could trust

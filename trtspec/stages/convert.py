@@ -14,6 +14,9 @@ from typing import Any
 from trtspec.errors import ConfigError, DataError
 from trtspec.pipeline.stage import StageContext
 
+UPSTREAM = ("data",)
+READS = ("convert", "draft.method", "dflash", "seed")
+
 # decoders whose layer the head copies (Llama-style attention + SwiGLU MLP + RMSNorm)
 LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -137,9 +140,9 @@ def run(ctx: StageContext) -> dict:
     from transformers import AutoConfig
 
     from trtspec.eagle import head as eagle
-    from trtspec.models import load_model, resolve_model
+    from trtspec.models import load_model
 
-    path = resolve_model(ctx.cfg.model.source)
+    path = ctx.model_path
     base_config = AutoConfig.from_pretrained(path)
     if ctx.cfg.draft.method == "dflash":
         return run_dflash(ctx, path, base_config)

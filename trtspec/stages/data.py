@@ -36,7 +36,21 @@ from trtspec.chat import (
     tokenize_rows,
 )
 from trtspec.errors import DataError
-from trtspec.pipeline.stage import StageContext
+from trtspec.pipeline.stage import InputFile, StageContext
+
+UPSTREAM: tuple[str, ...] = ()
+READS = ("model", "data", "seed")
+
+
+def files_read(cfg: Any) -> list[InputFile]:
+    """The local data sources, each with the reader this stage reads it with (chat.read_source)."""
+    from functools import partial
+
+    from trtspec.chat import read_source, usable_row
+
+    return [InputFile(f"data.sources[{i}].path", "data file", s.path, cfg.resolve_path(s.path), usable_row(s.kind, s.regenerate),
+                      partial(read_source, kind=s.kind, limit=s.limit, regenerate=s.regenerate, name=Path(s.path).stem))
+            for i, s in enumerate(cfg.data.sources) if s.kind != "hf"]
 
 
 def regenerate(prompts: list[dict], tok: Any, answers_file: Path, answer: Callable[[list[list[int]]], Answers],
@@ -123,10 +137,9 @@ def answers_dir(ctx: StageContext) -> Path:
     temperature, who answers) and not on how (batch size, the endpoint's URL, concurrency, retries): changing those
     after a kill asks nothing again."""
     from trtspec.artifacts import fingerprint, keyed_scratch
-    from trtspec.models import model_stamp
 
     d = ctx.cfg.data
-    key = fingerprint({"model": ctx.cfg.model.source, "stamp": model_stamp(ctx.cfg.model.source),
+    key = fingerprint({"model": ctx.cfg.model.source, "stamp": ctx.model_stamp,
                        "build_dtype": ctx.cfg.model.build_dtype, "max_new_tokens": d.max_new_tokens,
                        "temperature": d.temperature, "answer_with": d.answer_with,
                        "endpoint_model": d.endpoint.model if d.answer_with == "endpoint" else None})
@@ -183,9 +196,9 @@ def answer_prompts(prompts: list[dict], src: Any, ctx: StageContext, target: Any
 def run(ctx: StageContext) -> dict:
     import torch
 
-    from trtspec.models import load_tokenizer, resolve_model
+    from trtspec.models import load_tokenizer
 
-    path = resolve_model(ctx.cfg.model.source)
+    path = ctx.model_path
     tok = load_tokenizer(path)
     if not tok.chat_template:
         raise DataError(f"the tokenizer in '{path}' has no chat template", "use an instruct/chat model, or a text source only")

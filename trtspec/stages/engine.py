@@ -24,6 +24,15 @@ from trtspec.generation import compare, hf_greedy, tokens_per_s
 from trtspec.models import resolve_model
 from trtspec.pipeline.stage import StageContext, StageSkipped
 
+UPSTREAM = ("export",)
+# engine.batch_sizes and the eval sizes are measurement only: they redo this stage, not the bundle
+READS = ("engine", "eval.num_prompts", "eval.max_new_tokens")
+
+
+def models_read(cfg: Any) -> list[tuple[str, str]]:
+    """A draft-target deployment's draft model, checked before the first stage."""
+    return [("serve.draft_model", cfg.serve.draft_model)] if cfg.serve.decoding == "draft_target" and cfg.serve.draft_model else []
+
 # built-in prompts (chat-templated with the target's tokenizer); a spread of the usual categories
 PROMPTS = [
     "Name three colors and one thing of each color.",
@@ -198,7 +207,7 @@ def run_llm_api(ctx: StageContext, bundle: Path) -> dict:
     base.shutdown()
 
     ctx.log("Hugging Face generate on the original model")
-    hf = hf_reference(resolve_model(ctx.cfg.model.source), prompts, ctx.cfg.eval.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
+    hf = hf_reference(ctx.model_path, prompts, ctx.cfg.eval.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
 
     speed = speed_table(spec_tps, base_tps, hf["tokens_per_s"], "trtllm")
     vs_hf, vs_base = compare(spec_tokens, hf["outputs"]), compare(spec_tokens, base_tokens)
@@ -258,7 +267,7 @@ def run_vllm(ctx: StageContext, bundle: Path) -> dict:
     ctx.log("vLLM without speculation")
     base = vllm_engine.measure(target, None, k, prompts, ctx.cfg.eval.max_new_tokens, e.batch_sizes)
     ctx.log("Hugging Face generate on the original model")
-    hf = hf_reference(resolve_model(ctx.cfg.model.source), prompts, ctx.cfg.eval.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
+    hf = hf_reference(ctx.model_path, prompts, ctx.cfg.eval.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
 
     speed = speed_table(spec["tokens_per_s"], base["tokens_per_s"], hf["tokens_per_s"], "vllm")
     vs_hf, vs_base = compare(spec["outputs"], hf["outputs"]), compare(spec["outputs"], base["outputs"])

@@ -22,6 +22,9 @@ from trtspec.deploy.compat import ENGINES_CHECKED, add_engine_fields, add_legacy
 from trtspec.errors import ArtifactError, ConfigError
 from trtspec.pipeline.stage import StageContext
 
+UPSTREAM = ("convert", "train", "quantize")
+READS = ("export", "serve", "draft", "engine.backend", "eval.acceptance_prompts")  # the bundle's serving options
+
 
 def load_eagle_config(train_dir: Path) -> dict:
     from trtspec.artifacts import read_json
@@ -105,13 +108,13 @@ def acceptance_lengths(ctx: StageContext, draft_model: Any, targets: dict[str, t
     """
     from trtspec.chat import read_rows
     from trtspec.eagle.acceptance import build_eval_set, evaluate_acceptance
-    from trtspec.models import load_tokenizer, resolve_model
+    from trtspec.models import load_tokenizer
 
     data_dir, _ = ctx.run.require("data")  # upstream of both train and quantize
     rows = read_rows(data_dir / "heldout.jsonl")[: ctx.cfg.eval.acceptance_prompts]  # the train stage's evaluation prompts
     if not rows:
         return {}
-    tok = load_tokenizer(resolve_model(ctx.cfg.model.source))
+    tok = load_tokenizer(ctx.model_path)
     aux = draft_model.eagle_config.eagle_aux_hidden_state_layer_ids
     out = {}
     for name, (load, answers) in targets.items():
@@ -194,14 +197,14 @@ def run(ctx: StageContext) -> dict:
     from trtspec.deploy import serving
     from trtspec.eagle.acceptance import EVAL_SEQS
     from trtspec.eagle.checkpoint import check_draft_checkpoint
-    from trtspec.models import load_model, load_tokenizer, resolve_model, torch_dtype
+    from trtspec.models import load_model, load_tokenizer, torch_dtype
     from trtspec.quant import fold_weights, read_quant_json, restore_quantized
 
     if ctx.cfg.draft.method == "dflash":
         return run_dflash(ctx)
     t0 = time.time()
     cfg, out = ctx.cfg, ctx.out
-    path = resolve_model(cfg.model.source)
+    path = ctx.model_path
     tok = load_tokenizer(path)
     quant_dir = ctx.inputs["quantize"]
     quant = read_quant_json(quant_dir)
@@ -287,12 +290,12 @@ def run_dflash(ctx: StageContext) -> dict:
 
     from trtspec.deploy import serving
     from trtspec.drafting import family
-    from trtspec.models import load_model, load_tokenizer, resolve_model, torch_dtype
+    from trtspec.models import load_model, load_tokenizer, torch_dtype
     from trtspec.quant import read_quant_json, restore_quantized
 
     t0 = time.time()
     cfg, out = ctx.cfg, ctx.out
-    path = resolve_model(cfg.model.source)
+    path = ctx.model_path
     quant = read_quant_json(ctx.inputs["quantize"])
     quantized = quant["format"] != "none"
     dtype = torch_dtype(cfg.model.dtype)

@@ -35,6 +35,9 @@ from trtspec.quant import (
     token_rows,
 )
 
+UPSTREAM = ("data",)
+READS = ("quantize", "eval.num_prompts", "eval.max_new_tokens", "seed")
+
 
 def preflight(cfg: Any, model_config: Any) -> None:
     """The quantize settings checked against the model's config, before the stages ahead of quantize run."""
@@ -46,14 +49,14 @@ def run(ctx: StageContext) -> dict:
     from transformers import AutoConfig
 
     from trtspec.artifacts import write_json
-    from trtspec.models import load_model, load_tokenizer, resolve_model
+    from trtspec.models import load_model, load_tokenizer
 
     q = ctx.cfg.quantize
     if q.format == "none":
         write_json(ctx.out / QUANT_JSON, {"format": "none"})
         return {"format": "none", "headline": "not quantized (quantize.format: none)"}
     check_quant_config(q)  # nvfp4 on a CPU fails here, before anything is loaded
-    path = resolve_model(ctx.cfg.model.source)
+    path = ctx.model_path
     check_quant_config(q, AutoConfig.from_pretrained(path))
     data = ctx.inputs["data"]
     tok = load_tokenizer(path)

@@ -28,6 +28,10 @@ from trtspec.eagle.trainer import HeadDataset, make_trainer, resume_point
 from trtspec.errors import ArtifactError, DataError
 from trtspec.pipeline.stage import StageContext
 
+UPSTREAM = ("data", "convert")
+READS = ("train", "draft.method", "draft.length", "dflash", "eval.acceptance_prompts", "seed")
+ALL_RANKS = True  # every process of a multi-process launch trains
+
 EVAL_BATCH = 64  # held-out prompts answered at once by the unquantized target (the train stage's evaluation)
 
 
@@ -86,7 +90,7 @@ def target_states_dir(ctx: StageContext, aux_layers: list[int]) -> Path:
     Keyed on the target (a local one by its files' sizes and mtimes too), the data stage's files and the aux layers
     only: a new lr, schedule, epoch count or batch size reuses it, so trying a recipe costs the training alone."""
     from trtspec.artifacts import fingerprint, keyed_scratch
-    from trtspec.models import model_stamp, use_bf16
+    from trtspec.models import use_bf16
 
     files = ctx.manifests["data"]["files"]  # sha256 recorded by the data stage (and checked by the pipeline)
     what = {
@@ -95,7 +99,7 @@ def target_states_dir(ctx: StageContext, aux_layers: list[int]) -> Path:
         "aux_layers": aux_layers,
         "bf16": use_bf16(ctx.cfg.model.build_dtype),
     }
-    if stamp := model_stamp(ctx.cfg.model.source):
+    if stamp := ctx.model_stamp:
         what["model_files"] = stamp
     key = fingerprint(what)
     return keyed_scratch(ctx.work.parent, "target", key)
@@ -114,7 +118,7 @@ def run(ctx: StageContext) -> dict:
     import time
 
     from trtspec.drafting import family
-    from trtspec.models import load_model, load_tokenizer, matmul_attention_on_cpu, resolve_model, use_bf16
+    from trtspec.models import load_model, load_tokenizer, matmul_attention_on_cpu, use_bf16
 
     t_cfg = ctx.cfg.train
     data_dir, conv_dir = ctx.inputs["data"], ctx.inputs["convert"]
@@ -127,7 +131,7 @@ def run(ctx: StageContext) -> dict:
     tokens = _load_tokens(data_dir, "train")
     if len(tokens["input_ids"]) == 0:
         raise DataError("the data stage produced no training rows", "add data sources")
-    path = resolve_model(ctx.cfg.model.source)
+    path = ctx.model_path
     tok = load_tokenizer(path)
     base = load_model(path, ctx.cfg.model.dtype)
     base.config.num_orig_hidden_layers = base.config.num_hidden_layers

@@ -16,7 +16,7 @@ from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
 from trtspec.eagle.checkpoint import check_bundle
 from trtspec.errors import ArtifactError, DataError, ValidationFailed
 from trtspec.generation import eos_ids, hf_answer
-from trtspec.pipeline.stage import StageContext
+from trtspec.pipeline.stage import InputFile, StageContext
 from trtspec.validation import (
     acceptance_summary,
     check_context_length,
@@ -31,12 +31,31 @@ from trtspec.validation import (
     time_methods,
 )
 
+UPSTREAM = ("data", "export")
+READS = ("validate", "draft", "eval", "seed")
+
+
+def files_read(cfg: Any) -> list[InputFile]:
+    """eval.prompts, read as load_prompt_rows reads it."""
+    from functools import partial
+
+    if not cfg.eval.prompts:
+        return []
+    read = partial(read_prompt_file, what="eval.prompts file", hint="check eval.prompts (relative to the YAML)")
+    return [InputFile("eval.prompts", "eval.prompts file", cfg.eval.prompts, cfg.resolve_path(cfg.eval.prompts), "prompt", read)]
+
+
+def models_read(cfg: Any) -> list[tuple[str, str]]:
+    """HF assisted generation's assistant model, checked before the first stage."""
+    v = cfg.validate_
+    return [("validate.assistant_model", v.assistant_model)] if v.compare_hf and v.assistant_model else []
+
 
 def load_prompt_rows(ctx: StageContext) -> list[dict]:
     """{"id", "category", "messages"} rows: eval.prompts (JSONL prompt|messages, or text lines), else held-out data."""
     if ctx.cfg.eval.prompts:
-        path = ctx.cfg.resolve_path(ctx.cfg.eval.prompts)
-        rows, source = read_prompt_file(path, Counter(), "eval.prompts file", "check eval.prompts (relative to the YAML)"), str(path)
+        (f,) = files_read(ctx.cfg)
+        rows, source = f.read(f.path, Counter()), str(f.path)
     else:
         if "data" not in ctx.inputs:
             raise DataError("no prompts: the data stage was skipped and eval.prompts is not set")
@@ -53,7 +72,7 @@ def run(ctx: StageContext) -> dict:
     import torch
 
     from trtspec.drafting import family, load_drafter
-    from trtspec.models import load_model, load_tokenizer, resolve_model
+    from trtspec.models import load_model, load_tokenizer
     from trtspec.report import write_report
     from trtspec.runtime import (
         DraftSpec,
@@ -78,7 +97,7 @@ def run(ctx: StageContext) -> dict:
     check_context_length(rows, prompts, n_new, target.args.max_positions)
     drafter = load_drafter(bundle / "draft", target)
     spec = DraftSpec(shape=d.shape, k=d.length, topk=d.tree_topk, total=d.tree_total_tokens, suffix_len=d.suffix_len)
-    source = resolve_model(ctx.cfg.model.source)
+    source = ctx.model_path
     kernels = target.kernel_choice
     ctx.log(f"{len(prompts)} prompts, {n_new} new tokens, draft {d.shape} k={d.length}, threads {torch.get_num_threads()}")
     ctx.log(f"kernels chosen on this machine for 1..{len(kernels['by_rows'])} rows: {', '.join(kernels['by_rows'])}")
