@@ -126,11 +126,22 @@ def ask_infer(protocol: str, url: str, model: str, fields: dict, timeout_s: floa
         result = client.infer(model, infer_inputs(module, fields), **kwargs)
     except InferenceServerException as e:
         raise ClientError(one_line(e.message() or str(e))) from None
+    except (OSError, *connection_errors()) as e:  # the server went away (or never was there)
+        raise ClientError(f"lost the connection to {url}: {one_line(str(e)) or type(e).__name__}") from None
     finally:
         client.close()
     seconds = time.perf_counter() - t0
     text, counters, reason = read_outputs(lambda name, r=result: first_element(r, name))
     return Answer(text, 1, seconds, seconds, counters, reason)
+
+
+def connection_errors() -> tuple[type[Exception], ...]:
+    """What tritonclient.http's transport (geventhttpclient) raises when the server closes the connection."""
+    try:
+        from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
+    except ImportError:
+        return ()
+    return HTTPConnectionClosed, HTTPParseError
 
 
 def ask_grpc_stream(url: str, model: str, fields: dict, timeout_s: float) -> Answer:

@@ -216,7 +216,8 @@ def test_prometheus_metrics_count_the_requests(server, prompts):
     before = scrape()
     ask(server, prompts[1])
     mid = scrape()
-    assert metric(mid, "nv_inference_request_success") == metric(before, "nv_inference_request_success") + 1
+    assert metric(mid, "nv_inference_request_success") == metric(before, "nv_inference_request_success") + 1, \
+        [ln for ln in (before + mid).splitlines() if ln.startswith("nv_inference_request")]
     assert metric(mid, "nv_inference_count") == metric(before, "nv_inference_count") + 1
     assert metric(mid, "nv_inference_request_duration_us") > metric(before, "nv_inference_request_duration_us")
     with pytest.raises(client.ClientError, match="decoupled"):
@@ -235,6 +236,7 @@ def test_wrong_model_name_is_one_line(server):
                           "--model", "tensorrt_lm", "--prompt", "hi"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and run.stdout == ""
     assert run.stderr.count("\n") == 1 and run.stderr.startswith("Error: ") and "tensorrt_lm" in run.stderr, run.stderr
+    print(run.stderr.strip())
 
 
 def test_a_folder_that_is_not_a_repository_is_one_line(deployments, tmp_path):
@@ -244,6 +246,7 @@ def test_a_folder_that_is_not_a_repository_is_one_line(deployments, tmp_path):
         start(deployments["plain"], deployments["plain"], tmp_path / "server.log", timeout_s=120)
     assert "\n" not in str(e.value) and re.search(r"exited \(\d+\): .*(draft|target|model_repo)", str(e.value)), e.value
     assert not group_alive(e.value.pid)
+    print(e.value)
 
 
 def test_a_port_in_use_is_one_line(tmp_path):
@@ -257,24 +260,31 @@ def test_a_port_in_use_is_one_line(tmp_path):
             start(tmp_path / "repo", tmp_path, tmp_path / "server.log", ports=ports, timeout_s=120)
     assert "\n" not in str(e.value) and f"127.0.0.1:{ports[0]}' already in use" in str(e.value), e.value
     assert not group_alive(e.value.pid)
+    print(e.value)
 
 
-def test_a_server_that_dies_mid_request_is_one_line(deployments, prompts, tmp_path):
-    """The client waiting on an answer when the server is killed: exit 1 and one Error line."""
+def test_a_server_that_dies_mid_request_is_one_line(deployments, ci_run, tmp_path):
+    """The client waiting on a long answer when the server is killed: exit 1 and one Error line."""
+    from trtspec.models import load_tokenizer
+
+    long_prompt = load_tokenizer(ci_run / "bundle" / "target").apply_chat_template(
+        [{"role": "user", "content": "Count from 1 to 1000, one number per line."}], tokenize=False,
+        add_generation_prompt=True)
     repo = stage_repository(deployments["plain"] / "model_repo", tmp_path / "repo")
     s = start(repo, deployments["plain"], tmp_path / "server.log")
     try:
         proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "triton_client.py"), "--url", s.http_url,
-                                 "--max-tokens", "400", "--prompt", prompts[0]], stdout=subprocess.PIPE,
+                                 "--max-tokens", "2000", "--prompt", long_prompt], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        killer = threading.Timer(3.0, stop, args=(s,))
+        killer = threading.Timer(8.0, stop, args=(s,))
         killer.start()
-        out, err = proc.communicate(timeout=120)
+        out, err = proc.communicate(timeout=300)
         killer.join()
     finally:
         stop(s)
     assert not group_alive(s.proc.pid)
     assert proc.returncode == 1 and out == "" and err.count("\n") == 1 and err.startswith("Error: "), err
+    print(err.strip())
 
 
 # --- launch.sh ------------------------------------------------------------------------------------
@@ -316,3 +326,4 @@ def test_server_is_stopped_after_a_failed_start(deployments, tmp_path):
         start(repo, deployments["plain"], tmp_path / "server.log", timeout_s=120)
     assert "\n" not in str(e.value) and "tensorrt_llm" in str(e.value) and "model" in str(e.value), e.value
     assert time.perf_counter() - t0 < 120 and not group_alive(e.value.pid)
+    print(e.value)

@@ -114,7 +114,7 @@ def first_error(log: Path) -> str:
     return next((line for line in lines if line.startswith("error:")), "no error in the log")
 
 
-def start(repo: Path, cwd: Path, log: Path, ports: tuple[int, int, int] | None = None, timeout_s: float = 300) -> Server:
+def start(repo: Path, cwd: Path, log: Path, ports: tuple[int, int, int] | None = None, timeout_s: float = 600) -> Server:
     """tritonserver on `repo` with `cwd` as its working folder (model.yaml's paths are relative to it), bound to
     127.0.0.1 on free ports; returns once the server is ready, raises ServerError (server stopped) when it is not."""
     http, grpc, metrics = ports or (free_port(), free_port(), free_port())
@@ -150,10 +150,13 @@ def stop(server: Server) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(server.proc.pid, signal.SIGKILL)
             server.proc.wait(timeout=20)
-    try:  # stubs left behind by a server that died on its own
+    try:  # stubs left behind (a stub busy answering outlives its server's SIGTERM)
         os.killpg(server.proc.pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
+        return
+    deadline = time.time() + 20
+    while group_alive(server.proc.pid) and time.time() < deadline:
+        time.sleep(0.1)
 
 
 @contextmanager
@@ -165,10 +168,14 @@ def running(repo: Path, cwd: Path, log: Path, **kw):
         stop(server)
 
 
-def group_alive(pid: int) -> bool:
-    """Is any process of the group `pid` leads still there (the server or one of its stubs)?"""
-    try:
-        os.killpg(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
+def group_alive(pgid: int) -> bool:
+    """Is a process of the group `pgid` leads still running (the server or one of its stubs)? Zombies do not count:
+    a stub whose server died is reparented to PID 1, which may be slow to reap it."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
