@@ -201,9 +201,10 @@ class ServeSection(Section):
 
 
 class EngineSection(Section):
-    backend: Literal["pytorch", "vllm"] = key(
+    backend: Literal["auto", "pytorch", "vllm"] = key(
         "pytorch", "where the engine stage runs the bundle: pytorch = TensorRT-LLM's LLM API (needs a GPU); vllm = "
-        "vLLM (its CPU build runs here: bash scripts/setup.sh --engines vllm)")
+        "vLLM (its CPU build runs here: bash scripts/setup.sh --engines vllm); auto = TensorRT-LLM where it and a GPU "
+        "exist, else vLLM where it is installed, else skipped")
     batch_sizes: list[int] = Field(default_factory=lambda: [1, 8], description="requests submitted together when timing (1 = one at a time; the "
                                  "first is the headline)")
 

@@ -61,6 +61,24 @@ def test_vllm_backend_skipped_without_vllm_and_doctor_agrees(tmp_path, monkeypat
     assert diagnose()["stages"]["engine (vllm)"] == vl.availability()
 
 
+def test_auto_backend_takes_tensorrt_llm_with_a_gpu_else_vllm_else_skips(tmp_path, monkeypatch):
+    """engine.backend: auto -- TensorRT-LLM where it and a GPU exist, vLLM where only vLLM is, a skip naming both."""
+    for trt, cuda, vllm, want in ((True, True, True, "pytorch"), (True, False, True, "vllm"), (False, True, True, "vllm"),
+                                  (True, True, False, "pytorch")):
+        monkeypatch.setattr(trtllm, "installed", lambda trt=trt: trt)
+        monkeypatch.setattr(trtllm, "version", lambda: "1.2.0")
+        monkeypatch.setattr(trtllm, "cuda_available", lambda cuda=cuda: cuda)
+        monkeypatch.setattr(vllm_engine, "installed", lambda vllm=vllm: vllm)
+        assert engine.resolve_backend("auto")[0] == want, (trt, cuda, vllm)
+    # a named backend is never swapped for the other
+    assert engine.resolve_backend("vllm")[0] is None and engine.resolve_backend("pytorch")[0] == "pytorch"
+    monkeypatch.setattr(trtllm, "cuda_available", lambda: False)
+    monkeypatch.setattr(vllm_engine, "installed", lambda: False)
+    cfg = make_cfg(tmp_path, engine={"backend": "auto"})
+    with pytest.raises(StageSkipped, match=r"no CUDA GPU; vllm is not installed"):
+        engine.run(ctx_for(tmp_path, cfg, tmp_path))
+
+
 def test_vllm_acceptance_from_its_counters():
     """10 verify steps drafting 3 each; 12 draft tokens accepted: 6 at position 1, 4 at 2, 2 at 3."""
     from trtspec.deploy.vllm_engine import acceptance

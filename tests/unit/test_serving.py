@@ -182,8 +182,10 @@ def test_write_triton_repo(tmp_path):
     assert (out / model_yaml["speculative_config"]["speculative_model"] / "config.json").is_file()
     launch = (out / "launch.sh").read_text()
     assert "tritonserver --model-repository=/tmp/repo" in launch and "all_models/llmapi/tensorrt_llm/1/model.py" in launch
-    assert "triton_client.py" in info["usage"]
-    write_triton_repo(run_dir, out)  # a previous trtspec repo is replaced, not refused
+    assert "triton_client.py" in info["usage"] and model_yaml["triton_config"]["decoupled"] is False
+    write_triton_repo(run_dir, out, streaming=True)  # a previous trtspec repo is replaced, not refused
+    model_yaml = yaml.safe_load((out / "model_repo" / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert model_yaml["triton_config"] == {"max_batch_size": 0, "decoupled": True}  # what streaming needs
 
 
 def test_triton_repo_serves_the_drafting_validate_measured_fastest(tmp_path):

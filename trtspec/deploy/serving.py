@@ -253,26 +253,29 @@ def _pbtxt() -> str:
     )
 
 
-def triton_model_yaml(options: dict, model_rel: str = "./target") -> dict:
-    """model.yaml: the LLM arguments (same options as llm_api_options.yaml) plus triton_config."""
+def triton_model_yaml(options: dict, model_rel: str = "./target", decoupled: bool = False) -> dict:
+    """model.yaml: the LLM arguments (same options as llm_api_options.yaml) plus triton_config.
+
+    decoupled: the model may send several responses per request, which the llmapi model.py needs to stream (its
+    `streaming` input); Triton then serves it through gRPC streams and HTTP generate_stream only, not /infer."""
     return {
         "model": model_rel,
         "backend": "pytorch",
         **options,
         # Triton-level batching: the llmapi model takes one prompt per request (max_batch_size 0, as in
         # TensorRT-LLM's template); the LLM engine still batches concurrent requests up to max_batch_size.
-        "triton_config": {"max_batch_size": 0, "decoupled": False},
+        "triton_config": {"max_batch_size": 0, "decoupled": decoupled},
     }
 
 
-def write_model_repo(repo: Path, options: dict) -> list[Path]:
+def write_model_repo(repo: Path, options: dict, decoupled: bool = False) -> list[Path]:
     """A Triton model repository with one model `tensorrt_llm` (config.pbtxt + 1/model.yaml)."""
     model_dir = repo / "tensorrt_llm"
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
     (model_dir / "config.pbtxt").write_text(_pbtxt())
     (model_dir / "1" / "model.yaml").write_text(
         "# LLM arguments for TensorRT-LLM's llmapi Triton model; paths are relative to the server's working dir.\n"
-        + yaml.safe_dump(triton_model_yaml(options), sort_keys=False)
+        + yaml.safe_dump(triton_model_yaml(options, decoupled=decoupled), sort_keys=False)
     )
     return [model_dir / "config.pbtxt", model_dir / "1" / "model.yaml"]
 
@@ -388,11 +391,11 @@ def measured_drafting(run: Any) -> tuple[str | None, int | None, str]:
     return fastest, drafting.get("suffix_len"), f"the fastest validate measured (tokens/s: {speeds})"
 
 
-def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto") -> dict:
+def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto", streaming: bool = False) -> dict:
     """A self-contained Triton deployment of RUN_DIR's bundle: weights, model_repo/, launch.sh.
 
     drafting: auto = the method validate measured fastest on this bundle (else the bundle's own); or one of
-    eagle3, suffix, eagle3_suffix."""
+    eagle3, suffix, eagle3_suffix. streaming: a decoupled model (see triton_model_yaml)."""
     from trtspec.artifacts import RunDir, write_json
 
     run = RunDir(run_dir)
@@ -415,14 +418,15 @@ def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto") -> dict:
     out.mkdir(parents=True, exist_ok=True)
     for name in ("target", "draft"):
         shutil.copytree(bundle / name, out / name, copy_function=_link_or_copy)
-    files = write_model_repo(out / "model_repo", options)
+    files = write_model_repo(out / "model_repo", options, decoupled=streaming)
     files.append(_script(out / "launch.sh", LAUNCH_SH.format(image=TRITON_IMAGE, repo="model_repo", up=".")))
     served = options["speculative_config"]
     write_json(out / TRITON_MARKER, {"kind": "trtspec-triton", "bundle": str(bundle.resolve()), "format": 1,
-                                     "drafting": method or "bundle", "why": why})
+                                     "drafting": method or "bundle", "why": why, "decoupled": streaming})
     usage = (
         f"{out / 'launch.sh'}   # starts tritonserver in {TRITON_IMAGE}\n"
-        "python scripts/triton_client.py --url localhost:8000 --prompt 'Name three colors.'"
+        + ("python scripts/triton_client.py --url localhost:8001 --protocol grpc --stream --prompt 'Name three colors.'"
+           if streaming else "python scripts/triton_client.py --url localhost:8000 --prompt 'Name three colors.'")
     )
     return {
         "out": str(out),

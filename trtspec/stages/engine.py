@@ -5,7 +5,8 @@ from the bundle's llm_api_options.yaml — the very file trtllm-serve and Triton
 n-gram drafting all run on its PyTorch backend. Measured: load time, GPU memory, greedy outputs vs Hugging Face
 generate on the original model, acceptance length from TensorRT-LLM's accepted/drafted token counts, tokens/s
 against TensorRT-LLM without speculation and against HF generate, at engine.batch_sizes. Without tensorrt_llm or
-a GPU the stage is skipped (exit 3). engine.backend=vllm: the same checks in vLLM (its CPU build runs here).
+a GPU the stage is skipped (exit 3). engine.backend=vllm: the same checks in vLLM (its CPU build runs here);
+engine.backend=auto: TensorRT-LLM where it and a GPU exist, else vLLM where it is installed.
 Multi-GPU: serve.tensor_parallel_size; LLM(...) spawns its own MPI workers on one node. On Slurm or
 several nodes run under `srun/mpirun -n N trtllm-llmapi-launch trtspec engine CONFIG --out RUN`.
 """
@@ -61,18 +62,28 @@ def environment_key() -> dict:
     return {"tensorrt_llm": trtllm.version(), "vllm": vllm_engine.version(), "cuda": trtllm.cuda_available()}
 
 
-def run(ctx: StageContext) -> dict:
-    e = ctx.cfg.engine
-    if e.backend == "vllm":
-        from trtspec.deploy import vllm_engine
+def resolve_backend(backend: str) -> tuple[str | None, str]:
+    """(the engine that runs the bundle here, why); (None, why) when the configured one (or, for auto, neither)
+    can run. auto: TensorRT-LLM where it and a GPU exist, else vLLM where it is installed."""
+    from trtspec.deploy import vllm_engine
 
-        ok, why = vllm_engine.availability()
-        if not ok:
-            raise StageSkipped(f"{why}; the bundle's snippets/vllm.sh serves it wherever vLLM is installed")
+    trt_ok, trt_why = trtllm.availability()
+    if backend == "pytorch" or (backend == "auto" and trt_ok):
+        return ("pytorch", trt_why) if trt_ok else (None, f"{trt_why}; the bundle's serve.sh and triton/ run on a GPU server")
+    vllm_ok, vllm_why = vllm_engine.availability()
+    if backend == "auto":
+        return ("vllm", f"{trt_why}: {vllm_why} instead") if vllm_ok else (None, f"{trt_why}; {vllm_why}")
+    return ("vllm", vllm_why) if vllm_ok else (None, f"{vllm_why}; the bundle's snippets/vllm.sh serves it wherever vLLM is installed")
+
+
+def run(ctx: StageContext) -> dict:
+    backend, why = resolve_backend(ctx.cfg.engine.backend)
+    if backend is None:
+        raise StageSkipped(why)
+    if ctx.cfg.engine.backend == "auto":
+        ctx.log(f"engine.backend auto: {why}")
+    if backend == "vllm":
         return run_vllm(ctx, ctx.inputs["export"])
-    ok, why = trtllm.availability()
-    if not ok:
-        raise StageSkipped(f"{why}; the bundle's serve.sh and triton/ run on a GPU server")
     return run_llm_api(ctx, ctx.inputs["export"])
 
 

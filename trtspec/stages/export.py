@@ -242,7 +242,7 @@ def run(ctx: StageContext) -> dict:
     export_s += time.time() - t_target
     del target
 
-    required = {"TensorRT-LLM", "vLLM"} if cfg.engine.backend == "vllm" else {"TensorRT-LLM"}
+    required = {"TensorRT-LLM"} if cfg.engine.backend == "pytorch" else {"TensorRT-LLM", "vLLM"}  # auto may run vLLM
     not_served = check_engines_load(out / "draft", out / "target", draft["tensors"], required)
     for engine, problems in not_served.items():
         ctx.log(f"warning: no {engine} launcher in the bundle: {'; '.join(problems)}")

@@ -1,0 +1,181 @@
+"""A real tritonserver (2.51, from the nvidia-pytriton wheel that scripts/setup.sh --engines vllm unpacks into
+$VENV/triton) started on a repository `trtspec deploy triton` wrote, with the stand-in model.py in place of NVIDIA's,
+and always stopped. Errors are one line: the server log's first error, not its tables."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import site
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TRITON_DIR = Path(os.environ.get("TRTSPEC_TRITONSERVER_DIR") or Path(sys.prefix) / "triton" / "pytriton" / "tritonserver")
+STANDIN = Path(__file__).resolve().parent / "triton_standin" / "model.py"
+MODEL = "tensorrt_llm"
+
+
+class ServerError(Exception):
+    """tritonserver did not come up, in one line; `pid` leads the server's (stopped) process group."""
+
+    def __init__(self, message: str, pid: int):
+        super().__init__(message)
+        self.pid = pid
+
+
+def binary() -> Path:
+    return TRITON_DIR / "bin" / "tritonserver"
+
+
+def missing() -> str | None:
+    """Why the tier cannot run here (None when it can)."""
+    if not binary().is_file():
+        return f"no tritonserver at {binary()} (bash scripts/setup.sh --engines vllm unpacks nvidia-pytriton there)"
+    if not (TRITON_DIR / "backends" / "python" / "triton_python_backend_stub").is_file():
+        return "Triton's Python backend stub is not in backends/python (re-run scripts/setup.sh --engines vllm)"
+    try:
+        import tritonclient.grpc  # noqa: F401
+        import tritonclient.http  # noqa: F401
+    except ImportError:
+        return "tritonclient[http,grpc] is not installed (pip install -e '.[triton]')"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stub_environment() -> dict[str, str]:
+    """What the Python backend stub needs to run the stand-in on this checkout: the venv interpreter's own libpython
+    (the stub links libpython3.X by name) and the folders to import from, numpy 1.x first (see scripts/setup.sh)."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if sysconfig.get_config_var("Py_ENABLE_SHARED") and libdir:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, os.environ.get("LD_LIBRARY_PATH")) if p)
+    env["TRTSPEC_STANDIN_SYS_PATH"] = os.pathsep.join([str(TRITON_DIR.parents[1]), str(ROOT), *site.getsitepackages()])
+    return env
+
+
+def stage_repository(model_repo: Path, dest: Path) -> Path:
+    """The written repository, copied as launch.sh copies it, with the stand-in as the model's model.py."""
+    shutil.copytree(model_repo, dest)
+    shutil.copy(STANDIN, dest / MODEL / "1" / "model.py")
+    return dest
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    http: int
+    grpc: int
+    metrics: int
+    log: Path
+    load_s: float = 0.0
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc}"
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=5) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def get(self, path: str, port: int | None = None) -> bytes:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port or self.http}{path}", timeout=30) as r:
+            return r.read()
+
+
+def first_error(log: Path) -> str:
+    """The log's first error line (E... lines and 'error:' lines), without Triton's prefix and tables."""
+    lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+    for line in lines:
+        m = re.match(r'E\d{4} [\d:.]+ +\d+ [\w.]+:\d+\] "?(.*?)"?$', line)
+        if m and "CudaDriverHelper" not in m.group(1):
+            return " ".join(m.group(1).replace("\\n", " ").split())[:400]
+    return next((line for line in lines if line.startswith("error:")), "no error in the log")
+
+
+def start(repo: Path, cwd: Path, log: Path, ports: tuple[int, int, int] | None = None, timeout_s: float = 600) -> Server:
+    """tritonserver on `repo` with `cwd` as its working folder (model.yaml's paths are relative to it), bound to
+    127.0.0.1 on free ports; returns once the server is ready, raises ServerError (server stopped) when it is not."""
+    http, grpc, metrics = ports or (free_port(), free_port(), free_port())
+    cmd = [str(binary()), f"--model-repository={repo}", f"--backend-directory={TRITON_DIR / 'backends'}",
+           "--http-address=127.0.0.1", f"--http-port={http}", "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
+           "--metrics-address=127.0.0.1", f"--metrics-port={metrics}", "--allow-gpu-metrics=false",
+           "--exit-timeout-secs=5"]
+    t0 = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=stub_environment(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    server = Server(proc, http, grpc, metrics, log)
+    try:
+        while not server.ready():
+            if proc.poll() is not None:
+                raise ServerError(f"tritonserver exited ({proc.returncode}): {first_error(log)}", proc.pid)
+            if time.perf_counter() - t0 > timeout_s:
+                raise ServerError(f"tritonserver not ready within {timeout_s:.0f} s: {first_error(log)}", proc.pid)
+            time.sleep(0.5)
+    except BaseException:
+        stop(server)
+        raise
+    server.load_s = time.perf_counter() - t0
+    return server
+
+
+def stop(server: Server) -> None:
+    """SIGTERM to the server's process group (its stubs too), SIGKILL if still there after 20 s."""
+    if server.proc.poll() is None:
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        try:
+            server.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.proc.pid, signal.SIGKILL)
+            server.proc.wait(timeout=20)
+    try:  # stubs left behind (a stub busy answering outlives its server's SIGTERM)
+        os.killpg(server.proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.time() + 20
+    while group_alive(server.proc.pid) and time.time() < deadline:
+        time.sleep(0.1)
+
+
+@contextmanager
+def running(repo: Path, cwd: Path, log: Path, **kw):
+    server = start(repo, cwd, log, **kw)
+    try:
+        yield server
+    finally:
+        stop(server)
+
+
+def group_alive(pgid: int) -> bool:
+    """Is a process of the group `pgid` leads still running (the server or one of its stubs)? Zombies do not count:
+    a stub whose server died is reparented to PID 1, which may be slow to reap it."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
