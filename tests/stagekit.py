@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from trtspec.artifacts import RunDir, write_json
@@ -75,6 +76,16 @@ def make_train(run: Path, model_dir: Path, draft_vocab: int = 256, seed: int = 0
     (train / "eagle_config.json").write_text(json.dumps(cfg, indent=2))
     eagle.save_head(model, train / eagle.HEAD_FILE)
     return train
+
+
+class BareCtx(SimpleNamespace):
+    """The StageContext fields a stage reads, without a run directory (cfg, out, work, inputs, manifests, stage)."""
+
+    model_path = StageContext.model_path
+    model_stamp = StageContext.model_stamp
+
+    def log(self, msg: str) -> None:
+        pass
 
 
 def stage_ctx(cfg: Any, run: Path, stage: str, inputs: dict[str, Path]) -> StageContext:

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from stagekit import BareCtx
 
 from trtspec.config import ConvertSection, config_from_dict
 from trtspec.eagle import acceptance as head_eval
@@ -15,7 +16,6 @@ from trtspec.eagle import head as eagle
 from trtspec.eagle import states as target_states
 from trtspec.eagle import trainer as head_training
 from trtspec.errors import ConfigError, ModelError
-from trtspec.pipeline.stage import StageContext
 from trtspec.stages import convert, train
 
 
@@ -349,14 +349,6 @@ def test_chain_drafts_match_step_by_step_drafting(tiny_model_dir):
 # ---------------------------------------------------------------- the stages on the tiny model
 
 
-class _Ctx(SimpleNamespace):
-    """The StageContext fields a stage reads, without a run directory."""
-
-    model_path = StageContext.model_path
-    model_stamp = StageContext.model_stamp
-
-    def log(self, msg):
-        pass
 
 
 # a DFlash draft on the tiny model: 2 layers reading target layers 0 and 2, blocks of 4 (3 guesses)
@@ -379,7 +371,7 @@ def _stage_ctx(tmp_path, model_dir, stage, inputs, method="eagle3", **train_kw):
     out, work = tmp_path / stage / "out", tmp_path / stage / "work"
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    return _Ctx(cfg=cfg, out=out, work=work, inputs=inputs, manifests=_manifests(inputs), stage=stage)
+    return BareCtx(cfg=cfg, out=out, work=work, inputs=inputs, manifests=_manifests(inputs), stage=stage)
 
 
 def _manifests(inputs: dict) -> dict:
@@ -558,7 +550,7 @@ def test_demo_model_short_budget(tmp_path, demo_model_dir):
         out, work = tmp_path / stage, tmp_path / f"{stage}.work"
         out.mkdir()
         work.mkdir()
-        m = mod.run(_Ctx(cfg=cfg, out=out, work=work, inputs=dict(outs), manifests=_manifests(outs), stage=stage))
+        m = mod.run(BareCtx(cfg=cfg, out=out, work=work, inputs=dict(outs), manifests=_manifests(outs), stage=stage))
         outs[stage] = out
     arch = json.loads((outs["convert"] / "eagle_config.json").read_text())["eagle_architecture_config"]
     assert arch["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26] and arch["hidden_size"] == 576

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from stagekit import BareCtx
 
 from trtspec import chat
 from trtspec.config import config_from_dict
@@ -77,9 +77,6 @@ def test_split_keeps_heldout_and_is_seeded():
     assert len(data.split_heldout(rows[:3], 0.01, 0)[1]) == 1  # a small fraction still keeps one row
 
 
-class _Ctx(SimpleNamespace):
-    def log(self, msg):
-        pass
 
 
 def _ctx(tmp_path, model_dir, sources, **data_kw):
@@ -90,7 +87,7 @@ def _ctx(tmp_path, model_dir, sources, **data_kw):
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir(exist_ok=True)
     work.mkdir(exist_ok=True)
-    return _Ctx(cfg=cfg, out=out, work=work, inputs={}, manifests={}, stage="data")
+    return BareCtx(cfg=cfg, out=out, work=work, inputs={}, manifests={}, stage="data")
 
 
 def test_stage_jsonl_writes_contract_and_counts(tmp_path, tiny_model_dir):
