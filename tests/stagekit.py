@@ -58,8 +58,8 @@ def make_train(run: Path, model_dir: Path, draft_vocab: int = 256, seed: int = 0
 
     from trtspec.config import ConvertSection
     from trtspec.eagle import head as eagle
+    from trtspec.eagle.head import derive_eagle_config
     from trtspec.models import load_model
-    from trtspec.stages.convert import derive_eagle_config
 
     RunDir(run).ensure()
     cfg = derive_eagle_config(
@@ -158,8 +158,7 @@ def export_random_eagle(target_dir: Path, out: Path, keep_rope: bool = True, **c
     from transformers import AutoModelForCausalLM
 
     from trtspec.config import ConvertSection
-    from trtspec.eagle.head import build_eagle_model
-    from trtspec.stages.convert import derive_eagle_config
+    from trtspec.eagle.head import build_eagle_model, derive_eagle_config
 
     base = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     cfg = derive_eagle_config(base.config, ConvertSection(draft_vocab_size=512, **convert))

@@ -2,7 +2,7 @@
 
 Unknown keys and wrong types are errors that name the key, the file and the nearest valid key.
 Fields that belong to the base model (hidden size, vocab, heads, positions) are not here: they are
-read from the model itself (see convert.derive_eagle_config).
+read from the model itself (trtspec.eagle.head.derive_eagle_config, trtspec.dflash.head.derive_dflash_config).
 """
 
 from __future__ import annotations

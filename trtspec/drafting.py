@@ -92,3 +92,12 @@ def load_drafter(draft_dir: Path, target: Any) -> Any:
     from trtspec.runtime.drafters import load_eagle3_drafter
 
     return load_eagle3_drafter(draft_dir, target)
+
+
+def token_counts(tokens_file: Path, vocab: int) -> Any:
+    """How often each target token is a training label (assistant tokens) in the data stage's tensors."""
+    import torch
+
+    data = torch.load(tokens_file, weights_only=True)
+    ids, mask = data["input_ids"], data["loss_mask"].bool()
+    return torch.bincount(ids[mask].flatten(), minlength=vocab)[:vocab]

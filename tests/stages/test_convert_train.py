@@ -33,7 +33,7 @@ def test_default_aux_layers():
 
 
 def test_convert_derives_arch_from_base(base_config):
-    cfg = convert.derive_eagle_config(base_config, ConvertSection(overrides={"intermediate_size": 96}))
+    cfg = eagle.derive_eagle_config(base_config, ConvertSection(overrides={"intermediate_size": 96}))
     arch = cfg["eagle_architecture_config"]
     assert arch["hidden_size"] == base_config.hidden_size == 64
     assert (arch["num_attention_heads"], arch["num_key_value_heads"], arch["head_dim"]) == (4, 2, 16)
@@ -45,18 +45,18 @@ def test_convert_derives_arch_from_base(base_config):
 
 def test_aux_layers_are_kept_ascending(base_config):
     # modelopt's hooks (online) and TensorRT-LLM concatenate aux states in layer order; offline states follow the list
-    cfg = convert.derive_eagle_config(base_config, ConvertSection(aux_layers=[2, 0, 1]))
+    cfg = eagle.derive_eagle_config(base_config, ConvertSection(aux_layers=[2, 0, 1]))
     assert cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
 
 
 def test_convert_rejects_bad_settings(base_config):
     with pytest.raises(ConfigError, match="aux_layers"):
-        convert.derive_eagle_config(base_config, ConvertSection(aux_layers=[0, 9]))
+        eagle.derive_eagle_config(base_config, ConvertSection(aux_layers=[0, 9]))
     with pytest.raises(ConfigError, match="not an eagle_architecture_config field"):
-        convert.derive_eagle_config(base_config, ConvertSection(overrides={"hiden_size": 3}))
+        eagle.derive_eagle_config(base_config, ConvertSection(overrides={"hiden_size": 3}))
     gpt2 = SimpleNamespace(model_type="gpt2")
     with pytest.raises(ModelError, match="Llama-family"):
-        convert.derive_eagle_config(gpt2, ConvertSection())
+        eagle.derive_eagle_config(gpt2, ConvertSection())
 
 
 def _head(tiny_model_dir, draft_vocab=None, offline=False):
@@ -64,7 +64,7 @@ def _head(tiny_model_dir, draft_vocab=None, offline=False):
 
     from trtspec.models import load_model
 
-    cfg = convert.derive_eagle_config(AutoConfig.from_pretrained(tiny_model_dir), ConvertSection(draft_vocab_size=draft_vocab))
+    cfg = eagle.derive_eagle_config(AutoConfig.from_pretrained(tiny_model_dir), ConvertSection(draft_vocab_size=draft_vocab))
     cfg["eagle_offline"] = offline
     torch.manual_seed(0)
     return eagle.build_eagle_model(load_model(tiny_model_dir), cfg)
@@ -119,7 +119,7 @@ def test_head_from_target_starts_as_the_target_layer_after_the_deepest_aux_layer
         torch.testing.assert_close(pre_norm, hs[aux[-1] + 2], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(head.lm_head(post_norm), model._base_model_lm_head(target.norm(pre_norm))[..., ids])
 
-    resized = convert.derive_eagle_config(model.config, ConvertSection(overrides={"intermediate_size": 96}))
+    resized = eagle.derive_eagle_config(model.config, ConvertSection(overrides={"intermediate_size": 96}))
     with pytest.raises(ConfigError, match="not shaped like the target"):
         eagle.init_head_from_target(eagle.build_eagle_model(load_model(tiny_model_dir), resized))
 
@@ -138,7 +138,7 @@ def test_head_from_target_on_qwen(family):
         for name, p in base.named_parameters():
             if p.ndim == 1:
                 p.normal_(0, 0.5) if name.endswith("bias") else p.uniform_(0.5, 2.0)
-    cfg = convert.derive_eagle_config(base.config, ConvertSection(init_from_target=True))
+    cfg = eagle.derive_eagle_config(base.config, ConvertSection(init_from_target=True))
     assert cfg["eagle_architecture_config"]["attention_bias"] is (family == "qwen2")
     model = eagle.build_eagle_model(base, cfg)
     aux = model.eagle_config.eagle_aux_hidden_state_layer_ids
@@ -160,7 +160,7 @@ def test_d2t_round_trip_and_save_load(tiny_model_dir, tmp_path):
     model = _head(tiny_model_dir, draft_vocab=32)
     counts = torch.zeros(model.eagle_config.vocab_size, dtype=torch.long)
     counts[torch.tensor([5, 900, 17, 3000, 44])] = torch.tensor([9, 8, 7, 6, 5])
-    ids = convert.pick_draft_vocab(counts, 32, always=[2, 0])
+    ids = eagle.pick_draft_vocab(counts, 32, always=[2, 0])
     assert {0, 2, 5, 900, 17, 3000, 44} <= set(ids.tolist()) and ids.tolist() == sorted(ids.tolist())
     eagle.set_draft_vocab(model, ids)
     assert eagle.draft_to_target_ids(model, torch.arange(32)).tolist() == ids.tolist()  # draft id i -> target ids[i]
@@ -647,7 +647,7 @@ def test_model_optimizer_recipe_settings_reach_the_trainer(upstream, tiny_model_
 
     seen = []
     real = train.HeadDataset
-    monkeypatch.setattr(train, "HeadDataset", lambda tokens, states: seen.append(tokens) or real(tokens, states))
+    monkeypatch.setattr(train, "HeadDataset", lambda tokens, states, shift: seen.append(tokens) or real(tokens, states, shift))
     m = train.run(ctx)
     tokens = torch.load(inputs["data"] / "train_tokens.pt", weights_only=True)
     assert seen[0]["loss_mask"].equal(tokens["attention_mask"]) and not tokens["loss_mask"].equal(tokens["attention_mask"])

@@ -21,7 +21,6 @@ from typing import Any
 from trtspec.errors import ArtifactError, ConfigError, ModelError
 
 HEAD_FILE = "head.safetensors"
-LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def text_config(base_config: Any) -> Any:
@@ -48,6 +47,8 @@ def derive_dflash_config(base_config: Any, section: Any, mask_token_id: int) -> 
 
     Every size is given explicitly: modelopt builds the draft's config as a Qwen3Config, whose own defaults
     (intermediate 22016, 32 heads of 128) win over the base model's for any size left out."""
+    from trtspec.models import LLAMA_FAMILY
+
     text = text_config(base_config)
     if getattr(text, "model_type", None) not in LLAMA_FAMILY:
         raise ModelError(f"DFlash conversion supports Llama-family decoders, not model_type '{getattr(text, 'model_type', '?')}'",

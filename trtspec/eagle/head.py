@@ -30,6 +30,94 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return sorted({min(1, num_layers - 1), max(0, num_layers // 2 - 1), max(0, num_layers - 4)})
 
 
+def _rope(base: Any) -> tuple[dict, float]:
+    """The base model's rope parameters (transformers 5: rope_parameters; 4.x: rope_theta + rope_scaling)."""
+    params = dict(getattr(base, "rope_parameters", None) or getattr(base, "rope_scaling", None) or {})
+    theta = float(params.get("rope_theta", getattr(base, "rope_theta", 10000.0)))
+    params.setdefault("rope_type", params.pop("type", "default"))
+    params["rope_theta"] = theta
+    return params, theta
+
+
+def derive_eagle_config(base: Any, convert: Any) -> dict:
+    """The mtsp.convert config for `base` (an HF config): modelopt's EAGLE-3 defaults, sized like the base.
+
+    `convert` is the ConvertSection: aux_layers, draft_vocab_size, num_layers, then `overrides` applied last.
+    """
+    from modelopt.torch.speculative.config import EAGLE3_DEFAULT_CFG
+
+    from trtspec.errors import ConfigError, ModelError
+    from trtspec.models import LLAMA_FAMILY
+
+    text = getattr(base, "text_config", None) or base
+    if getattr(text, "model_type", None) not in LLAMA_FAMILY:
+        raise ModelError(
+            f"EAGLE-3 conversion supports Llama-family decoders, not model_type '{getattr(text, 'model_type', '?')}'",
+            f"supported: {', '.join(LLAMA_FAMILY)}",
+        )
+    layers = text.num_hidden_layers
+    # ascending, as modelopt's hooks and TensorRT-LLM's capture set concatenate them (offline states follow the list)
+    aux = sorted(convert.aux_layers) if convert.aux_layers is not None else default_aux_layers(layers)
+    bad = [i for i in aux if not 0 <= i < layers - 1]  # hidden_states[L] is post-norm: not an aux layer
+    if bad or len(set(aux)) != len(aux):
+        raise ConfigError(f"convert.aux_layers {aux}: need distinct layer ids in 0..{layers - 2}")
+    heads = text.num_attention_heads
+    vocab = text.vocab_size
+    draft_vocab = convert.draft_vocab_size or vocab
+    if draft_vocab > vocab:
+        raise ConfigError(f"convert.draft_vocab_size {draft_vocab} is larger than the target vocab ({vocab})")
+    rope, theta = _rope(text)
+
+    cfg = copy.deepcopy(EAGLE3_DEFAULT_CFG["config"])
+    arch = cfg["eagle_architecture_config"]
+    arch.update(
+        hidden_size=text.hidden_size,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+        intermediate_size=text.intermediate_size,
+        vocab_size=vocab,
+        draft_vocab_size=draft_vocab,
+        max_position_embeddings=text.max_position_embeddings,
+        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-5),
+        hidden_act=getattr(text, "hidden_act", "silu"),
+        rope_scaling=rope,
+        rope_theta=theta,
+        num_hidden_layers=convert.num_layers,
+        eagle_aux_hidden_state_layer_ids=aux,
+        use_aux_hidden_state=True,
+        use_last_layernorm=True,
+        torch_dtype="float32",
+    )
+    if convert.init_from_target and getattr(text, "attention_bias", text.model_type == "qwen2"):
+        arch["attention_bias"] = True  # the copied layer's q/k/v biases need a place (o_proj's stays zero for Qwen2)
+    for key, value in convert.overrides.items():
+        if key not in arch and key not in ("attention_bias", "mlp_bias"):
+            raise ConfigError(
+                f"convert.overrides.{key} is not an eagle_architecture_config field",
+                f"known: {', '.join(sorted(arch))}",
+            )
+        arch[key] = value
+    # modelopt 0.47 writes a yarn rope (factor 32) into the exported draft config whenever training used the
+    # default rope; the draft would then be served with a rope it was never trained with. Export what we train.
+    cfg.update(eagle_decoder_type="llama", eagle_offline=False, eagle_use_torch_compile=False, eagle_export_rope_scaling={})
+    return cfg
+
+
+# eagle_architecture_config fields that init_from_target needs equal to the target's (it copies a target layer)
+LAYER_SHAPE = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+
+
+def pick_draft_vocab(counts: Any, size: int, always: list[int]) -> Any:
+    """The `size` most frequent target ids (ties by id), `always` included; sorted ascending, as d2t needs."""
+    import torch
+
+    score = counts.double().clone()
+    score[torch.as_tensor(always, dtype=torch.long)] = float("inf")
+    top = torch.topk(score, size, sorted=False).indices
+    return torch.sort(top).values
+
+
 def build_eagle_model(base_model: Any, eagle_cfg: dict) -> Any:
     """mtsp.convert(base, [("eagle", cfg)]) with torch.compile off, then the first-layer norm patched.
 
@@ -202,7 +290,7 @@ def init_head_from_target(model: Any) -> tuple[int, list[str]]:
     head, target = model.eagle_module, model._base_model
     aux = model.eagle_config.eagle_aux_hidden_state_layer_ids
     hidden = head.fc.weight.shape[0]
-    first = aux[-1] + 1  # aux layers are ascending and below the last layer (convert.derive_eagle_config)
+    first = aux[-1] + 1  # aux layers are ascending and below the last layer (derive_eagle_config)
     pairs = []  # (head parameter, target weight or None for zero)
     dropped: set[str] = set()
     for i, layer in enumerate(head.layers):

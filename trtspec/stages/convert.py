@@ -6,98 +6,16 @@ initial head, d2t included when the draft vocab is compressed).
 
 from __future__ import annotations
 
-import copy
 import json
-from pathlib import Path
 from typing import Any
 
+from trtspec.drafting import token_counts
+from trtspec.eagle.head import LAYER_SHAPE, derive_eagle_config, pick_draft_vocab
 from trtspec.errors import ConfigError, DataError
 from trtspec.pipeline.stage import StageContext
 
 UPSTREAM = ("data",)
 READS = ("convert", "draft.method", "dflash", "seed")
-
-# decoders whose layer the head copies (Llama-style attention + SwiGLU MLP + RMSNorm)
-LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
-
-
-def _rope(base: Any) -> tuple[dict, float]:
-    """The base model's rope parameters (transformers 5: rope_parameters; 4.x: rope_theta + rope_scaling)."""
-    params = dict(getattr(base, "rope_parameters", None) or getattr(base, "rope_scaling", None) or {})
-    theta = float(params.get("rope_theta", getattr(base, "rope_theta", 10000.0)))
-    params.setdefault("rope_type", params.pop("type", "default"))
-    params["rope_theta"] = theta
-    return params, theta
-
-
-def derive_eagle_config(base: Any, convert: Any) -> dict:
-    """The mtsp.convert config for `base` (an HF config): modelopt's EAGLE-3 defaults, sized like the base.
-
-    `convert` is the ConvertSection: aux_layers, draft_vocab_size, num_layers, then `overrides` applied last.
-    """
-    from modelopt.torch.speculative.config import EAGLE3_DEFAULT_CFG
-
-    from trtspec.eagle.head import default_aux_layers
-    from trtspec.errors import ModelError
-
-    text = getattr(base, "text_config", None) or base
-    if getattr(text, "model_type", None) not in LLAMA_FAMILY:
-        raise ModelError(
-            f"EAGLE-3 conversion supports Llama-family decoders, not model_type '{getattr(text, 'model_type', '?')}'",
-            f"supported: {', '.join(LLAMA_FAMILY)}",
-        )
-    layers = text.num_hidden_layers
-    # ascending, as modelopt's hooks and TensorRT-LLM's capture set concatenate them (offline states follow the list)
-    aux = sorted(convert.aux_layers) if convert.aux_layers is not None else default_aux_layers(layers)
-    bad = [i for i in aux if not 0 <= i < layers - 1]  # hidden_states[L] is post-norm: not an aux layer
-    if bad or len(set(aux)) != len(aux):
-        raise ConfigError(f"convert.aux_layers {aux}: need distinct layer ids in 0..{layers - 2}")
-    heads = text.num_attention_heads
-    vocab = text.vocab_size
-    draft_vocab = convert.draft_vocab_size or vocab
-    if draft_vocab > vocab:
-        raise ConfigError(f"convert.draft_vocab_size {draft_vocab} is larger than the target vocab ({vocab})")
-    rope, theta = _rope(text)
-
-    cfg = copy.deepcopy(EAGLE3_DEFAULT_CFG["config"])
-    arch = cfg["eagle_architecture_config"]
-    arch.update(
-        hidden_size=text.hidden_size,
-        num_attention_heads=heads,
-        num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
-        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-        intermediate_size=text.intermediate_size,
-        vocab_size=vocab,
-        draft_vocab_size=draft_vocab,
-        max_position_embeddings=text.max_position_embeddings,
-        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-5),
-        hidden_act=getattr(text, "hidden_act", "silu"),
-        rope_scaling=rope,
-        rope_theta=theta,
-        num_hidden_layers=convert.num_layers,
-        eagle_aux_hidden_state_layer_ids=aux,
-        use_aux_hidden_state=True,
-        use_last_layernorm=True,
-        torch_dtype="float32",
-    )
-    if convert.init_from_target and getattr(text, "attention_bias", text.model_type == "qwen2"):
-        arch["attention_bias"] = True  # the copied layer's q/k/v biases need a place (o_proj's stays zero for Qwen2)
-    for key, value in convert.overrides.items():
-        if key not in arch and key not in ("attention_bias", "mlp_bias"):
-            raise ConfigError(
-                f"convert.overrides.{key} is not an eagle_architecture_config field",
-                f"known: {', '.join(sorted(arch))}",
-            )
-        arch[key] = value
-    # modelopt 0.47 writes a yarn rope (factor 32) into the exported draft config whenever training used the
-    # default rope; the draft would then be served with a rope it was never trained with. Export what we train.
-    cfg.update(eagle_decoder_type="llama", eagle_offline=False, eagle_use_torch_compile=False, eagle_export_rope_scaling={})
-    return cfg
-
-
-# eagle_architecture_config fields that init_from_target needs equal to the target's (it copies a target layer)
-LAYER_SHAPE = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
-
 
 def preflight(cfg: Any, model_config: Any) -> None:
     """The convert settings checked against the model's config alone, before the data stage spends minutes."""
@@ -115,25 +33,6 @@ def preflight(cfg: Any, model_config: Any) -> None:
                 f"convert.init_from_target copies a target layer, but convert.overrides resizes the head ({', '.join(resized)})",
                 "drop those overrides, or set convert.init_from_target: false",
             )
-
-
-def token_counts(tokens_file: Path, vocab: int) -> Any:
-    """How often each target token is a training label (assistant tokens) in the data stage's tensors."""
-    import torch
-
-    data = torch.load(tokens_file, weights_only=True)
-    ids, mask = data["input_ids"], data["loss_mask"].bool()
-    return torch.bincount(ids[mask].flatten(), minlength=vocab)[:vocab]
-
-
-def pick_draft_vocab(counts: Any, size: int, always: list[int]) -> Any:
-    """The `size` most frequent target ids (ties by id), `always` included; sorted ascending, as d2t needs."""
-    import torch
-
-    score = counts.double().clone()
-    score[torch.as_tensor(always, dtype=torch.long)] = float("inf")
-    top = torch.topk(score, size, sorted=False).indices
-    return torch.sort(top).values
 
 
 def run(ctx: StageContext) -> dict:
