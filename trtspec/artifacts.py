@@ -62,6 +62,34 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def write_tensors(path: Path, tensors: dict) -> Path:
+    """A safetensors file written whole or not at all (a temporary file renamed into place)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(path)
+    return path
+
+
+def read_tensors(path: Path, what: str) -> dict:
+    """A safetensors file's tensors; a missing or unreadable file is one ArtifactError naming `what`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from trtspec.errors import ArtifactError
+
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"{what} '{path}' are missing", "re-run the convert/train stage")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ArtifactError(f"'{path}' is not a readable safetensors file ({e})", "re-run the stage that wrote it") from None
+
+
 def read_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text())

@@ -127,27 +127,16 @@ def head_state_dict(model: Any) -> dict:
 
 
 def save_head(model: Any, path: str | Path) -> Path:
-    from safetensors.torch import save_file
+    from trtspec.artifacts import write_tensors
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(head_state_dict(model), str(tmp))
-    tmp.replace(path)
-    return path
+    return write_tensors(Path(path), head_state_dict(model))
 
 
 def load_head(model: Any, path: str | Path) -> Any:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from trtspec.artifacts import read_tensors
 
     path = Path(path)
-    if not path.is_file():
-        raise ArtifactError(f"DFlash draft weights '{path}' are missing", "re-run the convert/train stage")
-    try:
-        state = load_file(str(path))
-    except (SafetensorError, OSError) as e:
-        raise ArtifactError(f"'{path}' is not a readable safetensors file ({e})", "re-run the stage that wrote it") from None
+    state = read_tensors(path, "DFlash draft weights")
     own = head_state_dict(model)
     wrong = sorted(set(own) ^ set(state)) + sorted(k for k in set(own) & set(state) if own[k].shape != state[k].shape)
     if wrong:

@@ -221,28 +221,17 @@ def head_state_dict(model: Any) -> dict:
 
 def save_head(model: Any, path: str | Path) -> Path:
     """Write the head's weights (fc, layers.0.*, norm, lm_head, d2t) to a safetensors file."""
-    from safetensors.torch import save_file
+    from trtspec.artifacts import write_tensors
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    save_file(head_state_dict(model), str(tmp))
-    tmp.replace(path)
-    return path
+    return write_tensors(Path(path), head_state_dict(model))
 
 
 def load_head(model: Any, path: str | Path) -> Any:
     """Load head weights saved by save_head into a model built by build_eagle_model (same eagle_config)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from trtspec.artifacts import read_tensors
 
     path = Path(path)
-    if not path.is_file():
-        raise ArtifactError(f"EAGLE head weights '{path}' are missing", "re-run the convert/train stage")
-    try:
-        state = load_file(str(path))
-    except (SafetensorError, OSError) as e:
-        raise ArtifactError(f"'{path}' is not a readable safetensors file ({e})", "re-run the stage that wrote it") from None
+    state = read_tensors(path, "EAGLE head weights")
     own = model.eagle_module.state_dict()
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
