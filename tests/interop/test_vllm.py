@@ -10,10 +10,10 @@ import socket
 import subprocess
 import time
 import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from vllm_harness import eos_of, vllm_run
 
 from trtspec import answering
 
@@ -58,29 +58,16 @@ def runtime(ci_bundle, prompts) -> tuple[list[list[int]], object]:
     return speculative_on_prompts(target, drafter, prompts, MAX_NEW, DraftSpec(shape="chain", k=K), eos)
 
 
-def vllm_run(bundle: Path, draft: Path | None, prompts: list[list[int]]) -> tuple[list[list[int]], dict]:
-    """Each prompt alone through vLLM -> (greedy outputs, acceptance from vLLM's counters)."""
-    from trtspec.deploy import vllm_engine as vl
-
-    llm = vl.load(bundle / "target", draft, K, max(map(len, prompts)) + MAX_NEW + 16, 4)
-    try:
-        before = vl.spec_counters(llm)
-        outputs = [vl.generate(llm, [p], MAX_NEW)[0] for p in prompts]
-        return outputs, vl.acceptance(before, vl.spec_counters(llm)) if draft else {}
-    finally:
-        vl.shutdown(llm)
-
-
 @pytest.fixture(scope="module")
 def vllm_spec(ci_bundle, prompts):
-    return vllm_run(ci_bundle, ci_bundle / "draft", prompts)
+    return vllm_run(ci_bundle, ci_bundle / "draft", prompts, K, MAX_NEW)
 
 
 def test_vllm_greedy_equals_hf_the_runtime_and_vllm_alone(ci_bundle, prompts, hf_outputs, runtime, vllm_spec):
     outputs, _ = vllm_spec
     assert outputs == hf_outputs
     assert outputs == runtime[0]
-    alone, _ = vllm_run(ci_bundle, None, prompts)
+    alone, _ = vllm_run(ci_bundle, None, prompts, K, MAX_NEW)
     assert outputs == alone
 
 
@@ -101,7 +88,7 @@ def test_without_vllm_numbering_the_draft_reads_other_layers(ci_bundle, prompts,
     cfg = json.loads((draft / "config.json").read_text())
     del cfg["eagle_aux_hidden_state_layer_ids"]
     (draft / "config.json").write_text(json.dumps(cfg))
-    outputs, acc = vllm_run(ci_bundle, draft, prompts)
+    outputs, acc = vllm_run(ci_bundle, draft, prompts, K, MAX_NEW)
     assert outputs == runtime[0]  # still lossless: the loss is silent, only acceptance shows it
     # greedy drafting is deterministic, so any gap is the wrong layers; how wide depends on the head (this CI head:
     # 8-12% on the machines seen; the demo head: 3%)
@@ -161,13 +148,6 @@ def test_the_bundle_vllm_snippet_serves(ci_bundle, prompts, hf_outputs, tmp_path
         proc.wait(timeout=60)
         log.close()
 
-
-
-def eos_of(bundle: Path) -> set[int]:
-    from trtspec.generation import eos_ids
-    from trtspec.models import load_tokenizer
-
-    return eos_ids(bundle / "target", load_tokenizer(bundle / "target"))
 
 
 def test_regeneration_with_vllm_in_process_answers_like_hf(ci_bundle, prompts, hf_outputs):

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from vllm_harness import eos_of, vllm_run
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -45,13 +46,6 @@ def prompts(dflash_run) -> list[list[int]]:
     return [encode_prompt(tok, r["messages"][:-1]) for r in rows[:6]]
 
 
-def eos_of(bundle: Path) -> set[int]:
-    from trtspec.generation import eos_ids
-    from trtspec.models import load_tokenizer
-
-    return eos_ids(bundle / "target", load_tokenizer(bundle / "target"))
-
-
 @pytest.fixture(scope="module")
 def runtime(dflash_run, prompts):
     """trtspec's runtime with the DFlash draft, blocks of K guesses: (outputs, Stats)."""
@@ -62,18 +56,6 @@ def runtime(dflash_run, prompts):
     target, _ = load_transformer(bundle / "target")
     drafter = load_drafter(bundle / "draft", target)
     return speculative_on_prompts(target, drafter, prompts, MAX_NEW, DraftSpec(k=K), eos_of(bundle))
-
-
-def vllm_run(bundle: Path, draft: Path | None, prompts: list[list[int]]) -> tuple[list[list[int]], dict]:
-    from trtspec.deploy import vllm_engine as vl
-
-    llm = vl.load(bundle / "target", draft, K, max(map(len, prompts)) + MAX_NEW + 16, 4)
-    try:
-        before = vl.spec_counters(llm)
-        outputs = [vl.generate(llm, [p], MAX_NEW)[0] for p in prompts]
-        return outputs, vl.acceptance(before, vl.spec_counters(llm)) if draft else {}
-    finally:
-        vl.shutdown(llm)
 
 
 def test_the_bundle_names_dflash_for_every_engine(dflash_run):
@@ -91,8 +73,8 @@ def test_the_bundle_names_dflash_for_every_engine(dflash_run):
 
 def test_vllm_serves_the_dflash_draft_like_the_runtime(dflash_run, prompts, runtime):
     bundle = dflash_run / "bundle"
-    outputs, acc = vllm_run(bundle, bundle / "draft", prompts)
-    alone, _ = vllm_run(bundle, None, prompts)
+    outputs, acc = vllm_run(bundle, bundle / "draft", prompts, K, MAX_NEW)
+    alone, _ = vllm_run(bundle, None, prompts, K, MAX_NEW)
     assert outputs == alone == runtime[0]
     stats = runtime[1]
     assert stats.acceptance_length() > 1.5  # a draft that drafts: a wrong layer or mask token could not hide

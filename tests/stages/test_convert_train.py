@@ -426,6 +426,32 @@ def test_train_few_steps_writes_head_and_log(upstream, tiny_model_dir, tmp_path,
         assert m2["train_rows"] == 2 < m["train_rows"] and m2["label_tokens"] < m["label_tokens"]
 
 
+class Killed(Exception):
+    """A kill in the middle of training (raised from a Trainer callback)."""
+
+
+def train_killed_at_step_3(ctx, monkeypatch) -> None:
+    """train.run(ctx) with its Trainer killed as step 3 ends: checkpoint 2 is on disk, the stage has no output."""
+    from transformers import TrainerCallback
+
+    class KillAt3(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == 3:
+                raise Killed()
+
+    make = train.make_trainer
+
+    def make_and_kill(*a, **kw):
+        t = make(*a, **kw)
+        t.add_callback(KillAt3())
+        return t
+
+    monkeypatch.setattr(train, "make_trainer", make_and_kill)
+    with pytest.raises(Killed):
+        train.run(ctx)
+    monkeypatch.setattr(train, "make_trainer", make)
+
+
 @pytest.fixture(scope="module")
 def dflash_upstream(upstream, tiny_model_dir):
     """convert with draft.method dflash on the same data: a mask token chosen, the draft's config and initial weights."""
@@ -454,29 +480,14 @@ def test_dflash_trains_with_the_same_stage(dflash_upstream, tiny_model_dir, tmp_
 def test_dflash_train_resumes_and_exports_a_bundle_the_runtime_serves_exactly(dflash_upstream, tiny_model_dir, tmp_path, monkeypatch):
     """Killed at step 3, resumed from checkpoint 2; the export stage writes a DFlash draft every engine's loader
     reads, and trtspec's runtime decodes with it exactly as without it."""
-    from transformers import TrainerCallback
-
     from trtspec.drafting import load_drafter
     from trtspec.quant import QUANT_JSON
     from trtspec.runtime import DraftSpec, generate, load_transformer, speculative_decode
     from trtspec.stages import export
 
     ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", dflash_upstream, method="dflash")
-
-    class Killed(Exception):
-        pass
-
-    class KillAt3(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            if state.global_step == 3:
-                raise Killed()
-
-    make = train.make_trainer
-    monkeypatch.setattr(train, "make_trainer", lambda *a, **kw: (t := make(*a, **kw), t.add_callback(KillAt3()))[0])
-    with pytest.raises(Killed):
-        train.run(ctx)
+    train_killed_at_step_3(ctx, monkeypatch)
     assert (ctx.work / "checkpoints" / "checkpoint-2" / "head.safetensors").is_file()
-    monkeypatch.setattr(train, "make_trainer", make)
     m = train.run(ctx)
     assert m["steps"] == 4 and m["resumed_from_step"] == 2
 
@@ -498,29 +509,8 @@ def test_dflash_train_resumes_and_exports_a_bundle_the_runtime_serves_exactly(df
 def test_train_resumes_from_checkpoint(upstream, tiny_model_dir, tmp_path, monkeypatch):
     _, inputs = upstream
     ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", inputs)
-
-    class Killed(Exception):
-        pass
-
-    from transformers import TrainerCallback
-
-    class KillAt3(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            if state.global_step == 3:
-                raise Killed()
-
-    make = train.make_trainer
-
-    def make_and_kill(*a, **kw):
-        t = make(*a, **kw)
-        t.add_callback(KillAt3())
-        return t
-
-    monkeypatch.setattr(train, "make_trainer", make_and_kill)
-    with pytest.raises(Killed):
-        train.run(ctx)
+    train_killed_at_step_3(ctx, monkeypatch)
     assert (ctx.work / "checkpoints" / "checkpoint-2" / eagle.HEAD_FILE).is_file()
-    monkeypatch.setattr(train, "make_trainer", make)
     m = train.run(ctx)
     rows = [json.loads(x) for x in (ctx.out / "train_log.jsonl").read_text().splitlines()]
     assert m["steps"] == 4 and [r["step"] for r in rows] == [1, 2, 3, 4]  # step 3 logged once, after the resume

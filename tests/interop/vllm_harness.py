@@ -1,0 +1,27 @@
+"""What the vLLM interop tests share: a bundle's eos ids, and prompts run one at a time through vLLM's CPU build with
+vLLM's own acceptance counters read around them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def eos_of(bundle: Path) -> set[int]:
+    from trtspec.generation import eos_ids
+    from trtspec.models import load_tokenizer
+
+    return eos_ids(bundle / "target", load_tokenizer(bundle / "target"))
+
+
+def vllm_run(bundle: Path, draft: Path | None, prompts: list[list[int]], k: int, max_new: int) -> tuple[list[list[int]], dict]:
+    """Each prompt alone through vLLM (with `draft`, k tokens per step; None: the target alone) -> (greedy outputs,
+    acceptance from vLLM's counters)."""
+    from trtspec.deploy import vllm_engine as vl
+
+    llm = vl.load(bundle / "target", draft, k, max(map(len, prompts)) + max_new + 16, 4)
+    try:
+        before = vl.spec_counters(llm)
+        outputs = [vl.generate(llm, [p], max_new)[0] for p in prompts]
+        return outputs, vl.acceptance(before, vl.spec_counters(llm)) if draft else {}
+    finally:
+        vl.shutdown(llm)
