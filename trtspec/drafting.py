@@ -30,6 +30,8 @@ class DraftFamily:
     state_layers: Callable[[dict], list[int]]  # the target layers whose outputs the draft reads
     drafts: Callable[[Any, Any, Any, Any, int], Any]  # (model, ids [1,T], aux [1,T,A], last [1,T,H], k) -> [1,T,k]
     shift_labels: bool  # the loss mask scores position t against token t + 1 (EAGLE-3) or token t itself (DFlash)
+    offline_key: str  # the config key saying the draft reads cached target states (Model Optimizer's name)
+    module: Callable[[Any], Any]  # the draft's own network inside the converted model
 
     def read_config(self, folder: Path) -> dict:
         return json.loads((Path(folder) / self.config_file).read_text())
@@ -39,7 +41,7 @@ class DraftFamily:
 
     def set_offline(self, cfg: dict, offline: bool) -> None:
         """Offline: the draft reads cached target states and Model Optimizer drops the target's decoder layers."""
-        cfg[f"{'eagle' if self.name == 'eagle3' else self.name}_offline"] = offline
+        cfg[self.offline_key] = offline
 
 
 def _eagle3() -> DraftFamily:
@@ -50,7 +52,7 @@ def _eagle3() -> DraftFamily:
         name="eagle3", title="EAGLE-3 head", config_file="eagle_config.json", head_file=head.HEAD_FILE,
         build=head.build_eagle_model, save_head=head.save_head, load_head=head.load_head, train_forward=head_forward,
         state_layers=lambda cfg: cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"],
-        drafts=head.chain_drafts, shift_labels=True,
+        drafts=head.chain_drafts, shift_labels=True, offline_key="eagle_offline", module=lambda m: m.eagle_module,
     )
 
 
@@ -64,7 +66,7 @@ def _dflash() -> DraftFamily:
         name="dflash", title="DFlash block drafter", config_file="dflash_config.json", head_file=head.HEAD_FILE,
         build=head.build_dflash_model, save_head=head.save_head, load_head=head.load_head, train_forward=head.train_forward,
         state_layers=lambda cfg: cfg["dflash_architecture_config"]["target_layer_ids"],
-        drafts=drafts, shift_labels=False,
+        drafts=drafts, shift_labels=False, offline_key="dflash_offline", module=lambda m: m.dflash_module,
     )
 
 

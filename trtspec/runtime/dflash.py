@@ -32,6 +32,7 @@ from trtspec.runtime.model import (
     read_config,
     read_safetensors,
     rms_norm,
+    rope_tables,
 )
 from trtspec.runtime.tree import Tree
 
@@ -101,8 +102,6 @@ class DFlashDraft(Stepper):
             shape = (self.args.num_kv_heads, max_len, self.args.head_dim)
             layer.k_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
             layer.v_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
-        from trtspec.runtime.model import rope_tables
-
         cos, sin = rope_tables(self.args, max_len)
         self.cos, self.sin = cos.to(p), sin.to(p)
         self.max_len = max_len

@@ -179,7 +179,7 @@ def run(ctx: StageContext) -> dict:
     train_s = time.time() - t1
     steps = trainer.state.global_step
     peak_rss = ranks.gather(peak_rss_gib())
-    head_params = ranks.gather(sharding.local_parameters(getattr(model, "eagle_module", None) or model.dflash_module))  # FSDP: each rank's shards
+    head_params = ranks.gather(sharding.local_parameters(fam.module(model)))  # FSDP: each rank's shards
     if head is not None:
         sharding.keep_full_head(model, head)
     if not ranks.is_main():
