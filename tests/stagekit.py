@@ -238,3 +238,21 @@ def chi2_of_first_two(target, drafter, prompt: list[int], first: int, n: int = 1
     obs = torch.cat((counts.flatten()[big], counts.flatten()[~big].sum()[None]))
     exp = torch.cat((expected[big], expected[~big].sum()[None]))
     return float(((obs - exp) ** 2 / exp.clamp(min=1e-9)).sum()), int(big.sum())
+
+
+def first_draft(target, drafter, ids, base_tok: int, k: int) -> list[int]:
+    """The runtime's first draft after prefilling `ids` (the target's own next token must be `base_tok`, as in
+    Model Optimizer's pseudo_speculative_generate): what the tests hold against modelopt's draft tokens."""
+    import torch
+
+    from trtspec.runtime.decode import prefill
+    from trtspec.runtime.drafters import DraftSpec
+
+    target.setup_cache(64)
+    drafter.setup(64)
+    with torch.inference_mode():
+        logits, aux = prefill(target, ids)
+        assert int(logits.argmax()) == base_tok
+        drafter.start(ids, base_tok, aux)
+        tree, _ = drafter.draft(base_tok, DraftSpec(k=k))
+    return tree.tokens[1:]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from stagekit import export_random_dflash, rerandomized
+from stagekit import export_random_dflash, first_draft, rerandomized
 
 from trtspec.config import ConvertSection, DFlashSection
 from trtspec.errors import ArtifactError, ConfigError, ModelError
-from trtspec.runtime.decode import generate, prefill, speculative_decode
+from trtspec.runtime.decode import generate, speculative_decode
 from trtspec.runtime.dflash import DFlashDrafter, load_dflash_drafter
 from trtspec.runtime.drafters import DraftSpec
 from trtspec.runtime.model import load_transformer
@@ -61,14 +61,7 @@ def test_block_draft_matches_modelopt(dflash_export, target_dir):
     target = load_transformer(target_dir)[0]
     drafter = load_dflash_drafter(draft_dir, target)
     assert target.aux_layers == (0, 2)
-    target.setup_cache(64)
-    drafter.setup(64)
-    with torch.inference_mode():
-        logits, aux = prefill(target, ids)
-        assert int(logits.argmax()) == base_tok
-        drafter.start(ids, base_tok, aux)
-        tree, _ = drafter.draft(base_tok, DraftSpec(k=len(want)))
-    assert tree.tokens[1:] == want
+    assert first_draft(target, drafter, ids, base_tok, len(want)) == want
     assert len(set(want)) > 1  # a draft that repeats one token would prove little
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from stagekit import chi2_of_first_two, export_random_eagle, rerandomized, small_lm
+from stagekit import chi2_of_first_two, export_random_eagle, first_draft, rerandomized, small_lm
 
 from trtspec.errors import ArtifactError, ModelError
-from trtspec.runtime.decode import Stats, generate, prefill, speculative_decode
+from trtspec.runtime.decode import Stats, generate, speculative_decode
 from trtspec.runtime.drafters import (
     DraftSpec,
     LMDrafter,
@@ -288,14 +288,7 @@ def test_eagle3_draft_matches_modelopt(eagle_export, target_dir, tmp_path, bias)
     draft_dir, ids, base_tok, want = eagle_export
     target = load_transformer(target_dir)[0]
     drafter = load_eagle3_drafter(draft_dir, target)
-    target.setup_cache(64)
-    drafter.setup(64)
-    with torch.inference_mode():
-        logits, aux = prefill(target, ids)
-        assert int(logits.argmax()) == base_tok
-        drafter.start(ids, base_tok, aux)
-        tree, _ = drafter.draft(base_tok, DraftSpec(k=len(want)))
-    assert tree.tokens[1:] == want
+    assert first_draft(target, drafter, ids, base_tok, len(want)) == want
     assert len(set(want)) > 1  # a head that repeats one token would prove little
 
 
