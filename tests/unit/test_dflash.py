@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from stagekit import export_random_dflash, first_draft, rerandomized
+from stagekit import export_random_dflash, first_draft
 
 from trtspec.config import ConvertSection, DFlashSection
 from trtspec.errors import ArtifactError, ConfigError, ModelError
@@ -20,20 +19,6 @@ from trtspec.runtime.model import load_transformer
 
 NEW = 24
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory, tiny_model_dir) -> Path:
-    return rerandomized(tiny_model_dir, tmp_path_factory.mktemp("target") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny_model_dir):
-    from trtspec.models import load_tokenizer
-
-    tok = load_tokenizer(tiny_model_dir)
-    texts = ["Name three colors.", "Write a Python function that adds two numbers."]
-    return [torch.tensor(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False)) for t in texts]
 
 
 @pytest.fixture(scope="module")

@@ -39,24 +39,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def target_dir(tmp_path_factory, tiny_model_dir) -> Path:
-    return rerandomized(tiny_model_dir, tmp_path_factory.mktemp("target") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
 def hf_target(target_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny_model_dir):
-    from trtspec.models import load_tokenizer
-
-    tok = load_tokenizer(tiny_model_dir)
-    texts = ["Name three colors.", "Write a Python function that adds two numbers."]
-    return [torch.tensor(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False)) for t in texts]
 
 
 @pytest.fixture(scope="module")
