@@ -10,7 +10,6 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from triton_harness import (
     binary,
     free_port,
     group_alive,
+    kill,
     missing,
     running,
     stage_repository,
@@ -264,22 +264,25 @@ def test_a_port_in_use_is_one_line(tmp_path):
 
 
 def test_a_server_that_dies_mid_request_is_one_line(deployments, ci_run, tmp_path):
-    """The client waiting on a long answer when the server is killed: exit 1 and one Error line."""
+    """The client waiting on a long answer when the server is killed while answering it: exit 1 and one Error line."""
     from trtspec.models import load_tokenizer
 
     long_prompt = load_tokenizer(ci_run / "bundle" / "target").apply_chat_template(
         [{"role": "user", "content": "Count from 1 to 1000, one number per line."}], tokenize=False,
         add_generation_prompt=True)
     repo = stage_repository(deployments["plain"] / "model_repo", tmp_path / "repo")
-    s = start(repo, deployments["plain"], tmp_path / "server.log")
+    started = tmp_path / "request-started"
+    s = start(repo, deployments["plain"], tmp_path / "server.log", env={"TRTSPEC_STANDIN_STARTED": str(started)})
     try:
         proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "triton_client.py"), "--url", s.http_url,
                                  "--max-tokens", "2000", "--prompt", long_prompt], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
-        killer = threading.Timer(8.0, stop, args=(s,))
-        killer.start()
+        deadline = time.time() + 120
+        while not started.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "the request never reached the model"
+        kill(s)
         out, err = proc.communicate(timeout=300)
-        killer.join()
     finally:
         stop(s)
     assert not group_alive(s.proc.pid)

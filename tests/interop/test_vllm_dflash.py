@@ -24,11 +24,13 @@ K, MAX_NEW = 7, 48
 @pytest.fixture(scope="module")
 def dflash_run(ci_run, tmp_path_factory) -> Path:
     """The DFlash CI recipe up to the bundle, on the EAGLE-3 interop run's data stage (the same answers)."""
+    from trtspec.artifacts import MARKER
     from trtspec.config import load_config
     from trtspec.pipeline import runner as pipeline
 
     run = tmp_path_factory.mktemp("dflash") / "run"
     run.mkdir()
+    shutil.copy(ci_run / MARKER, run / MARKER)
     shutil.copytree(ci_run / "data", run / "data")
     results = pipeline.run_build(load_config(CONFIG, OVERRIDES), run, until="export")
     assert [r.status for r in results if r.stage == "data"] == ["cached"], results  # the answers were reused

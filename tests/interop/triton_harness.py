@@ -4,6 +4,7 @@ and always stopped. Errors are one line: the server log's first error, not its t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -114,9 +115,11 @@ def first_error(log: Path) -> str:
     return next((line for line in lines if line.startswith("error:")), "no error in the log")
 
 
-def start(repo: Path, cwd: Path, log: Path, ports: tuple[int, int, int] | None = None, timeout_s: float = 600) -> Server:
+def start(repo: Path, cwd: Path, log: Path, ports: tuple[int, int, int] | None = None, timeout_s: float = 600,
+          env: dict[str, str] | None = None) -> Server:
     """tritonserver on `repo` with `cwd` as its working folder (model.yaml's paths are relative to it), bound to
-    127.0.0.1 on free ports; returns once the server is ready, raises ServerError (server stopped) when it is not."""
+    127.0.0.1 on free ports, `env` added to the stub's environment; returns once the server is ready, raises
+    ServerError (server stopped) when it is not."""
     http, grpc, metrics = ports or (free_port(), free_port(), free_port())
     cmd = [str(binary()), f"--model-repository={repo}", f"--backend-directory={TRITON_DIR / 'backends'}",
            "--http-address=127.0.0.1", f"--http-port={http}", "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
@@ -124,7 +127,7 @@ def start(repo: Path, cwd: Path, log: Path, ports: tuple[int, int, int] | None =
            "--exit-timeout-secs=5"]
     t0 = time.perf_counter()
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=stub_environment(), stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, cwd=cwd, env={**stub_environment(), **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     server = Server(proc, http, grpc, metrics, log)
     try:
@@ -139,6 +142,13 @@ def start(repo: Path, cwd: Path, log: Path, ports: tuple[int, int, int] | None =
         raise
     server.load_s = time.perf_counter() - t0
     return server
+
+
+def kill(server: Server) -> None:
+    """SIGKILL to the server's process group: the server dies as in a crash, with no time to finish a request."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(timeout=20)
 
 
 def stop(server: Server) -> None:

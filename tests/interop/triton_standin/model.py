@@ -10,7 +10,9 @@ text so far); `streaming` on a non-decoupled model is refused with their message
 adds the request's draft counters. Not kept: sampling (temperature > 0 is refused), stop strings, cancellation.
 
 Triton's Python backend stub embeds libpython and ignores PYTHONPATH: the test names the folders to import from in
-TRTSPEC_STANDIN_SYS_PATH (os.pathsep-separated), put first on sys.path before anything else is imported.
+TRTSPEC_STANDIN_SYS_PATH (os.pathsep-separated), put first on sys.path before anything else is imported. Where
+TRTSPEC_STANDIN_STARTED names a file, the stand-in creates it when a request starts (the test's signal that the
+server is busy answering).
 """
 
 import os
@@ -127,6 +129,8 @@ class TritonPythonModel:
         if scalar(request, "stop"):
             raise pb_utils.TritonModelException("the stand-in cancels no requests")
         prompt = prompt_text(request)
+        if os.environ.get("TRTSPEC_STANDIN_STARTED"):
+            Path(os.environ["TRTSPEC_STANDIN_STARTED"]).touch()
         streaming = bool(scalar(request, "streaming", False))
         if streaming and not self.decoupled:
             raise pb_utils.TritonModelException("Streaming is only supported in decoupled mode.")
