@@ -1,10 +1,11 @@
 """A few-row product written for the decode step, built on first use with the machine's C++ compiler: one of the
 candidates `choose_kernels` times, never assumed to win.
 
-y[r, n] = sum_k x[r, k] * w[n, k] for up to 8 rows: the weight rows are split between the cores (ATen's
-parallel_for) and each is read once and used for every input row while it sits in L1. BLAS libraries run these
-sizes as one-core GEMVs or as small GEMMs whose cost grows with the rows; here 2-5 rows cost little more than one.
-AVX2/FMA where the compiler targets them, plain loops elsewhere. torch's own extension builder compiles it into
+y[r, n] = sum_k x[r, k] * w[n, k] for a few rows: the weight rows are split between the cores (ATen's parallel_for)
+in blocks of 4; a block is read from memory once and, while it sits in L1, multiplied with up to 3 input rows at a
+time in registers (12 accumulators: the loads per multiply-add fall with the rows, so a few rows stay bound by
+the weights' bytes, not by the core). BLAS libraries run these sizes as one-core GEMVs or as small GEMMs whose cost
+grows with the rows. AVX2/FMA where the compiler targets them, plain loops elsewhere. torch's own extension builder compiles it into
 its per-machine cache (~/.cache/torch_extensions), so the build is paid once per machine; without a working
 compiler the candidate is simply absent.
 """
@@ -21,26 +22,71 @@ SOURCE = r"""
 #include <immintrin.h>
 #endif
 
-static inline float dot(const float* w, const float* x, int64_t K) {
-  int64_t k = 0;
-  float acc = 0.f;
+constexpr int64_t NB = 4;  // weight rows per block: each is read from memory once, then from L1 for every input row
+
 #if defined(__AVX2__) && defined(__FMA__)
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-  for (; k + 32 <= K; k += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
-  }
-  for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
-  __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+static inline float hsum(__m256 s) {
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
   h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-  acc = _mm_cvtss_f32(h);
+  return _mm_cvtss_f32(h);
+}
+
+// RR input rows against NB weight rows: RR * NB accumulators (12 at most) + NB weight registers fit AVX2's 16.
+template <int RR>
+static inline void rows_by_block(const float* w, const float* x, float* y, int64_t K, int64_t N) {
+  __m256 acc[RR][NB];
+  for (int r = 0; r < RR; ++r)
+    for (int j = 0; j < NB; ++j) acc[r][j] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = _mm256_loadu_ps(w + j * K + k);
+    for (int r = 0; r < RR; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * K + k);
+      for (int j = 0; j < NB; ++j) acc[r][j] = _mm256_fmadd_ps(wv[j], xv, acc[r][j]);
+    }
+  }
+  for (int r = 0; r < RR; ++r)
+    for (int j = 0; j < NB; ++j) {
+      float s = hsum(acc[r][j]);
+      for (int64_t t = k; t < K; ++t) s += w[j * K + t] * x[r * K + t];
+      y[r * N + j] = s;
+    }
+}
 #endif
-  for (; k < K; ++k) acc += w[k] * x[k];
-  return acc;
+
+template <int RR>
+static inline void rows_by_block_plain(const float* w, const float* x, float* y, int64_t K, int64_t N, int64_t nb) {
+  for (int r = 0; r < RR; ++r)
+    for (int64_t j = 0; j < nb; ++j) {
+      float s = 0.f;
+      for (int64_t t = 0; t < K; ++t) s += w[j * K + t] * x[r * K + t];
+      y[r * N + j] = s;
+    }
+}
+
+// y[:, n0:n0+nb] for every input row, in groups of up to 3 rows
+static void block(const float* W, const float* X, float* Y, int64_t R, int64_t K, int64_t N, int64_t n0, int64_t nb) {
+  const float* w = W + n0 * K;
+  for (int64_t r = 0; r < R;) {
+    const int64_t rr = std::min<int64_t>(3, R - r);
+    const float* x = X + r * K;
+    float* y = Y + r * N + n0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (nb == NB) {
+      if (rr == 3) rows_by_block<3>(w, x, y, K, N);
+      else if (rr == 2) rows_by_block<2>(w, x, y, K, N);
+      else rows_by_block<1>(w, x, y, K, N);
+      r += rr;
+      continue;
+    }
+#endif
+    if (rr == 3) rows_by_block_plain<3>(w, x, y, K, N, nb);
+    else if (rr == 2) rows_by_block_plain<2>(w, x, y, K, N, nb);
+    else rows_by_block_plain<1>(w, x, y, K, N, nb);
+    r += rr;
+  }
 }
 
 torch::Tensor few_rows(torch::Tensor x, torch::Tensor w) {
@@ -53,9 +99,12 @@ torch::Tensor few_rows(torch::Tensor x, torch::Tensor w) {
   const float* X = x.data_ptr<float>();
   const float* W = w.data_ptr<float>();
   float* Y = y.data_ptr<float>();
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n)
-      for (int64_t r = 0; r < R; ++r) Y[r * N + n] = dot(W + n * K, X + r * K, K);
+  const int64_t blocks = (N + NB - 1) / NB;
+  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t n0 = b * NB;
+      block(W, X, Y, R, K, N, n0, std::min<int64_t>(NB, N - n0));
+    }
   });
   return y;
 }
