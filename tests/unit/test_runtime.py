@@ -186,7 +186,7 @@ def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts,
         *[[speculative_decode(target, drafter, p, NEW, s, eos={2}).tokens for p in prompts] for s in specs],
     ]
     assert compile_steps([target, drafter.net], runs)[1] == COMPILED
-    assert target.compiled_step is not None and counters["stats"]["unique_graphs"] > before
+    assert target.compiled is not None and counters["stats"]["unique_graphs"] > before
     for outputs in runs():
         assert outputs == hf_greedy
 
@@ -196,7 +196,7 @@ def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts,
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users-own-cache"))  # not trtspec's: left alone
     (tmp_path / "users-own-cache").mkdir()
     assert "no C++ compiler" in compile_steps([target, drafter.net], broken)[1]
-    assert target.compiled_step is None and drafter.net.compiled_step is None
+    assert target.compiled is None and drafter.net.compiled is None
     assert (tmp_path / "users-own-cache").is_dir()
     assert [generate(target, p, NEW, eos={2}).tokens for p in prompts] == hf_greedy
 
@@ -250,7 +250,7 @@ def test_suffix_drafts_keep_greedy_output(eagle_export, target_dir, prompts, hf_
     target = load_transformer(target_dir)[0]
     eagle = load_eagle3_drafter(eagle_export[0], target)
     drafter = SuffixThenModelDrafter(eagle, SuffixDrafter(min_match=2)) if combined else SuffixDrafter()
-    warm_up_row_counts(target, eagle, 7)  # scratch passes over every row count: nothing of them may leak into outputs
+    warm_up_row_counts(target, eagle, DraftSpec(k=3, suffix_len=6))  # scratch passes over every row count: nothing of them may leak into outputs
     for p, ref in zip(prompts, hf_greedy, strict=True):
         # the prompt twice: the second copy's suffix matches the first, so suffix drafts are proposed and judged
         doubled = torch.cat((p, p))

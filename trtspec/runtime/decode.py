@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from trtspec.errors import DataError
-from trtspec.runtime.drafters import DraftSpec, ModelDrafter, softmax_t
+from trtspec.runtime.drafters import DraftSpec, softmax_t
 from trtspec.runtime.model import Transformer
 from trtspec.runtime.tree import Tree
 
@@ -98,25 +98,28 @@ def verify_tree(target: Transformer, tree: Tree, length: int) -> tuple[Tensor, T
 
 
 @torch.inference_mode()
-def warm_up_row_counts(target: Transformer, drafter, max_rows: int) -> None:
-    """Run the target's verify pass, and a model drafter's catch-up, once for every token count 1..max_rows.
+def warm_up_row_counts(target: Transformer, drafter, spec: DraftSpec) -> None:
+    """Run the target's verify pass, and a model drafter's draft after 1..N newly verified tokens, once for every
+    token count 1..N (N = spec.max_nodes()).
 
     The products' kernel is chosen per row count (kernels.few_rows_linear), so a compiled step holds one graph per
     count, compiled the first time that count occurs. Drafts of varying length (suffix matches) meet counts a fixed
     chain never does; without this, those compilations would land inside timed runs. Cache contents written here are
     scratch: every generation starts with a prefill."""
+    max_rows = spec.max_nodes()
     prompt = torch.arange(1, 9)
-    need = prompt.numel() + max_rows * (max_rows + 1) + 2
+    need = prompt.numel() + max_rows * (max_rows + 1) + spec.max_nodes() + 2
     if target.max_len < need:
         target.setup_cache(need)
     _, aux = prefill(target, prompt)
     for n in range(1, max_rows + 1):
         verify_tree(target, Tree(list(range(1, n + 1)), [-1, *range(n - 1)], list(range(n))), prompt.numel())
-    if isinstance(drafter, ModelDrafter):  # its cache takes the accepted tokens, 1..max_rows at a time
+    if getattr(drafter, "net", None) is not None:  # a network drafter's pass reads the newly verified tokens, 1..max_rows at a time
         drafter.setup(need)
         drafter.start(prompt, 1, aux)
         for m in range(1, max_rows + 1):
             drafter.accepted(torch.ones(m, dtype=torch.long), None if aux is None else aux[-1:].expand(m, -1))
+            drafter.draft(1, spec)
 
 
 def compact_cache(model: Transformer, length: int, path: list[int]) -> None:

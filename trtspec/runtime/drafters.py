@@ -191,14 +191,14 @@ class LMDrafter(ModelDrafter):
 
     def __init__(self, model):
         super().__init__(None, model.args.vocab_size)
-        self.model = model
+        self.net = model
 
     def setup(self, max_len: int) -> None:
-        if self.model.max_len < max_len:
-            self.model.setup_cache(max_len)
+        if self.net.max_len < max_len:
+            self.net.setup_cache(max_len)
 
     def _forward(self, tokens, hidden, positions, slots, length, mask):
-        return self.model.step(tokens, positions, slots, length, mask)[0], None
+        return self.net.step(tokens, positions, slots, length, mask)[0], None
 
     def start(self, prompt: Tensor, first: int, aux: Tensor | None) -> None:
         self.length = 0
@@ -209,6 +209,9 @@ class LMDrafter(ModelDrafter):
 
 
 class Eagle3Drafter(ModelDrafter):
+    """EAGLE-3: verified positions wait (pending) until the next draft; a chain draft then runs as one pass of the
+    network (Eagle3Draft.chain: the pending rows and every guess), a tree catches up first and expands by depth."""
+
     name = "eagle3"
 
     def __init__(self, draft, embed: torch.nn.Embedding, vocab_size: int):
@@ -216,6 +219,7 @@ class Eagle3Drafter(ModelDrafter):
         identity = d2t.numel() == vocab_size and bool((d2t == torch.arange(vocab_size)).all())
         super().__init__(None if identity else d2t, vocab_size)
         self.net, self.embed = draft, embed
+        self.pending: tuple[Tensor, Tensor] | None = None  # (tokens, aux) of verified positions not in the cache yet
 
     def setup(self, max_len: int) -> None:
         if self.net.max_len < max_len:
@@ -228,12 +232,37 @@ class Eagle3Drafter(ModelDrafter):
         return self.net.step(self.embed(tokens), hidden, positions, slots, length, mask)
 
     def start(self, prompt: Tensor, first: int, aux: Tensor | None) -> None:
-        # draft position t reads (token t+1, aux_t): the prompt shifted left by one, then the first target token
+        # draft position t reads (token t+1, aux_t): the prompt shifted left by one, then the first target token;
+        # all but the last position go in now (a prefill), the last waits for the first draft
         self.length = 0
-        self._catch_up(torch.cat((prompt[1:], torch.tensor([first]))), aux)
+        tokens = torch.cat((prompt[1:], torch.tensor([first])))
+        if tokens.numel() > 1:
+            self._catch_up(tokens[:-1], aux[:-1])
+        self.pending = (tokens[-1:], aux[-1:])
 
     def accepted(self, tokens: Tensor, aux: Tensor | None) -> None:
-        self._catch_up(tokens, aux)
+        # a step drafted by another drafter (a suffix match) leaves the rows waiting longer
+        if self.pending is not None:
+            tokens, aux = torch.cat((self.pending[0], tokens)), torch.cat((self.pending[1], aux))
+        self.pending = (tokens, aux)
+
+    def draft(self, root: int, spec: DraftSpec, temperature: float = 0.0, generator=None) -> tuple[Tree, Tensor | None]:
+        if spec.shape != "chain":
+            self._catch_up(*self.pending)
+            self.pending = None
+            return super().draft(root, spec, temperature, generator)
+        tokens, aux = self.pending
+        noise = None
+        if temperature > 0:  # Gumbel-max: argmax(logits + T g), g = -log(-log u), is a sample of softmax(logits / T)
+            u = torch.rand(spec.k, self.net.lm_head.weight.shape[0], generator=generator)
+            noise = -temperature * torch.log(-torch.log(u))
+        guesses, logits = self.net.run_pass("chain", tokens, aux, self.length, spec.k, noise)
+        self.length += tokens.numel()
+        self.pending = None
+        tree = Tree.root(root)
+        for j, t in enumerate(self.to_target(guesses).tolist()):
+            tree.add(t, j)
+        return tree, self.full_probs(softmax_t(logits, temperature)) if temperature > 0 else None
 
 
 class NgramDrafter:
@@ -302,6 +331,7 @@ def load_eagle3_drafter(draft_dir: Path, target, dtype=torch.float32) -> Eagle3D
 
     net, info = load_eagle3(draft_dir, target.lm_head.weight, target.args.hidden_size, dtype)
     net.kernel_choice = choose_kernels(net)
+    net.embed_tokens = target.embed_tokens
     if tuple(target.aux_layers) != info.aux_layers:
         bad = [i for i in info.aux_layers if i >= target.args.num_layers]
         if bad:

@@ -41,6 +41,8 @@ class Eagle3Info:
 
 
 class Eagle3Draft(Stepper):
+    PASSES = ("forward", "chain")
+
     def __init__(self, args: ModelArgs, num_aux: int, draft_vocab: int, has_norm: bool):
         super().__init__()
         H = args.hidden_size
@@ -51,11 +53,35 @@ class Eagle3Draft(Stepper):
         self.norm = nn.Parameter(torch.ones(H)) if has_norm else None
         self.lm_head = Linear(H, draft_vocab, bias=False)
         self.register_buffer("draft_to_target", torch.arange(draft_vocab), persistent=False)
+        self.embed_tokens: nn.Embedding | None = None  # the target's, set by the runtime's loader (the chain pass embeds)
 
     def forward(self, embeds: Tensor, h: Tensor, positions: Tensor, slots: Tensor, length: int, mask) -> tuple[Tensor, Tensor]:
         """One draft pass over the KV cache: embeds/h [T, H] -> (draft-vocab logits [T, Vd], pre-norm output [T, H])."""
         logits, out = self.draft_step(embeds[None], h[None], self.cos[positions], self.sin[positions], slots, length, mask)
         return logits[0], out[0]
+
+    def chain(self, tokens: Tensor, aux: Tensor, length: int, k: int, noise: Tensor | None) -> tuple[Tensor, Tensor]:
+        """A whole chain draft in one pass (one compiled call per speculative step): the m newest verified
+        positions (tokens [m]: the token after each; aux [m, A]: the target's states there) join the cache at rows
+        length .. length + m - 1, then each guess is fed back for the next, k guesses in all, each written one row
+        further (rows the caller forgets). The j-th guess is argmax(logits_j + noise_j): greedy without noise, a
+        sample of softmax(logits_j / T) with noise = T x Gumbel noise [k, Vd] (the Gumbel-max trick).
+        -> (guesses in the draft vocab [k], their logits [k, Vd])."""
+        m = tokens.shape[0]
+        rows = torch.arange(length, length + m)
+        mask = None if m == 1 else torch.arange(length + m)[None, :] <= rows[:, None]
+        logits, hidden = self.forward(self.embed_tokens(tokens), self.fc(aux), rows, rows, length + m, mask)
+        logits, hidden = logits[-1:], hidden[-1:]
+        guesses, all_logits = [], []
+        for j in range(k):
+            guess = (logits if noise is None else logits + noise[j]).argmax(-1)
+            guesses.append(guess)
+            all_logits.append(logits)
+            if j + 1 < k:  # the guess sits at position length + m + j, in the row of that number
+                row = rows[-1:] + (j + 1)
+                logits, hidden = self.forward(self.embed_tokens(self.draft_to_target[guess]), hidden, row, row,
+                                              length + m + j + 1, None)
+        return torch.cat(guesses), torch.cat(all_logits)
 
     def draft_step(self, embeds: Tensor, h: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, length: int,
                    mask) -> tuple[Tensor, Tensor]:

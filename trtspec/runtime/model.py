@@ -120,9 +120,11 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 class Stepper(nn.Module):
-    """A network whose few-token passes (decode, verification, drafting) `compile_steps` can compile."""
+    """A network whose few-token passes (decode, verification, drafting) `compile_steps` can compile: `forward` and
+    the other methods named in PASSES, each called through `run_pass`."""
 
-    compiled_step = None
+    PASSES: tuple[str, ...] = ("forward",)
+    compiled: dict[str, Callable] | None = None  # pass name -> its compiled function, after `compile_steps`
     kernel_choice: dict | None = None  # what `choose_kernels` measured on this machine when the network was loaded
 
     max_len = 0  # positions the KV cache and rope tables hold
@@ -138,8 +140,13 @@ class Stepper(nn.Module):
 
     def step(self, *args):
         """forward(*args), compiled after `compile_steps`; a prefill (mask "causal", the last argument) stays eager."""
-        eager = self.compiled_step is None or isinstance(args[-1], str)
-        return (self.forward if eager else self.compiled_step)(*args)
+        return self.run_pass("forward", *args)
+
+    def run_pass(self, name: str, *args):
+        """The pass `name`(*args), compiled after `compile_steps` unless the last argument is "causal" (a prefill)."""
+        if self.compiled is not None and not isinstance(args[-1], str):
+            return self.compiled[name](*args)
+        return getattr(self, name)(*args)
 
 
 class Attention(nn.Module):
@@ -252,7 +259,8 @@ def compile_cache_dir() -> Path:
 
 
 def compile_steps(models: list[Stepper], warm_up: Callable[[], object]) -> tuple[float, str]:
-    """torch.compile the networks' few-token passes (inductor), then call `warm_up` to compile them.
+    """torch.compile the networks' few-token passes (inductor: each network's PASSES), then call `warm_up` to compile
+    them.
 
     Decoding a small model on a CPU spends a good part of each step outside the weight products: per layer two
     norms, two ropes, attention, two cache writes, ~30 small ops. Inductor fuses them into a few C++ loops (the
@@ -274,13 +282,13 @@ def compile_steps(models: list[Stepper], warm_up: Callable[[], object]) -> tuple
     ours = cache.parent.name == "trtspec"
     for attempt in (1, 2):
         for m in models:
-            m.compiled_step = torch.compile(m.forward, dynamic=True)
+            m.compiled = {name: torch.compile(getattr(m, name), dynamic=True) for name in m.PASSES}
         try:
             warm_up()
             return round(time.perf_counter() - t0, 1), COMPILED
         except Exception as e:  # inductor's failures have no common base class; the eager runtime is always there
             for m in models:
-                m.compiled_step = None
+                m.compiled = None
             torch._dynamo.reset()
             if attempt == 1 and ours and cache.is_dir():
                 shutil.rmtree(cache, ignore_errors=True)

@@ -120,7 +120,7 @@ def run(ctx: StageContext) -> dict:
     compile_s, compile_note = 0.0, "off (validate.compile: false)"
     if v.compile:
         ctx.log("compiling the runtime's decode, verify and draft passes (torch.compile; ~1-2 min on a CPU the first time)")
-        compile_s, compile_note = compile_steps([target, drafter.net], lambda: (warm_up_row_counts(target, drafter, spec.max_nodes()),
+        compile_s, compile_note = compile_steps([target, drafter.net], lambda: (warm_up_row_counts(target, drafter, spec),
                                                                                     [methods[m](prompts[0]) for m in ("runtime_no_draft", *drafting)]))
         ctx.log(f"{compile_note} ({compile_s:.0f} s)")
 
@@ -146,7 +146,7 @@ def run(ctx: StageContext) -> dict:
     report = {
         "runtime": f"trtspec PyTorch speculative runtime ({family(drafter.name).title} from bundle/draft), CPU float32",
         "draft_method": drafter.name,
-        "runtime_compiled": target.compiled_step is not None,
+        "runtime_compiled": target.compiled is not None,
         "compile": {"seconds": compile_s, "note": compile_note},
         "bundle": str(bundle),
         "prompts": len(prompts),
