@@ -77,7 +77,7 @@ def main() -> None:
     machine = cpu_description()
     compile_s, compile_note = 0.0, "off (--no-compile)"
     if not a.no_compile:  # warm up every row count a draft can verify, then every method on every set
-        compile_s, compile_note = compile_steps([target, eagle.net], lambda: (warm_up_row_counts(target, eagle, spec.max_nodes()),
+        compile_s, compile_note = compile_steps([target, eagle.net], lambda: (warm_up_row_counts(target, eagle, spec),
                                                 [methods[m](ps[0]) for ps in sets.values() for m in methods]))
     if not a.json:
         print(f"machine: {machine['model']}, {machine['cores']} cores, {machine['torch_threads']} threads; runtime: {compile_note} ({compile_s:.0f} s)")

@@ -1,0 +1,157 @@
+#!/usr/bin/env python
+"""Where one speculative step's time goes, against one plain decode step, on a finished run's bundle.
+
+    python scripts/bench_step.py runs/demo                      # table on stdout
+    python scripts/bench_step.py runs/demo --k 3 --prompts 3 --json
+
+Every network pass of the runtime goes through `Stepper.step`; this script wraps the target's and the draft's
+`step` with a timer and decodes the run's held-out prompts with and without the draft (greedy, compiled as validate
+compiles them). Per decode step it prints the time inside the target's passes, inside the draft's passes (by rows per
+pass) and outside both (Python: trees, masks, verification, cache bookkeeping), and the speculative step in plain
+decode steps beside its ideal by bytes: (target weights + draft passes x draft weights) / target weights.
+
+The compiled passes are timed twice, interleaved: with dynamo's guards evaluated on every call (the default) and
+with torch.compiler.set_stance(skip_guard_eval_unsafe=True), which checks only the guards that pick between the
+compiled graphs: the difference is what guard evaluation costs per step on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from contextlib import nullcontext
+from pathlib import Path
+
+
+class PassTimer:
+    """Wraps a network's `step`: seconds spent in it, by the number of rows (tokens) per pass; prefills (mask
+    "causal": the prompt's pass, timed apart as Generation.prefill_s) are not counted."""
+
+    def __init__(self, net):
+        self.net, self.inner = net, net.step
+        self.seconds: dict[int, list[float]] = defaultdict(list)
+        net.step = self
+
+    def __call__(self, *args):
+        t0 = time.perf_counter()
+        out = self.inner(*args)
+        if not isinstance(args[-1], str):
+            self.seconds[args[0].shape[0]].append(time.perf_counter() - t0)
+        return out
+
+    def reset(self) -> None:
+        self.seconds.clear()
+
+    def total(self) -> float:
+        return sum(sum(v) for v in self.seconds.values())
+
+    def calls(self) -> int:
+        return sum(len(v) for v in self.seconds.values())
+
+
+def weight_mb(net) -> float:
+    from trtspec.runtime.kernels import Linear
+
+    return sum(m.weight.numel() * 4 for m in net.modules() if isinstance(m, Linear)) / 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--k", type=int, default=3, help="draft length")
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every configuration")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+
+    import torch
+
+    from trtspec.bench import load_prompts, open_bundle
+    from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
+    from trtspec.runtime.kernels import cpu_description
+
+    bundle = open_bundle(a.run_dir)
+    prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
+    target, drafter = bundle.runtime()
+    net = drafter.net
+    spec, eos, new = DraftSpec(k=a.k), bundle.eos, a.max_new_tokens
+    note = "eager (--no-compile)"
+    if not a.no_compile:
+        _, note = compile_steps([target, net], lambda: [(generate(target, p, new, eos),
+                                                        speculative_decode(target, drafter, p, new, spec, eos)) for p in prompts])
+    t_timer, d_timer = PassTimer(target), PassTimer(net)
+    stances = {"guards": nullcontext, "no_guards": lambda: torch.compiler.set_stance(skip_guard_eval_unsafe=True)}
+    runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for _ in range(a.rounds):
+        for stance, ctx in stances.items():
+            for method in ("no_draft", "speculative"):
+                for p in prompts:
+                    t_timer.reset()
+                    d_timer.reset()
+                    with ctx():
+                        t0 = time.perf_counter()
+                        g = (generate(target, p, new, eos) if method == "no_draft"
+                             else speculative_decode(target, drafter, p, new, spec, eos))
+                        total = time.perf_counter() - t0 - g.prefill_s
+                    steps = g.stats.steps
+                    runs[(stance, method)].append({
+                        "steps": steps, "tokens": len(g.tokens), "total_ms": total / steps * 1e3,
+                        "target_ms": t_timer.total() / steps * 1e3, "draft_ms": d_timer.total() / steps * 1e3,
+                        "draft_calls": d_timer.calls() / steps,
+                        "target_by_rows": {r: statistics.median(v) * 1e3 for r, v in t_timer.seconds.items()},
+                        "draft_by_rows": {r: statistics.median(v) * 1e3 for r, v in d_timer.seconds.items()},
+                        "acceptance_length": g.stats.acceptance_length(), "out": g.tokens,
+                    })
+
+    def med(stance: str, method: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[(stance, method)])
+
+    t_mb, d_mb = weight_mb(target), weight_mb(net)
+    rows = {}
+    for stance in stances:
+        plain = med(stance, "no_draft", "total_ms")
+        calls = med(stance, "speculative", "draft_calls")
+        spec_ms = med(stance, "speculative", "total_ms")
+        rows[stance] = {
+            "decode_step_ms": round(plain, 2), "decode_target_ms": round(med(stance, "no_draft", "target_ms"), 2),
+            "spec_step_ms": round(spec_ms, 2), "spec_target_ms": round(med(stance, "speculative", "target_ms"), 2),
+            "spec_draft_ms": round(med(stance, "speculative", "draft_ms"), 2), "draft_calls_per_step": round(calls, 2),
+            "spec_python_ms": round(spec_ms - med(stance, "speculative", "target_ms") - med(stance, "speculative", "draft_ms"), 2),
+            "decode_python_ms": round(plain - med(stance, "no_draft", "target_ms"), 2),
+            "step_in_decode_steps": round(spec_ms / plain, 3),
+            "ideal_by_bytes": round((t_mb + calls * d_mb) / t_mb, 3),
+            "acceptance_length": round(med(stance, "speculative", "acceptance_length"), 3),
+            "verify_ms_by_rows": {r: round(statistics.median(x["target_by_rows"].get(r, float("nan")) for x in runs[(stance, "speculative")]), 2)
+                                  for r in sorted({r for x in runs[(stance, "speculative")] for r in x["target_by_rows"]})},
+            "draft_ms_by_rows": {r: round(statistics.median(x["draft_by_rows"].get(r, float("nan")) for x in runs[(stance, "speculative")]), 2)
+                                 for r in sorted({r for x in runs[(stance, "speculative")] for r in x["draft_by_rows"]})},
+            "speedup_vs_no_draft": round(med(stance, "speculative", "acceptance_length") * plain / spec_ms, 3),
+        }
+    same = all(x["out"] == y["out"] for (s, m), v in runs.items() if m == "speculative"
+               for x, y in zip(v, runs[(s, "no_draft")], strict=True))
+    result = {"machine": cpu_description(), "runtime": note, "k": a.k, "target_mb": round(t_mb, 1),
+              "draft_mb": round(d_mb, 1), "greedy_identical": same, "kernels": target.kernel_choice["by_rows"], "rows": rows}
+    if a.json:
+        print(json.dumps(result))
+        return
+    m = result["machine"]
+    print(f"machine: {m['model']}, {m['cores']} cores, {' '.join(m['flags'])}; runtime: {note}")
+    print(f"target {t_mb:.0f} MB, draft {d_mb:.0f} MB per pass; k = {a.k}; kernels by rows {' '.join(result['kernels'])}; "
+          f"greedy identical: {same}")
+    for stance, r in rows.items():
+        print(f"\n[{stance}]  decode step {r['decode_step_ms']:.2f} ms (target pass {r['decode_target_ms']:.2f}, "
+              f"outside {r['decode_python_ms']:.2f})")
+        print(f"  speculative step {r['spec_step_ms']:.2f} ms = target {r['spec_target_ms']:.2f} + draft "
+              f"{r['spec_draft_ms']:.2f} ({r['draft_calls_per_step']:.2f} passes) + outside {r['spec_python_ms']:.2f}")
+        print(f"  verify ms by rows {r['verify_ms_by_rows']}; draft pass ms by rows {r['draft_ms_by_rows']}")
+        print(f"  step = {r['step_in_decode_steps']:.2f} decode steps (ideal by bytes {r['ideal_by_bytes']:.2f}); "
+              f"AL {r['acceptance_length']:.2f}; speculative / no draft {r['speedup_vs_no_draft']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
