@@ -52,12 +52,6 @@ class PassTimer:
         return sum(len(v) for v in self.seconds.values())
 
 
-def weight_mb(net) -> float:
-    from trtspec.runtime.kernels import Linear
-
-    return sum(m.weight.numel() * 4 for m in net.modules() if isinstance(m, Linear)) / 1e6
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", type=Path)
@@ -73,7 +67,7 @@ def main() -> None:
 
     from trtspec.bench import load_prompts, open_bundle
     from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
-    from trtspec.runtime.kernels import cpu_description
+    from trtspec.runtime.kernels import cpu_description, step_cost_by_bytes, weight_mb
 
     bundle = open_bundle(a.run_dir)
     prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
@@ -124,7 +118,7 @@ def main() -> None:
             "spec_python_ms": round(spec_ms - med(stance, "speculative", "target_ms") - med(stance, "speculative", "draft_ms"), 2),
             "decode_python_ms": round(plain - med(stance, "no_draft", "target_ms"), 2),
             "step_in_decode_steps": round(spec_ms / plain, 3),
-            "ideal_by_bytes": round((t_mb + calls * d_mb) / t_mb, 3),
+            "ideal_by_bytes": round(step_cost_by_bytes(target, drafter, spec), 3),
             "acceptance_length": round(med(stance, "speculative", "acceptance_length"), 3),
             "verify_ms_by_rows": {r: round(statistics.median(x["target_by_rows"].get(r, float("nan")) for x in runs[(stance, "speculative")]), 2)
                                   for r in sorted({r for x in runs[(stance, "speculative")] for r in x["target_by_rows"]})},

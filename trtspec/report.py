@@ -133,6 +133,10 @@ def _markdown(r: dict, plots: list[str]) -> str:
             f"| speculation: AL / step cost | {lim['acceptance_length']:.2f} / {lim['step_cost_vs_decode']:.2f} = "
             f"{lim['speculative_over_no_draft']:.2f}x over no draft |",
         ]
+        if lim.get("step_cost_by_bytes"):
+            lines += [f"| one speculative step, measured / by bytes (verify reads the target's weights once, each draft "
+                      f"pass the draft's) | {lim['step_cost_vs_decode']:.2f} / {lim['step_cost_by_bytes']:.2f} decode steps "
+                      f"(the difference is the runtime's overhead) |"]
     checks = r.get("sampling_check")
     if checks:
         lines += ["", "## Sampling check", "", "The first speculated token, sampled at temperature > 0 with each drafting, "

@@ -200,7 +200,8 @@ def acceptance_summary(rows: list[dict], generations: list, k: int) -> dict:
 
 
 def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: dict | None,
-                  no_draft_decode_tps: float | None = None, decode_runs: list | None = None) -> dict:
+                  no_draft_decode_tps: float | None = None, decode_runs: list | None = None,
+                  step_cost_ideal: float | None = None) -> dict:
     """Speedups against HF generate and against the runtime without a draft, and what limits them
     (`no_draft_decode_tps`: the runtime's decode steps alone, without the prompts' prefill; `decode_runs`: the same
     per run, each held against the bandwidth sampled around it: kernels.speed_limits)."""
@@ -218,7 +219,7 @@ def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: di
     out["limits"] = None if bandwidth is None else {
         "bandwidth": bandwidth,
         **speed_limits(kernels, bandwidth, tps["runtime_no_draft"], al, out["step_cost_vs_decode"], no_draft_decode_tps,
-                       decode_runs),
+                       decode_runs, step_cost_ideal),
     }
     return out
 

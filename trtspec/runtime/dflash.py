@@ -150,6 +150,10 @@ class DFlashDrafter:
         self.pending = aux if self.pending is None else torch.cat((self.pending, aux))
         self.length += aux.shape[0]
 
+    def passes_per_step(self, spec: DraftSpec) -> int:
+        """One pass drafts the whole block (the target's lm_head, part of the network, over its k rows)."""
+        return 1
+
     def draft(self, root: int, spec: DraftSpec, temperature: float = 0.0, generator=None) -> tuple[Tree, Tensor | None]:
         if spec.shape != "chain":
             raise ModelError("a DFlash block drafts a chain", "use draft.shape: chain")

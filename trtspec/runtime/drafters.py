@@ -107,6 +107,11 @@ class ModelDrafter:
                 self._hidden[n] = h
         return logits
 
+    def passes_per_step(self, spec: DraftSpec) -> int:
+        """Passes of the network one draft makes: one per guess of a chain (the first with the newly verified
+        rows), one per level of a tree."""
+        return spec.k
+
     def to_target(self, ids: Tensor) -> Tensor:
         return ids if self.vocab_ids is None else self.vocab_ids[ids]
 

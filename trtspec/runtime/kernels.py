@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-FEW_ROWS = 5  # decode (1 row), chain verification up to k = 4, the draft's own steps
+FEW_ROWS = 8  # decode (1 row), chain verification up to k = 7 (a DFlash block of 8), the drafts' own passes
 BLOCKS = (2, 4, 8)
 CANDIDATES = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS), "native")
 DEFAULT = ("linear",) * FEW_ROWS  # the kernel for 1, 2, ..., FEW_ROWS rows, until a choice is made
@@ -177,8 +177,21 @@ def bandwidth_during(samples: list[dict]) -> dict:
     return {**out, "samples_gb_per_s": [s["gb_per_s"] for s in samples], "megabytes": samples[0]["megabytes"]}
 
 
+def weight_mb(net: nn.Module) -> float:
+    """Megabytes of a network's runtime Linear weights: what one pass of it reads."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in net.modules() if isinstance(m, Linear)) / 1e6
+
+
+def step_cost_by_bytes(target: nn.Module, drafter, spec) -> float:
+    """What one speculative step would cost in plain decode steps if every pass cost its weights' bytes alone: the
+    verify pass reads the target's weights once, as a decode step does (its few rows add no bytes), and each of the
+    drafter's passes (`drafter.passes_per_step(spec)`) reads the draft network's."""
+    return 1.0 + drafter.passes_per_step(spec) * weight_mb(drafter.net) / weight_mb(target)
+
+
 def speed_limits(kernel_choice: dict, bandwidth: dict, no_draft_tps: float, acceptance_length: float,
-                 step_cost: float, no_draft_decode_tps: float | None = None, decode_runs: list | None = None) -> dict:
+                 step_cost: float, no_draft_decode_tps: float | None = None, decode_runs: list | None = None,
+                 step_cost_ideal: float | None = None) -> dict:
     """What bounds the runtime's speed on this machine, from what was measured.
 
     Plain decoding reads every Linear weight once per token (the embedding row and the KV cache are small beside
@@ -190,7 +203,8 @@ def speed_limits(kernel_choice: dict, bandwidth: dict, no_draft_tps: float, acce
     the median over runs (`decode_fraction_runs`: all of them); otherwise the median decode speed against the median
     bandwidth. `no_draft_fraction_of_limit`: the same with the prefill's time included (what a user sees per answer).
     `weight_products_share` is the part of a decode step spent in the weight products alone (the rest: attention,
-    norms, rope, Python). Speculation multiplies plain decoding by AL / step cost.
+    norms, rope, Python). Speculation multiplies plain decoding by AL / step cost; `step_cost_ideal` is the step's
+    cost by bytes (`step_cost_by_bytes`): the overhead beyond it is the runtime's, not the draft's size.
     """
     import statistics
 
@@ -211,5 +225,6 @@ def speed_limits(kernel_choice: dict, bandwidth: dict, no_draft_tps: float, acce
         "decode_step_ms": round(step_ms, 2), "weight_products_ms": round(products_ms, 2),
         "weight_products_share": round(min(1.0, products_ms / step_ms), 3),
         "acceptance_length": round(acceptance_length, 3), "step_cost_vs_decode": round(step_cost, 3),
+        "step_cost_by_bytes": None if step_cost_ideal is None else round(step_cost_ideal, 3),
         "speculative_over_no_draft": round(acceptance_length / step_cost, 3),
     }

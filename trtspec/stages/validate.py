@@ -82,7 +82,7 @@ def run(ctx: StageContext) -> dict:
         speculative_decode,
     )
     from trtspec.runtime.decode import warm_up_row_counts
-    from trtspec.runtime.kernels import cpu_description
+    from trtspec.runtime.kernels import cpu_description, step_cost_by_bytes
     from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
 
     v, d, n_new = ctx.cfg.validate_, ctx.cfg.draft, ctx.cfg.eval.max_new_tokens
@@ -164,7 +164,7 @@ def run(ctx: StageContext) -> dict:
         "method_notes": method_notes,
         **speed_summary(tps, acceptance["acceptance_length"], kernels, bandwidth,
                         median_speeds(timed, "decode_tokens_per_s").get("runtime_no_draft"),
-                        timed["runtime_no_draft"].get("decode_runs")),
+                        timed["runtime_no_draft"].get("decode_runs"), step_cost_by_bytes(target, drafter, spec)),
         "drafting": drafting_summary(outputs, reference, tps, drafting, d.suffix_len) if len(drafting) > 1 else None,
         "sampling_check": sampling,
         "machine": cpu_description(),
