@@ -76,6 +76,14 @@ def pick_block_size(in_features: dict[str, int], requested: int | None) -> int:
     )
 
 
+def block_size_for(q: Any, layers: dict[str, int]) -> int | None:
+    """The int4 block size of a block format (None for the others); nvfp4's fixed block is checked to divide too."""
+    block = pick_block_size(layers, q.block_size) if q.format in BLOCK_FORMATS else None
+    if q.format == "nvfp4":
+        pick_block_size(layers, NVFP4_BLOCK)
+    return block
+
+
 def check_quant_config(q: Any, model_config: Any = None) -> None:
     """Problems the user can fix, found before any model is loaded."""
     import torch
@@ -169,6 +177,38 @@ def agreement(model: Any, prompts: list[list[int]], reference: list[list[int]]) 
             same += int((pred == torch.tensor(ref)).sum())
             total += len(ref)
     return same / max(total, 1)
+
+
+def compare_with_reference(model: Any, heldout: list[tuple[Any, Any]], prompts: list[list[int]],
+                           reference: list[list[int]], greedy: Any) -> dict:
+    """The quantized model against the unquantized one's greedy answers `reference` to `prompts`: perplexity on
+    `heldout`, teacher-forced agreement, identical free-running outputs (greedy(model) answers the prompts) and
+    the mean length of the prefix they share."""
+    from trtspec.generation import common_prefix
+
+    ppl = perplexity(model, heldout)
+    agree = agreement(model, prompts, reference)
+    outputs = greedy(model)
+    return {
+        "perplexity": ppl,
+        "agreement": agree,
+        "identical": sum(a == b for a, b in zip(outputs, reference, strict=True)),
+        "prefix": sum(common_prefix(a, b) for a, b in zip(outputs, reference, strict=True)) / max(len(prompts), 1),
+    }
+
+
+def quant_info(q: Any, block: int | None, layers: dict[str, int], model: Any) -> dict:
+    """quant.json: the format and what was quantized, and the files that rebuild it."""
+    return {
+        "format": q.format,
+        "kv_cache": q.kv_cache,
+        "block_size": block,
+        "modelopt_preset": PRESETS[q.format],
+        "quantize_lm_head": q.quantize_lm_head,
+        "quantized_layers": len(layers),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        "files": [STATE_FILE, TENSORS_FILE],
+    }
 
 
 def calibrate(model: Any, cfg: dict, calib: list[tuple[Any, Any]]) -> Any:

@@ -14,22 +14,18 @@ from typing import Any
 
 from trtspec.chat import encode_prompt, prompt_rows, read_rows
 from trtspec.errors import DataError
-from trtspec.generation import common_prefix, hf_answer
+from trtspec.generation import hf_answer
 from trtspec.pipeline.stage import StageContext
 from trtspec.quant import (
-    BLOCK_FORMATS,
-    NVFP4_BLOCK,
-    PRESETS,
     QUANT_JSON,
-    STATE_FILE,
-    TENSORS_FILE,
-    agreement,
+    block_size_for,
     calibrate,
     check_quant_config,
+    compare_with_reference,
     fold_weights,
     perplexity,
-    pick_block_size,
     quant_config,
+    quant_info,
     quantized_linears,
     save_and_check_restore,
     token_rows,
@@ -58,23 +54,11 @@ def run(ctx: StageContext) -> dict:
     check_quant_config(q)  # nvfp4 on a CPU fails here, before anything is loaded
     path = ctx.model_path
     check_quant_config(q, AutoConfig.from_pretrained(path))
-    data = ctx.inputs["data"]
     tok = load_tokenizer(path)
     model = load_model(path, ctx.cfg.model.dtype)
     layers = quantized_linears(model, q.quantize_lm_head)
-    block = pick_block_size(layers, q.block_size) if q.format in BLOCK_FORMATS else None
-    if q.format == "nvfp4":
-        pick_block_size(layers, NVFP4_BLOCK)
-
-    calib = token_rows(data / "train_tokens.pt", q.calib_samples, ctx.cfg.seed)
-    heldout = token_rows(data / "heldout_tokens.pt", ctx.cfg.eval.num_prompts)
-    prompts_file = data / "heldout.jsonl"
-    if not heldout:  # no held-out split (holdout_fraction 0): measure on training rows, and say so
-        ctx.log("no held-out conversations: measuring on training conversations instead")
-        heldout, prompts_file = token_rows(data / "train_tokens.pt", ctx.cfg.eval.num_prompts), data / "train.jsonl"
-    if not calib:
-        raise DataError("data/train_tokens.pt has no conversation to calibrate on", "re-run the data stage with more data")
-    prompts = [encode_prompt(tok, r["messages"]) for r in prompt_rows(read_rows(prompts_file))[: ctx.cfg.eval.num_prompts]]
+    block = block_size_for(q, layers)
+    calib, heldout, prompts = measure_rows(ctx, tok)
     eos = tok.eos_token_id
 
     def greedy(m: Any) -> list[list[int]]:  # one prompt at a time: no padding effects
@@ -91,39 +75,47 @@ def run(ctx: StageContext) -> dict:
 
     ctx.log("measuring the quantized model")
     model = fold_weights(model)
-    ppl_after = perplexity(model, heldout)
-    agree = agreement(model, prompts, reference)
-    outputs = greedy(model)
-    identical = sum(a == b for a, b in zip(outputs, reference, strict=True))
-    prefix = sum(common_prefix(a, b) for a, b in zip(outputs, reference, strict=True)) / max(len(prompts), 1)
-
-    info = {
-        "format": q.format,
-        "kv_cache": q.kv_cache,
-        "block_size": block,
-        "modelopt_preset": PRESETS[q.format],
-        "quantize_lm_head": q.quantize_lm_head,
-        "quantized_layers": len(layers),
-        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        "files": [STATE_FILE, TENSORS_FILE],
-    }
+    after = compare_with_reference(model, heldout, prompts, reference, greedy)
+    info = quant_info(q, block, layers, model)
     write_json(ctx.out / QUANT_JSON, info)
+    return metrics(info, ppl_before, after, len(calib), len(prompts), saved, diff)
+
+
+def measure_rows(ctx: StageContext, tok: Any) -> tuple[list, list, list[list[int]]]:
+    """Calibration rows (train split), held-out rows for perplexity and the held-out prompts, encoded; with no
+    held-out split (holdout_fraction 0) the training conversations stand in, and the log says so."""
+    data, n = ctx.inputs["data"], ctx.cfg.eval.num_prompts
+    calib = token_rows(data / "train_tokens.pt", ctx.cfg.quantize.calib_samples, ctx.cfg.seed)
+    heldout = token_rows(data / "heldout_tokens.pt", n)
+    prompts_file = data / "heldout.jsonl"
+    if not heldout:
+        ctx.log("no held-out conversations: measuring on training conversations instead")
+        heldout, prompts_file = token_rows(data / "train_tokens.pt", n), data / "train.jsonl"
+    if not calib:
+        raise DataError("data/train_tokens.pt has no conversation to calibrate on", "re-run the data stage with more data")
+    prompts = [encode_prompt(tok, r["messages"]) for r in prompt_rows(read_rows(prompts_file))[:n]]
+    return calib, heldout, prompts
+
+
+def metrics(info: dict, ppl_before: float, after: dict, calib: int, prompts: int, saved: int, diff: float) -> dict:
+    """The stage's metrics and headline: what quantization cost against the unquantized model."""
+    fmt, block, ppl_after, agree = info["format"], info["block_size"], after["perplexity"], after["agreement"]
     change = 100 * (ppl_after / ppl_before - 1)
     return {
         **{k: info[k] for k in ("format", "kv_cache", "block_size", "quantized_layers")},
-        "calib_samples": len(calib),
-        "eval_prompts": len(prompts),
+        "calib_samples": calib,
+        "eval_prompts": prompts,
         "perplexity_before": round(ppl_before, 4),
         "perplexity_after": round(ppl_after, 4),
         "perplexity_change_pct": round(change, 2),
         "greedy_agreement": round(agree, 4),
-        "identical_outputs": identical,
-        "mean_matching_prefix": round(prefix, 2),
+        "identical_outputs": after["identical"],
+        "mean_matching_prefix": round(after["prefix"], 2),
         "saved_tensors": saved,
         "restore_max_logit_diff": diff,
         "headline": (
-            f"{q.format}" + (f"/block {block}" if block else "") + (" + fp8 KV" if q.kv_cache == "fp8" else "")
+            f"{fmt}" + (f"/block {block}" if block else "") + (" + fp8 KV" if info["kv_cache"] == "fp8" else "")
             + f": perplexity {ppl_before:.2f} -> {ppl_after:.2f} ({change:+.1f}%), greedy agreement {agree:.1%}, "
-            f"{identical}/{len(prompts)} outputs identical"
+            f"{after['identical']}/{prompts} outputs identical"
         ),
     }
