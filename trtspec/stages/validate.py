@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
@@ -68,25 +69,29 @@ def load_prompt_rows(ctx: StageContext) -> list[dict]:
     return rows[: ctx.cfg.eval.num_prompts]
 
 
-def run(ctx: StageContext) -> dict:
+@dataclass
+class Bench:
+    """What every measurement of the stage shares: the prompts and the bundle loaded into the runtime."""
+
+    rows: list[dict]
+    prompts: list[list[int]]
+    eos: set[int]
+    target: Any  # the runtime's target (bundle/target)
+    dq_notes: list[str]  # how the runtime dequantized a quantized target
+    drafter: Any  # the runtime's drafter (bundle/draft)
+    spec: Any  # the runtime's DraftSpec from the draft section
+    drafters: dict[str, Any] = field(default_factory=dict)  # timed method -> its drafter
+
+
+def load_bench(ctx: StageContext) -> Bench:
+    """The bundle checked and loaded into the runtime, and the prompts encoded with its tokenizer."""
     import torch
 
-    from trtspec.drafting import family, load_drafter
-    from trtspec.models import load_model, load_tokenizer
-    from trtspec.report import write_report
-    from trtspec.runtime import (
-        DraftSpec,
-        compile_steps,
-        generate,
-        load_transformer,
-        speculative_decode,
-    )
-    from trtspec.runtime.decode import warm_up_row_counts
-    from trtspec.runtime.kernels import cpu_description, step_cost_by_bytes
-    from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
+    from trtspec.drafting import load_drafter
+    from trtspec.models import load_tokenizer
+    from trtspec.runtime import DraftSpec, load_transformer
 
-    v, d, n_new = ctx.cfg.validate_, ctx.cfg.draft, ctx.cfg.eval.max_new_tokens
-    bundle = ctx.inputs["export"]
+    d, bundle = ctx.cfg.draft, ctx.inputs["export"]
     check_bundle(bundle)
     target_dir = bundle / "target"
     tok = load_tokenizer(target_dir)
@@ -94,61 +99,108 @@ def run(ctx: StageContext) -> dict:
     prompts = [encode_prompt(tok, r["messages"]) for r in rows]
     eos = eos_ids(target_dir, tok)
     target, dq_notes = load_transformer(target_dir, torch.float32)
-    check_context_length(rows, prompts, n_new, target.args.max_positions)
+    check_context_length(rows, prompts, ctx.cfg.eval.max_new_tokens, target.args.max_positions)
     drafter = load_drafter(bundle / "draft", target)
     spec = DraftSpec(shape=d.shape, k=d.length, topk=d.tree_topk, total=d.tree_total_tokens, suffix_len=d.suffix_len)
-    source = ctx.model_path
+    return Bench(rows, prompts, eos, target, dq_notes, drafter, spec)
+
+
+def timed_methods(ctx: StageContext, b: Bench, hf: Any) -> tuple[dict[str, Any], list[str], dict, dict]:
+    """The generation methods timed against each other (prompt -> tokens), those among them that draft, and HF
+    assisted generation's skipped methods and notes; b.drafters gets each drafting method's drafter."""
+    import torch
+
+    from trtspec.runtime import generate, speculative_decode
+    from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
+
+    d, n_new, target, spec, eos = ctx.cfg.draft, ctx.cfg.eval.max_new_tokens, b.target, b.spec, b.eos
+    methods: dict[str, Any] = {
+        "hf_generate": lambda p: hf_answer(hf, p, n_new, eos),
+        "runtime_no_draft": lambda p: generate(target, torch.tensor(p), n_new, eos),
+        "speculative": lambda p: speculative_decode(target, b.drafter, torch.tensor(p), n_new, spec, eos),
+    }
+    b.drafters["speculative"] = b.drafter
+    if d.suffix_len:  # suffix drafting alone, and a long suffix match in front of the head
+        suffix_alone, suffix_first = SuffixDrafter(), SuffixThenModelDrafter(b.drafter, SuffixDrafter(min_match=d.suffix_min_match))
+        methods["suffix"] = lambda p: speculative_decode(target, suffix_alone, torch.tensor(p), n_new, spec, eos)
+        methods["eagle3_suffix"] = lambda p: speculative_decode(target, suffix_first, torch.tensor(p), n_new, spec, eos)
+        b.drafters.update(suffix=suffix_alone, eagle3_suffix=suffix_first)
+    drafting = [m for m in ("speculative", "suffix", "eagle3_suffix") if m in methods]
+    assisted, skipped, method_notes = hf_assisted_methods(ctx.cfg, hf, ctx.model_path, eos)
+    methods.update(assisted)
+    return methods, drafting, skipped, method_notes
+
+
+def compile_runtime(ctx: StageContext, b: Bench, methods: dict[str, Any], drafting: list[str]) -> tuple[float, str]:
+    """The runtime's steps compiled before timing (the first generations of each kind trigger it): (seconds, note)."""
+    from trtspec.runtime import compile_steps
+    from trtspec.runtime.decode import warm_up_row_counts
+
+    if not ctx.cfg.validate_.compile:
+        return 0.0, "off (validate.compile: false)"
+    ctx.log("compiling the runtime's decode, verify and draft passes (torch.compile; ~1-2 min on a CPU the first time)")
+    compile_s, compile_note = compile_steps([b.target, b.drafter.net], lambda: (warm_up_row_counts(b.target, b.drafter, b.spec),
+                                                                                [methods[m](b.prompts[0]) for m in ("runtime_no_draft", *drafting)]))
+    ctx.log(f"{compile_note} ({compile_s:.0f} s)")
+    return compile_s, compile_note
+
+
+def reference_outputs(ctx: StageContext, b: Bench, hf_outputs: list) -> tuple[list, str, dict | None]:
+    """The outputs greedy decoding must equal: HF generate on the original model, or with a quantized target, HF
+    with the bundle's dequantized weights; (outputs, how the report names them, the quantization report)."""
+    quant_file = ctx.inputs["export"] / "target" / "hf_quant_config.json"
+    if not quant_file.is_file():
+        return hf_outputs, "HF generate, original model, float32", None
+    ctx.log("quantized target: HF reference with the bundle's dequantized weights")
+    return quantized_reference(ctx.model_path, quant_file.parent, json.loads(quant_file.read_text()), b.dq_notes, b.rows,
+                               b.prompts, hf_outputs, ctx.cfg.eval.max_new_tokens, b.eos)
+
+
+def sampling_checks(ctx: StageContext, b: Bench) -> dict | None:
+    """validate.sampling_temperature: each drafting method's samples against the target's own (chains only:
+    sampling from a top-k tree is not lossless)."""
+    from trtspec.runtime import DraftSpec
+
+    v, d = ctx.cfg.validate_, ctx.cfg.draft
+    if v.sampling_temperature is None:
+        return None
+    chain = DraftSpec(shape="chain", k=d.length, suffix_len=d.suffix_len)
+    return {m: sampling_check(b.target, dr, min(b.prompts, key=len), chain, v.sampling_temperature, b.eos, n=200, seed=ctx.cfg.seed,
+                              repeat=m != "speculative") for m, dr in b.drafters.items()}
+
+
+def run(ctx: StageContext) -> dict:
+    import torch
+
+    from trtspec.drafting import family
+    from trtspec.models import load_model
+    from trtspec.report import write_report
+    from trtspec.runtime.kernels import cpu_description, step_cost_by_bytes
+
+    v, d, n_new = ctx.cfg.validate_, ctx.cfg.draft, ctx.cfg.eval.max_new_tokens
+    b = load_bench(ctx)
+    target, drafter, spec, prompts = b.target, b.drafter, b.spec, b.prompts
     kernels = target.kernel_choice
     ctx.log(f"{len(prompts)} prompts, {n_new} new tokens, draft {d.shape} k={d.length}, threads {torch.get_num_threads()}")
     ctx.log(f"kernels chosen on this machine for 1..{len(kernels['by_rows'])} rows: {', '.join(kernels['by_rows'])}")
 
-    hf = load_model(source, "float32", "cpu")
-    methods: dict[str, Any] = {
-        "hf_generate": lambda p: hf_answer(hf, p, n_new, eos),
-        "runtime_no_draft": lambda p: generate(target, torch.tensor(p), n_new, eos),
-        "speculative": lambda p: speculative_decode(target, drafter, torch.tensor(p), n_new, spec, eos),
-    }
-    if d.suffix_len:  # suffix drafting alone, and a long suffix match in front of the head
-        suffix_alone, suffix_first = SuffixDrafter(), SuffixThenModelDrafter(drafter, SuffixDrafter(min_match=d.suffix_min_match))
-        methods["suffix"] = lambda p: speculative_decode(target, suffix_alone, torch.tensor(p), n_new, spec, eos)
-        methods["eagle3_suffix"] = lambda p: speculative_decode(target, suffix_first, torch.tensor(p), n_new, spec, eos)
-    drafting = [m for m in ("speculative", "suffix", "eagle3_suffix") if m in methods]
-    assisted, skipped, method_notes = hf_assisted_methods(ctx.cfg, hf, source, eos)
-    methods.update(assisted)
-
-    # compile the runtime's steps before timing: the first generations of each kind trigger it
-    compile_s, compile_note = 0.0, "off (validate.compile: false)"
-    if v.compile:
-        ctx.log("compiling the runtime's decode, verify and draft passes (torch.compile; ~1-2 min on a CPU the first time)")
-        compile_s, compile_note = compile_steps([target, drafter.net], lambda: (warm_up_row_counts(target, drafter, spec),
-                                                                                    [methods[m](prompts[0]) for m in ("runtime_no_draft", *drafting)]))
-        ctx.log(f"{compile_note} ({compile_s:.0f} s)")
-
+    hf = load_model(ctx.model_path, "float32", "cpu")
+    methods, drafting, skipped, method_notes = timed_methods(ctx, b, hf)
+    compile_s, compile_note = compile_runtime(ctx, b, methods, drafting)
     timed, bandwidth = time_methods(methods, prompts, ctx.cfg.eval.repeats, kernels)
     for rep in range(ctx.cfg.eval.repeats):
         ctx.log(f"repetition {rep + 1}/{ctx.cfg.eval.repeats}: " + ", ".join(f"{m} {timed[m]['tokens_per_s'][rep]:.1f} tok/s" for m in methods))
     tps, outputs = median_speeds(timed), {m: timed[m]["outputs"] for m in methods}
-
-    reference, reference_name, quant_report = outputs["hf_generate"], "HF generate, original model, float32", None
-    quant_file = target_dir / "hf_quant_config.json"
-    if quant_file.is_file():
-        ctx.log("quantized target: HF reference with the bundle's dequantized weights")
-        reference, reference_name, quant_report = quantized_reference(
-            source, target_dir, json.loads(quant_file.read_text()), dq_notes, rows, prompts, outputs["hf_generate"], n_new, eos)
-    acceptance = acceptance_summary(rows, outputs["speculative"], d.length)
-    sampling = None
-    if v.sampling_temperature is not None:  # chains only: sampling from a top-k tree is not lossless
-        chain = DraftSpec(shape="chain", k=d.length, suffix_len=d.suffix_len)
-        drafters = {"speculative": drafter, **({"suffix": suffix_alone, "eagle3_suffix": suffix_first} if d.suffix_len else {})}
-        sampling = {m: sampling_check(target, dr, min(prompts, key=len), chain, v.sampling_temperature, eos, n=200, seed=ctx.cfg.seed,
-                                      repeat=m != "speculative") for m, dr in drafters.items()}
+    reference, reference_name, quant_report = reference_outputs(ctx, b, outputs["hf_generate"])
+    acceptance = acceptance_summary(b.rows, outputs["speculative"], d.length)
+    sampling = sampling_checks(ctx, b)
 
     report = {
         "runtime": f"trtspec PyTorch speculative runtime ({family(drafter.name).title} from bundle/draft), CPU float32",
         "draft_method": drafter.name,
         "runtime_compiled": target.compiled is not None,
         "compile": {"seconds": compile_s, "note": compile_note},
-        "bundle": str(bundle),
+        "bundle": str(ctx.inputs["export"]),
         "prompts": len(prompts),
         "prompt_source": ctx.cfg.eval.prompts or "data/heldout.jsonl",
         "max_new_tokens": n_new,
@@ -156,7 +208,7 @@ def run(ctx: StageContext) -> dict:
         "draft_shape": d.shape,
         "threads": torch.get_num_threads(),
         "reference": reference_name,
-        "greedy_match": greedy_match(rows, outputs, reference),
+        "greedy_match": greedy_match(b.rows, outputs, reference),
         "quantization": quant_report,
         **acceptance,
         "tokens_per_s": tps,
