@@ -32,6 +32,7 @@ class DraftFamily:
     shift_labels: bool  # the loss mask scores position t against token t + 1 (EAGLE-3) or token t itself (DFlash)
     offline_key: str  # the config key saying the draft reads cached target states (Model Optimizer's name)
     module: Callable[[Any], Any]  # the draft's own network inside the converted model
+    length_key: str | None = None  # the config key draft.length trains (EAGLE-3's train-time-test steps), if any
 
     def read_config(self, folder: Path) -> dict:
         return json.loads((Path(folder) / self.config_file).read_text())
@@ -43,6 +44,12 @@ class DraftFamily:
         """Offline: the draft reads cached target states and Model Optimizer drops the target's decoder layers."""
         cfg[self.offline_key] = offline
 
+    def set_length(self, cfg: dict, k: int) -> None:
+        """Train for drafts of k tokens where the draft's loss depends on it (EAGLE-3: chains as long as the
+        engines will draft); a block drafter's block is fixed at convert."""
+        if self.length_key:
+            cfg[self.length_key] = k
+
 
 def _eagle3() -> DraftFamily:
     from trtspec.eagle import head
@@ -53,6 +60,7 @@ def _eagle3() -> DraftFamily:
         build=head.build_eagle_model, save_head=head.save_head, load_head=head.load_head, train_forward=head_forward,
         state_layers=lambda cfg: cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"],
         drafts=head.chain_drafts, shift_labels=True, offline_key="eagle_offline", module=lambda m: m.eagle_module,
+        length_key="eagle_ttt_steps",
     )
 
 

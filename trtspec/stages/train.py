@@ -105,90 +105,85 @@ def target_states_dir(ctx: StageContext, aux_layers: list[int]) -> Path:
     return keyed_scratch(ctx.work.parent, "target", key)
 
 
-def _load_tokens(folder: Path, name: str) -> dict:
+def training_tokens(data_dir: Path) -> dict:
+    """The data stage's training tensors; none at all is an error the user can act on."""
     import torch
 
-    path = folder / f"{name}_tokens.pt"
+    path = data_dir / "train_tokens.pt"
     if not path.is_file():
         raise ArtifactError(f"'{path}' is missing", "re-run the data stage")
-    return torch.load(path, weights_only=True)
-
-
-def run(ctx: StageContext) -> dict:
-    import time
-
-    from trtspec.drafting import family
-    from trtspec.models import load_model, load_tokenizer, matmul_attention_on_cpu, use_bf16
-
-    t_cfg = ctx.cfg.train
-    data_dir, conv_dir = ctx.inputs["data"], ctx.inputs["convert"]
-    fam = family(ctx.cfg.draft.method)
-    draft_cfg = fam.read_config(conv_dir)
-    k = ctx.cfg.draft.length
-    if fam.name == "eagle3":
-        draft_cfg["eagle_ttt_steps"] = k  # the loss trains the head on chains as long as the engines will draft
-    aux_layers = fam.state_layers(draft_cfg)
-    tokens = _load_tokens(data_dir, "train")
+    tokens = torch.load(path, weights_only=True)
     if len(tokens["input_ids"]) == 0:
         raise DataError("the data stage produced no training rows", "add data sources")
-    path = ctx.model_path
-    tok = load_tokenizer(path)
-    base = load_model(path, ctx.cfg.model.dtype)
-    base.config.num_orig_hidden_layers = base.config.num_hidden_layers
+    return tokens
 
-    target_dir = target_states_dir(ctx, aux_layers)
-    if t_cfg.mode == "offline":  # before the held-out answers and the states: minutes a full disk would waste
-        check_states_fit(target_dir / "states", tokens, base.config.hidden_size, len(aux_layers))
-    heldout = read_rows(data_dir / "heldout.jsonl")[: ctx.cfg.eval.acceptance_prompts]
-    eval_file = target_dir / f"eval_seqs-{len(heldout)}x{ctx.cfg.data.max_new_tokens}.pt"
-    eval_set = None  # rank 0 measures acceptance; the other ranks of a multi-process launch only train
-    if ranks.is_main():
-        with matmul_attention_on_cpu(base):
-            eval_set = build_eval_set(base, tok, heldout, aux_layers, ctx.cfg.data.max_new_tokens, eval_file, ctx.log, EVAL_BATCH)
 
-    t0 = time.time()
-    states = None
-    if t_cfg.mode == "offline":
-        with ranks.main_first():
-            states = cache_states(base, tokens, aux_layers, target_dir / "states", 16, ctx.log, use_bf16(ctx.cfg.model.build_dtype))
-        fam.set_offline(draft_cfg, True)  # modelopt drops the target's decoder layers
-    cache_s = time.time() - t0
-    model = fam.build(base, draft_cfg)
-    fam.load_head(model, conv_dir / "head_init.safetensors")
-    head = sharding.shard_head(model) if t_cfg.sharding == "fsdp" and ranks.size() > 1 else None
-    gc.collect()
+def first_rows(ctx: StageContext, tokens: dict) -> dict:
+    """train.max_rows: the first rows only (the cached states line up: same order, a prefix)."""
+    t = ctx.cfg.train
+    if t.max_rows and t.max_rows < len(tokens["input_ids"]):
+        ctx.log(f"training on the first {t.max_rows} of {len(tokens['input_ids'])} rows (train.max_rows)")
+        tokens = {k: v[: t.max_rows] for k, v in tokens.items()}
+    return tokens
 
-    ckpt_dir = ctx.work / "checkpoints"
-    log_file = ctx.work / "train_log.jsonl"
+
+def heldout_eval_set(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int], target_dir: Path) -> tuple[list | None, Path]:
+    """The unquantized target's greedy answers to the held-out prompts, with its states (rank 0 alone measures
+    acceptance: None on the other ranks), and the file that caches them."""
+    from trtspec.models import matmul_attention_on_cpu
+
+    heldout = read_rows(ctx.inputs["data"] / "heldout.jsonl")[: ctx.cfg.eval.acceptance_prompts]
+    n_new = ctx.cfg.data.max_new_tokens
+    eval_file = target_dir / f"eval_seqs-{len(heldout)}x{n_new}.pt"
+    if not ranks.is_main():
+        return None, eval_file
+    with matmul_attention_on_cpu(base):
+        return build_eval_set(base, tok, heldout, aux_layers, n_new, eval_file, ctx.log, EVAL_BATCH), eval_file
+
+
+def offline_states(ctx: StageContext, base: Any, tokens: dict, aux_layers: list[int], target_dir: Path) -> dict | None:
+    """offline mode: the target's states of every training row, computed once (rank 0 first, the others read them)."""
+    from trtspec.models import use_bf16
+
+    if ctx.cfg.train.mode != "offline":
+        return None
+    with ranks.main_first():
+        return cache_states(base, tokens, aux_layers, target_dir / "states", 16, ctx.log, use_bf16(ctx.cfg.model.build_dtype))
+
+
+def train_head(ctx: StageContext, fam: Any, model: Any, head: Any, tokens: dict, states: dict | None,
+               eval_set: list | None) -> tuple[dict, dict]:
+    """The HF Trainer run, resumed from the last checkpoint in ctx.work; returns the rows it trained on
+    (train.max_rows) and what the run did (steps, loss, seconds, per-rank memory and head parameters)."""
+    import time
+
+    t, k = ctx.cfg.train, ctx.cfg.draft.length
+    ckpt_dir, log_file = ctx.work / "checkpoints", ctx.work / "train_log.jsonl"
     last_ckpt, resumed_step = ranks.broadcast(resume_point(ckpt_dir, log_file, ctx.log) if ranks.is_main() else None)
-
-    if t_cfg.max_rows and t_cfg.max_rows < len(tokens["input_ids"]):
-        ctx.log(f"training on the first {t_cfg.max_rows} of {len(tokens['input_ids'])} rows (train.max_rows)")
-        tokens = {k: v[: t_cfg.max_rows] for k, v in tokens.items()}  # states rows line up: same order, a prefix
+    tokens = first_rows(ctx, tokens)
     # train.loss_on_prompt: every real token is a label, prompt included (not the padding)
-    scored = {**tokens, "loss_mask": tokens["attention_mask"].clone()} if t_cfg.loss_on_prompt else tokens
+    scored = {**tokens, "loss_mask": tokens["attention_mask"].clone()} if t.loss_on_prompt else tokens
+
     def evaluate_now() -> dict | None:  # every rank (a sharded head is gathered); rank 0 measures
         with sharding.full_head(model, head):
             return evaluate_acceptance(model, eval_set, k, fam.drafts) if ranks.is_main() else None
 
     args = training_args(ctx, ckpt_dir, len(tokens["input_ids"]), sharded=head is not None)
     trainer = make_trainer(model, HeadDataset(scored, states, fam.shift_labels), args, log_file, evaluate_now,
-                           t_cfg.eval_steps, head, fam)
+                           t.eval_steps, head, fam)
     t1 = time.time()
     result = trainer.train(resume_from_checkpoint=last_ckpt)
-    train_s = time.time() - t1
-    steps = trainer.state.global_step
-    peak_rss = ranks.gather(peak_rss_gib())
-    head_params = ranks.gather(sharding.local_parameters(fam.module(model)))  # FSDP: each rank's shards
-    if head is not None:
-        sharding.keep_full_head(model, head)
-    if not ranks.is_main():
-        return {}
+    return tokens, {
+        "steps": trainer.state.global_step, "resumed_from_step": resumed_step, "loss": result.training_loss,
+        "train_s": time.time() - t1, "peak_rss_gib_by_rank": ranks.gather(peak_rss_gib()),
+        "head_parameters_by_rank": ranks.gather(sharding.local_parameters(fam.module(model))),  # FSDP: each rank's shards
+    }
 
-    fit_set = training_rows_set(tokens, states, model, aux_layers, len(eval_set))
-    ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts and {len(fit_set)} training rows")
-    acc = evaluate_acceptance(model, eval_set, k, fam.drafts)
-    fit = evaluate_acceptance(model, fit_set, k, fam.drafts)
+
+def write_outputs(ctx: StageContext, fam: Any, model: Any, draft_cfg: dict, eval_file: Path) -> None:
+    """The trained draft, its config (for a full target), the held-out answers and the training log; the
+    checkpoints go."""
+    ckpt_dir, log_file = ctx.work / "checkpoints", ctx.work / "train_log.jsonl"
     fam.save_head(model, ctx.out / fam.head_file)
     shutil.copyfile(eval_file, ctx.out / EVAL_SEQS)  # export's acceptance check reuses these greedy answers
     fam.set_offline(draft_cfg, False)  # the draft is used with a full target from here on
@@ -197,37 +192,87 @@ def run(ctx: StageContext) -> dict:
     # the head is in the stage's output now; a finished run's checkpoints would only make a forced redo (--force,
     # --from train) "resume" at its last step and train nothing. Killed between here and the manifest: it retrains.
     shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+
+def run(ctx: StageContext) -> dict:
+    import time
+
+    from trtspec.drafting import family
+    from trtspec.models import load_model, load_tokenizer
+
+    t_cfg, k = ctx.cfg.train, ctx.cfg.draft.length
+    conv_dir = ctx.inputs["convert"]
+    fam = family(ctx.cfg.draft.method)
+    draft_cfg = fam.read_config(conv_dir)
+    fam.set_length(draft_cfg, k)
+    aux_layers = fam.state_layers(draft_cfg)
+    tokens = training_tokens(ctx.inputs["data"])
+    tok = load_tokenizer(ctx.model_path)
+    base = load_model(ctx.model_path, ctx.cfg.model.dtype)
+    base.config.num_orig_hidden_layers = base.config.num_hidden_layers
+
+    target_dir = target_states_dir(ctx, aux_layers)
+    if t_cfg.mode == "offline":  # before the held-out answers and the states: minutes a full disk would waste
+        check_states_fit(target_dir / "states", tokens, base.config.hidden_size, len(aux_layers))
+    eval_set, eval_file = heldout_eval_set(ctx, base, tok, aux_layers, target_dir)
+    t0 = time.time()
+    states = offline_states(ctx, base, tokens, aux_layers, target_dir)
+    if states is not None:
+        fam.set_offline(draft_cfg, True)  # modelopt drops the target's decoder layers
+    cache_s = time.time() - t0
+    model = fam.build(base, draft_cfg)
+    fam.load_head(model, conv_dir / "head_init.safetensors")
+    head = sharding.shard_head(model) if t_cfg.sharding == "fsdp" and ranks.size() > 1 else None
+    gc.collect()
+
+    tokens, trained = train_head(ctx, fam, model, head, tokens, states, eval_set)
+    if head is not None:
+        sharding.keep_full_head(model, head)
+    if not ranks.is_main():
+        return {}
+    fit_set = training_rows_set(tokens, states, model, aux_layers, len(eval_set))
+    ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts and {len(fit_set)} training rows")
+    acc = evaluate_acceptance(model, eval_set, k, fam.drafts)
+    fit = evaluate_acceptance(model, fit_set, k, fam.drafts)
+    write_outputs(ctx, fam, model, draft_cfg, eval_file)
+    metrics = train_metrics(ctx, fam.name, tokens, trained, cache_s, head is not None, len(eval_set), acc, fit)
+    ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k} {fit[f'AL@{k}']:.2f}")
+    return metrics
+
+
+def train_metrics(ctx: StageContext, method: str, tokens: dict, trained: dict, cache_s: float, sharded: bool,
+                  eval_prompts: int, acc: dict, fit: dict) -> dict:
+    """The stage's metrics: the run (steps, loss, time, memory), the rows, and acceptance held-out and on training rows."""
+    from trtspec.models import use_bf16
+
+    t, k = ctx.cfg.train, ctx.cfg.draft.length
     rows = read_rows(ctx.out / "train_log.jsonl")
     final = rows[-1] if rows else {}
-    label_tokens = int(tokens["loss_mask"].sum())
+    steps, train_s, loss = trained["steps"], trained["train_s"], trained["loss"]
     mean_len = float(tokens["attention_mask"].sum()) / max(len(tokens["attention_mask"]), 1)
-    metrics = {
-        "draft_method": fam.name,
-        "mode": t_cfg.mode,
+    return {
+        "draft_method": method,
+        "mode": t.mode,
         "steps": steps,
-        "resumed_from_step": resumed_step,
-        "train_loss": round(float(result.training_loss), 4) if math.isfinite(result.training_loss) else None,
+        "resumed_from_step": trained["resumed_from_step"],
+        "train_loss": round(float(loss), 4) if math.isfinite(loss) else None,
         "final_acc_ttt": final.get("acc_ttt"),
         "cache_states_s": round(cache_s, 1),
         "train_s": round(train_s, 1),
         # real (unpadded) tokens: batches are grouped by length and cut to their longest row
         "world_size": ranks.size(),  # processes that trained (each a batch of train.batch_size per micro-step)
-        "peak_rss_gib_by_rank": peak_rss,
-        "sharding": "fsdp" if head is not None else "ddp" if ranks.size() > 1 else None,
-        "head_parameters_by_rank": head_params,
-        "train_tokens_per_s": round(steps * t_cfg.batch_size * t_cfg.grad_accum * ranks.size() * mean_len / max(train_s, 1e-9), 1),
+        "peak_rss_gib_by_rank": trained["peak_rss_gib_by_rank"],
+        "sharding": "fsdp" if sharded else "ddp" if ranks.size() > 1 else None,
+        "head_parameters_by_rank": trained["head_parameters_by_rank"],
+        "train_tokens_per_s": round(steps * t.batch_size * t.grad_accum * ranks.size() * mean_len / max(train_s, 1e-9), 1),
         "precision": "bfloat16" if use_bf16(ctx.cfg.model.build_dtype) else "float32",
         "train_rows": len(tokens["input_ids"]),
-        "label_tokens": label_tokens,
-        "eval_prompts": len(eval_set),
+        "label_tokens": int(tokens["loss_mask"].sum()),
+        "eval_prompts": eval_prompts,
         **acc,
         # the same measure on training rows: far above the held-out AL = short of data, close to it = short of fit
         "fit": {k: v for k, v in fit.items() if "ci95" not in k},
-        "headline": f"AL@{k} {acc[f'AL@{k}']:.2f} held-out ({len(eval_set)} prompts"
+        "headline": f"AL@{k} {acc[f'AL@{k}']:.2f} held-out ({eval_prompts} prompts"
         + (", 95% CI {:.2f}-{:.2f}".format(*acc[f"AL@{k}_ci95"]) if acc[f"AL@{k}_ci95"] else "")
-        + f"), {steps} steps {t_cfg.mode}" + (f", {ranks.size()} processes" if ranks.size() > 1 else ""),
+        + f"), {steps} steps {t.mode}" + (f", {ranks.size()} processes" if ranks.size() > 1 else ""),
     }
-    ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k} {fit[f'AL@{k}']:.2f}")
-    return metrics
-
-
