@@ -260,3 +260,12 @@ def prompt_rows(rows: list[dict]) -> list[dict]:
     """{id, category, messages}: each conversation's turns before its answer (rows without any are left out)."""
     return [{"id": str(r.get("id", i)), "category": r.get("category", "chat"), "messages": r["messages"][:-1]}
             for i, r in enumerate(rows) if len(r["messages"]) > 1]
+
+
+def token_counts(tokens_file: Path, vocab: int) -> Any:
+    """How often each target token is a training label (assistant tokens) in the data stage's tensors."""
+    import torch
+
+    data = torch.load(tokens_file, weights_only=True)
+    ids, mask = data["input_ids"], data["loss_mask"].bool()
+    return torch.bincount(ids[mask].flatten(), minlength=vocab)[:vocab]

@@ -32,7 +32,13 @@ class DraftFamily:
     shift_labels: bool  # the loss mask scores position t against token t + 1 (EAGLE-3) or token t itself (DFlash)
     offline_key: str  # the config key saying the draft reads cached target states (Model Optimizer's name)
     module: Callable[[Any], Any]  # the draft's own network inside the converted model
+    check_convert: Callable[[Any, Any], None]  # (build config, model config): the convert settings, before any stage
+    convert: Callable[..., Any]  # (base config, model path, build config, train_tokens.pt, log) -> (config, model, metrics)
+    export_draft: Callable[..., Any]  # (base, train dir, out dir, dtype, target path) -> deploy.bundle.ExportedDraft
+    write_readme: Callable[[Path, Any, dict, dict], None]  # (bundle, build config, info, metrics): bundle/README.md
     length_key: str | None = None  # the config key draft.length trains (EAGLE-3's train-time-test steps), if any
+    export_onnx: Callable[[Path, Path], dict] | None = None  # (draft dir, onnx dir) -> the check against PyTorch
+    no_launcher: frozenset[str] = frozenset()  # engines that load no draft of this family: the bundle has no launcher
 
     def read_config(self, folder: Path) -> dict:
         return json.loads((Path(folder) / self.config_file).read_text())
@@ -52,7 +58,10 @@ class DraftFamily:
 
 
 def _eagle3() -> DraftFamily:
-    from trtspec.eagle import head
+    from trtspec.deploy.bundle import write_eagle3_readme
+    from trtspec.eagle import convert, head
+    from trtspec.eagle.export import export_eagle3_draft
+    from trtspec.eagle.onnx_export import export_onnx
     from trtspec.eagle.trainer import head_forward
 
     return DraftFamily(
@@ -60,12 +69,15 @@ def _eagle3() -> DraftFamily:
         build=head.build_eagle_model, save_head=head.save_head, load_head=head.load_head, train_forward=head_forward,
         state_layers=lambda cfg: cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"],
         drafts=head.chain_drafts, shift_labels=True, offline_key="eagle_offline", module=lambda m: m.eagle_module,
-        length_key="eagle_ttt_steps",
+        check_convert=convert.check_convert_config, convert=convert.convert_head, export_draft=export_eagle3_draft, write_readme=write_eagle3_readme,
+        length_key="eagle_ttt_steps", export_onnx=export_onnx,
     )
 
 
 def _dflash() -> DraftFamily:
-    from trtspec.dflash import head
+    from trtspec.deploy.bundle import write_dflash_readme
+    from trtspec.dflash import convert, head
+    from trtspec.dflash.export import export_dflash_draft
 
     def drafts(model: Any, ids: Any, aux: Any, last: Any, k: int) -> Any:
         return head.block_drafts(model, ids[0], aux[0], k)[None]
@@ -75,6 +87,8 @@ def _dflash() -> DraftFamily:
         build=head.build_dflash_model, save_head=head.save_head, load_head=head.load_head, train_forward=head.train_forward,
         state_layers=lambda cfg: cfg["dflash_architecture_config"]["target_layer_ids"],
         drafts=drafts, shift_labels=False, offline_key="dflash_offline", module=lambda m: m.dflash_module,
+        check_convert=convert.check_convert_config, convert=convert.convert_drafter, export_draft=export_dflash_draft, write_readme=write_dflash_readme,
+        no_launcher=frozenset({"speculators"}),
     )
 
 
@@ -102,12 +116,3 @@ def load_drafter(draft_dir: Path, target: Any) -> Any:
     from trtspec.runtime.drafters import load_eagle3_drafter
 
     return load_eagle3_drafter(draft_dir, target)
-
-
-def token_counts(tokens_file: Path, vocab: int) -> Any:
-    """How often each target token is a training label (assistant tokens) in the data stage's tensors."""
-    import torch
-
-    data = torch.load(tokens_file, weights_only=True)
-    ids, mask = data["input_ids"], data["loss_mask"].bool()
-    return torch.bincount(ids[mask].flatten(), minlength=vocab)[:vocab]

@@ -259,12 +259,13 @@ def test_onnx_head_matches_modelopt_head(plain, tiny_model_dir):
     module with trtspec.eagle.head's first-layer semantics on the same inputs."""
     import torch
 
+    from trtspec.eagle.export import build_draft_model
     from trtspec.eagle.onnx_export import load_draft_head, sample_inputs
     from trtspec.models import load_model
 
     ctx, _ = plain
     head, cfg = load_draft_head(ctx.out / "draft")
-    model = export.build_draft_model(load_model(tiny_model_dir, "float32", "cpu"), ctx.inputs["train"])
+    model = build_draft_model(load_model(tiny_model_dir, "float32", "cpu"), ctx.inputs["train"])
     aux, embeds, pos = sample_inputs(cfg, 2, 6)
     mask = torch.full((6, 6), float("-inf")).triu(1)[None, None].expand(2, 1, 6, 6)
     with torch.no_grad():

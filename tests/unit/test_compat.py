@@ -68,9 +68,9 @@ def test_export_refuses_for_required_engines_and_skips_the_others_launchers(tmp_
     """TensorRT-LLM (and the engine stage's engine) must load the draft; another that cannot gets no launcher."""
     import json
 
+    from trtspec.deploy.compat import check_engines_load
     from trtspec.deploy.serving import write_snippets
     from trtspec.errors import ArtifactError
-    from trtspec.stages.export import check_engines_load
 
     for name, cfg in (("draft", {**DRAFT, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 26]},
                                  "eagle_aux_hidden_state_layer_ids": [2, 27]}), ("target", TARGET)):

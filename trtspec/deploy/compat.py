@@ -127,3 +127,18 @@ def add_legacy_keys(target_dir: Any) -> None:
         if tok.get("tokenizer_class") in LEGACY_TOKENIZER_CLASS:
             tok["tokenizer_class"] = LEGACY_TOKENIZER_CLASS[tok["tokenizer_class"]]
             tok_path.write_text(json.dumps(tok, indent=2, ensure_ascii=False) + "\n")
+
+
+def check_engines_load(draft_dir: Path, target_dir: Path, tensors: list[str], required: set[str]) -> dict[str, list[str]]:
+    """Where the draft would not load (or load wrongly): one ArtifactError naming the engine and the field for a
+    `required` engine (TensorRT-LLM, which the bundle is for, and the engine stage's own); for the others the
+    problems are returned, and the bundle ships no launcher for them."""
+    from trtspec.artifacts import read_json
+    from trtspec.errors import ArtifactError
+
+    problems = engine_problems(read_json(draft_dir / "config.json"), read_json(target_dir / "config.json"), set(tensors))
+    lines = [f"{engine}: {'; '.join(p)}" for engine, p in problems.items() if p and engine in required]
+    if lines:
+        raise ArtifactError(f"the draft in '{draft_dir}' would not serve as trained: " + " | ".join(lines),
+                            "re-export it with `trtspec build ... --from export`")
+    return {engine: p for engine, p in problems.items() if p}

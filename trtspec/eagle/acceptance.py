@@ -134,3 +134,24 @@ def training_rows_set(tokens: dict, states: dict | None, base: Any, aux_layers: 
     return [{"input_ids": s["input_ids"].to(device), "start": s["start"],
              **{k: torch.from_numpy(states[k][i, :length].astype("float32")).to(device) for k in ("aux", "last")}}
             for s, (i, length, _) in zip(seqs, picked, strict=True)]
+
+
+def acceptance_by_target(draft_model: Any, targets: dict[str, tuple[Any, Path | None]], tok: Any, rows: list[dict],
+                         max_new_tokens: int, scratch: Path, k: int, log: Any) -> dict[str, float]:
+    """AL@k of a trained head with each target: targets[name] = (load, answers), where load() loads the target
+    and `answers` is a file of its greedy answers written before (None, or missing: generated here, into scratch).
+
+    Each target writes its own greedy answers to the same held-out prompts `rows` (the train stage's evaluation),
+    and the head drafts from that target's hidden states (the train stage's exact greedy simulation): AL = tokens
+    per target forward (1 = the draft never helps).
+    """
+    aux = draft_model.eagle_config.eagle_aux_hidden_state_layer_ids
+    out = {}
+    for name, (load, answers) in targets.items():
+        base = load()  # one target in memory at a time
+        log(f"acceptance with the {name} target ({len(rows)} held-out prompts)")
+        cache = answers if answers and answers.is_file() else scratch / f"eval_{name}.pt"
+        eval_set = build_eval_set(base, tok, rows, aux, max_new_tokens, cache, log)
+        out[name] = evaluate_acceptance(draft_model, eval_set, k)[f"AL@{k}"]
+        del base, eval_set
+    return out

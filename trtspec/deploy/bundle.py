@@ -1,0 +1,146 @@
+"""The deployment bundle's family-neutral parts: what a draft family's export hands back (ExportedDraft), the target
+as an HF folder, and the README that says what was built and how to serve it (one per draft family).
+
+Every path written into the bundle is relative to it; the README names a local model by its folder name only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtspec.deploy.compat import ENGINES_CHECKED, add_legacy_keys
+from trtspec.errors import ArtifactError
+
+
+@dataclass
+class ExportedDraft:
+    """A draft written to bundle/draft by its family's export."""
+
+    info: dict  # what the README, the serving files and the metrics say about the draft
+    label: str  # how the headline names it ("draft (float32)")
+    model: Any = None  # the draft model, kept where the family measures acceptance with a quantized target
+    tensors: list[str] | None = None  # the checkpoint's tensor names, where the engines' loaders are checked
+
+
+def export_target(model: Any, tok: Any, out: Path, dtype: Any, quantized: bool) -> None:
+    """The target as an HF folder: modelopt's unified (quantized) checkpoint, or a plain save."""
+    if quantized:
+        from modelopt.torch.export import export_hf_checkpoint
+
+        export_hf_checkpoint(model, dtype=dtype, export_dir=out)
+    else:
+        model.to(dtype).save_pretrained(out)
+    tok.save_pretrained(out)
+    for name in ("config.json", "generation_config.json"):
+        if not (out / name).is_file():
+            raise ArtifactError(f"the target export wrote no {name}", "check the model's transformers version")
+    add_legacy_keys(out)
+
+
+def write_eagle3_readme(bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
+    """README.md of a bundle with an EAGLE-3 draft: its folders, how to run each engine, the checks done at export."""
+    from trtspec.artifacts import package_versions
+
+    source = cfg.model.source
+    if not source.startswith("demo:") and Path(source).expanduser().exists():
+        source = Path(source).name  # a local folder: its name only, the bundle must not name this machine's paths
+    quant = info["quant_format"] + (" + fp8 KV cache" if info.get("kv_cache") == "fp8" else "")
+    lines = [
+        "# trtspec deployment bundle",
+        "",
+        f"Target `{source}` ({quant}, {info['target_dtype']}) with an EAGLE-3 draft head "
+        f"({info['draft_params'] / 1e6:.1f}M parameters, {info['draft_dtype']}, aux layers {info['aux_layers']}, "
+        f"draft vocab {info['draft_vocab_size']}).",
+        "",
+        "| folder | what |",
+        "|---|---|",
+        "| `target/` | the target, HF format" + (" (modelopt unified checkpoint, `hf_quant_config.json`)" if info["quant_format"] != "none" else "") + " |",
+        "| `draft/` | the EAGLE-3 draft (`LlamaForCausalLMEagle3`), as TensorRT-LLM, vLLM and SGLang load it |",
+    ]
+    if "onnx" in metrics:
+        lines.append("| `onnx/` | one draft step as ONNX (float32; inputs aux_hidden_states, input_embeds, position_ids) |")
+    lines += [
+        "| `llm_api_options.yaml` | TensorRT-LLM LLM-API options (speculative_config points at `./draft`) |",
+        "| `serve.sh`, `triton/`, `snippets/` | trtllm-serve, Triton, vLLM, SGLang and speculators launchers |",
+        "",
+        "## Run it",
+        "",
+        "```bash",
+        "cd bundle                 # every path here is relative to this folder",
+        "./serve.sh                # TensorRT-LLM: trtllm-serve ./target --config llm_api_options.yaml",
+        "./triton/launch.sh        # Triton Inference Server with TensorRT-LLM's LLM-API backend",
+        "./snippets/vllm.sh        # vLLM (GPU, or its CPU build)",
+        "./snippets/sglang.sh      # SGLang",
+        "./snippets/speculators.sh # the draft in speculators' format, for vLLM users who keep that",
+        "```",
+        "",
+        f"The head reads target layers {info['aux_layers']} (their outputs). Each engine is told so where it looks: "
+        "`eagle3_layers_to_capture` in llm_api_options.yaml (TensorRT-LLM), the draft config's top-level "
+        "`eagle_aux_hidden_state_layer_ids` in vLLM's numbering (one more: the state entering the next layer), its "
+        "`eagle_config` (SGLang), the converter's argument (speculators).",
+        "",
+        *engine_table(metrics.get("engines_not_served", {})),
+        "",
+        *eagle3_checks(info, metrics),
+    ]
+    versions = ", ".join(f"{k} {v}" for k, v in package_versions().items())
+    lines += ["", "## Built with", "", versions, ""]
+    (bundle / "README.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def engine_table(not_served: dict[str, list[str]]) -> list[str]:
+    """The README's table of engines: how each was checked, or why it cannot load the draft (and has no launcher)."""
+    return [
+        "| engine | checked |",
+        "|---|---|",
+        *[f"| {name} | {how} |" if name not in not_served else
+          f"| {name} | cannot load this draft as trained ({'; '.join(not_served[name])}): no launcher |"
+          for name, how in ENGINES_CHECKED.items()],
+    ]
+
+
+def eagle3_checks(info: dict, metrics: dict) -> list[str]:
+    """The README's "Checks done at export": the checkpoint table, ONNX against PyTorch, acceptance by target."""
+    lines = ["## Checks done at export", "", f"- draft checkpoint matches the EAGLE-3 key/shape table ({info['draft_params']} parameters)"]
+    if "onnx" in metrics:
+        from trtspec.eagle.onnx_export import format_onnx_check
+
+        lines.append(f"- ONNX vs PyTorch: {format_onnx_check(metrics['onnx'])}")
+    if "acceptance_length_quantized" in metrics:
+        lines.append(
+            f"- acceptance length (greedy chains of {info['max_draft_len']} drafts, held-out prompts): "
+            f"{metrics['acceptance_length_unquantized']:.2f} with the unquantized target, "
+            f"{metrics['acceptance_length_quantized']:.2f} with the {info['quant_format']} target"
+        )
+    return lines
+
+
+def write_dflash_readme(bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
+    """README.md of a bundle with a DFlash draft: its folders and where every engine reads the draft's settings."""
+    from trtspec.artifacts import package_versions
+
+    source = cfg.model.source if cfg.model.source.startswith("demo:") else Path(cfg.model.source).name
+    lines = [
+        "# trtspec deployment bundle",
+        "",
+        f"Target `{source}` ({info['quant_format']}, {info['target_dtype']}) with a DFlash block drafter "
+        f"({info['draft_params'] / 1e6:.1f}M parameters, {info['draft_dtype']}, block {info['block_size']}, target layers "
+        f"{info['target_layers']}, mask token {info['mask_token_id']}); {info['max_draft_len']} drafts verified per step.",
+        "",
+        "| folder | what |",
+        "|---|---|",
+        "| `target/` | the target, HF format |",
+        "| `draft/` | the DFlash draft (`DFlashDraftModel`, Model Optimizer's export): embedding and lm_head are the target's |",
+        "| `llm_api_options.yaml` | TensorRT-LLM LLM-API options (`decoding_type: DFlash`, speculative_config points at `./draft`) |",
+        "| `serve.sh`, `triton/`, `snippets/` | trtllm-serve, Triton, vLLM (`method: dflash`) and SGLang (`DFLASH`) launchers |",
+        "",
+        "Every engine reads the mask token and the target layers from `draft/config.json`'s `dflash_config`.",
+        "",
+        "## Built with",
+        "",
+        ", ".join(f"{k} {v}" for k, v in package_versions().items()),
+        "",
+    ]
+    (bundle / "README.md").write_text("\n".join(lines), encoding="utf-8")

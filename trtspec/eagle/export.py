@@ -1,0 +1,57 @@
+"""The trained EAGLE-3 head as the engines load it: rebuilt on the *unquantized* base from train/, written by
+modelopt's export_speculative_decoding (LlamaForCausalLMEagle3) with the engines' extra fields, and checked against
+trtspec/eagle/checkpoint.py's key/shape table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trtspec.deploy.bundle import ExportedDraft
+from trtspec.deploy.compat import add_engine_fields
+
+
+def load_eagle_config(train_dir: Path) -> dict:
+    from trtspec.artifacts import read_json
+
+    cfg = read_json(train_dir / "eagle_config.json")
+    # modelopt 0.47 writes a yarn rope_scaling (factor 32) into the exported config unless this is empty: the head
+    # was trained with the base's rope, and TensorRT-LLM / the PyTorch runtime must apply that same rope
+    cfg["eagle_export_rope_scaling"] = {}
+    return cfg
+
+
+def build_draft_model(base: Any, train_dir: Path) -> Any:
+    """The base with the trained EAGLE-3 head attached (trtspec.eagle.head), in eval mode."""
+    from trtspec.eagle import head as eagle
+
+    model = eagle.build_eagle_model(base, load_eagle_config(train_dir))
+    eagle.load_head(model, train_dir / eagle.HEAD_FILE)
+    return model.eval()
+
+
+def export_draft(model: Any, out: Path, dtype: Any) -> None:
+    """export_speculative_decoding with the head cast to `dtype`; config.json's torch_dtype says so."""
+    from modelopt.torch.export import export_speculative_decoding
+
+    model.eagle_module.to(dtype)  # floating tensors only: d2t stays int64
+    export_speculative_decoding(model, export_dir=out)
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    add_engine_fields(out)
+
+
+def export_eagle3_draft(base: Any, train_dir: Path, out: Path, dtype: Any, target_path: Path) -> ExportedDraft:
+    """The family's export: the head written to `out` and checked; the model is kept for the acceptance check
+    with a quantized target, the tensor names for the engines' loaders."""
+    from trtspec.eagle.checkpoint import check_draft_checkpoint
+
+    model = build_draft_model(base, train_dir)
+    export_draft(model, out, dtype)
+    draft = check_draft_checkpoint(out, target_path)
+    info = {"draft_dtype": draft["dtype"], "aux_layers": draft["aux_layers"],
+            "draft_vocab_size": draft["draft_vocab_size"], "draft_params": draft["parameters"]}
+    return ExportedDraft(info, f"draft ({draft['dtype']})", model, draft["tensors"])
