@@ -27,17 +27,18 @@ from pathlib import Path
 
 
 class PassTimer:
-    """Wraps a network's `step`: seconds spent in it, by the number of rows (tokens) per pass; prefills (mask
-    "causal": the prompt's pass, timed apart as Generation.prefill_s) are not counted."""
+    """Wraps a network's `run_pass` (every pass: decode, verify, a draft's chain): seconds spent in it, by the number
+    of new rows (tokens) per pass; prefills (mask "causal": the prompt's pass, timed apart as Generation.prefill_s) are
+    not counted."""
 
     def __init__(self, net):
-        self.net, self.inner = net, net.step
+        self.net, self.inner = net, net.run_pass
         self.seconds: dict[int, list[float]] = defaultdict(list)
-        net.step = self
+        net.run_pass = self
 
-    def __call__(self, *args):
+    def __call__(self, name, *args):
         t0 = time.perf_counter()
-        out = self.inner(*args)
+        out = self.inner(name, *args)
         if not isinstance(args[-1], str):
             self.seconds[args[0].shape[0]].append(time.perf_counter() - t0)
         return out
@@ -141,7 +142,7 @@ def main() -> None:
         print(f"\n[{stance}]  decode step {r['decode_step_ms']:.2f} ms (target pass {r['decode_target_ms']:.2f}, "
               f"outside {r['decode_python_ms']:.2f})")
         print(f"  speculative step {r['spec_step_ms']:.2f} ms = target {r['spec_target_ms']:.2f} + draft "
-              f"{r['spec_draft_ms']:.2f} ({r['draft_calls_per_step']:.2f} passes) + outside {r['spec_python_ms']:.2f}")
+              f"{r['spec_draft_ms']:.2f} ({r['draft_calls_per_step']:.2f} calls) + outside {r['spec_python_ms']:.2f}")
         print(f"  verify ms by rows {r['verify_ms_by_rows']}; draft pass ms by rows {r['draft_ms_by_rows']}")
         print(f"  step = {r['step_in_decode_steps']:.2f} decode steps (ideal by bytes {r['ideal_by_bytes']:.2f}); "
               f"AL {r['acceptance_length']:.2f}; speculative / no draft {r['speedup_vs_no_draft']:.2f}x")
