@@ -75,9 +75,9 @@ def main() -> None:
     target, drafter = bundle.runtime()
     net = drafter.net
     spec, eos, new = DraftSpec(k=a.k), bundle.eos, a.max_new_tokens
-    note = "eager (--no-compile)"
+    note, compile_s = "eager (--no-compile)", 0.0
     if not a.no_compile:
-        _, note = compile_steps([target, net], lambda: [(generate(target, p, new, eos),
+        compile_s, note = compile_steps([target, net], lambda: [(generate(target, p, new, eos),
                                                         speculative_decode(target, drafter, p, new, spec, eos)) for p in prompts])
     t_timer, d_timer = PassTimer(target), PassTimer(net)
     stances = {"guards": nullcontext, "no_guards": lambda: torch.compiler.set_stance(skip_guard_eval_unsafe=True)}
@@ -129,13 +129,13 @@ def main() -> None:
         }
     same = all(x["out"] == y["out"] for (s, m), v in runs.items() if m == "speculative"
                for x, y in zip(v, runs[(s, "no_draft")], strict=True))
-    result = {"machine": cpu_description(), "runtime": note, "k": a.k, "target_mb": round(t_mb, 1),
+    result = {"machine": cpu_description(), "runtime": note, "compile_s": compile_s, "k": a.k, "target_mb": round(t_mb, 1),
               "draft_mb": round(d_mb, 1), "greedy_identical": same, "kernels": target.kernel_choice["by_rows"], "rows": rows}
     if a.json:
         print(json.dumps(result))
         return
     m = result["machine"]
-    print(f"machine: {m['model']}, {m['cores']} cores, {' '.join(m['flags'])}; runtime: {note}")
+    print(f"machine: {m['model']}, {m['cores']} cores, {' '.join(m['flags'])}; runtime: {note} ({compile_s:.0f} s)")
     print(f"target {t_mb:.0f} MB, draft {d_mb:.0f} MB per pass; k = {a.k}; kernels by rows {' '.join(result['kernels'])}; "
           f"greedy identical: {same}")
     for stance, r in rows.items():
