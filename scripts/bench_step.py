@@ -4,13 +4,14 @@
     python scripts/bench_step.py runs/demo                      # table on stdout
     python scripts/bench_step.py runs/demo --k 3 --prompts 3 --json
 
-Every network pass of the runtime goes through `Stepper.step`; this script wraps the target's and the draft's
-`step` with a timer and decodes the run's held-out prompts with and without the draft (greedy, compiled as validate
-compiles them). Per decode step it prints the time inside the target's passes, inside the draft's passes (by rows per
-pass) and outside both (Python: trees, masks, verification, cache bookkeeping), and the speculative step in plain
-decode steps beside its ideal by bytes: (target weights + draft passes x draft weights) / target weights.
+Every network pass of the runtime goes through `Stepper.run_pass`; this script wraps the target's and the draft's
+with a timer and decodes the run's held-out prompts with and without the draft (greedy, compiled as validate
+compiles them), each prompt's decode run and speculative run back to back. Per decode step it prints the time inside
+the target's passes, inside the draft's (by new rows per pass) and outside both (Python: trees, masks, verification,
+cache bookkeeping), and the speculative step in plain decode steps (the median over prompts and rounds of each
+speculative run against the decode run beside it) with its cost by bytes (kernels.step_cost_by_bytes).
 
-The compiled passes are timed twice, interleaved: with dynamo's guards evaluated on every call (the default) and
+The compiled passes are timed both ways, interleaved: with dynamo's guards evaluated on every call (the default) and
 with torch.compiler.set_stance(skip_guard_eval_unsafe=True), which checks only the guards that pick between the
 compiled graphs: the difference is what guard evaluation costs per step on this machine.
 """
@@ -82,10 +83,10 @@ def main() -> None:
     t_timer, d_timer = PassTimer(target), PassTimer(net)
     stances = {"guards": nullcontext, "no_guards": lambda: torch.compiler.set_stance(skip_guard_eval_unsafe=True)}
     runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for _ in range(a.rounds):
-        for stance, ctx in stances.items():
-            for method in ("no_draft", "speculative"):
-                for p in prompts:
+    for _ in range(a.rounds):  # a decode run and a speculative run of one prompt back to back: the host's pace
+        for p in prompts:  # moves within minutes, so each speculative step is held against decode steps of its moment
+            for stance, ctx in stances.items():
+                for method in ("no_draft", "speculative"):
                     t_timer.reset()
                     d_timer.reset()
                     with ctx():
@@ -118,7 +119,10 @@ def main() -> None:
             "spec_draft_ms": round(med(stance, "speculative", "draft_ms"), 2), "draft_calls_per_step": round(calls, 2),
             "spec_python_ms": round(spec_ms - med(stance, "speculative", "target_ms") - med(stance, "speculative", "draft_ms"), 2),
             "decode_python_ms": round(plain - med(stance, "no_draft", "target_ms"), 2),
-            "step_in_decode_steps": round(spec_ms / plain, 3),
+            "step_in_decode_steps": round(statistics.median(
+                x["total_ms"] / y["total_ms"] for x, y in zip(runs[(stance, "speculative")], runs[(stance, "no_draft")], strict=True)), 3),
+            "step_in_decode_steps_runs": [round(x["total_ms"] / y["total_ms"], 3) for x, y in
+                                          zip(runs[(stance, "speculative")], runs[(stance, "no_draft")], strict=True)],
             "ideal_by_bytes": round(step_cost_by_bytes(target, drafter, spec), 3),
             "acceptance_length": round(med(stance, "speculative", "acceptance_length"), 3),
             "verify_ms_by_rows": {r: round(statistics.median(x["target_by_rows"].get(r, float("nan")) for x in runs[(stance, "speculative")]), 2)
@@ -144,7 +148,8 @@ def main() -> None:
         print(f"  speculative step {r['spec_step_ms']:.2f} ms = target {r['spec_target_ms']:.2f} + draft "
               f"{r['spec_draft_ms']:.2f} ({r['draft_calls_per_step']:.2f} calls) + outside {r['spec_python_ms']:.2f}")
         print(f"  verify ms by rows {r['verify_ms_by_rows']}; draft pass ms by rows {r['draft_ms_by_rows']}")
-        print(f"  step = {r['step_in_decode_steps']:.2f} decode steps (ideal by bytes {r['ideal_by_bytes']:.2f}); "
+        print(f"  step = {r['step_in_decode_steps']:.2f} decode steps (median of runs, each against the decode run beside it: "
+              f"{' '.join(f'{x:.2f}' for x in r['step_in_decode_steps_runs'])}; ideal by bytes {r['ideal_by_bytes']:.2f}); "
               f"AL {r['acceptance_length']:.2f}; speculative / no draft {r['speedup_vs_no_draft']:.2f}x")
 
 
