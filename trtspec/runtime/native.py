@@ -1,12 +1,12 @@
 """A few-row product written for the decode step, built on first use with the machine's C++ compiler: one of the
 candidates `choose_kernels` times, never assumed to win.
 
-y[r, n] = sum_k x[r, k] * w[n, k] for a few rows: the weight rows are split between the cores (ATen's parallel_for)
-in blocks of 4; a block is read from memory once and, while it sits in L1, multiplied with up to 3 input rows at a
-time in registers (12 accumulators: the loads per multiply-add fall with the rows, so a few rows stay bound by
-the weights' bytes, not by the core). BLAS libraries run these sizes as one-core GEMVs or as small GEMMs whose cost
-grows with the rows. AVX2/FMA where the compiler targets them, plain loops elsewhere. torch's own extension builder compiles it into
-its per-machine cache (~/.cache/torch_extensions), so the build is paid once per machine; without a working
+y[r, n] = sum_k x[r, k] * w[n, k] for a few rows: the weight rows are split between the cores (ATen's
+parallel_for); each weight row is streamed once and every 8 floats of it are multiplied into up to 8 input rows'
+accumulators in registers, so the loads per multiply-add fall with the rows and a few rows cost little more than
+the weight's bytes. BLAS libraries run these sizes as one-core GEMVs or as small GEMMs whose cost grows with the
+rows. AVX2/FMA where the compiler targets them, plain loops elsewhere. torch's own extension builder compiles it
+into its per-machine cache (~/.cache/torch_extensions), so the build is paid once per machine; without a working
 compiler the candidate is simply absent.
 """
 
@@ -20,71 +20,55 @@ SOURCE = r"""
 #include <ATen/Parallel.h>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
-#endif
 
-constexpr int64_t NB = 4;  // weight rows per block: each is read from memory once, then from L1 for every input row
-
-#if defined(__AVX2__) && defined(__FMA__)
 static inline float hsum(__m256 s) {
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
   h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
   return _mm_cvtss_f32(h);
 }
+#endif
 
-// RR input rows against NB weight rows: RR * NB accumulators (12 at most) + NB weight registers fit AVX2's 16.
+// One weight row against RR input rows: each 8 floats of the weight are loaded once and multiplied into RR
+// accumulators (8 at most, with the weight and an input register within AVX2's 16).
 template <int RR>
-static inline void rows_by_block(const float* w, const float* x, float* y, int64_t K, int64_t N) {
-  __m256 acc[RR][NB];
-  for (int r = 0; r < RR; ++r)
-    for (int j = 0; j < NB; ++j) acc[r][j] = _mm256_setzero_ps();
+static inline void row_by_rows(const float* w, const float* x, float* y, int64_t K, int64_t N) {
   int64_t k = 0;
-  for (; k + 8 <= K; k += 8) {
-    __m256 wv[NB];
-    for (int j = 0; j < NB; ++j) wv[j] = _mm256_loadu_ps(w + j * K + k);
-    for (int r = 0; r < RR; ++r) {
-      const __m256 xv = _mm256_loadu_ps(x + r * K + k);
-      for (int j = 0; j < NB; ++j) acc[r][j] = _mm256_fmadd_ps(wv[j], xv, acc[r][j]);
-    }
-  }
-  for (int r = 0; r < RR; ++r)
-    for (int j = 0; j < NB; ++j) {
-      float s = hsum(acc[r][j]);
-      for (int64_t t = k; t < K; ++t) s += w[j * K + t] * x[r * K + t];
-      y[r * N + j] = s;
-    }
-}
-#endif
-
-template <int RR>
-static inline void rows_by_block_plain(const float* w, const float* x, float* y, int64_t K, int64_t N, int64_t nb) {
-  for (int r = 0; r < RR; ++r)
-    for (int64_t j = 0; j < nb; ++j) {
-      float s = 0.f;
-      for (int64_t t = 0; t < K; ++t) s += w[j * K + t] * x[r * K + t];
-      y[r * N + j] = s;
-    }
-}
-
-// y[:, n0:n0+nb] for every input row, in groups of up to 3 rows
-static void block(const float* W, const float* X, float* Y, int64_t R, int64_t K, int64_t N, int64_t n0, int64_t nb) {
-  const float* w = W + n0 * K;
-  for (int64_t r = 0; r < R;) {
-    const int64_t rr = std::min<int64_t>(3, R - r);
-    const float* x = X + r * K;
-    float* y = Y + r * N + n0;
 #if defined(__AVX2__) && defined(__FMA__)
-    if (nb == NB) {
-      if (rr == 3) rows_by_block<3>(w, x, y, K, N);
-      else if (rr == 2) rows_by_block<2>(w, x, y, K, N);
-      else rows_by_block<1>(w, x, y, K, N);
-      r += rr;
-      continue;
-    }
+  __m256 acc[RR];
+  for (int r = 0; r < RR; ++r) acc[r] = _mm256_setzero_ps();
+  for (; k + 8 <= K; k += 8) {
+    const __m256 wv = _mm256_loadu_ps(w + k);
+    for (int r = 0; r < RR; ++r) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * K + k), acc[r]);
+  }
 #endif
-    if (rr == 3) rows_by_block_plain<3>(w, x, y, K, N, nb);
-    else if (rr == 2) rows_by_block_plain<2>(w, x, y, K, N, nb);
-    else rows_by_block_plain<1>(w, x, y, K, N, nb);
+  for (int r = 0; r < RR; ++r) {
+#if defined(__AVX2__) && defined(__FMA__)
+    float s = hsum(acc[r]);
+#else
+    float s = 0.f;
+#endif
+    for (int64_t t = k; t < K; ++t) s += w[t] * x[r * K + t];
+    y[r * N] = s;
+  }
+}
+
+// y[:, n] for every input row, 8 rows at a time
+static void one_weight_row(const float* w, const float* X, float* Y, int64_t R, int64_t K, int64_t N) {
+  for (int64_t r = 0; r < R;) {
+    const int64_t rr = std::min<int64_t>(8, R - r);
+    const float* x = X + r * K;
+    float* y = Y + r * N;
+    switch (rr) {
+      case 8: row_by_rows<8>(w, x, y, K, N); break;
+      case 7: row_by_rows<7>(w, x, y, K, N); break;
+      case 6: row_by_rows<6>(w, x, y, K, N); break;
+      case 5: row_by_rows<5>(w, x, y, K, N); break;
+      case 4: row_by_rows<4>(w, x, y, K, N); break;
+      case 3: row_by_rows<3>(w, x, y, K, N); break;
+      case 2: row_by_rows<2>(w, x, y, K, N); break;
+      default: row_by_rows<1>(w, x, y, K, N);
+    }
     r += rr;
   }
 }
@@ -99,12 +83,8 @@ torch::Tensor few_rows(torch::Tensor x, torch::Tensor w) {
   const float* X = x.data_ptr<float>();
   const float* W = w.data_ptr<float>();
   float* Y = y.data_ptr<float>();
-  const int64_t blocks = (N + NB - 1) / NB;
-  at::parallel_for(0, blocks, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t n0 = b * NB;
-      block(W, X, Y, R, K, N, n0, std::min<int64_t>(NB, N - n0));
-    }
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) one_weight_row(W + n * K, X, Y + n, R, K, N);
   });
   return y;
 }
