@@ -108,7 +108,7 @@ def warm_up_row_counts(target: Transformer, drafter, spec: DraftSpec) -> None:
     scratch: every generation starts with a prefill."""
     max_rows = spec.max_nodes()
     prompt = torch.arange(1, 9)
-    need = prompt.numel() + max_rows * (max_rows + 1) + spec.max_nodes() + 2
+    need = prompt.numel() + max_rows * (max_rows + 2) + 2
     if target.max_len < need:
         target.setup_cache(need)
     _, aux = prefill(target, prompt)

@@ -118,9 +118,8 @@ def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
     for m in layers:
         m.kernels = by_rows
     timed_mb = sum(w.numel() * w.element_size() for w in timed) / 1e6
-    weight_mb = sum(w.numel() * w.element_size() for w in weights) / 1e6
     return {
-        "by_rows": list(by_rows), "one_row": by_rows[0], "weight_mb": round(weight_mb, 1), "timed_mb": round(timed_mb, 1),
+        "by_rows": list(by_rows), "one_row": by_rows[0], "weight_mb": round(weight_mb(model), 1), "timed_mb": round(timed_mb, 1),
         "ms_per_pass": {f"{rows}_rows": {c: round(t, 2) for c, t in by.items()} for rows, by in ms.items()},
         "gb_per_s_one_row": round(timed_mb / ms[1][by_rows[0]], 2),
         "native_kernel": "built" if native else f"not available ({why_not})",
