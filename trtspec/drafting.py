@@ -38,6 +38,7 @@ class DraftFamily:
     write_readme: Callable[[Path, Any, dict, dict], None]  # (bundle, build config, info, metrics): bundle/README.md
     length_key: str | None = None  # the config key draft.length trains (EAGLE-3's train-time-test steps), if any
     export_onnx: Callable[[Path, Path], dict] | None = None  # (draft dir, onnx dir) -> the check against PyTorch
+    check_export: Callable[[Any], None] | None = None  # (build config): export settings, before any stage
     no_launcher: frozenset[str] = frozenset()  # engines that load no draft of this family: the bundle has no launcher
 
     def read_config(self, folder: Path) -> dict:
@@ -60,7 +61,7 @@ class DraftFamily:
 def _eagle3() -> DraftFamily:
     from trtspec.deploy.bundle import write_eagle3_readme
     from trtspec.eagle import convert, head
-    from trtspec.eagle.export import export_eagle3_draft
+    from trtspec.eagle.export import check_export_config, export_eagle3_draft
     from trtspec.eagle.onnx_export import export_onnx
     from trtspec.eagle.trainer import head_forward
 
@@ -70,7 +71,7 @@ def _eagle3() -> DraftFamily:
         state_layers=lambda cfg: cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"],
         drafts=head.chain_drafts, shift_labels=True, offline_key="eagle_offline", module=lambda m: m.eagle_module,
         check_convert=convert.check_convert_config, convert=convert.convert_head, export_draft=export_eagle3_draft, write_readme=write_eagle3_readme,
-        length_key="eagle_ttt_steps", export_onnx=export_onnx,
+        length_key="eagle_ttt_steps", export_onnx=export_onnx, check_export=check_export_config,
     )
 
 

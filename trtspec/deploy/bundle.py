@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.deploy.compat import ENGINES_CHECKED, add_legacy_keys
 from trtspec.errors import ArtifactError
+
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig
 
 
 @dataclass
@@ -39,7 +42,7 @@ def export_target(model: Any, tok: Any, out: Path, dtype: Any, quantized: bool) 
     add_legacy_keys(out)
 
 
-def write_eagle3_readme(bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
+def write_eagle3_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dict) -> None:
     """README.md of a bundle with an EAGLE-3 draft: its folders, how to run each engine, the checks done at export."""
     from trtspec.artifacts import package_versions
 
@@ -117,7 +120,7 @@ def eagle3_checks(info: dict, metrics: dict) -> list[str]:
     return lines
 
 
-def write_dflash_readme(bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
+def write_dflash_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dict) -> None:
     """README.md of a bundle with a DFlash draft: its folders and where every engine reads the draft's settings."""
     from trtspec.artifacts import package_versions
 

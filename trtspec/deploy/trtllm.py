@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from trtspec.generation import tokens_per_s
+
+NAME, SHORT, PACKAGE = "TensorRT-LLM", "trtllm", "tensorrt_llm"  # as reports name it, its columns' suffix, its package
 INSTALL_HINT = "pip install trtspec[trtllm] on a Linux x86_64/aarch64 machine with an NVIDIA GPU"
 SPEC_CLASSES = {"Eagle3": ("Eagle3DecodingConfig", "EagleDecodingConfig"), "NGram": ("NGramDecodingConfig",),
                 "DraftTarget": ("DraftTargetDecodingConfig",)}
@@ -134,3 +138,67 @@ def gpu_memory_used_gib() -> float | None:
         return None
     free, total = torch.cuda.mem_get_info()
     return round((total - free) / 2**30, 2)
+
+
+# --- the engine interface (shared with deploy/vllm_engine.py): describe, run_bundle, report_options ---------------
+
+
+def describe(options: dict) -> str:
+    spec = options["speculative_config"]
+    return (f"tensorrt_llm {version()}: LLM(target, {spec['decoding_type']}, max_draft_len={spec['max_draft_len']}, "
+            f"tp={options.get('tensor_parallel_size', 1)})")
+
+
+def report_options(options: dict) -> dict:
+    return {"llm_api_options": options}
+
+
+def sampling_params(SamplingParams: type, max_tokens: int) -> Any:
+    try:
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0, return_perf_metrics=True)
+    except TypeError:  # releases without per-request perf metrics
+        return SamplingParams(max_tokens=max_tokens, temperature=0.0)
+
+
+def acceptance(outputs: list[Any], draft_per_step: int) -> dict:
+    """Acceptance from TensorRT-LLM's counters.
+
+    Each decoding step drafts `draft_per_step` tokens; the target verifies them in one forward and emits the
+    accepted ones plus one of its own. So steps = drafted / draft_per_step and
+    acceptance length AL = tokens per step = (accepted + steps) / steps = 1 + accepted / steps."""
+    counts = [c for c in (spec_metrics(o) for o in outputs) if c is not None]
+    if not counts:
+        return {"acceptance_length": None, "acceptance_note": "this TensorRT-LLM release reports no draft counters"}
+    accepted, drafted = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    steps = drafted / draft_per_step
+    return {
+        "acceptance_length": round(1 + accepted / steps, 3) if steps else None,
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        "accepted_draft_tokens": accepted,
+        "draft_tokens": drafted,
+    }
+
+
+def run_bundle(bundle: Path, options: dict, prompts: list[list[int]], max_new: int, batch_sizes: list[int],
+               speculative: bool = True) -> dict:
+    """LLM(...) over bundle/target with the options' speculative_config (or none): greedy answers to every prompt
+    (one batch), acceptance from the engine's counters, tokens/s at each batch size, load time, GPU memory."""
+    from tensorrt_llm import LLM, SamplingParams
+
+    params = sampling_params(SamplingParams, max_new)
+    t0 = time.perf_counter()
+    llm = LLM(**llm_kwargs(options, bundle / "target", bundle, speculative=speculative))
+    load_s = time.perf_counter() - t0
+
+    def answer(batch: list[list[int]]) -> list[Any]:
+        return list(llm.generate(batch, params))
+
+    answer(prompts[:1])  # warm-up (CUDA graphs, autotuning)
+    gpu_gib = gpu_memory_used_gib()
+    outputs = answer(prompts)
+    spec = options["speculative_config"]
+    acc = acceptance(outputs, spec.get("max_total_draft_tokens") or spec["max_draft_len"]) if speculative else {}
+    tps = {bs: tokens_per_s(lambda b: [list(o.outputs[0].token_ids) for o in answer(b)], prompts, bs) for bs in batch_sizes}
+    llm.shutdown()
+    return {"outputs": [list(o.outputs[0].token_ids) for o in outputs], "acceptance": acc, "tokens_per_s": tps,
+            "load_s": round(load_s, 2), "gpu_memory_gib": gpu_gib}

@@ -19,6 +19,7 @@ from typing import Any
 
 from trtspec.generation import tokens_per_s
 
+NAME, SHORT, PACKAGE = "vLLM", "vllm", "vllm"  # as reports name it, its columns' suffix, its package
 INSTALL_HINT = "bash scripts/setup.sh --engines vllm (vLLM's CPU build), or pip install vllm on a GPU machine"
 SPEC_METRICS = {
     "vllm:spec_decode_num_drafts": "drafts",
@@ -151,3 +152,24 @@ def measure(target: Path, draft: Path | None, k: int, prompts: list[list[int]], 
     tps = {bs: tokens_per_s(lambda batch: generate(llm, batch, max_new), prompts, bs) for bs in batch_sizes}
     shutdown(llm)
     return {"outputs": outputs, "acceptance": acc, "tokens_per_s": tps, "load_s": round(load_s, 2)}
+
+
+# --- the engine interface (shared with deploy/trtllm.py): describe, run_bundle, report_options --------------------
+
+
+def report_options(options: dict) -> dict:
+    from trtspec.deploy.serving import vllm_speculative_config
+
+    return {"vllm_speculative_config": vllm_speculative_config(options)}
+
+
+def describe(options: dict) -> str:
+    spec = report_options(options)["vllm_speculative_config"]
+    return f"vllm {version()}: {spec['method']}, k={spec['num_speculative_tokens']}"
+
+
+def run_bundle(bundle: Path, options: dict, prompts: list[list[int]], max_new: int, batch_sizes: list[int],
+               speculative: bool = True) -> dict:
+    """measure() on bundle/target with the bundle's draft (its family picks vLLM's method) or without one."""
+    k = options["speculative_config"]["max_draft_len"]
+    return measure(bundle / "target", bundle / "draft" if speculative else None, k, prompts, max_new, batch_sizes)

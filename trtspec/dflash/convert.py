@@ -4,18 +4,21 @@ tokenizer has none (recorded in dflash_config.json, which export writes into the
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.dflash import head as dflash
 
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig
 
-def check_convert_config(cfg: Any, model_config: Any) -> None:
+
+def check_convert_config(cfg: BuildConfig, model_config: Any) -> None:
     """The dflash settings against the model's config alone (a mask token is chosen later; 0 stands in)."""
     mask = cfg.dflash.mask_token_id
     dflash.derive_dflash_config(model_config, cfg.dflash, 0 if mask is None else mask)
 
 
-def convert_drafter(base_config: Any, model_path: Path, cfg: Any, tokens_file: Path, log: Any) -> tuple[dict, Any, dict]:
+def convert_drafter(base_config: Any, model_path: Path, cfg: BuildConfig, tokens_file: Path, log: Any) -> tuple[dict, Any, dict]:
     """The family's convert: (the mtsp.convert config, the base with its new drafter, metrics)."""
     import torch
 

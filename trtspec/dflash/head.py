@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.errors import ArtifactError, ConfigError, ModelError
+
+if TYPE_CHECKING:
+    from trtspec.config import DFlashSection
 
 HEAD_FILE = "head.safetensors"
 
@@ -27,7 +30,7 @@ def text_config(base_config: Any) -> Any:
     return getattr(base_config, "text_config", None) or base_config
 
 
-def target_layers(base_config: Any, section: Any) -> list[int]:
+def target_layers(base_config: Any, section: DFlashSection) -> list[int]:
     """The target layers feeding the draft: one per draft layer (modelopt's rule), uniform when not given."""
     from modelopt.torch.speculative.plugins.modeling_dflash import build_target_layer_ids
 
@@ -42,7 +45,7 @@ def target_layers(base_config: Any, section: Any) -> list[int]:
     return sorted(ids)
 
 
-def derive_dflash_config(base_config: Any, section: Any, mask_token_id: int) -> dict:
+def derive_dflash_config(base_config: Any, section: DFlashSection, mask_token_id: int) -> dict:
     """The mtsp.convert config for `base_config` (an HF config) and the `dflash` config section.
 
     Every size is given explicitly: modelopt builds the draft's config as a Qwen3Config, whose own defaults

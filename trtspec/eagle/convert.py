@@ -4,13 +4,16 @@ picked from the training labels when compressed, the head optionally started fro
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.eagle import head as eagle
 from trtspec.errors import ConfigError, DataError
 
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig
 
-def check_convert_config(cfg: Any, model_config: Any) -> None:
+
+def check_convert_config(cfg: BuildConfig, model_config: Any) -> None:
     """The convert settings against the model's config alone: the head derives, and a head copied from a target
     layer keeps that layer's shape."""
     arch = eagle.derive_eagle_config(model_config, cfg.convert)["eagle_architecture_config"]
@@ -49,7 +52,7 @@ def init_from_target(model: Any, log: Any) -> dict:
     return metrics
 
 
-def convert_head(base_config: Any, model_path: Path, cfg: Any, tokens_file: Path, log: Any) -> tuple[dict, Any, dict]:
+def convert_head(base_config: Any, model_path: Path, cfg: BuildConfig, tokens_file: Path, log: Any) -> tuple[dict, Any, dict]:
     """The family's convert: (the mtsp.convert config, the base with its new head, metrics)."""
     import torch
 

@@ -6,10 +6,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.deploy.bundle import ExportedDraft
 from trtspec.deploy.compat import add_engine_fields
+from trtspec.errors import ConfigError
+
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig
+
+
+def check_export_config(cfg: BuildConfig) -> None:
+    """The head is exported for engines that load one draft layer as trtspec trains it: refuse more, early."""
+    if cfg.convert.num_layers != 1:
+        raise ConfigError(
+            f"convert.num_layers {cfg.convert.num_layers}: no engine loads such a draft as it is trained (TensorRT-LLM "
+            "expects hidden_norm on every draft layer; SGLang and speculators load one layer)",
+            "set convert.num_layers: 1, or stop before the export stage (--until train)",
+        )
 
 
 def load_eagle_config(train_dir: Path) -> dict:

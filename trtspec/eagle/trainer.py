@@ -14,6 +14,41 @@ from trtspec import ranks
 from trtspec.eagle.head import draft_target_logits, rows_at
 from trtspec.eagle.sharding import ShardedHead
 from trtspec.eagle.states import row_lengths
+from trtspec.errors import MissingDependency
+
+# The HF Trainer's private methods the head's trainer overrides or calls (all in make_trainer), with the parameters
+# it relies on, as in transformers 5.0-5.19 (pyproject pins <5.20; tests/unit/test_trainer_private.py checks each).
+TRAINER_PRIVATE = {
+    "_get_train_sampler": ("train_dataset",),  # overridden: length-grouped batches by the global batch, resumable
+    "_save": ("output_dir", "state_dict"),  # overridden: a checkpoint holds the head only (the base is frozen)
+    "_load_from_checkpoint": ("resume_from_checkpoint", "model"),  # overridden: reads that head back
+    "_save_checkpoint": ("model", "trial"),  # overridden: a sharded head's optimizer shards, before trainer_state
+    "_load_optimizer_and_scheduler": ("checkpoint",),  # overridden: reads those shards back
+    "_get_output_dir": ("trial",),  # called: where the Trainer writes checkpoint-N
+    "_save_rng_state": ("output_dir",),  # called: the RNG state a resumed run continues from
+}
+
+
+def check_trainer_api() -> None:
+    """One clear line, before any training, where the installed transformers changed a TRAINER_PRIVATE method."""
+    import transformers
+
+    if changed := private_api_changes(transformers.Trainer):
+        raise MissingDependency(f"transformers {transformers.__version__} changed the Trainer methods the head's "
+                                f"trainer relies on: {', '.join(changed)}", "pip install 'transformers>=4.55,<5.20'")
+
+
+def private_api_changes(trainer_cls: Any) -> list[str]:
+    """TRAINER_PRIVATE entries the installed Trainer no longer has as written: '_save(output_dir, state_dict)'."""
+    import inspect
+
+    changed = []
+    for name, params in TRAINER_PRIVATE.items():
+        method = getattr(trainer_cls, name, None)
+        have = tuple(inspect.signature(method).parameters)[1:] if callable(method) else None
+        if have != params:
+            changed.append(f"{name}({', '.join(params)})")
+    return changed
 
 
 class HeadDataset:
@@ -133,6 +168,8 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
     from transformers import Trainer, TrainerCallback
 
     from trtspec.eagle import sharding
+
+    check_trainer_api()
 
     class StepLog(TrainerCallback):
         """One JSON line per optimizer step: loss and per-TTT-step accuracy averaged over its micro-batches."""

@@ -7,16 +7,19 @@ convert/head_init.safetensors (the initial draft; an EAGLE-3 head's d2t included
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.drafting import family
 from trtspec.pipeline.stage import StageContext
+
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig
 
 UPSTREAM = ("data",)
 READS = ("convert", "draft.method", "dflash", "seed")
 
 
-def preflight(cfg: Any, model_config: Any) -> None:
+def preflight(cfg: BuildConfig, model_config: Any) -> None:
     """The convert settings checked against the model's config alone, before the data stage spends minutes."""
     family(cfg.draft.method).check_convert(cfg, model_config)
 

@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec import answering
 from trtspec.answering import Answers
@@ -38,11 +38,14 @@ from trtspec.chat import (
 from trtspec.errors import DataError
 from trtspec.pipeline.stage import InputFile, StageContext
 
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig
+
 UPSTREAM: tuple[str, ...] = ()
 READS = ("model", "data", "seed")
 
 
-def files_read(cfg: Any) -> list[InputFile]:
+def files_read(cfg: BuildConfig) -> list[InputFile]:
     """The local data sources, each with the reader this stage reads it with (chat.read_source)."""
     from functools import partial
 
@@ -100,7 +103,7 @@ def regenerate(prompts: list[dict], tok: Any, answers_file: Path, answer: Callab
 class Target:
     """The target's folder and tokenizer, and its model loaded on first use (only HF regeneration needs it here)."""
 
-    def __init__(self, model_dir: Path, tok: Any, cfg: Any):
+    def __init__(self, model_dir: Path, tok: Any, cfg: BuildConfig):
         self.model_dir, self.tok, self.cfg, self._model = model_dir, tok, cfg, None
 
     def model(self) -> Any:

@@ -13,24 +13,26 @@ several nodes run under `srun/mpirun -n N trtllm-llmapi-launch trtspec engine CO
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.chat import encode_prompt
 from trtspec.deploy import trtllm
 from trtspec.deploy.serving import llm_api_options, read_options, speculative_options
 from trtspec.errors import ArtifactError
-from trtspec.generation import compare, hf_greedy, tokens_per_s
+from trtspec.generation import compare, hf_reference
 from trtspec.models import resolve_model
 from trtspec.pipeline.stage import StageContext, StageSkipped
+
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig
 
 UPSTREAM = ("export",)
 # engine.batch_sizes and the eval sizes are measurement only: they redo this stage, not the bundle
 READS = ("engine", "eval.num_prompts", "eval.max_new_tokens")
 
 
-def models_read(cfg: Any) -> list[tuple[str, str]]:
+def models_read(cfg: BuildConfig) -> list[tuple[str, str]]:
     """A draft-target deployment's draft model, checked before the first stage."""
     return [("serve.draft_model", cfg.serve.draft_model)] if cfg.serve.decoding == "draft_target" and cfg.serve.draft_model else []
 
@@ -82,9 +84,7 @@ def run(ctx: StageContext) -> dict:
         raise StageSkipped(why)
     if ctx.cfg.engine.backend == "auto":
         ctx.log(f"engine.backend auto: {why}")
-    if backend == "vllm":
-        return run_vllm(ctx, ctx.inputs["export"])
-    return run_llm_api(ctx, ctx.inputs["export"])
+    return measure_engine(ctx, ctx.inputs["export"], backend)
 
 
 # --- inputs ---------------------------------------------------------------------------------------
@@ -116,59 +116,28 @@ def options_for(ctx: StageContext, bundle: Path) -> dict:
     return options
 
 
-# --- measuring ------------------------------------------------------------------------------------
+# --- measuring: one engine interface (deploy/trtllm.py, deploy/vllm_engine.py) -----------------------------------
 
 
-def trt_generate(llm: Any, prompts: list[list[int]], params: Any) -> list[Any]:
-    return list(llm.generate(prompts, params))
+def engine_for(backend: str) -> Any:
+    """The adapter of a resolved backend: describe(options), run_bundle(...), report_options(options), NAME, SHORT."""
+    from trtspec.deploy import vllm_engine
+
+    return {"pytorch": trtllm, "vllm": vllm_engine}[backend]
 
 
-def trt_tokens_per_s(llm: Any, prompts: list[list[int]], params: Any, batch_size: int) -> float:
-    return tokens_per_s(lambda batch: [list(o.outputs[0].token_ids) for o in trt_generate(llm, batch, params)], prompts, batch_size)
-
-
-def sampling_params(SamplingParams: type, max_tokens: int) -> Any:
-    try:
-        return SamplingParams(max_tokens=max_tokens, temperature=0.0, return_perf_metrics=True)
-    except TypeError:  # releases without per-request perf metrics
-        return SamplingParams(max_tokens=max_tokens, temperature=0.0)
-
-
-def acceptance(outputs: list[Any], draft_per_step: int) -> dict:
-    """Acceptance from TensorRT-LLM's counters.
-
-    Each decoding step drafts `draft_per_step` tokens; the target verifies them in one forward and emits the
-    accepted ones plus one of its own. So steps = drafted / draft_per_step and
-    acceptance length AL = tokens per step = (accepted + steps) / steps = 1 + accepted / steps."""
-    counts = [c for c in (trtllm.spec_metrics(o) for o in outputs) if c is not None]
-    if not counts:
-        return {"acceptance_length": None, "acceptance_note": "this TensorRT-LLM release reports no draft counters"}
-    accepted, drafted = sum(c[0] for c in counts), sum(c[1] for c in counts)
-    steps = drafted / draft_per_step
-    return {
-        "acceptance_length": round(1 + accepted / steps, 3) if steps else None,
-        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
-        "accepted_draft_tokens": accepted,
-        "draft_tokens": drafted,
-    }
-
-
-def hf_reference(source: Path, prompts: list[list[int]], max_new: int, batch_sizes: list[int], dtype: str) -> dict:
-    """Greedy outputs (one prompt at a time) and tokens/s of HF generate on the original model."""
-    import torch
-
-    from trtspec.models import load_model, load_tokenizer
-
-    model, tok = load_model(source, dtype), load_tokenizer(source)
-    eos = model.generation_config.eos_token_id
-
-    def generate(batch: list[list[int]]) -> list[list[int]]:
-        return hf_greedy(model, batch, max_new, eos if isinstance(eos, list) else [eos], tok.pad_token_id)
-
-    with torch.inference_mode():
-        outputs = [generate([p])[0] for p in prompts]
-        speed = {bs: tokens_per_s(generate, prompts, bs) for bs in batch_sizes}
-    return {"outputs": outputs, "tokens_per_s": speed}
+def measure_engine(ctx: StageContext, bundle: Path, backend: str) -> dict:
+    """The bundle in the engine with its draft and without, and HF generate on the original model, same prompts."""
+    engine, e, new = engine_for(backend), ctx.cfg.engine, ctx.cfg.eval.max_new_tokens
+    options = options_for(ctx, bundle)
+    prompts = prompt_ids(bundle / "target", ctx.cfg.eval.num_prompts)
+    ctx.log(f"{engine.describe(options)}; {len(prompts)} prompts, batch sizes {e.batch_sizes}")
+    spec = engine.run_bundle(bundle, options, prompts, new, e.batch_sizes, speculative=True)
+    ctx.log(f"{engine.NAME} without speculation")
+    base = engine.run_bundle(bundle, options, prompts, new, e.batch_sizes, speculative=False)
+    ctx.log("Hugging Face generate on the original model")
+    hf = hf_reference(ctx.model_path, prompts, new, e.batch_sizes, ctx.cfg.model.dtype)
+    return engine_report(ctx, engine, backend, options, spec, base, hf)
 
 
 def speed_table(spec: dict[int, float], base: dict[int, float], hf: dict[int, float], engine: str) -> dict[str, dict]:
@@ -185,77 +154,6 @@ def speed_table(spec: dict[int, float], base: dict[int, float], hf: dict[int, fl
     }
 
 
-# --- PyTorch backend (LLM API) --------------------------------------------------------------------
-
-
-def run_llm_api(ctx: StageContext, bundle: Path) -> dict:
-    from tensorrt_llm import LLM, SamplingParams
-
-    e = ctx.cfg.engine
-    options = options_for(ctx, bundle)
-    spec = options["speculative_config"]
-    target = bundle / "target"
-    prompts = prompt_ids(target, ctx.cfg.eval.num_prompts)
-    params = sampling_params(SamplingParams, ctx.cfg.eval.max_new_tokens)
-    ctx.log(f"tensorrt_llm {trtllm.version()}: LLM({target.name}, {spec['decoding_type']}, max_draft_len={spec['max_draft_len']}, "
-            f"tp={options.get('tensor_parallel_size', 1)})")
-
-    t0 = time.perf_counter()
-    llm = LLM(**trtllm.llm_kwargs(options, target, bundle))
-    load_s = time.perf_counter() - t0
-    trt_generate(llm, prompts[:1], params)  # warm-up (CUDA graphs, autotuning)
-    gpu_gib = trtllm.gpu_memory_used_gib()
-    spec_out = trt_generate(llm, prompts, params)
-    spec_tokens = [list(o.outputs[0].token_ids) for o in spec_out]
-    acc = acceptance(spec_out, spec.get("max_total_draft_tokens") or spec["max_draft_len"])
-    spec_tps = {bs: trt_tokens_per_s(llm, prompts, params, bs) for bs in e.batch_sizes}
-    llm.shutdown()
-
-    ctx.log("TensorRT-LLM without speculation")
-    base = LLM(**trtllm.llm_kwargs(options, target, bundle, speculative=False))
-    base_tokens = [list(o.outputs[0].token_ids) for o in trt_generate(base, prompts, params)]
-    base_tps = {bs: trt_tokens_per_s(base, prompts, params, bs) for bs in e.batch_sizes}
-    base.shutdown()
-
-    ctx.log("Hugging Face generate on the original model")
-    hf = hf_reference(ctx.model_path, prompts, ctx.cfg.eval.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
-
-    speed = speed_table(spec_tps, base_tps, hf["tokens_per_s"], "trtllm")
-    vs_hf, vs_base = compare(spec_tokens, hf["outputs"]), compare(spec_tokens, base_tokens)
-    bs0 = str(e.batch_sizes[0])
-    al = acc["acceptance_length"]
-    headline = (
-        f"TensorRT-LLM {trtllm.version()}: AL {al if al is not None else 'n/a'}, "
-        f"{speed[bs0]['speedup_vs_trtllm']}x vs TRT-LLM, {speed[bs0]['speedup_vs_hf']}x vs HF at bs {bs0}; "
-        f"greedy = HF on {vs_hf['exact']}/{vs_hf['total']}"
-    )
-    return {
-        "headline": headline,
-        "backend": "pytorch",
-        "decoding": ctx.cfg.serve.decoding,
-        "llm_api_options": options,
-        "versions": {"tensorrt_llm": trtllm.version(), **_torch_versions()},
-        "load_s": round(load_s, 2),
-        "gpu_memory_gib": gpu_gib,
-        **acc,
-        "greedy_vs_hf": vs_hf,
-        "greedy_vs_trtllm_base": vs_base,
-        "speed": speed,
-        "prompts": len(prompts),
-        "max_new_tokens": ctx.cfg.eval.max_new_tokens,
-    }
-
-
-def _torch_versions() -> dict:
-    import torch
-
-    return {"torch": torch.__version__, "cuda": torch.version.cuda,
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-
-
-# --- vLLM ------------------------------------------------------------------------------------------
-
-
 def crossover(speed: dict[str, dict], engine: str) -> str:
     """Where speculation stops paying, in words: 'pays at 1-8 concurrent requests; costs at 32 (0.64x)'."""
     pays = [bs for bs, row in speed.items() if row[f"speedup_vs_{engine}"] >= 1]
@@ -265,40 +163,36 @@ def crossover(speed: dict[str, dict], engine: str) -> str:
     return "; ".join(parts)
 
 
-def run_vllm(ctx: StageContext, bundle: Path) -> dict:
-    from trtspec.deploy import vllm_engine
-
-    e = ctx.cfg.engine
-    options = options_for(ctx, bundle)
-    k = options["speculative_config"]["max_draft_len"]
-    target = bundle / "target"
-    prompts = prompt_ids(target, ctx.cfg.eval.num_prompts)
-    ctx.log(f"vllm {vllm_engine.version()}: {len(prompts)} prompts, EAGLE-3 k={k}, batch sizes {e.batch_sizes}")
-    spec = vllm_engine.measure(target, bundle / "draft", k, prompts, ctx.cfg.eval.max_new_tokens, e.batch_sizes)
-    ctx.log("vLLM without speculation")
-    base = vllm_engine.measure(target, None, k, prompts, ctx.cfg.eval.max_new_tokens, e.batch_sizes)
-    ctx.log("Hugging Face generate on the original model")
-    hf = hf_reference(ctx.model_path, prompts, ctx.cfg.eval.max_new_tokens, e.batch_sizes, ctx.cfg.model.dtype)
-
-    speed = speed_table(spec["tokens_per_s"], base["tokens_per_s"], hf["tokens_per_s"], "vllm")
+def engine_report(ctx: StageContext, engine: Any, backend: str, options: dict, spec: dict, base: dict, hf: dict) -> dict:
+    """The stage's metrics: greedy agreement with HF and with the engine alone, acceptance, speed by batch size."""
+    short, e = engine.SHORT, ctx.cfg.engine
+    speed = speed_table(spec["tokens_per_s"], base["tokens_per_s"], hf["tokens_per_s"], short)
     vs_hf, vs_base = compare(spec["outputs"], hf["outputs"]), compare(spec["outputs"], base["outputs"])
-    acc = spec["acceptance"]
-    bs0 = str(e.batch_sizes[0])
-    where = crossover(speed, "vllm")
-    headline = (f"vLLM {vllm_engine.version()}: AL {acc['acceptance_length']} (k={k}), {speed[bs0]['speedup_vs_vllm']}x vs vLLM "
-                f"at bs {bs0}; greedy = HF on {vs_hf['exact']}/{vs_hf['total']}; speculation {where}")
+    acc, bs0, where = spec["acceptance"], str(e.batch_sizes[0]), crossover(speed, short)
+    al = acc.get("acceptance_length")
+    headline = (f"{engine.NAME} {engine.version()}: AL {al if al is not None else 'n/a'}, "
+                f"{speed[bs0][f'speedup_vs_{short}']}x vs {engine.NAME}, {speed[bs0]['speedup_vs_hf']}x vs HF at bs {bs0}; "
+                f"greedy = HF on {vs_hf['exact']}/{vs_hf['total']}; speculation {where}")
     return {
         "headline": headline,
-        "backend": "vllm",
-        "decoding": "eagle3",
-        "vllm_speculative_config": {"method": "eagle3", "model": "./draft", "num_speculative_tokens": k},
-        "versions": {"vllm": vllm_engine.version(), **_torch_versions()},
+        "backend": backend,
+        "decoding": ctx.cfg.serve.decoding,
+        **engine.report_options(options),
+        "versions": {engine.PACKAGE: engine.version(), **_torch_versions()},
         "load_s": {"speculative": spec["load_s"], "base": base["load_s"]},
+        "gpu_memory_gib": spec.get("gpu_memory_gib"),
         **acc,
         "greedy_vs_hf": vs_hf,
-        "greedy_vs_vllm_base": vs_base,
+        f"greedy_vs_{short}_base": vs_base,
         "speed": speed,
         "crossover": where,
-        "prompts": len(prompts),
+        "prompts": len(spec["outputs"]),
         "max_new_tokens": ctx.cfg.eval.max_new_tokens,
     }
+
+
+def _torch_versions() -> dict:
+    import torch
+
+    return {"torch": torch.__version__, "cuda": torch.version.cuda,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}

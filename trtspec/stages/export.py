@@ -17,25 +17,25 @@ served with the quantized one: when the base is quantized, acceptance with both 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.deploy.bundle import ExportedDraft, export_target
 from trtspec.deploy.compat import check_engines_load
-from trtspec.errors import ConfigError
+from trtspec.drafting import family
 from trtspec.pipeline.stage import StageContext
+
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig
 
 UPSTREAM = ("convert", "train", "quantize")
 READS = ("export", "serve", "draft", "engine.backend", "eval.acceptance_prompts")  # the bundle's serving options
 
 
-def preflight(cfg: Any, model_config: Any) -> None:
-    """The draft is exported for engines that load one draft layer as trtspec trains it: refuse more, early."""
-    if cfg.draft.method == "eagle3" and cfg.convert.num_layers != 1:
-        raise ConfigError(
-            f"convert.num_layers {cfg.convert.num_layers}: no engine loads such a draft as it is trained (TensorRT-LLM "
-            "expects hidden_norm on every draft layer; SGLang and speculators load one layer)",
-            "set convert.num_layers: 1, or stop before the export stage (--until train)",
-        )
+def preflight(cfg: BuildConfig, model_config: Any) -> None:
+    """The family's export settings (DraftFamily.check_export), refused before any stage spends minutes."""
+    fam = family(cfg.draft.method)
+    if fam.check_export:
+        fam.check_export(cfg)
 
 
 def quantized_acceptance(ctx: StageContext, draft_model: Any, quant: dict) -> dict:
@@ -99,7 +99,6 @@ def engines_not_served(ctx: StageContext, draft: ExportedDraft) -> dict[str, lis
 
 def run(ctx: StageContext) -> dict:
     from trtspec.deploy import serving
-    from trtspec.drafting import family
     from trtspec.models import load_model, torch_dtype
     from trtspec.quant import read_quant_json
 

@@ -10,7 +10,7 @@ unquantized model (teacher-forced top-1 agreement on its greedy continuations; i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.chat import encode_prompt, prompt_rows, read_rows
 from trtspec.errors import DataError
@@ -31,11 +31,14 @@ from trtspec.quant import (
     token_rows,
 )
 
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig
+
 UPSTREAM = ("data",)
 READS = ("quantize", "eval.num_prompts", "eval.max_new_tokens", "seed")
 
 
-def preflight(cfg: Any, model_config: Any) -> None:
+def preflight(cfg: BuildConfig, model_config: Any) -> None:
     """The quantize settings checked against the model's config, before the stages ahead of quantize run."""
     if cfg.quantize.format != "none":
         check_quant_config(cfg.quantize, model_config)

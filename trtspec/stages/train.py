@@ -16,7 +16,7 @@ import gc
 import math
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec import ranks
 from trtspec.artifacts import peak_rss_gib
@@ -24,15 +24,23 @@ from trtspec.chat import read_rows
 from trtspec.eagle import sharding
 from trtspec.eagle.acceptance import EVAL_SEQS, build_eval_set, evaluate_acceptance, training_rows_set
 from trtspec.eagle.states import cache_states, check_states_fit
-from trtspec.eagle.trainer import HeadDataset, make_trainer, resume_point
+from trtspec.eagle.trainer import HeadDataset, check_trainer_api, make_trainer, resume_point
 from trtspec.errors import ArtifactError, DataError
 from trtspec.pipeline.stage import StageContext
+
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig, TrainSection
 
 UPSTREAM = ("data", "convert")
 READS = ("train", "draft.method", "draft.length", "dflash", "eval.acceptance_prompts", "seed")
 ALL_RANKS = True  # every process of a multi-process launch trains
 
 EVAL_BATCH = 64  # held-out prompts answered at once by the unquantized target (the train stage's evaluation)
+
+
+def preflight(cfg: BuildConfig, model_config: Any) -> None:
+    """The installed transformers' Trainer as the head's trainer overrides it, before the data stage spends minutes."""
+    check_trainer_api()
 
 
 def environment_key() -> dict | None:
@@ -76,7 +84,7 @@ def training_args(ctx: StageContext, out_dir: Path, rows: int, sharded: bool = F
     )
 
 
-def log_every(rows: int, t: Any) -> int:
+def log_every(rows: int, t: TrainSection) -> int:
     """Optimizer steps between rows of train_log.jsonl (and lines on the console): about 100 rows per run."""
     per_epoch = math.ceil(rows / (t.batch_size * t.grad_accum))
     steps = t.max_steps or math.ceil(per_epoch * t.epochs)

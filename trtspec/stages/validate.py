@@ -11,7 +11,7 @@ import json
 import shutil
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
 from trtspec.eagle.checkpoint import check_bundle
@@ -32,11 +32,14 @@ from trtspec.validation import (
     time_methods,
 )
 
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig
+
 UPSTREAM = ("data", "export")
 READS = ("validate", "draft", "eval", "seed")
 
 
-def files_read(cfg: Any) -> list[InputFile]:
+def files_read(cfg: BuildConfig) -> list[InputFile]:
     """eval.prompts, read as load_prompt_rows reads it."""
     from functools import partial
 
@@ -46,7 +49,7 @@ def files_read(cfg: Any) -> list[InputFile]:
     return [InputFile("eval.prompts", "eval.prompts file", cfg.eval.prompts, cfg.resolve_path(cfg.eval.prompts), "prompt", read)]
 
 
-def models_read(cfg: Any) -> list[tuple[str, str]]:
+def models_read(cfg: BuildConfig) -> list[tuple[str, str]]:
     """HF assisted generation's assistant model, checked before the first stage."""
     v = cfg.validate_
     return [("validate.assistant_model", v.assistant_model)] if v.compare_hf and v.assistant_model else []
