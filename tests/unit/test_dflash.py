@@ -73,6 +73,16 @@ def test_dflash_draft_keeps_greedy_output(dflash_export, target_dir, prompts, re
         assert g.stats.acceptance_length() < 1.5  # a random draft: hardly anything accepted
 
 
+def test_a_short_chain_from_a_whole_block_runs_to_the_last_token(dflash_export, target_dir, prompts):
+    """The block runs at positions length .. length + block_size - 1 whatever k: at the last tokens it reaches past
+    the k + 1 rows the target reserves, so the draft's cache and rotary tables must cover the whole block."""
+    target = load_transformer(target_dir)[0]
+    drafter = load_dflash_drafter(dflash_export[0], target)
+    want = generate(target, prompts[0], NEW, eos=set()).tokens
+    assert len(want) == NEW
+    assert speculative_decode(target, drafter, prompts[0], NEW, DraftSpec(k=1), eos=set()).tokens == want
+
+
 class OracleNet:
     """A stand-in block network that knows the target's answer: its guesses for positions length+1.. are the
     reference tokens there. Everything is accepted only if the drafter's position bookkeeping is right."""

@@ -138,8 +138,11 @@ class DFlashDrafter:
         self.first = True
 
     def setup(self, max_len: int) -> None:
-        if self.net.max_len < max_len:
-            self.net.setup_cache(max_len)
+        # the target reserves max_len rows for its k + 1 verified ones; the block runs at positions length ..
+        # length + block_size - 1 whatever k, so near the end it reaches up to block_size rows further
+        need = max_len + self.info.block_size
+        if self.net.max_len < need:
+            self.net.setup_cache(need)
 
     def start(self, prompt: Tensor, first: int, aux: Tensor | None) -> None:
         self.pending, self.length, self.first = aux, prompt.numel(), True
