@@ -58,6 +58,7 @@ def main() -> None:
     from trtspec.bench import open_bundle
     from trtspec.drafting import load_drafter
     from trtspec.runtime import DraftSpec, Stats, compile_steps, generate, speculative_decode
+    from trtspec.runtime.decode import warm_up_row_counts
     from trtspec.runtime.kernels import cpu_description
     from trtspec.validation import median_speeds, time_methods
 
@@ -88,8 +89,16 @@ def main() -> None:
     compile_note = "off (--no-compile)"
     if not a.no_compile:
         first = next(iter(sets.values()))[0]
-        compile_s, compile_note = compile_steps([target, *(d.net for d, _, _ in drafts.values())],
-                                                lambda: [m(first) for m in methods.values()])
+
+        def warm_up() -> None:  # every row count each draft's passes meet (one graph per count), then every method
+            for drafter, layers, kk in drafts.values():
+                target.aux_layers = layers
+                for k in kk:
+                    warm_up_row_counts(target, drafter, DraftSpec(k=k))
+            for m in methods.values():
+                m(first)
+
+        compile_s, compile_note = compile_steps([target, *(d.net for d, _, _ in drafts.values())], warm_up)
         compile_note += f" ({compile_s:.0f} s)"
     machine = cpu_description()
     if not a.json:
