@@ -40,7 +40,8 @@ def main() -> None:
     from trtspec.generation import hf_answer
     from trtspec.models import load_model
     from trtspec.runtime import DraftSpec, Stats, compile_steps, generate, speculative_decode
-    from trtspec.runtime.kernels import cpu_description, speed_limits
+    from trtspec.runtime.decode import warm_up_row_counts
+    from trtspec.runtime.kernels import cpu_description, speed_limits, step_cost_by_bytes
     from trtspec.validation import time_methods
 
     run, bundle = a.run_dir, open_bundle(a.run_dir)
@@ -59,8 +60,9 @@ def main() -> None:
     compile_s, compile_note = 0.0, "off (--no-compile)"
     if not a.no_compile:  # warm up on what will be timed: plain decoding and every k's drafts (each k verifies and
         first = torch.tensor(prompts[0])  # drafts its own row counts: graphs of their own, compiled before timing)
-        compile_s, compile_note = compile_steps([target, drafter.net], lambda: (generate(target, first, new, eos),
-                                                [speculative_decode(target, drafter, first, new, s, eos) for s in specs.values()]))
+        compile_s, compile_note = compile_steps([target, drafter.net], lambda: (
+            [warm_up_row_counts(target, drafter, s) for s in specs.values()], generate(target, first, new, eos),
+            [speculative_decode(target, drafter, first, new, s, eos) for s in specs.values()]))
     if not a.json:
         print(f"runtime: {compile_note} ({compile_s:.0f} s)", flush=True)
 
@@ -85,7 +87,7 @@ def main() -> None:
                      "no_draft_vs_hf": round(base_tps / hf_tps, 3), "speedup_over_al": round(spec_tps / hf_tps / al, 3),
                      "limits": speed_limits(kernels, bandwidth, base_tps, al, al * base_tps / spec_tps,
                                             res["runtime_no_draft"]["decode_tokens_per_s"][0],
-                                                res["runtime_no_draft"]["decode_runs"])})
+                                            res["runtime_no_draft"]["decode_runs"], step_cost_by_bytes(target, drafter, spec))})
         if not a.json:
             r = rows[-1]
             if len(rows) == 1:
