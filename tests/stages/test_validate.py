@@ -95,8 +95,10 @@ def test_validate_writes_report(tmp_path, run_inputs):
     assert lim["decode_fraction_of_limit"] == pytest.approx(statistics.median(lim["decode_fraction_runs"]), abs=0.002)
     assert lim["no_draft_fraction_of_limit"] == pytest.approx(lim["no_draft_tokens_per_s"] / lim["limit_tokens_per_s"], rel=0.01)
     assert lim["no_draft_tokens_per_s"] == pytest.approx(r["tokens_per_s"]["runtime_no_draft"], rel=0.01)
-    # decode steps alone: the prefill's time taken out, so faster than per answer, and the fraction follows
-    assert lim["decode_tokens_per_s"] > lim["no_draft_tokens_per_s"]
+    # decode steps alone: the prefill's time and the first token taken out. Not always faster than per answer: that
+    # holds only while a prompt's prefill costs more than a token (a short prompt's eager prefill on a busy host
+    # can cost less than a compiled step), so only its sign and the step time that follows from it are checked
+    assert lim["decode_tokens_per_s"] > 0
     assert lim["decode_step_ms"] == pytest.approx(1e3 / lim["decode_tokens_per_s"], rel=0.01)
     assert r["machine"]["cores"] >= 1
     assert "What limits the speed" in (tmp_path / "out" / "report.md").read_text()
