@@ -21,7 +21,7 @@ from trtspec.errors import DataError
 from trtspec.generation import cut_after_eos, hf_greedy
 
 if TYPE_CHECKING:
-    from trtspec.config import BuildConfig
+    from trtspec.config import EndpointSection
 
 Answers = Iterator[tuple[int, list[int]]]  # (index of the prompt, its answer's token ids)
 
@@ -71,7 +71,7 @@ class Endpoint:
     context, tokenizes like the target, and returns token ids (vLLM/SGLang `return_token_ids`; trtllm-serve
     `detokenize: false`, which rejects unknown fields)."""
 
-    def __init__(self, cfg: BuildConfig, log: Any = print):
+    def __init__(self, cfg: EndpointSection, log: Any = print):
         self.cfg = cfg
         self.url = cfg.url.rstrip("/")
         self.log = log
