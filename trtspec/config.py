@@ -93,7 +93,8 @@ class DraftSection(Section):
         "(convert section); dflash = a DFlash block drafter proposing a whole block in one pass (dflash section)")
     length: int = key(3, "tokens drafted and verified per step, everywhere: the train-time-test steps of an EAGLE-3 "
                       "head's loss, the k of the acceptance measure, the engines' max_draft_len and what validate "
-                      "runs; a DFlash block of dflash.block_size drafts up to block_size - 1",
+                      "runs; a DFlash block of dflash.block_size drafts up to block_size - 1, a DSpark block up to "
+                      "block_size",
                       ge=1, le=16)
     shape: Literal["chain", "tree", "dynamic_tree"] = key(
         "chain", "chain: one guess per position; dynamic_tree: EAGLE-2 top-k expansion (validate and TensorRT-LLM); "
@@ -123,9 +124,12 @@ class ConvertSection(Section):
                                     "(e.g. intermediate_size: 1536)")
 
 
+DSPARK_ONLY = ("markov_rank", "markov_head", "ce_weight", "tvd_weight")  # dflash keys of dflash.projector: dspark
+
+
 class DFlashSection(Section):
-    block_size: int = key(8, "tokens in a draft block: the last verified token and block_size - 1 guesses, all from "
-                          "one pass (DFlash's paper and Model Optimizer use 8 or 16)", ge=2, le=32)
+    block_size: int = key(8, "tokens in a draft block: the last verified token and block_size - 1 guesses (DSpark: "
+                          "block_size), all from one pass (DFlash's paper and Model Optimizer use 8 or 16)", ge=2, le=32)
     num_layers: int = key(2, "decoder layers in the draft (one target layer feeds each)", ge=1, le=8)
     target_layers: list[int] | None = key(None, "target layers whose outputs feed the draft, one per draft layer; "
                                           "null = Model Optimizer's uniform pick")
@@ -139,6 +143,26 @@ class DFlashSection(Section):
                        ge=1, le=4096)
     loss: Literal["dpace", "decay"] = key("dpace", "weights of the block positions in the loss: dpace = confidence-"
                                           "derived (D-PACE), decay = exponential decay")
+    projector: Literal["dflash", "dspark"] = key(
+        "dflash", "how a block's rows become guesses (Model Optimizer's projector_type): dflash = each masked row "
+        "guesses its own token, all at once; dspark = DeepSeek's DSpark: each row guesses the token after it "
+        "(block_size guesses a pass), plus a low-rank Markov head's logit bias from the guess before it, one guess "
+        "after another")
+    markov_rank: int = key(256, "dspark: rank r of the Markov head, a vocab x r embedding of the previous token and an "
+                           "r x vocab projection (2 x vocab x r parameters; DeepSpec uses 256)", ge=1, le=4096)
+    markov_head: Literal["vanilla", "gated", "rnn"] = key(
+        "vanilla", "dspark: the Markov head's bias: vanilla = from the previous token alone; gated = its embedding gated "
+        "by the backbone's row; rnn = a GRU-like state carried through the block (the whole prefix)")
+    ce_weight: float = key(0.1, "dspark: weight of the cross-entropy on the answer's tokens in the loss (DeepSpec: 0.1)",
+                           ge=0)
+    tvd_weight: float = key(0.9, "dspark: weight of the total-variation distance between the draft's and the target's "
+                            "next-token distributions, 1 - TVD being a sampled guess's acceptance chance (DeepSpec: 0.9)",
+                            ge=0)
+
+    @property
+    def guesses(self) -> int:
+        """Tokens one block drafts: DFlash's rows 1..block_size - 1, DSpark's rows 0..block_size - 1."""
+        return self.block_size if self.projector == "dspark" else self.block_size - 1
 
 
 class TrainSection(Section):
@@ -279,9 +303,22 @@ class BuildConfig(Section):
                              "(a DFlash block drafts a chain from the target's full vocabulary; see the dflash section)")
         if self.train.sharding == "fsdp":
             raise ValueError("train.sharding fsdp shards an EAGLE-3 head; a DFlash draft trains with ddp (the default)")
-        if self.draft.length > self.dflash.block_size - 1:
-            raise ValueError(f"draft.length {self.draft.length} is more than a DFlash block of {self.dflash.block_size} "
-                             f"drafts (block_size - 1 = {self.dflash.block_size - 1})")
+        if self.draft.length > self.dflash.guesses:
+            name, n = ("DSpark", "block_size") if self.dflash.projector == "dspark" else ("DFlash", "block_size - 1")
+            raise ValueError(f"draft.length {self.draft.length} is more than a {name} block of {self.dflash.block_size} "
+                             f"drafts ({n} = {self.dflash.guesses})")
+        self._check_dflash_projector()
+
+    def _check_dflash_projector(self) -> None:
+        """Options of the other projector are refused, naming the key."""
+        d = self.dflash
+        if d.projector == "dflash" and (bad := sorted(set(DSPARK_ONLY) & d.model_fields_set)):
+            raise ValueError(f"dflash.{bad[0]} is a DSpark option, but dflash.projector is dflash (set dflash.projector: dspark)")
+        if d.projector == "dspark" and "loss" in d.model_fields_set:
+            raise ValueError("dflash.loss weighs DFlash's block positions; a DSpark draft's loss is dflash.ce_weight x "
+                             "cross-entropy + dflash.tvd_weight x TVD over every position")
+        if d.projector == "dspark" and d.ce_weight + d.tvd_weight == 0:
+            raise ValueError("dflash.ce_weight and dflash.tvd_weight are both 0: a DSpark draft would learn nothing")
 
     def resolve_model_source(self, source: str) -> str:
         """A model named by a relative local path (a folder or a .gguf file) as an absolute one, relative to the

@@ -188,6 +188,25 @@ def test_derive_config_sizes_the_draft_from_the_base(target_dir):
         derive_dflash_config(base, DFlashSection(num_layers=2, target_layers=[0]), 16)
 
 
+def test_dspark_config_carries_the_markov_head_and_loss_weights(target_dir):
+    """dflash.projector: dspark -> Model Optimizer's projector_type and Markov head in the architecture, its loss
+    weights beside; a DSpark block of 8 drafts 8 (a DFlash one 7)."""
+    from transformers import AutoConfig
+
+    from trtspec.config import config_from_dict
+    from trtspec.dflash.head import derive_dflash_config
+
+    sec = DFlashSection(num_layers=2, target_layers=[0, 2], projector="dspark", markov_rank=8, markov_head="rnn", tvd_weight=0.5)
+    cfg = derive_dflash_config(AutoConfig.from_pretrained(target_dir), sec, 16)
+    arch = cfg["dflash_architecture_config"]
+    assert (arch["projector_type"], arch["markov_rank"], arch["markov_head_type"], arch["use_confidence_head"]) == ("dspark", 8, "rnn", False)
+    assert (cfg["dflash_ce_loss_alpha"], cfg["dflash_l1_loss_alpha"], cfg["dflash_confidence_head_alpha"]) == (0.1, 0.5, 0.0)
+    plain = derive_dflash_config(AutoConfig.from_pretrained(target_dir), DFlashSection(num_layers=2, target_layers=[0, 2]), 16)
+    assert "projector_type" not in plain["dflash_architecture_config"] and "dflash_l1_loss_alpha" not in plain
+    raw = {"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "draft": {"method": "dflash", "length": 8}}
+    assert config_from_dict({**raw, "dflash": {"projector": "dspark"}}).dflash.guesses == 8
+
+
 def test_mask_token_is_a_special_token_no_label_uses(tiny_model_dir):
     from trtspec.dflash.head import choose_mask_token
     from trtspec.models import load_tokenizer
@@ -206,6 +225,11 @@ def test_mask_token_is_a_special_token_no_label_uses(tiny_model_dir):
     ({"draft": {"method": "dflash", "shape": "tree"}}, "draft.shape is an EAGLE-3 option"),
     ({"draft": {"method": "dflash"}, "convert": {"draft_vocab_size": 4096}}, "convert.draft_vocab_size is an EAGLE-3 option"),
     ({"draft": {"method": "dflash", "length": 8}, "dflash": {"block_size": 8}}, "more than a DFlash block"),
+    ({"draft": {"method": "dflash", "length": 9}, "dflash": {"block_size": 8, "projector": "dspark"}}, "more than a DSpark block"),
+    ({"draft": {"method": "dflash"}, "dflash": {"markov_rank": 64}}, "dflash.markov_rank is a DSpark option"),
+    ({"draft": {"method": "dflash"}, "dflash": {"projector": "dflash", "tvd_weight": 1.0}}, "dflash.tvd_weight is a DSpark option"),
+    ({"draft": {"method": "dflash"}, "dflash": {"projector": "dspark", "loss": "decay"}}, "dflash.loss weighs DFlash's"),
+    ({"draft": {"method": "dflash"}, "dflash": {"projector": "dspark", "ce_weight": 0, "tvd_weight": 0}}, "both 0"),
 ])
 def test_options_of_the_other_method_are_refused(raw, match):
     from trtspec.config import config_from_dict

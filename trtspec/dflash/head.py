@@ -73,7 +73,7 @@ def derive_dflash_config(base_config: Any, section: DFlashSection, mask_token_id
         "rope_theta": rope_theta(text),
         "hidden_act": "silu",
     }
-    return {
+    cfg = {
         "dflash_block_size": section.block_size,
         "dflash_mask_token_id": mask_token_id,
         "dflash_architecture_config": arch,
@@ -86,6 +86,20 @@ def derive_dflash_config(base_config: Any, section: DFlashSection, mask_token_id
         "dflash_use_torch_compile": False,
         "dflash_offline": False,
     }
+    if section.projector == "dspark":
+        arch.update(projector_type="dspark", markov_rank=section.markov_rank, markov_head_type=section.markov_head,
+                    use_confidence_head=False)  # its acceptance predictor feeds a serving-side scheduler none of ours has
+        # DSpark's loss: ce x CE(answer tokens) + tvd x TVD(draft, target distribution) over every block row. The
+        # target's distribution comes from its last hidden state through lm_head: modelopt computes it online, and
+        # offline from the post-norm state the train stage caches beside the aux layers (train_forward hands it on)
+        cfg.update(dflash_ce_loss_alpha=section.ce_weight, dflash_l1_loss_alpha=section.tvd_weight,
+                   dflash_confidence_head_alpha=0.0)
+    return cfg
+
+
+def is_dspark(model: Any) -> bool:
+    """The converted model's draft is DSpark's (DFlash backbone + Markov head), not plain DFlash."""
+    return getattr(model.dflash_module, "projector_type", "dflash") == "dspark"
 
 
 def rope_theta(text: Any) -> float:
