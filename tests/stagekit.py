@@ -178,9 +178,9 @@ def export_random_eagle(target_dir: Path, out: Path, keep_rope: bool = True, **c
 
 def export_random_dflash(target_dir: Path, out: Path, block_size: int = 8, **section):
     """A random DFlash drafter (2 layers reading target layers 0 and 2) on `target_dir`, exported by Model Optimizer's
-    DFlashExporter into `out`. Returns the modelopt model (for pseudo_speculative_generate)."""
+    exporter (DFlashExporter, DSparkExporter for projector="dspark") into `out`. Returns the modelopt model (for
+    pseudo_speculative_generate). A DSpark head's weights are drawn larger, so that its bias moves the guesses."""
     import torch
-    from modelopt.torch.export.plugins.hf_spec_export import DFlashExporter
     from transformers import AutoModelForCausalLM
 
     from trtspec.config import DFlashSection
@@ -192,10 +192,13 @@ def export_random_dflash(target_dir: Path, out: Path, block_size: int = 8, **sec
     model = build_dflash_model(base, derive_dflash_config(base.config, sec, mask_token_id=16)).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        for p in model.dflash_module.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.05)  # a draft that proposes varied tokens
-    DFlashExporter(model).export(out)
+        for name, p in model.dflash_module.named_parameters():  # a draft that proposes varied tokens
+            p.add_(torch.randn(p.shape, generator=g) * (0.3 if name.startswith(MARKOV_HEAD) else 0.05))
+    model.get_exporter().export(out)
     return model
+
+
+MARKOV_HEAD = ("markov_w1", "markov_w2", "gate_proj", "joint_proj")  # DSpark's head in modelopt's DSparkModule
 
 
 def small_lm(seed: int, sharpness: float):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -354,6 +355,10 @@ def test_chain_drafts_match_step_by_step_drafting(tiny_model_dir):
 # a DFlash draft on the tiny model: 2 layers reading target layers 0 and 2, blocks of 4 (3 guesses)
 DFLASH = {"draft": {"method": "dflash", "length": 3}, "convert": {},
           "dflash": {"block_size": 4, "num_layers": 2, "target_layers": [0, 2], "anchors": 4}}
+# the same with DSpark's rank-8 gated Markov head: a block of 4 drafts 4
+DSPARK = {**DFLASH, "draft": {"method": "dflash", "length": 4},
+          "dflash": {**DFLASH["dflash"], "projector": "dspark", "markov_rank": 8, "markov_head": "gated"}}
+RECIPES = {"eagle3": {}, "dflash": DFLASH, "dspark": DSPARK}
 
 
 def _stage_ctx(tmp_path, model_dir, stage, inputs, method="eagle3", **train_kw):
@@ -364,7 +369,7 @@ def _stage_ctx(tmp_path, model_dir, stage, inputs, method="eagle3", **train_kw):
             "convert": {"draft_vocab_size": 128},
             "train": {"max_steps": 4, "batch_size": 2, "save_steps": 2, **train_kw},
             "eval": {"acceptance_prompts": 2},
-            **(DFLASH if method == "dflash" else {}),
+            **RECIPES[method],
         },
         base_dir=tmp_path,
     )
@@ -475,6 +480,35 @@ def test_dflash_trains_with_the_same_stage(dflash_upstream, tiny_model_dir, tmp_
     assert (ctx.out / "head.safetensors").is_file()
     assert json.loads((ctx.out / "dflash_config.json").read_text())["dflash_offline"] is False
     assert (train.target_states_dir(ctx, [0, 2]) / "states" / "aux.npy").is_file() == (mode == "offline")
+
+
+@pytest.fixture(scope="module")
+def dspark_upstream(upstream, tiny_model_dir):
+    """convert with dflash.projector dspark: modelopt's projector_type and Markov head in the draft's config."""
+    tmp, inputs = upstream
+    cctx = _stage_ctx(tmp, tiny_model_dir, "convert-dspark", {"data": inputs["data"]}, method="dspark")
+    m = convert.run(cctx)
+    arch = json.loads((cctx.out / "dflash_config.json").read_text())["dflash_architecture_config"]
+    assert m["projector"] == "dspark" and m["headline"].startswith("DSpark (gated Markov head, rank 8)")
+    assert (arch["projector_type"], arch["markov_rank"], arch["markov_head_type"]) == ("dspark", 8, "gated")
+    return {"data": inputs["data"], "convert": cctx.out}
+
+
+@pytest.mark.parametrize("mode", ["offline", "online"])
+def test_dspark_trains_with_the_same_stage(dspark_upstream, tiny_model_dir, tmp_path, mode):
+    """Offline the TVD term reads the target's logits from its cached last state (modelopt raises without it);
+    the saved draft holds the trained Markov head; acceptance is measured on DSpark's own drafts (k = block_size)."""
+    from trtspec.artifacts import read_tensors
+
+    ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", dspark_upstream, method="dspark", mode=mode)
+    m = train.run(ctx)
+    rows = [json.loads(x) for x in (ctx.out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and all(math.isfinite(r["loss"]) for r in rows)
+    assert 1.0 <= m["AL@4"] <= 5.0 and len(m["accept_rate_by_position"]) == 4
+    head = read_tensors(ctx.out / "head.safetensors", "DSpark draft")
+    init = read_tensors(dspark_upstream["convert"] / "head_init.safetensors", "DSpark draft")
+    assert {"markov_w1.weight", "markov_w2.weight", "gate_proj.weight", "gate_proj.bias"} <= set(head)
+    assert not torch.equal(head["markov_w2.weight"], init["markov_w2.weight"])  # the head trained
 
 
 def test_dflash_train_resumes_and_exports_a_bundle_the_runtime_serves_exactly(dflash_upstream, tiny_model_dir, tmp_path, monkeypatch):

@@ -63,6 +63,39 @@ def test_teacher_forced_block_drafts_match_modelopt(dflash_export, target_dir):
     assert block_drafts(model, seq, aux[0], 7)[len(ids) - 1].tolist() == want
 
 
+@pytest.fixture(scope="module", params=["vanilla", "gated", "rnn"])
+def dspark_export(request, tmp_path_factory, target_dir):
+    """Exported random DSpark draft (rank-8 Markov head of each kind) + modelopt's model and its own draft of a
+    whole block (8 tokens: DSpark's rows 0..7) for a prompt."""
+    out = tmp_path_factory.mktemp("dspark") / "draft"
+    model = export_random_dflash(target_dir, out, projector="dspark", markov_rank=8, markov_head=request.param)
+    ids = torch.tensor([[1, 504, 3000, 77, 12, 900, 45, 8]])
+    with torch.no_grad():
+        base_tok, drafts = model.pseudo_speculative_generate(ids, steps=8)
+    return out, model, ids[0], int(base_tok), drafts[0].tolist()
+
+
+def test_dspark_block_drafts_match_modelopt(dspark_export):
+    """block_drafts of a DSpark draft (every row, each guess biased by the Markov head from the guess before it) are
+    the tokens of modelopt's DSpark pseudo_speculative_generate at the anchor it drafts from; without the head's
+    bias they are not (the head is applied)."""
+    from trtspec.dflash.head import block_drafts
+    from trtspec.eagle.states import base_states
+
+    _, model, ids, base_tok, want = dspark_export
+    seq = torch.cat((ids, torch.tensor([base_tok])))
+    aux, _ = base_states(model, seq[None], torch.ones(1, len(seq), dtype=torch.long), model.target_layer_ids)
+    assert block_drafts(model, seq, aux[0], 8)[len(ids) - 1].tolist() == want
+    assert len(set(want)) > 1
+    w2 = model.dflash_module.markov_w2.weight
+    kept = w2.detach().clone()
+    with torch.no_grad():
+        w2.zero_()
+        unbiased = block_drafts(model, seq, aux[0], 8)[len(ids) - 1].tolist()
+        w2.copy_(kept)
+    assert unbiased != want
+
+
 @pytest.mark.parametrize("k", [3, 7])
 def test_dflash_draft_keeps_greedy_output(dflash_export, target_dir, prompts, reference, k):
     target = load_transformer(target_dir)[0]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from trtspec.dflash import head as dflash
 
 if TYPE_CHECKING:
-    from trtspec.config import BuildConfig
+    from trtspec.config import BuildConfig, DFlashSection
 
 
 def check_convert_config(cfg: BuildConfig, model_config: Any) -> None:
@@ -33,14 +33,22 @@ def convert_drafter(base_config: Any, model_path: Path, cfg: BuildConfig, tokens
         mask, why = dflash.choose_mask_token(tok, counts)
     draft_cfg = dflash.derive_dflash_config(base_config, section, mask)
     arch = draft_cfg["dflash_architecture_config"]
-    log(f"DFlash draft: {arch['num_hidden_layers']} layers, block {section.block_size}, target layers "
+    name = draft_name(section)
+    log(f"{name} draft: {arch['num_hidden_layers']} layers, block {section.block_size}, target layers "
         f"{arch['target_layer_ids']}, mask token {mask} ({why})")
     torch.manual_seed(cfg.seed)
     model = dflash.build_dflash_model(load_model(model_path, cfg.model.dtype), draft_cfg)
     params = sum(p.numel() for p in model.dflash_module.parameters())
     return draft_cfg, model, {
-        "draft_method": "dflash", "head_params": params, "target_layers": arch["target_layer_ids"],
-        "block_size": section.block_size, "mask_token_id": mask, "mask_token": why,
-        "headline": f"DFlash draft {params / 1e6:.1f}M params, {arch['num_hidden_layers']} layers, block "
+        "draft_method": "dflash", "projector": section.projector, "head_params": params,
+        "target_layers": arch["target_layer_ids"], "block_size": section.block_size, "mask_token_id": mask, "mask_token": why,
+        "headline": f"{name} draft {params / 1e6:.1f}M params, {arch['num_hidden_layers']} layers, block "
         f"{section.block_size}, target layers {arch['target_layer_ids']}, mask token {mask}",
     }
+
+
+def draft_name(section: DFlashSection) -> str:
+    """How logs name the drafter: DFlash, or DSpark with its Markov head."""
+    if section.projector == "dspark":
+        return f"DSpark ({section.markov_head} Markov head, rank {section.markov_rank})"
+    return "DFlash"

@@ -10,6 +10,11 @@ DFlash draft step (modelopt's DFlashModule; vLLM's qwen3_dflash serves the same 
     per draft layer:  q from norm(block); k, v from cat(ctx, norm(block)) (q/k norms, rope at those positions);
                       every block query sees all of ctx and the whole block (bidirectional)
     logits = target lm_head(norm(out[1:]))                       # guesses for tokens L+1..L+B-1, in one pass
+
+DSpark (dflash.projector: dspark; modelopt's DSparkModule) runs the same pass, then reads every row, one more guess:
+
+    logits = target lm_head(norm(out))                           # row j's backbone logits for token L+j+1
+    g_j    = argmax(logits_j + markov_w2(W1[g_{j-1}]))           # g_-1 = root; gated/rnn heads also read row j
 """
 
 from __future__ import annotations
@@ -165,16 +170,21 @@ def load_head(model: Any, path: str | Path) -> Any:
 
 def train_forward(model: Any, batch: dict, unwrapped: Any = None) -> Any:
     """One training forward on a batch of HeadDataset.collate: modelopt's DFlash loss (random anchors, one block
-    each, D-PACE or decay weights). Offline batches carry the cached states of the target layers.
+    each, D-PACE or decay weights) or DSpark's (CE + TVD). Offline batches carry the cached states of the target
+    layers (and its last state, which DSpark's TVD reads).
 
-    modelopt scores block position j of an anchor at a against token a + j where loss_mask[a + j] is set, and
-    draws anchors among positions with loss_mask set: the data stage's own (unshifted) label mask."""
+    modelopt scores block position j of an anchor at a against token a + j (DSpark: a + j + 1) where the loss_mask
+    of that token is set, and draws anchors among positions with loss_mask set: the data stage's own (unshifted)
+    label mask serves both."""
     batch = dict(batch)
     kwargs = {}
     if "aux_hidden_states" in batch:
         dtype = (unwrapped or model).dflash_module.fc.weight.dtype
-        batch.pop("base_model_hidden_states", None)
-        kwargs["base_model_outputs"] = {"aux_hidden_states": batch.pop("aux_hidden_states").to(dtype)}
+        last = batch.pop("base_model_hidden_states", None)
+        outputs = {"aux_hidden_states": batch.pop("aux_hidden_states").to(dtype)}
+        if is_dspark(unwrapped or model):  # its TVD term: the target's logits, lm_head(last) inside modelopt
+            outputs["base_model_hidden_states"] = last.to(dtype)
+        kwargs["base_model_outputs"] = outputs
     return model(**batch, **kwargs)
 
 
@@ -182,10 +192,11 @@ def block_drafts(model: Any, input_ids: Any, aux: Any, k: int, first: int = 1, c
     """Greedy block drafts from every anchor at once (teacher-forced): drafts[j, s] = the draft's guess for token
     j + 2 + s from the block anchored at token j + 1 with the target's states of positions 0..j (the verified
     context at that step), for anchors j + 1 >= first. Same layout as the EAGLE-3 head's chain drafts, so the
-    same acceptance count applies; exact for greedy decoding, as the block sees only verified tokens."""
+    same acceptance count applies; exact for greedy decoding, as the block sees only verified tokens. DFlash guesses
+    from block rows 1..k, DSpark from rows 0..k-1 with its Markov bias (markov_drafts)."""
     import torch
 
-    module, B = model.dflash_module, model.dflash_block_size
+    module, B, dspark = model.dflash_module, model.dflash_block_size, is_dspark(model)
     t = input_ids.shape[-1]
     ids = input_ids.reshape(-1)
     out = torch.zeros(t, k, dtype=torch.long, device=ids.device)
@@ -202,6 +213,21 @@ def block_drafts(model: Any, input_ids: Any, aux: Any, k: int, first: int = 1, c
             mask = model._build_draft_attention_mask(t, anchors[None], torch.ones(1, n, dtype=torch.bool, device=ids.device),
                                                      n, dtype, ids.device)
             hidden = module(noise_embedding=noise, target_hidden=ctx, position_ids=pos[None], attention_mask=mask)
-            logits = model._base_model_lm_head(hidden.view(n, B, -1)[:, 1 : k + 1])
-            out[anchors - 1] = logits.argmax(-1)
+            rows = hidden.view(n, B, -1)[:, 0:k] if dspark else hidden.view(n, B, -1)[:, 1 : k + 1]
+            logits = model._base_model_lm_head(rows)
+            out[anchors - 1] = markov_drafts(module, logits, rows, ids[anchors]) if dspark else logits.argmax(-1)
     return out
+
+
+def markov_drafts(module: Any, logits: Any, rows: Any, roots: Any) -> Any:
+    """DSpark's greedy guesses [n, k] from its block rows' backbone logits [n, k, V] and hidden states [n, k, H]: guess
+    j = argmax(logits j + the Markov bias from guess j - 1, the root's for j = 0), one after another (modelopt's
+    DSparkModule.markov_step, as its pseudo_speculative_generate)."""
+    import torch
+
+    prev, state, guesses = roots, None, []
+    for j in range(logits.shape[1]):
+        bias, state = module.markov_step(prev, rows[:, j], state)
+        prev = (logits[:, j] + bias).argmax(-1)
+        guesses.append(prev)
+    return torch.stack(guesses, 1)
