@@ -149,7 +149,8 @@ class DFlashSection(Section):
         "(block_size guesses a pass), plus a low-rank Markov head's logit bias from the guess before it, one guess "
         "after another")
     markov_rank: int = key(256, "dspark: rank r of the Markov head, a vocab x r embedding of the previous token and an "
-                           "r x vocab projection (2 x vocab x r parameters; DeepSpec uses 256)", ge=1, le=4096)
+                           "r x vocab projection (2 x vocab x r parameters, the projection read once per guess; "
+                           "DeepSpec uses 256)", ge=1, le=4096)
     markov_head: Literal["vanilla", "gated", "rnn"] = key(
         "vanilla", "dspark: the Markov head's bias: vanilla = from the previous token alone; gated = its embedding gated "
         "by the backbone's row; rnn = a GRU-like state carried through the block (the whole prefix)")

@@ -106,6 +106,28 @@ def test_dflash_draft_keeps_greedy_output(dflash_export, target_dir, prompts, re
         assert g.stats.acceptance_length() < 1.5  # a random draft: hardly anything accepted
 
 
+def test_dspark_runtime_draft_matches_modelopt(dspark_export, target_dir):
+    """The runtime's DSpark draft (one block pass over its context cache, then the Markov head row by row) gives the
+    tokens of modelopt's DSpark pseudo_speculative_generate; without the head's bias it does not."""
+    draft_dir, _, ids, base_tok, want = dspark_export
+    target = load_transformer(target_dir)[0]
+    drafter = load_dflash_drafter(draft_dir, target)
+    assert drafter.info.guesses == 8 and drafter.markov is not None
+    assert first_draft(target, drafter, ids, base_tok, 8) == want
+    drafter.markov.markov_w2.weight.zero_()
+    assert first_draft(target, drafter, ids, base_tok, 8) != want
+
+
+@pytest.mark.parametrize("k", [3, 8])
+def test_dspark_draft_keeps_greedy_output(dspark_export, target_dir, prompts, reference, k):
+    target = load_transformer(target_dir)[0]
+    drafter = load_dflash_drafter(dspark_export[0], target)
+    for p, ref in zip(prompts, reference, strict=True):
+        g = speculative_decode(target, drafter, p, NEW, DraftSpec(k=k), eos={2})
+        assert g.tokens == ref
+        assert g.stats.acceptance_length() < 1.5  # a random draft: hardly anything accepted
+
+
 def test_a_short_chain_from_a_whole_block_runs_to_the_last_token(dflash_export, target_dir, prompts):
     """The block runs at positions length .. length + block_size - 1 whatever k: at the last tokens it reaches past
     the k + 1 rows the target reserves, so the draft's cache and rotary tables must cover the whole block."""
@@ -120,8 +142,8 @@ class OracleNet:
     """A stand-in block network that knows the target's answer: its guesses for positions length+1.. are the
     reference tokens there. Everything is accepted only if the drafter's position bookkeeping is right."""
 
-    def __init__(self, seq: list[int], vocab: int):
-        self.seq, self.vocab, self.max_len, self.calls = seq, vocab, 0, []
+    def __init__(self, seq: list[int], vocab: int, hidden: int):
+        self.seq, self.vocab, self.hidden, self.max_len, self.calls = seq, vocab, hidden, 0, []
 
     def setup_cache(self, n):
         self.max_len = n
@@ -132,42 +154,54 @@ class OracleNet:
         for j in range(k):
             pos = length + 1 + j
             logits[j, self.seq[pos] if pos < len(self.seq) else 0] = 0.0
-        return logits
+        return logits, torch.zeros(k, self.hidden)
 
 
-def test_perfect_block_draft_keeps_greedy_output_and_accepts_everything(dflash_export, target_dir, prompts, reference):
-    from trtspec.runtime.dflash import DFlashInfo
+@pytest.mark.parametrize("projector", ["dflash", "dspark"])
+def test_perfect_block_draft_keeps_greedy_output_and_accepts_everything(dflash_export, target_dir, prompts, reference, projector):
+    """A block of 8 drafts 7 tokens (DFlash) or 8 (DSpark, through a random rnn Markov head whose bias is small
+    beside the oracle's logits): all accepted."""
+    from trtspec.runtime.dflash import DFlashInfo, MarkovHead
 
     target = load_transformer(target_dir)[0]
     real = load_dflash_drafter(dflash_export[0], target)
+    info = DFlashInfo((0, 2), 8, 16, False, projector)
+    torch.manual_seed(0)
+    markov = MarkovHead(target.args.vocab_size, 4, target.args.hidden_size, "rnn") if projector == "dspark" else None
     for p, ref in zip(prompts, reference, strict=True):
-        net = OracleNet(p.tolist() + ref + [0] * 16, target.args.vocab_size)
-        drafter = DFlashDrafter(net, real.embed, DFlashInfo((0, 2), 8, 16, False))
-        g = speculative_decode(target, drafter, p, NEW, DraftSpec(k=7), eos={2})
+        net = OracleNet(p.tolist() + ref + [0] * 16, target.args.vocab_size, target.args.hidden_size)
+        drafter = DFlashDrafter(net, real.embed, info, markov)
+        g = speculative_decode(target, drafter, p, NEW, DraftSpec(k=info.guesses), eos={2})
         assert g.tokens == ref
-        assert g.stats.accepted[:-1] == [7] * (g.stats.steps - 1)  # the last step may stop at the answer's end
+        assert g.stats.accepted[:-1] == [info.guesses] * (g.stats.steps - 1)  # the last step may stop at the answer's end
         assert net.calls[0] == (p.numel(), p.numel())  # the prompt's states, then 8 new verified rows per step
-        assert all(m == 8 for m, _ in net.calls[1:])
+        assert all(m == info.guesses + 1 for m, _ in net.calls[1:])
 
 
-def small_block_drafter(target, seed: int = 3):
+def small_block_drafter(target, seed: int = 3, projector: str = "dflash"):
     """A random one-layer block network on the 8-token target, with an lm_head of its own (sharp, unlike the
-    target's) so that its guesses' distributions q differ from the target's p."""
-    from trtspec.runtime.dflash import DFlashDraft, DFlashInfo
+    target's) so that its guesses' distributions q differ from the target's p; DSpark's with a sharp rnn Markov
+    head, whose bias makes each guess's q depend on the guess before it."""
+    from trtspec.runtime.dflash import DFlashDraft, DFlashInfo, MarkovHead
     from trtspec.runtime.model import Linear
 
     torch.manual_seed(seed)
-    net = DFlashDraft(target.args.__class__(**{**target.args.__dict__, "num_layers": 1}), 1, causal=False).eval()
+    args = target.args.__class__(**{**target.args.__dict__, "num_layers": 1})
+    net = DFlashDraft(args, 1, causal=False, first_row=0 if projector == "dspark" else 1).eval()
     net.lm_head = Linear(target.args.hidden_size, 8, bias=False)
+    markov = MarkovHead(8, 4, target.args.hidden_size, "rnn").eval() if projector == "dspark" else None
     with torch.no_grad():
         net.lm_head.weight.mul_(6.0)
+        if markov is not None:
+            markov.markov_w2.weight.mul_(100.0)
     target.aux_layers = (0,)
-    return DFlashDrafter(net, target.embed_tokens, DFlashInfo((0,), 4, 7, False))
+    return DFlashDrafter(net, target.embed_tokens, DFlashInfo((0,), 4, 7, False, projector), markov)
 
 
+@pytest.mark.parametrize("projector", ["dflash", "dspark"])
 @pytest.mark.parametrize("swap", [False, True], ids=["lossless", "swapped-ratio-caught"])
-def test_dflash_sampling_matches_the_target_distribution(monkeypatch, swap):
-    """Each guess of a block is drawn from its own position's distribution, independent of the other guesses:
+def test_dflash_sampling_matches_the_target_distribution(monkeypatch, swap, projector):
+    """Each guess of a block is drawn from its own position's distribution (DSpark's: given the guess before it):
     accepting it with min(1, p/q) stays lossless; the swapped ratio q/p is caught."""
     from stagekit import chi2_of_first_two, small_lm
 
@@ -176,7 +210,7 @@ def test_dflash_sampling_matches_the_target_distribution(monkeypatch, swap):
     if swap:
         monkeypatch.setattr(gen, "accept_probs", lambda p, q: (q / p).clamp(max=1.0))
     target = small_lm(0, 6.0)
-    chi2, bins = chi2_of_first_two(target, small_block_drafter(target), [3, 1, 4, 1, 5], 2)
+    chi2, bins = chi2_of_first_two(target, small_block_drafter(target, projector=projector), [3, 1, 4, 1, 5], 2)
     assert (chi2 < bins + 4 * (2 * bins) ** 0.5) != swap, (chi2, bins)
 
 

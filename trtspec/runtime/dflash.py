@@ -9,6 +9,11 @@ qwen3_dflash and TensorRT-LLM's DFlashForCausalLM load the same files), drafting
 
 Only the context rows live in the KV cache (one row per verified token, each layer's k/v of ctx_t); the block's
 own keys and values are recomputed each step and forgotten, as the block is.
+
+A DSpark draft (dflash_config.projector_type "dspark", Model Optimizer's DSparkExporter) runs the same pass and
+reads rows 0..k-1 (row j guesses token L+j+1, up to block_size guesses), then its Markov head, one row after another:
+
+    g_j = argmax(logits_j + markov_w2(W1[g_{j-1}]))              # g_-1 = root; gated/rnn heads also read row j
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ class DFlashInfo:
     block_size: int
     mask_token_id: int
     causal: bool
+    projector: str = "dflash"  # or "dspark": rows 0..block_size-1 guess, with a Markov head
+
+    @property
+    def guesses(self) -> int:
+        return self.block_size if self.projector == "dspark" else self.block_size - 1
 
 
 class DFlashLayer(nn.Module):
@@ -85,8 +95,9 @@ class DFlashLayer(nn.Module):
 
 
 class DFlashDraft(Stepper):
-    def __init__(self, args: ModelArgs, num_target_layers: int, causal: bool):
+    def __init__(self, args: ModelArgs, num_target_layers: int, causal: bool, first_row: int = 1):
         super().__init__()
+        self.first_row = first_row  # the block row guessing token L+1: 1 (DFlash), 0 (DSpark)
         H = args.hidden_size
         self.args = args
         self.fc = Linear(num_target_layers * H, H, bias=False)
@@ -106,10 +117,11 @@ class DFlashDraft(Stepper):
         self.cos, self.sin = cos.to(p), sin.to(p)
         self.max_len = max_len
 
-    def forward(self, aux: Tensor, length: int, embeds: Tensor, k: int, mode: str | None = None) -> Tensor:
+    def forward(self, aux: Tensor, length: int, embeds: Tensor, k: int, mode: str | None = None) -> tuple[Tensor, Tensor]:
         """One draft pass: the m newest verified positions' target states aux [m, n*H] join the context (rows
         length - m .. length - 1), then the block embeds [B, H] at positions length .. length + B - 1 runs
-        -> logits of block rows 1..k [k, V]. `mode` "prefill" marks the first call of a generation (eager)."""
+        -> (logits [k, V], normed states [k, H]) of the k block rows guessing tokens length + 1 .. length + k.
+        `mode` "prefill" marks the first call of a generation (eager)."""
         m, B = aux.shape[0], embeds.shape[0]
         slots = torch.arange(length - m, length)
         ctx = rms_norm(self.fc(aux), self.hidden_norm, self.args.norm_eps)
@@ -121,18 +133,48 @@ class DFlashDraft(Stepper):
         for layer in self.layers:
             layer.add_context(ctx, self.cos[slots], self.sin[slots], slots)
             x = layer(x, self.cos[block], self.sin[block], length, mask)
-        return self.lm_head(rms_norm(x[1 : k + 1], self.norm, self.args.norm_eps))
+        rows = rms_norm(x[self.first_row : self.first_row + k], self.norm, self.args.norm_eps)
+        return self.lm_head(rows), rows
+
+
+class MarkovHead(nn.Module):
+    """DSpark's Markov head (Model Optimizer's DSparkModule, same weight names): a logit bias for a block row from the
+    token before it, markov_w2(W1[prev]); gated: W1[prev] gated by the row's state; rnn: a GRU-like state s carried
+    along the block, the bias read from the state before the row."""
+
+    def __init__(self, vocab: int, rank: int, hidden: int, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.markov_w1 = nn.Embedding(vocab, rank)
+        self.markov_w2 = Linear(rank, vocab, bias=False)
+        if kind == "gated":
+            self.gate_proj = nn.Linear(hidden + rank, rank)
+        elif kind == "rnn":
+            self.joint_proj = nn.Linear(2 * rank + hidden, 3 * rank)
+
+    def forward(self, prev: Tensor, row: Tensor, state: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """prev [1] (the token before the row), row [1, H] -> (bias [1, V], the state the next row starts from)."""
+        e = self.markov_w1(prev)
+        if self.kind == "vanilla":
+            return self.markov_w2(e), state
+        if self.kind == "gated":
+            return self.markov_w2(torch.sigmoid(self.gate_proj(torch.cat((row, e), -1))) * e), state
+        state = torch.zeros_like(e) if state is None else state
+        gate, candidate, out = self.joint_proj(torch.cat((state, e, row), -1)).chunk(3, -1)
+        gate = torch.sigmoid(gate)
+        return self.markov_w2(torch.tanh(out)), gate * state + (1 - gate) * torch.tanh(candidate)
 
 
 class DFlashDrafter:
     """Drafts the chain root -> k tokens from one pass of the block [root, mask, ...]. Its cache holds one row per
     verified token; `accepted` hands it the target's states of the newly verified positions, which the next
-    draft pass adds to the context before running the block (one compiled call per step)."""
+    draft pass adds to the context before running the block (one compiled call per step). With a DSpark `markov`
+    head, the guesses are then made one row after another (markov_chain)."""
 
     name = "dflash"
 
-    def __init__(self, net: DFlashDraft, embed: nn.Embedding, info: DFlashInfo):
-        self.net, self.embed, self.info = net, embed, info
+    def __init__(self, net: DFlashDraft, embed: nn.Embedding, info: DFlashInfo, markov: MarkovHead | None = None):
+        self.net, self.embed, self.info, self.markov = net, embed, info, markov
         self.length = 0  # verified positions whose states the draft has, or is about to get (pending)
         self.pending: Tensor | None = None
         self.first = True
@@ -160,31 +202,57 @@ class DFlashDrafter:
     def draft(self, root: int, spec: DraftSpec, temperature: float = 0.0, generator=None) -> tuple[Tree, Tensor | None]:
         if spec.shape != "chain":
             raise ModelError("a DFlash block drafts a chain", "use draft.shape: chain")
-        k = min(spec.k, self.info.block_size - 1)
+        k = min(spec.k, self.info.guesses)
         block = torch.full((self.info.block_size,), self.info.mask_token_id)
         block[0] = root
         mode = "prefill" if self.first else None
-        logits = self.net.step(self.pending, self.length, self.embed(block), k, mode)
+        logits, rows = self.net.step(self.pending, self.length, self.embed(block), k, mode)
         self.first, self.pending = False, None
-        tree, q = Tree.root(root), None
-        if temperature > 0:
-            # each position's guess is drawn from its own q_j, a function of the verified context only: accepting
-            # x_j with min(1, p_j(x_j) / q_j(x_j)) keeps the output distributed as the target's (decode.py)
-            q = softmax_t(logits, temperature)
-            ids = torch.multinomial(q, 1, generator=generator)[:, 0].tolist()
+        if self.markov is None:
+            ids, q = choose(logits, temperature, generator)
         else:
-            ids = logits.argmax(-1).tolist()
+            ids, q = self.markov_chain(root, logits, rows, temperature, generator)
+        tree = Tree.root(root)
         for j, t in enumerate(ids):
             tree.add(t, j)
         return tree, q
+
+    def markov_chain(self, root: int, logits: Tensor, rows: Tensor, temperature: float, generator=None) -> tuple[list[int], Tensor | None]:
+        """DSpark's guesses, one row after another: row j's logits plus the Markov bias from guess j - 1 (the root's
+        for j = 0). Sampled, guess j comes from its own q_j given the guesses before it, as any chain draft's."""
+        prev, state, ids, qs = torch.tensor([root]), None, [], []
+        for j in range(logits.shape[0]):
+            bias, state = self.markov(prev, rows[j : j + 1], state)
+            guess, q = choose(logits[j : j + 1] + bias, temperature, generator)
+            ids += guess
+            qs.append(q)
+            prev = torch.tensor(guess)
+        return ids, torch.cat(qs) if temperature > 0 else None
+
+
+def choose(logits: Tensor, temperature: float, generator=None) -> tuple[list[int], Tensor | None]:
+    """Each row's guess: its argmax, or at temperature > 0 a draw from its own q (returned, [rows, V])."""
+    if temperature <= 0:
+        return logits.argmax(-1).tolist(), None
+    # each guess drawn from its own q_j: accepting x_j with min(1, p_j(x_j) / q_j(x_j)) keeps the output distributed
+    # as the target's (decode.py)
+    q = softmax_t(logits, temperature)
+    return torch.multinomial(q, 1, generator=generator)[:, 0].tolist(), q
 
 
 def is_dflash(folder: Path) -> bool:
     return "DFlashDraftModel" in (read_config(folder).get("architectures") or [])
 
 
+MARKOV_KEYS = ("markov_w1.", "markov_w2.", "gate_proj.", "joint_proj.")  # DSpark's head, beside the backbone's weights
+# DSpark's optional confidence head predicts each guess's acceptance for a serving-side scheduler; every draft here
+# is verified as a whole chain, so its weights are left unread
+UNREAD_KEYS = ("confidence_proj.",)
+
+
 def load_dflash(folder: Path, target_hidden: int | None, target_layers: int | None,
-                dtype: torch.dtype = torch.float32) -> tuple[DFlashDraft, DFlashInfo]:
+                dtype: torch.dtype = torch.float32) -> tuple[DFlashDraft, DFlashInfo, MarkovHead | None]:
+    """(block network, its settings, DSpark's Markov head or None) from an exported DFlash or DSpark draft."""
     folder = Path(folder)
     cfg = read_config(folder)
     if "DFlashDraftModel" not in (cfg.get("architectures") or []):
@@ -194,34 +262,56 @@ def load_dflash(folder: Path, target_hidden: int | None, target_layers: int | No
     layers = tuple(dc.get("target_layer_ids") or ())
     if not layers or "mask_token_id" not in dc or "block_size" not in cfg:
         raise ArtifactError(f"'{folder}/config.json' lacks block_size or dflash_config.target_layer_ids/mask_token_id")
+    projector = dc.get("projector_type") or "dflash"
+    if projector not in ("dflash", "dspark"):
+        raise ArtifactError(f"'{folder}' is a {projector} draft (dflash_config.projector_type)",
+                            "the runtime drafts with DFlash and DSpark drafts")
     args = ModelArgs.from_hf({**cfg, "architectures": ["Qwen3ForCausalLM"]})
     if target_hidden is not None and args.hidden_size != target_hidden:
         raise ArtifactError(f"the draft's hidden size {args.hidden_size} does not match the target's {target_hidden}",
                             "the draft was trained for another model")
     if target_layers is not None and (bad := [i for i in layers if not 0 <= i < target_layers]):
         raise ArtifactError(f"the draft reads target layers {bad}, the target has {target_layers}")
-    state = {k: v.to(dtype) for k, v in read_safetensors(folder).items()}
+    state = {k: v.to(dtype) for k, v in read_safetensors(folder).items() if not k.startswith(UNREAD_KEYS)}
+    head = {k: state.pop(k) for k in [k for k in state if k.startswith(MARKOV_KEYS)]}
     state = {k.removesuffix(".weight") if k.endswith("norm.weight") else k: v for k, v in fuse_projections(state).items()}
     state = {k.replace("self_attn.", ""): v for k, v in state.items()}
     with torch.device("meta"):
-        model = DFlashDraft(args, len(layers), bool(dc.get("causal", False)))
+        model = DFlashDraft(args, len(layers), bool(dc.get("causal", False)), first_row=0 if projector == "dspark" else 1)
+    load_weights(model, state, folder)
+    info = DFlashInfo(layers, int(cfg["block_size"]), int(dc["mask_token_id"]), bool(dc.get("causal", False)), projector)
+    markov = load_markov(head, dc, args, folder) if projector == "dspark" else None
+    return model.eval().requires_grad_(False), info, markov
+
+
+def load_markov(state: dict[str, Tensor], dc: dict, args: ModelArgs, folder: Path) -> MarkovHead:
+    """DSpark's Markov head from its weights and dflash_config's markov_rank and markov_head_type."""
+    kind = dc.get("markov_head_type", "vanilla")
+    if "markov_rank" not in dc or kind not in ("vanilla", "gated", "rnn"):
+        raise ArtifactError(f"'{folder}/config.json': a DSpark draft needs dflash_config.markov_rank and a markov_head_type "
+                            f"of vanilla, gated or rnn (got {dc.get('markov_rank')}, {kind!r})")
+    with torch.device("meta"):
+        head = MarkovHead(args.vocab_size, int(dc["markov_rank"]), args.hidden_size, kind)
+    load_weights(head, state, folder)
+    return head.eval().requires_grad_(False)
+
+
+def load_weights(module: nn.Module, state: dict[str, Tensor], folder: Path) -> None:
     try:
-        model.load_state_dict(state, strict=True, assign=True)
+        module.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:
         raise ArtifactError(f"weights in '{folder}' do not fit its config.json: {str(e)[:300]}") from None
-    info = DFlashInfo(layers, int(cfg["block_size"]), int(dc["mask_token_id"]), bool(dc.get("causal", False)))
-    return model.eval().requires_grad_(False), info
 
 
 def load_dflash_drafter(draft_dir: Path, target, dtype=torch.float32) -> DFlashDrafter:
-    """The exported DFlash draft, sharing the target's embedding and lm_head; the target is set to hand out the
-    states of the layers the draft reads."""
+    """The exported DFlash (or DSpark) draft, sharing the target's embedding and lm_head; the target is set to hand
+    out the states of the layers the draft reads."""
     from trtspec.runtime.kernels import choose_kernels
 
-    net, info = load_dflash(draft_dir, target.args.hidden_size, target.args.num_layers, dtype)
+    net, info, markov = load_dflash(draft_dir, target.args.hidden_size, target.args.num_layers, dtype)
     if not 0 <= info.mask_token_id < target.args.vocab_size:
         raise ArtifactError(f"the draft's mask token {info.mask_token_id} is outside the target's vocabulary")
     net.kernel_choice = choose_kernels(net)
     net.lm_head = target.lm_head
     target.aux_layers = info.target_layers
-    return DFlashDrafter(net, target.embed_tokens, info)
+    return DFlashDrafter(net, target.embed_tokens, info, markov)

@@ -184,8 +184,11 @@ def weight_mb(net: nn.Module) -> float:
 def step_cost_by_bytes(target: nn.Module, drafter, spec) -> float:
     """What one speculative step would cost in plain decode steps if every pass cost its weights' bytes alone: the
     verify pass reads the target's weights once, as a decode step does (its few rows add no bytes), and each of the
-    drafter's passes (`drafter.passes_per_step(spec)`) reads the draft network's."""
-    return 1.0 + drafter.passes_per_step(spec) * weight_mb(drafter.net) / weight_mb(target)
+    drafter's passes (`drafter.passes_per_step(spec)`) reads the draft network's; a DSpark draft's Markov head reads
+    its projection once per guess."""
+    markov = getattr(drafter, "markov", None)
+    head_mb = spec.k * weight_mb(markov) if markov is not None else 0.0
+    return 1.0 + (drafter.passes_per_step(spec) * weight_mb(drafter.net) + head_mb) / weight_mb(target)
 
 
 def speed_limits(kernel_choice: dict, bandwidth: dict, no_draft_tps: float, acceptance_length: float,
