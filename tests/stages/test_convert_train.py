@@ -511,6 +511,36 @@ def test_dspark_trains_with_the_same_stage(dspark_upstream, tiny_model_dir, tmp_
     assert not torch.equal(head["markov_w2.weight"], init["markov_w2.weight"])  # the head trained
 
 
+def test_dspark_exports_a_bundle_the_runtime_serves_exactly_and_no_engine_claims(dspark_upstream, tiny_model_dir, tmp_path):
+    """Model Optimizer's DSparkExporter writes the draft (the Markov head's settings in dflash_config); the bundle has
+    no engine launcher and the engine stage skips, saying why; trtspec's runtime decodes with it exactly."""
+    from trtspec.drafting import load_drafter
+    from trtspec.pipeline.stage import StageSkipped
+    from trtspec.quant import QUANT_JSON
+    from trtspec.runtime import DraftSpec, generate, load_transformer, speculative_decode
+    from trtspec.stages import engine, export
+
+    ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", dspark_upstream, method="dspark")
+    train.run(ctx)
+    quant = tmp_path / "quantize"
+    quant.mkdir()
+    (quant / QUANT_JSON).write_text(json.dumps({"format": "none"}))
+    ectx = _stage_ctx(tmp_path, tiny_model_dir, "export", {"train": ctx.out, "convert": dspark_upstream["convert"],
+                                                           "quantize": quant}, method="dspark")
+    em = export.run(ectx)
+    dc = json.loads((ectx.out / "draft" / "config.json").read_text())["dflash_config"]
+    assert (dc["projector_type"], dc["shift_label"], dc["markov_rank"], dc["markov_head_type"]) == ("dspark", True, 8, "gated")
+    assert em["projector"] == "dspark" and em["serving_files"] == [] and not (ectx.out / "llm_api_options.yaml").exists()
+    assert "TensorRT-LLM and vLLM serve no" in em["no_engine"] and "DSpark" in (ectx.out / "README.md").read_text()
+    with pytest.raises(StageSkipped, match="TensorRT-LLM and vLLM serve no"):
+        engine.run(SimpleNamespace(cfg=ectx.cfg, manifests={"export": {"metrics": em}}, inputs={"export": ectx.out}))
+    target = load_transformer(ectx.out / "target")[0]
+    drafter = load_drafter(ectx.out / "draft", target)
+    assert drafter.markov is not None and drafter.info.guesses == 4
+    prompt = torch.tensor([1, 504, 3000, 77, 12, 900, 45, 8])
+    assert speculative_decode(target, drafter, prompt, 16, DraftSpec(k=4), eos={2}).tokens == generate(target, prompt, 16, eos={2}).tokens
+
+
 def test_dflash_train_resumes_and_exports_a_bundle_the_runtime_serves_exactly(dflash_upstream, tiny_model_dir, tmp_path, monkeypatch):
     """Killed at step 3, resumed from checkpoint 2; the export stage writes a DFlash draft every engine's loader
     reads, and trtspec's runtime decodes with it exactly as without it."""

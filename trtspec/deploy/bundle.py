@@ -25,6 +25,7 @@ class ExportedDraft:
     label: str  # how the headline names it ("draft (float32)")
     model: Any = None  # the draft model, kept where the family measures acceptance with a quantized target
     tensors: list[str] | None = None  # the checkpoint's tensor names, where the engines' loaders are checked
+    no_engine: str | None = None  # why no serving engine loads this draft: the bundle then has no launcher
 
 
 def export_target(model: Any, tok: Any, out: Path, dtype: Any, quantized: bool) -> None:
@@ -125,21 +126,24 @@ def write_dflash_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dic
     from trtspec.artifacts import package_versions
 
     source = cfg.model.source if cfg.model.source.startswith("demo:") else Path(cfg.model.source).name
+    dspark = info.get("projector") == "dspark"
+    name = f"DSpark ({info['markov_head']} Markov head of rank {info['markov_rank']})" if dspark else "DFlash"
     lines = [
         "# trtspec deployment bundle",
         "",
-        f"Target `{source}` ({info['quant_format']}, {info['target_dtype']}) with a DFlash block drafter "
+        f"Target `{source}` ({info['quant_format']}, {info['target_dtype']}) with a {name} block drafter "
         f"({info['draft_params'] / 1e6:.1f}M parameters, {info['draft_dtype']}, block {info['block_size']}, target layers "
         f"{info['target_layers']}, mask token {info['mask_token_id']}); {info['max_draft_len']} drafts verified per step.",
         "",
         "| folder | what |",
         "|---|---|",
         "| `target/` | the target, HF format |",
-        "| `draft/` | the DFlash draft (`DFlashDraftModel`, Model Optimizer's export): embedding and lm_head are the target's |",
-        "| `llm_api_options.yaml` | TensorRT-LLM LLM-API options (`decoding_type: DFlash`, speculative_config points at `./draft`) |",
-        "| `serve.sh`, `triton/`, `snippets/` | trtllm-serve, Triton, vLLM (`method: dflash`) and SGLang (`DFLASH`) launchers |",
-        "",
-        "Every engine reads the mask token and the target layers from `draft/config.json`'s `dflash_config`.",
+        f"| `draft/` | the {name.split()[0]} draft (`DFlashDraftModel`, Model Optimizer's export): embedding and lm_head are the target's |",
+        *(["", metrics["no_engine"] + "."] if dspark else [
+            "| `llm_api_options.yaml` | TensorRT-LLM LLM-API options (`decoding_type: DFlash`, speculative_config points at `./draft`) |",
+            "| `serve.sh`, `triton/`, `snippets/` | trtllm-serve, Triton, vLLM (`method: dflash`) and SGLang (`DFLASH`) launchers |",
+            "",
+            "Every engine reads the mask token and the target layers from `draft/config.json`'s `dflash_config`."]),
         "",
         "## Built with",
         "",

@@ -1,6 +1,8 @@
 """The trained DFlash drafter as the engines load it: Model Optimizer's DFlashExporter (a DFlashDraftModel
 config.json with block_size and dflash_config {mask_token_id, target_layer_ids, causal}; weights without the
-embedding or lm_head, which every engine shares from the target)."""
+embedding or lm_head, which every engine shares from the target). A DSpark draft goes through its DSparkExporter:
+the same files, plus the Markov head's weights and dflash_config {projector_type, shift_label, markov_rank,
+markov_head_type, use_confidence_head}; trtspec's runtime serves it, no engine does (NO_ENGINE)."""
 
 from __future__ import annotations
 
@@ -10,26 +12,34 @@ from typing import Any
 
 from trtspec.deploy.bundle import ExportedDraft
 
+NO_ENGINE = ("TensorRT-LLM and vLLM serve no Model Optimizer DSpark draft (TensorRT-LLM's DSpark decoding loads "
+             "DeepSeek's own DSpark checkpoints; a DFlash loader would read other block rows and no Markov head): "
+             "the bundle has no engine launcher, trtspec's runtime serves it (validate)")
+
 
 def export_dflash_draft(base: Any, train_dir: Path, out: Path, dtype: Any, target_path: Path) -> ExportedDraft:
     """The family's export: the drafter rebuilt on `base` from train/, written to `out` in `dtype`."""
-    from modelopt.torch.export.plugins.hf_spec_export import DFlashExporter
-
     from trtspec.dflash import head
 
     model = head.build_dflash_model(base, json.loads((train_dir / "dflash_config.json").read_text()))
     head.load_head(model, train_dir / head.HEAD_FILE)
     model.eval().dflash_module.to(dtype)
-    DFlashExporter(model).export(out, dtype)
+    model.get_exporter().export(out, dtype)  # modelopt's DFlashExporter, or DSparkExporter for a DSpark draft
     cfg = json.loads((out / "config.json").read_text())
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    dc = cfg["dflash_config"]
     info = {
         "draft_method": "dflash",
+        "projector": dc.get("projector_type", "dflash"),
         "draft_dtype": cfg["torch_dtype"],
-        "target_layers": cfg["dflash_config"]["target_layer_ids"],
+        "target_layers": dc["target_layer_ids"],
         "block_size": cfg["block_size"],
-        "mask_token_id": cfg["dflash_config"]["mask_token_id"],
+        "mask_token_id": dc["mask_token_id"],
         "draft_params": sum(p.numel() for p in model.dflash_module.parameters()),
     }
+    if info["projector"] == "dspark":
+        info.update(markov_rank=dc["markov_rank"], markov_head=dc["markov_head_type"])
+        return ExportedDraft(info, f"DSpark draft ({info['draft_dtype']}, block {info['block_size']}, {info['markov_head']} "
+                             f"Markov head of rank {info['markov_rank']})", no_engine=NO_ENGINE)
     return ExportedDraft(info, f"DFlash draft ({info['draft_dtype']}, block {info['block_size']})")

@@ -79,6 +79,8 @@ def resolve_backend(backend: str) -> tuple[str | None, str]:
 
 
 def run(ctx: StageContext) -> dict:
+    if no_engine := ctx.manifests.get("export", {}).get("metrics", {}).get("no_engine"):  # a draft no engine loads (DSpark)
+        raise StageSkipped(no_engine)
     backend, why = resolve_backend(ctx.cfg.engine.backend)
     if backend is None:
         raise StageSkipped(why)

@@ -5,7 +5,8 @@
   draft/    the draft as its family's export writes it (DraftFamily.export_draft): the EAGLE-3 head as modelopt's
             export_speculative_decoding writes it (LlamaForCausalLMEagle3), rebuilt on the *unquantized* base from
             train/head.safetensors, checked against trtspec/eagle/checkpoint.py's table (trtspec.eagle.export); a
-            DFlash drafter as Model Optimizer's DFlashExporter writes it (trtspec.dflash.export)
+            DFlash drafter as Model Optimizer's DFlashExporter writes it, a DSpark one as its DSparkExporter (no engine
+            launcher: trtspec.dflash.export.NO_ENGINE)
   onnx/     the EAGLE-3 head as ONNX, checked against PyTorch with onnxruntime (export.onnx)
   README.md what was built and how to serve it (deploy/bundle.py); llm_api_options.yaml, serve.sh, triton/,
             snippets/ (serving.py)
@@ -126,8 +127,11 @@ def run(ctx: StageContext) -> dict:
 
     info = {"target_dtype": str(dtype).removeprefix("torch."), "quant_format": quant["format"],
             "kv_cache": quant.get("kv_cache", "none"), **draft.info, "max_draft_len": cfg.draft.length}
+    if draft.no_engine:
+        ctx.log(f"warning: {draft.no_engine}")
+        metrics["no_engine"] = draft.no_engine  # the engine stage skips on it
     fam.write_readme(out, cfg, info, metrics)
-    serving_files = serving.write_serving_files(out, cfg, info, skip=set(not_served) | fam.no_launcher)
+    serving_files = [] if draft.no_engine else serving.write_serving_files(out, cfg, info, skip=set(not_served) | fam.no_launcher)
     metrics.update(info, serving_files=serving_files, export_s=round(export_s, 1), stage_s=round(time.time() - t0, 1))
     metrics["headline"] = f"target ({quant['format']}) + {draft.label} written in {export_s:.0f}s" + checks_note(metrics)
     return metrics
