@@ -6,6 +6,7 @@ every position of a target answer, for the acceptance count), exported and loade
 
     eagle3   EAGLE-3 head: one token per pass, chained k times           trtspec.eagle
     dflash   DFlash block drafter: block_size - 1 tokens in one pass      trtspec.dflash
+             (dflash.projector: dspark: DSpark, block_size tokens, each biased by a Markov head from the one before)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class DraftFamily:
     train_forward: Callable[..., Any]  # (model, batch, unwrapped model) -> output with .loss and .train_acc
     state_layers: Callable[[dict], list[int]]  # the target layers whose outputs the draft reads
     drafts: Callable[[Any, Any, Any, Any, int], Any]  # (model, ids [1,T], aux [1,T,A], last [1,T,H], k) -> [1,T,k]
-    shift_labels: bool  # the loss mask scores position t against token t + 1 (EAGLE-3) or token t itself (DFlash)
+    shift_labels: bool  # the loss mask scores position t against token t + 1 (EAGLE-3) or token t itself (DFlash, DSpark)
     offline_key: str  # the config key saying the draft reads cached target states (Model Optimizer's name)
     module: Callable[[Any], Any]  # the draft's own network inside the converted model
     check_convert: Callable[[Any, Any], None]  # (build config, model config): the convert settings, before any stage

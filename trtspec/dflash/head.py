@@ -197,6 +197,7 @@ def block_drafts(model: Any, input_ids: Any, aux: Any, k: int, first: int = 1, c
     import torch
 
     module, B, dspark = model.dflash_module, model.dflash_block_size, is_dspark(model)
+    row0 = 0 if dspark else 1  # the block row guessing the token after the anchor
     t = input_ids.shape[-1]
     ids = input_ids.reshape(-1)
     out = torch.zeros(t, k, dtype=torch.long, device=ids.device)
@@ -213,7 +214,7 @@ def block_drafts(model: Any, input_ids: Any, aux: Any, k: int, first: int = 1, c
             mask = model._build_draft_attention_mask(t, anchors[None], torch.ones(1, n, dtype=torch.bool, device=ids.device),
                                                      n, dtype, ids.device)
             hidden = module(noise_embedding=noise, target_hidden=ctx, position_ids=pos[None], attention_mask=mask)
-            rows = hidden.view(n, B, -1)[:, 0:k] if dspark else hidden.view(n, B, -1)[:, 1 : k + 1]
+            rows = hidden.view(n, B, -1)[:, row0 : row0 + k]
             logits = model._base_model_lm_head(rows)
             out[anchors - 1] = markov_drafts(module, logits, rows, ids[anchors]) if dspark else logits.argmax(-1)
     return out
