@@ -142,7 +142,8 @@ class DFlashSection(Section):
     anchors: int = key(32, "block anchors sampled per training row and step (Model Optimizer's dflash_num_anchors)",
                        ge=1, le=4096)
     loss: Literal["dpace", "decay"] = key("dpace", "weights of the block positions in the loss: dpace = confidence-"
-                                          "derived (D-PACE), decay = exponential decay")
+                                          "derived (D-PACE), decay = exp(-(k - 1) / gamma) at position k, "
+                                          "gamma 4 for a block of 8, 7 for 16 (the DFlash paper's)")
     projector: Literal["dflash", "dspark"] = key(
         "dflash", "how a block's rows become guesses (Model Optimizer's projector_type): dflash = each masked row "
         "guesses its own token, all at once; dspark = DeepSeek's DSpark: each row guesses the token after it "

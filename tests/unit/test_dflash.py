@@ -255,6 +255,16 @@ def test_derive_config_sizes_the_draft_from_the_base(target_dir):
         derive_dflash_config(base, DFlashSection(num_layers=2, target_layers=[0]), 16)
 
 
+def test_decay_loss_reaches_modelopt_with_the_papers_gamma(target_dir, tmp_path):
+    """dflash.loss: decay weighs block position k by exp(-(k - 1) / gamma) inside modelopt: gamma must arrive there
+    non-zero (modelopt's default 0 silently trains with equal weights)."""
+    from trtspec.dflash.head import decay_gamma
+
+    for block, gamma in ((8, 4.0), (16, 7.0), (12, 6.0)):
+        model = export_random_dflash(target_dir, tmp_path / f"b{block}", block_size=block, loss="decay")
+        assert (model.dflash_loss_objective, model.dflash_loss_decay_factor) == ("decay", gamma) == ("decay", decay_gamma(block))
+
+
 def test_dspark_config_carries_the_markov_head_and_loss_weights(target_dir):
     """dflash.projector: dspark -> Model Optimizer's projector_type and Markov head in the architecture, its loss
     weights beside; a DSpark block of 8 drafts 8 (a DFlash one 7)."""

@@ -85,6 +85,7 @@ def derive_dflash_config(base_config: Any, section: DFlashSection, mask_token_id
         "dflash_draft_attention": section.attention,
         "dflash_num_anchors": section.anchors,
         "dflash_loss_objective": section.loss,
+        "dflash_loss_decay_factor": decay_gamma(section.block_size),  # read by the decay objective only
         # the data stage's answers are the target's own greedy tokens: their cross-entropy is the distillation
         # target already, without the [anchors x block x vocab] teacher logits the KD loss gathers
         "dflash_self_logit_distillation": False,
@@ -105,6 +106,13 @@ def derive_dflash_config(base_config: Any, section: DFlashSection, mask_token_id
 def is_dspark(model: Any) -> bool:
     """The converted model's draft is DSpark's (DFlash backbone + Markov head), not plain DFlash."""
     return getattr(model.dflash_module, "projector_type", "dflash") == "dspark"
+
+
+def decay_gamma(block_size: int) -> float:
+    """gamma of the decay objective's position weights exp(-(k - 1) / gamma) (DFlash paper, Eq. 4): Model Optimizer's
+    suggestion for the block sizes it names (4 for 8, 5 for 10, 7 for 16), block_size / 2 otherwise. modelopt's own
+    default, 0, turns the weights off."""
+    return {8: 4.0, 10: 5.0, 16: 7.0}.get(block_size, block_size / 2)
 
 
 def rope_theta(text: Any) -> float:
