@@ -514,6 +514,7 @@ def test_dspark_trains_with_the_same_stage(dspark_upstream, tiny_model_dir, tmp_
 def test_dspark_exports_a_bundle_the_runtime_serves_exactly_and_no_engine_claims(dspark_upstream, tiny_model_dir, tmp_path):
     """Model Optimizer's DSparkExporter writes the draft (the Markov head's settings in dflash_config); the bundle has
     no engine launcher and the engine stage skips, saying why; trtspec's runtime decodes with it exactly."""
+    from trtspec.artifacts import read_tensors
     from trtspec.drafting import load_drafter
     from trtspec.pipeline.stage import StageSkipped
     from trtspec.quant import QUANT_JSON
@@ -528,8 +529,15 @@ def test_dspark_exports_a_bundle_the_runtime_serves_exactly_and_no_engine_claims
     ectx = _stage_ctx(tmp_path, tiny_model_dir, "export", {"train": ctx.out, "convert": dspark_upstream["convert"],
                                                            "quantize": quant}, method="dspark")
     em = export.run(ectx)
-    dc = json.loads((ectx.out / "draft" / "config.json").read_text())["dflash_config"]
+    cfg = json.loads((ectx.out / "draft" / "config.json").read_text())
+    dc = cfg["dflash_config"]
     assert (dc["projector_type"], dc["shift_label"], dc["markov_rank"], dc["markov_head_type"]) == ("dspark", True, 8, "gated")
+    # what vLLM's DSpark loader reads beside modelopt's keys, and the Markov head under the engines' names
+    assert cfg["architectures"] == ["Qwen3DSparkModel", "DFlashDraftModel"]
+    assert (cfg["markov_rank"], cfg["markov_head_type"], cfg["sample_from_anchor"]) == (8, "gated", True)
+    names = set(read_tensors(ectx.out / "draft" / "model.safetensors", "DSpark draft"))
+    assert {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "gate_proj.weight"} <= names
+    assert "markov_w1.weight" not in names
     assert em["projector"] == "dspark" and em["serving_files"] == [] and not (ectx.out / "llm_api_options.yaml").exists()
     assert "TensorRT-LLM and vLLM serve no" in em["no_engine"] and "DSpark" in (ectx.out / "README.md").read_text()
     with pytest.raises(StageSkipped, match="TensorRT-LLM and vLLM serve no"):

@@ -11,6 +11,13 @@ Read from the engines' own loaders (the files: ENGINES_CHECKED below and tests/c
 
 trtspec numbers aux layers as TensorRT-LLM and modelopt do (output of layer k, HF `hidden_states[k + 1]`), so the
 draft's `eagle_config` keeps those ids and the top-level key carries vLLM's (k + 1).
+
+A DSpark draft (Model Optimizer's DSparkExporter: a DFlash backbone and a low-rank Markov head) as each engine reads it:
+
+| engine | reads | runs |
+|---|---|---|
+| TensorRT-LLM main (`llmapi/llm_args.py` DSparkDecodingConfig and its validator @0004396; `_torch/models/modeling_dspark.py` GQADSparkForCausalLM @008b54f) | target layers, mask token, markov_rank, block_size from `dspark_config`, then `dflash_config`, then top-level `dspark_<key>`, then top-level `<key>`; head weights `markov_head.markov_w{1,2}` or `markov_w{1,2}` | a vanilla Markov head only; non-causal blocks only; block_size == max_draft_len |
+| vLLM 0.32 (`qwen3_dspark.py`, `v1/worker/gpu/spec_decode/dspark/`) | `architectures` Qwen3DSparkModel; top-level `markov_rank`, `sample_from_anchor` (the anchor's row guesses the first token); `dflash_config.target_layer_ids` (+ 1) and `mask_token_id`; head weights `markov_head.markov_w{1,2}` only | a vanilla Markov head only (no gate_proj/joint_proj); a block of num_speculative_tokens rows; its V2 model runner only (a GPU with Triton: the CPU build refuses method dspark) |
 """
 
 from __future__ import annotations
@@ -106,6 +113,36 @@ def add_engine_fields(draft_dir: Any) -> None:
     if "d2t" in tensors and "t2d" not in tensors:
         tensors["t2d"] = t2d_from_d2t(tensors["d2t"], int(cfg["vocab_size"]))
         save_file(tensors, str(weights_path), metadata={"format": "pt"})
+
+
+# --- DSpark ------------------------------------------------------------------------------------------------------
+
+DSPARK_ARCH = "Qwen3DSparkModel"  # vLLM's registry entry for a Qwen3-layered DSpark draft (modelopt's drafts are)
+# modelopt writes the Markov head flat (markov_w1/markov_w2, DeepSpec's layout); vLLM's Qwen3DSparkModel loads it only
+# nested under markov_head (the published Nemotron DSpark drafts' layout), which TensorRT-LLM's GQADSparkForCausalLM and
+# modelopt's own loader (remap_dspark_nested_head_keys) read too
+DSPARK_HEAD_NAMES = {"markov_w1.": "markov_head.markov_w1.", "markov_w2.": "markov_head.markov_w2."}
+
+
+def add_dspark_engine_fields(draft_dir: Any) -> None:
+    """Complete a DSpark draft as modelopt's DSparkExporter wrote it for the engines above, keeping every key modelopt
+    wrote: architectures [Qwen3DSparkModel, DFlashDraftModel] (vLLM takes the first it knows, modelopt and trtspec read
+    the second), top-level markov_rank / markov_head_type / sample_from_anchor (vLLM reads them there, TensorRT-LLM
+    there or in dflash_config), and the Markov head's weights under vLLM's names (DSPARK_HEAD_NAMES)."""
+    from safetensors.torch import load_file, save_file
+
+    draft_dir = Path(draft_dir)
+    cfg_path, weights_path = draft_dir / "config.json", draft_dir / "model.safetensors"
+    cfg = json.loads(cfg_path.read_text())
+    dc = cfg["dflash_config"]
+    cfg["architectures"] = [DSPARK_ARCH, *[a for a in cfg.get("architectures") or [] if a != DSPARK_ARCH]]
+    cfg.update(markov_rank=dc["markov_rank"], markov_head_type=dc["markov_head_type"],
+               sample_from_anchor=bool(dc.get("shift_label", True)))  # DSpark's row 0 (the anchor's) guesses the next token
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    tensors = load_file(str(weights_path))
+    renamed = {next((new + k[len(old):] for old, new in DSPARK_HEAD_NAMES.items() if k.startswith(old)), k): v
+               for k, v in tensors.items()}
+    save_file(renamed, str(weights_path), metadata={"format": "pt"})
 
 
 # transformers 5 names the fast tokenizer class TokenizersBackend; transformers 4.x knows it only by its old name,

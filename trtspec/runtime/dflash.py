@@ -245,9 +245,10 @@ def is_dflash(folder: Path) -> bool:
 
 
 MARKOV_KEYS = ("markov_w1.", "markov_w2.", "gate_proj.", "joint_proj.")  # DSpark's head, beside the backbone's weights
+NESTED_MARKOV = "markov_head."  # the same head as the engines name it (trtspec's export writes markov_head.markov_w1 ...)
 # DSpark's optional confidence head predicts each guess's acceptance for a serving-side scheduler; every draft here
 # is verified as a whole chain, so its weights are left unread
-UNREAD_KEYS = ("confidence_proj.",)
+UNREAD_KEYS = ("confidence_proj.", "confidence_head.")
 
 
 def load_dflash(folder: Path, target_hidden: int | None, target_layers: int | None,
@@ -272,7 +273,8 @@ def load_dflash(folder: Path, target_hidden: int | None, target_layers: int | No
                             "the draft was trained for another model")
     if target_layers is not None and (bad := [i for i in layers if not 0 <= i < target_layers]):
         raise ArtifactError(f"the draft reads target layers {bad}, the target has {target_layers}")
-    state = {k: v.to(dtype) for k, v in read_safetensors(folder).items() if not k.startswith(UNREAD_KEYS)}
+    state = {k.removeprefix(NESTED_MARKOV): v.to(dtype) for k, v in read_safetensors(folder).items()
+             if not k.startswith(UNREAD_KEYS)}
     head = {k: state.pop(k) for k in [k for k in state if k.startswith(MARKOV_KEYS)]}
     state = {k.removesuffix(".weight") if k.endswith("norm.weight") else k: v for k, v in fuse_projections(state).items()}
     state = {k.replace("self_attn.", ""): v for k, v in state.items()}
