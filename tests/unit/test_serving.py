@@ -264,3 +264,19 @@ def test_dflash_options_build_the_installed_config_class(tmp_path, fake_trtllm):
 
     with pytest.raises(MissingDependency, match="cannot serve this bundle: .* no config class for decoding_type 'DFlash'"):
         trtllm.llm_kwargs(opts, bundle / "target", bundle)
+
+
+@pytest.mark.parametrize("name", ["DFlashDecodingConfig", "DSparkDecodingConfig"])
+def test_the_fake_block_drafter_classes_have_the_contract_fields(fake_trtllm, name):  # noqa: F811
+    """The test double's DFlash and DSpark config classes declare exactly the fields the contract read from
+    TensorRT-LLM's llm_args.py (beside DecodingBaseConfig's), with its decoding_type and attention backends."""
+    fake_trtllm("1.3.0.dev")
+    from typing import get_args
+
+    from tensorrt_llm import llmapi
+
+    cls, want = getattr(llmapi, name), NEW[name]
+    own = set(cls.model_fields) - set(NEW["DecodingBaseConfig"])
+    assert own == {k for k in want if not k.startswith("_")}
+    assert cls.model_fields["decoding_type"].default == want["decoding_type"].removeprefix("Literal['").removesuffix("']")
+    assert set(get_args(cls.model_fields["attention_backend"].annotation)) == {"VANILLA", "TRTLLM"}

@@ -12,9 +12,10 @@ __all__ = ["EagleDecodingConfig", "KvCacheConfig", "NGramDecodingConfig", "Draft
 if newer():
     from tensorrt_llm.llmapi.llm_args import (  # noqa: F401
         DFlashDecodingConfig,
+        DSparkDecodingConfig,
         Eagle3DecodingConfig,
         SADecodingConfig,
         SAEnhancerConfig,
     )
 
-    __all__ += ["DFlashDecodingConfig", "Eagle3DecodingConfig", "SADecodingConfig", "SAEnhancerConfig"]
+    __all__ += ["DFlashDecodingConfig", "DSparkDecodingConfig", "Eagle3DecodingConfig", "SADecodingConfig", "SAEnhancerConfig"]

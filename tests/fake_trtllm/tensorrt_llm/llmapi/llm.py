@@ -59,6 +59,50 @@ def _hf(path: str):
     return _MODELS[path]
 
 
+# modeling_dspark.py _DSPARK_HEAD_WEIGHT_ALIASES: the names GQADSparkForCausalLM takes the Markov head from, in order
+DSPARK_HEAD_ALIASES = {"markov_w1.weight": ("markov_head.markov_w1.weight", "markov_w1.weight"),
+                       "markov_w2.weight": ("markov_head.markov_w2.weight", "markov_w2.weight")}
+
+
+def _head_setting(cfg: dict, key: str):
+    """modeling_dflash.py resolve_dspark_head_config: dspark_config, dflash_config, top-level dspark_<key>, <key>."""
+    for value in ((cfg.get("dspark_config") or {}).get(key), (cfg.get("dflash_config") or {}).get(key),
+                  cfg.get(f"dspark_{key}"), cfg.get(key)):
+        if value is not None:
+            return value
+    return None
+
+
+def _check_block_draft(spec, draft: Path) -> None:
+    """What the real LLM(...) checks of a DFlash or DSpark draft before it runs: decoding_type DFlash refuses a draft
+    declaring DSpark heads; DSpark resolves its fields from the draft's config.json (TorchLlmArgs), and its standalone
+    drafter (GQADSparkForCausalLM) takes a vanilla Markov head and non-causal blocks only, its weights [vocab, rank]."""
+    from safetensors import safe_open
+
+    cfg = json.loads((draft / "config.json").read_text())
+    declares = (_head_setting(cfg, "projector_type") == "dspark" or bool(_head_setting(cfg, "shift_label"))
+                or bool(_head_setting(cfg, "use_confidence_head")) or int(_head_setting(cfg, "markov_rank") or 0) > 0)
+    if spec.decoding_type == "DFlash":
+        if declares:
+            raise ValueError("This drafter checkpoint declares the DSpark head set, which decoding_type 'DFlash' does "
+                             "not implement. Set speculative_config.decoding_type to 'DSpark' to run it.")
+        return
+    spec.resolve_from_draft(cfg)
+    head = str(_head_setting(cfg, "markov_head_type") or "vanilla").lower()
+    if (spec.markov_rank or 0) > 0 and head != "vanilla":
+        raise ValueError(f"DSpark drafter declares markov_head_type='{head}'; only 'vanilla' is supported")
+    if _head_setting(cfg, "causal"):
+        raise ValueError("DSpark drafter sets causal=true; the block decode only supports the non-causal convention")
+    with safe_open(str(draft / "model.safetensors"), "pt") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    for canonical, aliases in DSPARK_HEAD_ALIASES.items():
+        name = next((a for a in aliases if a in shapes), None)
+        if (spec.markov_rank or 0) > 0 and name is None:
+            raise ValueError(f"DSpark drafter declares markov_rank={spec.markov_rank} but the checkpoint is missing {canonical}.")
+        if name is not None and shapes[name] != (cfg["vocab_size"], spec.markov_rank):
+            raise ValueError(f"DSpark {canonical} has shape {shapes[name]}, expected [vocab, markov_rank]")
+
+
 class LLM:
     def __init__(self, model: str, speculative_config=None, kv_cache_config=None, tensor_parallel_size: int = 1,
                  max_batch_size: int | None = None, backend: str | None = None, build_config=None, **extra):
@@ -81,6 +125,8 @@ class LLM:
             arch = json.loads((Path(draft) / "config.json").read_text()).get("architectures", [])
             if "LlamaForCausalLMEagle3" not in arch:
                 raise ValueError(f"fake LLM: {draft} is not an EAGLE-3 checkpoint (architectures {arch})")
+        if getattr(speculative_config, "decoding_type", None) in ("DFlash", "DSpark"):
+            _check_block_draft(speculative_config, Path(draft))
         CALLS.append({"model": model, "speculative_config": speculative_config, "kv_cache_config": kv_cache_config,
                       "tensor_parallel_size": tensor_parallel_size, "max_batch_size": max_batch_size})
         self.model, self.spec = str(model), speculative_config

@@ -118,6 +118,51 @@ if newer():
             return self
 
 
+    class DSparkDecodingConfig(DecodingBaseConfig):
+        # None = read from the draft's config.json by TorchLlmArgs (see resolve_from_draft)
+        mask_token_id: int | None = None
+        target_layer_ids: list[int] | None = None
+        block_size: int | None = Field(default=None, gt=0)
+        markov_rank: int | None = None
+        markov_head_type: Literal["vanilla", "gated", "rnn"] | None = None
+        decoding_type: Literal["DSpark"] = "DSpark"
+        attention_backend: Literal["VANILLA", "TRTLLM"] = "VANILLA"
+
+        @model_validator(mode="after")
+        def _check(self):
+            self.max_total_draft_tokens = self.max_draft_len
+            return self
+
+        def resolve_from_draft(self, draft_cfg: dict) -> None:
+            """As TorchLlmArgs.validate_speculative_config: max_draft_len > 0; each unset field from the draft's
+            config.json (dspark_config, dflash_config, top-level dspark_<key>, top-level <key>); block_size then
+            defaults to max_draft_len and must equal it."""
+            if not self.max_draft_len:
+                raise ValueError(f"DSpark max_draft_len must be > 0; got {self.max_draft_len}")
+            sources = (draft_cfg.get("dspark_config") or {}, draft_cfg.get("dflash_config") or {}, draft_cfg)
+
+            def get(key: str, top_level_key: str):
+                for source, name in ((sources[0], key), (sources[1], key), (draft_cfg, top_level_key), (draft_cfg, key)):
+                    if source.get(name) is not None:
+                        return source[name]
+                return None
+
+            ckpt_layers = get("target_layer_ids", "dspark_target_layer_ids")
+            if self.target_layer_ids is None:
+                self.target_layer_ids = None if ckpt_layers is None else list(ckpt_layers)
+            elif ckpt_layers is not None and list(self.target_layer_ids) != list(ckpt_layers):
+                raise ValueError("DSpark target_layer_ids must match the checkpoint's dspark_target_layer_ids exactly")
+            for field, top in (("mask_token_id", "dspark_noise_token_id"), ("block_size", "dspark_block_size"),
+                               ("markov_rank", "dspark_markov_rank")):
+                if getattr(self, field) is None:
+                    setattr(self, field, get(field, top))
+            if self.block_size is None:
+                self.block_size = self.max_draft_len
+            if self.block_size != self.max_draft_len:
+                raise ValueError(f"DSpark block_size must equal max_draft_len; got block_size={self.block_size} and "
+                                 f"max_draft_len={self.max_draft_len}")
+
+
 class NGramDecodingConfig(DecodingBaseConfig):
     max_matching_ngram_size: int = 2
     is_keep_all: bool = True
