@@ -201,6 +201,20 @@ def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts,
     assert [generate(target, p, NEW, eos={2}).tokens for p in prompts] == hf_greedy
 
 
+def test_compiled_passes_hold_a_graph_for_every_row_count(target_dir, monkeypatch):
+    """The products' kernel is chosen per row count, so a compiled pass holds one graph per count: verifying 1..9 rows
+    (a DSpark block of 8) must stay within dynamo's recompile limit, past which a pass silently runs eager inside
+    timed runs (here made an error, so that compile_steps reports it)."""
+    from trtspec.runtime.decode import warm_up_row_counts
+
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+    target = load_transformer(target_dir)[0]
+    torch._dynamo.reset()
+    spec = DraftSpec(k=FEW_ROWS)
+    assert spec.max_nodes() > FEW_ROWS
+    assert compile_steps([target], lambda: warm_up_row_counts(target, None, spec))[1] == COMPILED
+
+
 def test_a_broken_compile_cache_is_emptied_and_compiling_retried(target_dir, monkeypatch, tmp_path):
     """A run killed mid-compilation can leave an entry that fails to load: trtspec's own cache folder is emptied
     and compiling tried once more, instead of falling back to the slow eager runtime on every later run."""

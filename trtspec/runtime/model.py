@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trtspec.errors import ArtifactError, ModelError
-from trtspec.runtime.kernels import Linear, choose_kernels
+from trtspec.runtime.kernels import FEW_ROWS, Linear, choose_kernels
 
 
 @dataclass
@@ -280,6 +280,9 @@ def compile_steps(models: list[Stepper], warm_up: Callable[[], object]) -> tuple
     cache = compile_cache_dir()
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
     ours = cache.parent.name == "trtspec"
+    # one graph per row count 1..FEW_ROWS (the products' kernel is chosen per count) and a few beyond: dynamo's
+    # default limit of 8 graphs a function would send the 9th row count (a block of 8 verified) to eager silently
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * FEW_ROWS)
     for attempt in (1, 2):
         for m in models:
             m.compiled = {name: torch.compile(getattr(m, name), dynamic=True) for name in m.PASSES}
