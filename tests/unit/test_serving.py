@@ -266,6 +266,36 @@ def test_dflash_options_build_the_installed_config_class(tmp_path, fake_trtllm):
         trtllm.llm_kwargs(opts, bundle / "target", bundle)
 
 
+def test_dspark_options_build_the_installed_config_class(tmp_path, fake_trtllm):  # noqa: F811
+    """dflash.projector dspark: llm_api_options.yaml names decoding_type DSpark and leaves DSparkDecodingConfig's other
+    fields unset, for TensorRT-LLM to read from the draft's config.json; the Triton model.yaml says the same; vLLM
+    serves it as method dspark (its snippet says the CPU build refuses it); no SGLang launcher (not checked for DSpark)."""
+    fake_trtllm("1.3.0.dev")
+    from trtspec.deploy import trtllm
+    from trtspec.deploy.serving import drafting_options, vllm_speculative_config
+
+    cfg = make_cfg(tmp_path, draft={"method": "dflash", "length": 4}, dflash={"projector": "dspark", "block_size": 4})
+    opts = llm_api_options(cfg)
+    assert opts["speculative_config"] == {"decoding_type": "DSpark", "max_draft_len": 4, "speculative_model": "./draft"}
+    assert set(opts["speculative_config"]) - {"decoding_type"} <= set(NEW["DSparkDecodingConfig"]) | {"max_draft_len", "speculative_model"}
+    bundle = make_bundle(tmp_path / "b", cfg)
+    spec = trtllm.llm_kwargs(yaml.safe_load((bundle / "llm_api_options.yaml").read_text()), bundle / "target", bundle)["speculative_config"]
+    assert type(spec).__name__ == "DSparkDecodingConfig" and spec.max_total_draft_tokens == 4
+    assert (spec.block_size, spec.markov_rank, spec.markov_head_type, spec.attention_backend) == (None, None, None, "VANILLA")
+    model_yaml = yaml.safe_load((bundle / "triton" / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert model_yaml["speculative_config"] == opts["speculative_config"]
+    assert vllm_speculative_config(opts) == {"method": "dspark", "model": "./draft", "num_speculative_tokens": 4}
+    vllm_sh = (bundle / "snippets" / "vllm.sh").read_text()
+    assert '"method": "dspark"' in vllm_sh and "Model Runner V1 does not support: dspark speculative decoding" in vllm_sh
+    assert not (bundle / "snippets" / "sglang.sh").exists() and (bundle / "serve.sh").is_file()
+    assert drafting_options(opts, "suffix")["speculative_config"]["decoding_type"] == "SA"
+    with pytest.raises(ArtifactError, match="serves DSpark drafting; --drafting eagle3_suffix"):
+        drafting_options(opts, "eagle3_suffix")
+    info = write_triton_repo(finished_run(tmp_path / "run", cfg), tmp_path / "deploy")  # deploy triton serves it too
+    served = yaml.safe_load((tmp_path / "deploy" / "model_repo" / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert served["speculative_config"] == opts["speculative_config"] and info["drafting"]["decoding_type"] == "DSpark"
+
+
 @pytest.mark.parametrize("name", ["DFlashDecodingConfig", "DSparkDecodingConfig"])
 def test_the_fake_block_drafter_classes_have_the_contract_fields(fake_trtllm, name):  # noqa: F811
     """The test double's DFlash and DSpark config classes declare exactly the fields the contract read from

@@ -121,8 +121,27 @@ def eagle3_checks(info: dict, metrics: dict) -> list[str]:
     return lines
 
 
+def serving_lines(dspark: bool, metrics: dict) -> list[str]:
+    """A block drafter's README rows for its serving files and where the engines read the draft's settings."""
+    if metrics.get("no_engine"):
+        return ["", metrics["no_engine"] + "."]
+    if not dspark:
+        return ["| `llm_api_options.yaml` | TensorRT-LLM LLM-API options (`decoding_type: DFlash`, speculative_config points at `./draft`) |",
+                "| `serve.sh`, `triton/`, `snippets/` | trtllm-serve, Triton, vLLM (`method: dflash`) and SGLang (`DFLASH`) launchers |",
+                "",
+                "Every engine reads the mask token and the target layers from `draft/config.json`'s `dflash_config`."]
+    return ["| `llm_api_options.yaml` | TensorRT-LLM LLM-API options (`decoding_type: DSpark`, speculative_config points at `./draft`) |",
+            "| `serve.sh`, `triton/`, `snippets/` | trtllm-serve, Triton and vLLM (`method: dspark`; vLLM's GPU build: its CPU build "
+            "refuses method dspark) launchers; no SGLang launcher (not checked for DSpark) |",
+            "",
+            "TensorRT-LLM reads the mask token, target layers, block size and Markov head from `draft/config.json`'s "
+            "`dflash_config`; vLLM reads the mask token and target layers there, and `architectures` (Qwen3DSparkModel), "
+            "`markov_rank` and `sample_from_anchor` at its top level. The Markov head's weights are named "
+            "`markov_head.markov_w1`/`markov_w2`, as vLLM loads them (Model Optimizer writes them without `markov_head.`)."]
+
+
 def write_dflash_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dict) -> None:
-    """README.md of a bundle with a DFlash draft: its folders and where every engine reads the draft's settings."""
+    """README.md of a bundle with a DFlash (or DSpark) draft: its folders and where every engine reads the draft's settings."""
     from trtspec.artifacts import package_versions
 
     source = cfg.model.source if cfg.model.source.startswith("demo:") else Path(cfg.model.source).name
@@ -138,12 +157,9 @@ def write_dflash_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dic
         "| folder | what |",
         "|---|---|",
         "| `target/` | the target, HF format |",
-        f"| `draft/` | the {name.split()[0]} draft (`DFlashDraftModel`, Model Optimizer's export): embedding and lm_head are the target's |",
-        *(["", metrics["no_engine"] + "."] if dspark else [
-            "| `llm_api_options.yaml` | TensorRT-LLM LLM-API options (`decoding_type: DFlash`, speculative_config points at `./draft`) |",
-            "| `serve.sh`, `triton/`, `snippets/` | trtllm-serve, Triton, vLLM (`method: dflash`) and SGLang (`DFLASH`) launchers |",
-            "",
-            "Every engine reads the mask token and the target layers from `draft/config.json`'s `dflash_config`."]),
+        f"| `draft/` | the {name.split()[0]} draft (`{'Qwen3DSparkModel`, `' if dspark else ''}DFlashDraftModel`, Model Optimizer's "
+        "export): embedding and lm_head are the target's |",
+        *serving_lines(dspark, metrics),
         "",
         "## Built with",
         "",

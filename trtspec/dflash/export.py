@@ -3,7 +3,7 @@ config.json with block_size and dflash_config {mask_token_id, target_layer_ids, 
 embedding or lm_head, which every engine shares from the target). A DSpark draft goes through its DSparkExporter:
 the same files, plus the Markov head's weights and dflash_config {projector_type, shift_label, markov_rank,
 markov_head_type, use_confidence_head}, completed with the keys and weight names TensorRT-LLM's and vLLM's DSpark
-loaders read (deploy.compat.add_dspark_engine_fields); the bundle has no engine launcher yet (NO_ENGINE)."""
+loaders read (deploy.compat.add_dspark_engine_fields; which engine serves which DSpark draft: compat.dspark_problems)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,6 @@ from typing import Any
 
 from trtspec.deploy.bundle import ExportedDraft
 from trtspec.deploy.compat import add_dspark_engine_fields
-
-NO_ENGINE = ("TensorRT-LLM and vLLM serve no Model Optimizer DSpark draft (TensorRT-LLM's DSpark decoding loads "
-             "DeepSeek's own DSpark checkpoints; a DFlash loader would read other block rows and no Markov head): "
-             "the bundle has no engine launcher, trtspec's runtime serves it (validate)")
 
 
 def export_dflash_draft(base: Any, train_dir: Path, out: Path, dtype: Any, target_path: Path) -> ExportedDraft:
@@ -46,5 +42,5 @@ def export_dflash_draft(base: Any, train_dir: Path, out: Path, dtype: Any, targe
         add_dspark_engine_fields(out)
         info.update(markov_rank=dc["markov_rank"], markov_head=dc["markov_head_type"], causal=bool(dc.get("causal")))
         return ExportedDraft(info, f"DSpark draft ({info['draft_dtype']}, block {info['block_size']}, {info['markov_head']} "
-                             f"Markov head of rank {info['markov_rank']})", no_engine=NO_ENGINE)
+                             f"Markov head of rank {info['markov_rank']})")
     return ExportedDraft(info, f"DFlash draft ({info['draft_dtype']}, block {info['block_size']})")

@@ -5,7 +5,8 @@ from the bundle's llm_api_options.yaml — the very file trtllm-serve and Triton
 n-gram drafting all run on its PyTorch backend. Measured: load time, GPU memory, greedy outputs vs Hugging Face
 generate on the original model, acceptance length from TensorRT-LLM's accepted/drafted token counts, tokens/s
 against TensorRT-LLM without speculation and against HF generate, at engine.batch_sizes. Without tensorrt_llm or
-a GPU the stage is skipped (exit 3). engine.backend=vllm: the same checks in vLLM (its CPU build runs here);
+a GPU the stage is skipped (exit 3). engine.backend=vllm: the same checks in vLLM (its CPU build runs here, but not a
+DSpark draft: vLLM runs method dspark on a GPU only, and the stage is skipped saying so);
 engine.backend=auto: TensorRT-LLM where it and a GPU exist, else vLLM where it is installed.
 Multi-GPU: serve.tensor_parallel_size; LLM(...) spawns its own MPI workers on one node. On Slurm or
 several nodes run under `srun/mpirun -n N trtllm-llmapi-launch trtspec engine CONFIG --out RUN`.
@@ -64,6 +65,13 @@ def environment_key() -> dict:
     return {"tensorrt_llm": trtllm.version(), "vllm": vllm_engine.version(), "cuda": trtllm.cuda_available()}
 
 
+def vllm_refusal(draft: Path) -> str | None:
+    """Why this machine's vLLM cannot run the bundle's draft (vllm_engine.refusal), or None."""
+    from trtspec.deploy import vllm_engine
+
+    return vllm_engine.refusal(vllm_engine.speculative_method(draft)) if (draft / "config.json").is_file() else None
+
+
 def resolve_backend(backend: str) -> tuple[str | None, str]:
     """(the engine that runs the bundle here, why); (None, why) when the configured one (or, for auto, neither)
     can run. auto: TensorRT-LLM where it and a GPU exist, else vLLM where it is installed."""
@@ -79,11 +87,13 @@ def resolve_backend(backend: str) -> tuple[str | None, str]:
 
 
 def run(ctx: StageContext) -> dict:
-    if no_engine := ctx.manifests.get("export", {}).get("metrics", {}).get("no_engine"):  # a draft no engine loads (DSpark)
+    if no_engine := ctx.manifests.get("export", {}).get("metrics", {}).get("no_engine"):  # a draft no engine loads as trained
         raise StageSkipped(no_engine)
     backend, why = resolve_backend(ctx.cfg.engine.backend)
     if backend is None:
         raise StageSkipped(why)
+    if backend == "vllm" and ctx.cfg.serve.decoding == "eagle3" and (refused := vllm_refusal(ctx.inputs["export"] / "draft")):
+        raise StageSkipped(refused)
     if ctx.cfg.engine.backend == "auto":
         ctx.log(f"engine.backend auto: {why}")
     return measure_engine(ctx, ctx.inputs["export"], backend)
@@ -108,7 +118,8 @@ def options_for(ctx: StageContext, bundle: Path) -> dict:
     from trtspec.artifacts import read_json
 
     options = read_options(bundle)
-    aux = read_json(bundle / "draft" / "config.json")["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    # an EAGLE-3 head's aux layers; a block drafter's (DFlash, DSpark) are in its dflash_config, which no option names
+    aux = (read_json(bundle / "draft" / "config.json").get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     want = speculative_options(ctx.cfg, "./draft", "eagle3", aux)
     if options["speculative_config"] != want:
         raise ArtifactError(

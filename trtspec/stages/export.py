@@ -5,8 +5,8 @@
   draft/    the draft as its family's export writes it (DraftFamily.export_draft): the EAGLE-3 head as modelopt's
             export_speculative_decoding writes it (LlamaForCausalLMEagle3), rebuilt on the *unquantized* base from
             train/head.safetensors, checked against trtspec/eagle/checkpoint.py's table (trtspec.eagle.export); a
-            DFlash drafter as Model Optimizer's DFlashExporter writes it, a DSpark one as its DSparkExporter (no engine
-            launcher: trtspec.dflash.export.NO_ENGINE)
+            DFlash drafter as Model Optimizer's DFlashExporter writes it, a DSpark one as its DSparkExporter with the
+            engines' keys (which engine serves which DSpark draft: deploy.compat.dspark_problems)
   onnx/     the EAGLE-3 head as ONNX, checked against PyTorch with onnxruntime (export.onnx)
   README.md what was built and how to serve it (deploy/bundle.py); llm_api_options.yaml, serve.sh, triton/,
             snippets/ (serving.py)
@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from trtspec.deploy.bundle import ExportedDraft, export_target
-from trtspec.deploy.compat import check_engines_load
+from trtspec.deploy.compat import check_engines_load, dspark_no_engine, dspark_problems
 from trtspec.drafting import family
 from trtspec.pipeline.stage import StageContext
 
@@ -117,8 +117,7 @@ def run(ctx: StageContext) -> dict:
     draft.model = None  # one model in memory at a time: the target's turn
     export_s += write_target(ctx, quant, dtype)
 
-    if not_served := engines_not_served(ctx, draft):
-        metrics["engines_not_served"] = not_served
+    not_served = engines_not_served(ctx, draft)
     if cfg.export.onnx and fam.export_onnx:
         from trtspec.eagle.onnx_export import format_onnx_check
 
@@ -127,6 +126,12 @@ def run(ctx: StageContext) -> dict:
 
     info = {"target_dtype": str(dtype).removeprefix("torch."), "quant_format": quant["format"],
             "kv_cache": quant.get("kv_cache", "none"), **draft.info, "max_draft_len": cfg.draft.length}
+    if info.get("projector") == "dspark":  # engines serve a DSpark draft of some heads and block lengths only
+        problems = {engine: p for engine, p in dspark_problems(info).items() if p}
+        draft.no_engine = draft.no_engine or dspark_no_engine(problems)
+        not_served.update(problems)
+    if not_served:
+        metrics["engines_not_served"] = not_served
     if draft.no_engine:
         ctx.log(f"warning: {draft.no_engine}")
         metrics["no_engine"] = draft.no_engine  # the engine stage skips on it
