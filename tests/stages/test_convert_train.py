@@ -553,10 +553,10 @@ def test_a_gated_dspark_draft_gets_no_engine_launcher_and_the_runtime_serves_it(
     dc = json.loads((ectx.out / "draft" / "config.json").read_text())["dflash_config"]
     assert (dc["projector_type"], dc["shift_label"], dc["markov_rank"], dc["markov_head_type"]) == ("dspark", True, 8, "gated")
     assert em["projector"] == "dspark" and em["serving_files"] == [] and not (ectx.out / "llm_api_options.yaml").exists()
-    assert em["no_engine"].startswith("no engine serves this DSpark draft as trained (TensorRT-LLM: its DSpark drafter runs "
+    assert em["no_engine"].startswith("the bundle has no engine launcher for this DSpark draft (TensorRT-LLM: its DSpark drafter runs "
                                       "only a vanilla Markov head, this one is gated; vLLM: ")
     assert "DSpark" in (ectx.out / "README.md").read_text() and em["engines_not_served"].keys() == {"TensorRT-LLM", "vLLM"}
-    with pytest.raises(StageSkipped, match="no engine serves this DSpark draft"):
+    with pytest.raises(StageSkipped, match="no engine launcher for this DSpark draft"):
         engine.run(SimpleNamespace(cfg=ectx.cfg, manifests={"export": {"metrics": em}}, inputs={"export": ectx.out}))
     _runtime_exact(ectx.out, 4)
 

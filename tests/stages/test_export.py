@@ -317,5 +317,5 @@ def test_dspark_engines_by_head_chain_and_attention(head, k, causal, trtllm, vll
     no_engine = dspark_no_engine(problems)
     assert (no_engine is None) == (not trtllm)
     if no_engine:
-        assert no_engine.startswith("no engine serves this DSpark draft as trained (TensorRT-LLM: ") and "runtime serves it" in no_engine
+        assert no_engine.startswith("the bundle has no engine launcher for this DSpark draft (TensorRT-LLM: ") and "runtime serves it" in no_engine
         assert ("; vLLM: " in no_engine) == bool(vllm)

@@ -167,7 +167,7 @@ def dspark_no_engine(problems: dict[str, list[str]]) -> str | None:
     if not problems.get("TensorRT-LLM"):
         return None
     why = "; ".join(f"{engine}: {', '.join(p)}" for engine, p in problems.items() if p)
-    return f"no engine serves this DSpark draft as trained ({why}): the bundle has no engine launcher, trtspec's runtime serves it (validate)"
+    return f"the bundle has no engine launcher for this DSpark draft ({why}); trtspec's runtime serves it (validate)"
 
 
 # transformers 5 names the fast tokenizer class TokenizersBackend; transformers 4.x knows it only by its old name,
