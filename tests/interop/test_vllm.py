@@ -173,4 +173,6 @@ def test_engine_stage_runs_the_bundle_in_vllm(ci_run, ci_config, tmp_path):
     assert m["backend"] == "vllm" and m["greedy_vs_vllm_base"]["exact"] == 2 and m["greedy_vs_hf"]["exact"] == 2
     assert m["acceptance_length"] >= 1 and len(m["per_position"]) == 3 and m["drafts"] > 0
     assert set(m["speed"]) == {"1", "4"} and all(row["tokens_per_s"] > 0 for row in m["speed"].values())
+    for row in m["speed"].values():  # vLLM's own per-request stats: first token, then the later ones' spacing
+        assert min(row["ttft_ms"], row["itl_ms"], row["vllm_base_ttft_ms"], row["vllm_base_itl_ms"]) > 0
     assert m["crossover"] and "vLLM" in m["headline"]

@@ -110,15 +110,49 @@ def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_s
                enforce_eager=not torch.cuda.is_available(), disable_log_stats=False, seed=0, **spec)
 
 
-def generate(llm: Any, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
-             stop_ids: list[int] | None = None) -> list[list[int]]:
-    """Answers (token ids, a stop token included) to prompts given as token ids, submitted together (vLLM batches
-    them); greedy at temperature 0. `stop_ids`: tokens that end an answer besides the model's eos."""
+def submit(llm: Any, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
+           stop_ids: list[int] | None = None) -> list[Any]:
+    """vLLM's RequestOutputs for prompts given as token ids, submitted together (vLLM batches them); greedy at
+    temperature 0. `stop_ids`: tokens that end an answer besides the model's eos."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop_token_ids=stop_ids)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outputs]
+    return llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+
+def generate(llm: Any, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
+             stop_ids: list[int] | None = None) -> list[list[int]]:
+    """The answers of `submit` as token ids (a stop token included)."""
+    return [list(o.outputs[0].token_ids) for o in submit(llm, prompts, max_tokens, temperature, stop_ids)]
+
+
+def latency_ms(output: Any) -> tuple[float, float | None] | None:
+    """(time to first token, mean time between the later tokens) of one request, in ms, from the engine's own
+    per-request stats (kept because `load` turns stats logging on); None where it kept none."""
+    m = getattr(output, "metrics", None)
+    if m is None or not m.first_token_ts:
+        return None
+    n = m.num_generation_tokens
+    itl = (m.last_token_ts - m.first_token_ts) / (n - 1) * 1e3 if n > 1 else None
+    return m.first_token_latency * 1e3, itl
+
+
+def timed_batches(llm: Any, prompts: list[list[int]], max_new: int, batch_size: int) -> dict:
+    """Tokens/s with `batch_size` requests submitted together, and their median time to first token and
+    inter-token latency (ms)."""
+    import statistics
+
+    seen: list[tuple[float, float | None]] = []
+
+    def run(batch: list[list[int]]) -> list[list[int]]:
+        outputs = submit(llm, batch, max_new)
+        seen.extend(x for x in map(latency_ms, outputs) if x is not None)
+        return [list(o.outputs[0].token_ids) for o in outputs]
+
+    tps = tokens_per_s(run, prompts, batch_size)
+    itls = [i for _, i in seen if i is not None]
+    return {"tokens_per_s": tps, "ttft_ms": round(statistics.median(t for t, _ in seen), 1) if seen else None,
+            "itl_ms": round(statistics.median(itls), 2) if itls else None}
 
 
 def spec_counters(llm: Any) -> dict[str, Any]:
@@ -166,7 +200,7 @@ def acceptance(before: dict, after: dict) -> dict:
 def measure(target: Path, draft: Path | None, k: int, prompts: list[list[int]], max_new: int,
             batch_sizes: list[int]) -> dict:
     """Load vLLM (with the draft or without), answer every prompt alone (greedy outputs, counters), then time
-    each batch size: that many requests submitted together."""
+    each batch size: that many requests submitted together (tokens/s, time to first token, inter-token latency)."""
     t0 = time.perf_counter()
     llm = load(target, draft, k, max(map(len, prompts)) + max_new + k + 8, max(batch_sizes))
     load_s = time.perf_counter() - t0
@@ -174,9 +208,11 @@ def measure(target: Path, draft: Path | None, k: int, prompts: list[list[int]], 
     before = spec_counters(llm)
     outputs = [generate(llm, [p], max_new)[0] for p in prompts]
     acc = acceptance(before, spec_counters(llm)) if draft else {}
-    tps = {bs: tokens_per_s(lambda batch: generate(llm, batch, max_new), prompts, bs) for bs in batch_sizes}
+    timed = {bs: timed_batches(llm, prompts, max_new, bs) for bs in batch_sizes}
     shutdown(llm)
-    return {"outputs": outputs, "acceptance": acc, "tokens_per_s": tps, "load_s": round(load_s, 2)}
+    return {"outputs": outputs, "acceptance": acc, "tokens_per_s": {bs: t["tokens_per_s"] for bs, t in timed.items()},
+            "latency_ms": {bs: {"ttft_ms": t["ttft_ms"], "itl_ms": t["itl_ms"]} for bs, t in timed.items()},
+            "load_s": round(load_s, 2)}
 
 
 # --- the engine interface (shared with deploy/trtllm.py): describe, run_bundle, report_options --------------------

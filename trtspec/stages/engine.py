@@ -153,18 +153,19 @@ def measure_engine(ctx: StageContext, bundle: Path, backend: str) -> dict:
     return engine_report(ctx, engine, backend, options, spec, base, hf)
 
 
-def speed_table(spec: dict[int, float], base: dict[int, float], hf: dict[int, float], engine: str) -> dict[str, dict]:
-    """{batch size: tokens/s with the draft, without it (same engine), HF generate's, and the ratios}."""
-    return {
-        str(bs): {
-            "tokens_per_s": round(spec[bs], 1),
-            f"{engine}_base_tokens_per_s": round(base[bs], 1),
-            "hf_tokens_per_s": round(hf[bs], 1),
-            f"speedup_vs_{engine}": round(spec[bs] / base[bs], 3),
-            "speedup_vs_hf": round(spec[bs] / hf[bs], 3),
-        }
-        for bs in spec
-    }
+def speed_table(spec: dict, base: dict, hf: dict[int, float], engine: str) -> dict[str, dict]:
+    """{batch size: tokens/s with the draft, without it (same engine), HF generate's, the ratios, and where the
+    engine reports them (`latency_ms`) time to first token and inter-token latency with and without the draft}."""
+    table = {}
+    for bs, tps in spec["tokens_per_s"].items():
+        base_tps = base["tokens_per_s"][bs]
+        row = {"tokens_per_s": round(tps, 1), f"{engine}_base_tokens_per_s": round(base_tps, 1),
+               "hf_tokens_per_s": round(hf[bs], 1), f"speedup_vs_{engine}": round(tps / base_tps, 3),
+               "speedup_vs_hf": round(tps / hf[bs], 3)}
+        for run, prefix in ((spec, ""), (base, f"{engine}_base_")):
+            row.update({prefix + k: v for k, v in run.get("latency_ms", {}).get(bs, {}).items()})
+        table[str(bs)] = row
+    return table
 
 
 def crossover(speed: dict[str, dict], engine: str) -> str:
@@ -179,7 +180,7 @@ def crossover(speed: dict[str, dict], engine: str) -> str:
 def engine_report(ctx: StageContext, engine: Any, backend: str, options: dict, spec: dict, base: dict, hf: dict) -> dict:
     """The stage's metrics: greedy agreement with HF and with the engine alone, acceptance, speed by batch size."""
     short, e = engine.SHORT, ctx.cfg.engine
-    speed = speed_table(spec["tokens_per_s"], base["tokens_per_s"], hf["tokens_per_s"], short)
+    speed = speed_table(spec, base, hf["tokens_per_s"], short)
     vs_hf, vs_base = compare(spec["outputs"], hf["outputs"]), compare(spec["outputs"], base["outputs"])
     acc, bs0, where = spec["acceptance"], str(e.batch_sizes[0]), crossover(speed, short)
     al = acc.get("acceptance_length")
