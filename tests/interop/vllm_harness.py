@@ -6,6 +6,24 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def build_on_ci_data(ci_run: Path, run: Path, config: Path, overrides: list[str]) -> Path:
+    """`config` with `overrides` built up to the bundle in `run`, on the EAGLE-3 interop run's data stage (the same
+    answers, reused: the data stage must come out cached)."""
+    import shutil
+
+    from trtspec.artifacts import MARKER
+    from trtspec.config import load_config
+    from trtspec.pipeline import runner as pipeline
+
+    run.mkdir()
+    shutil.copy(ci_run / MARKER, run / MARKER)
+    shutil.copytree(ci_run / "data", run / "data")
+    results = pipeline.run_build(load_config(config, overrides), run, until="export")
+    assert [r.status for r in results if r.stage == "data"] == ["cached"], results
+    assert not [r for r in results if r.status == "failed"], results
+    return run
+
+
 def eos_of(bundle: Path) -> set[int]:
     from trtspec.generation import eos_ids
     from trtspec.models import load_tokenizer
