@@ -143,10 +143,11 @@ def serving_lines(dspark: bool, metrics: dict) -> list[str]:
 def write_dflash_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dict) -> None:
     """README.md of a bundle with a DFlash (or DSpark) draft: its folders and where every engine reads the draft's settings."""
     from trtspec.artifacts import package_versions
+    from trtspec.dflash.head import draft_name
 
     source = cfg.model.source if cfg.model.source.startswith("demo:") else Path(cfg.model.source).name
     dspark = info.get("projector") == "dspark"
-    name = f"DSpark ({info['markov_head']} Markov head of rank {info['markov_rank']})" if dspark else "DFlash"
+    name = draft_name(info.get("projector", "dflash"), info.get("markov_head"), info.get("markov_rank"))
     lines = [
         "# trtspec deployment bundle",
         "",

@@ -123,7 +123,12 @@ def submit(llm: Any, prompts: list[list[int]], max_tokens: int, temperature: flo
 def generate(llm: Any, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
              stop_ids: list[int] | None = None) -> list[list[int]]:
     """The answers of `submit` as token ids (a stop token included)."""
-    return [list(o.outputs[0].token_ids) for o in submit(llm, prompts, max_tokens, temperature, stop_ids)]
+    return answer_ids(submit(llm, prompts, max_tokens, temperature, stop_ids))
+
+
+def answer_ids(outputs: list[Any]) -> list[list[int]]:
+    """Each RequestOutput's answer as token ids."""
+    return [list(o.outputs[0].token_ids) for o in outputs]
 
 
 def latency_ms(output: Any) -> tuple[float, float | None] | None:
@@ -147,7 +152,7 @@ def timed_batches(llm: Any, prompts: list[list[int]], max_new: int, batch_size: 
     def run(batch: list[list[int]]) -> list[list[int]]:
         outputs = submit(llm, batch, max_new)
         seen.extend(x for x in map(latency_ms, outputs) if x is not None)
-        return [list(o.outputs[0].token_ids) for o in outputs]
+        return answer_ids(outputs)
 
     tps = tokens_per_s(run, prompts, batch_size)
     itls = [i for _, i in seen if i is not None]

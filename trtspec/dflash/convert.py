@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from trtspec.dflash import head as dflash
 
 if TYPE_CHECKING:
-    from trtspec.config import BuildConfig, DFlashSection
+    from trtspec.config import BuildConfig
 
 
 def check_convert_config(cfg: BuildConfig, model_config: Any) -> None:
@@ -33,7 +33,7 @@ def convert_drafter(base_config: Any, model_path: Path, cfg: BuildConfig, tokens
         mask, why = dflash.choose_mask_token(tok, counts)
     draft_cfg = dflash.derive_dflash_config(base_config, section, mask)
     arch = draft_cfg["dflash_architecture_config"]
-    name = draft_name(section)
+    name = dflash.draft_name(section.projector, section.markov_head, section.markov_rank)
     log(f"{name} draft: {arch['num_hidden_layers']} layers, block {section.block_size}, target layers "
         f"{arch['target_layer_ids']}, mask token {mask} ({why})")
     torch.manual_seed(cfg.seed)
@@ -46,9 +46,3 @@ def convert_drafter(base_config: Any, model_path: Path, cfg: BuildConfig, tokens
         f"{section.block_size}, target layers {arch['target_layer_ids']}, mask token {mask}",
     }
 
-
-def draft_name(section: DFlashSection) -> str:
-    """How logs name the drafter: DFlash, or DSpark with its Markov head."""
-    if section.projector == "dspark":
-        return f"DSpark ({section.markov_head} Markov head, rank {section.markov_rank})"
-    return "DFlash"

@@ -41,6 +41,5 @@ def export_dflash_draft(base: Any, train_dir: Path, out: Path, dtype: Any, targe
         # markov_head.markov_w2: vLLM loads only those names (TensorRT-LLM and modelopt read both)
         add_dspark_engine_fields(out)
         info.update(markov_rank=dc["markov_rank"], markov_head=dc["markov_head_type"], causal=bool(dc.get("causal")))
-        return ExportedDraft(info, f"DSpark draft ({info['draft_dtype']}, block {info['block_size']}, {info['markov_head']} "
-                             f"Markov head of rank {info['markov_rank']})")
-    return ExportedDraft(info, f"DFlash draft ({info['draft_dtype']}, block {info['block_size']})")
+    name = head.draft_name(info["projector"], info.get("markov_head"), info.get("markov_rank"))
+    return ExportedDraft(info, f"{name} draft ({info['draft_dtype']}, block {info['block_size']})")

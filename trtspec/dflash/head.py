@@ -103,6 +103,11 @@ def derive_dflash_config(base_config: Any, section: DFlashSection, mask_token_id
     return cfg
 
 
+def draft_name(projector: str, markov_head: str | None = None, markov_rank: int | None = None) -> str:
+    """How logs, headlines and the bundle's README name a block drafter: DFlash, or DSpark with its Markov head."""
+    return f"DSpark ({markov_head} Markov head, rank {markov_rank})" if projector == "dspark" else "DFlash"
+
+
 def is_dspark(model: Any) -> bool:
     """The converted model's draft is DSpark's (DFlash backbone + Markov head), not plain DFlash."""
     return getattr(model.dflash_module, "projector_type", "dflash") == "dspark"
