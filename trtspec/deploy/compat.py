@@ -146,8 +146,8 @@ def add_dspark_engine_fields(draft_dir: Any) -> None:
 
 
 def dspark_problems(info: dict) -> dict[str, list[str]]:
-    """{engine: why it cannot serve this DSpark draft as trained} (an empty list where it can), from the export's info:
-    markov_head, causal, block_size and max_draft_len (the chain verified per step)."""
+    """{engine: why it cannot serve this DSpark draft as trained}, for the engines that cannot, from the export's
+    info: markov_head, causal, block_size and max_draft_len (the chain verified per step)."""
     head, k, block = info["markov_head"], info["max_draft_len"], info["block_size"]
     out: dict[str, list[str]] = {"TensorRT-LLM": [], "vLLM": []}
     if head != "vanilla":
@@ -158,7 +158,7 @@ def dspark_problems(info: dict) -> dict[str, list[str]]:
     if k != block:
         out["TensorRT-LLM"].append(f"DSparkDecodingConfig needs max_draft_len == block_size, here {k} != {block}")
         out["vLLM"].append(f"it drafts from a block of num_speculative_tokens = {k} rows, the draft was trained on {block}")
-    return out
+    return {engine: why for engine, why in out.items() if why}
 
 
 def dspark_no_engine(problems: dict[str, list[str]]) -> str | None:
@@ -166,7 +166,7 @@ def dspark_no_engine(problems: dict[str, list[str]]) -> str | None:
     the bundle is built around, cannot serve it), or None; `problems` as dspark_problems returns them."""
     if not problems.get("TensorRT-LLM"):
         return None
-    why = "; ".join(f"{engine}: {', '.join(p)}" for engine, p in problems.items() if p)
+    why = "; ".join(f"{engine}: {', '.join(p)}" for engine, p in problems.items())
     return f"the bundle has no engine launcher for this DSpark draft ({why}); trtspec's runtime serves it (validate)"
 
 

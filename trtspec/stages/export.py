@@ -127,7 +127,7 @@ def run(ctx: StageContext) -> dict:
     info = {"target_dtype": str(dtype).removeprefix("torch."), "quant_format": quant["format"],
             "kv_cache": quant.get("kv_cache", "none"), **draft.info, "max_draft_len": cfg.draft.length}
     if info.get("projector") == "dspark":  # engines serve a DSpark draft of some heads and block lengths only
-        problems = {engine: p for engine, p in dspark_problems(info).items() if p}
+        problems = dspark_problems(info)
         draft.no_engine = draft.no_engine or dspark_no_engine(problems)
         not_served.update(problems)
     if not_served:
