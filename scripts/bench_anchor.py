@@ -14,7 +14,6 @@ OUT/anchor.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ import time
 from pathlib import Path
 
 from trtspec.artifacts import MARKER
-from trtspec.bench import stage_metrics
+from trtspec.bench import arg_parser, stage_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"trtspec": ROOT / "build_configs" / "smollm2-135m-eagle3.yaml",
@@ -61,8 +60,7 @@ def al_row(name: str, m: dict, k: int = 3) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap = arg_parser(__doc__)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--data-from", type=Path, help="a run directory of the demo recipe whose data stage to reuse")
     ap.add_argument("--probe-steps", type=int, default=40,

@@ -9,7 +9,6 @@ RUN_DIR's bundle/target is decoded greedily (a synthetic prompt of the given len
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import trtspec.runtime.model as runtime_model
+from trtspec.bench import arg_parser
 from trtspec.runtime import compile_steps, generate, load_transformer
 
 FUSED = runtime_model.one_token_attention
@@ -35,8 +35,7 @@ def decode(target, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="\n".join(__doc__.splitlines()[2:]),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--contexts", default="100,300,600,1000,2000", help="cached tokens before decoding")
     ap.add_argument("--tokens", type=int, default=64)

@@ -11,13 +11,14 @@ prompt). The first run starts from an empty inductor cache folder, the later one
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from trtspec.bench import arg_parser
 
 ONE_RUN = """
 import json, torch
@@ -35,7 +36,7 @@ print(json.dumps({{"seconds": seconds, "note": note}}))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--runs", type=int, default=2, help="processes in a row: the first with an empty cache")
     ap.add_argument("--k", type=int, default=1, help="draft length of the speculative warm-up")

@@ -19,13 +19,12 @@ that budget would take, to hold against the gains measured (which need no trend 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 from pathlib import Path
 
-from trtspec.bench import print_table, save_figure, train_recipe
+from trtspec.bench import arg_parser, print_table, save_figure, train_recipe
 
 K = 3  # chain drafts of 3, the and the engine's default
 
@@ -130,8 +129,7 @@ def plot(s: dict, path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap = arg_parser(__doc__)
     ap.add_argument("config")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--fractions", default="0.125,0.25,0.5", help="shares of the training rows besides all of them")

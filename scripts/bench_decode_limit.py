@@ -13,7 +13,6 @@ called alone (every layer's qkv_proj in turn, then o_proj, ...).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from trtspec.bench import arg_parser
 from trtspec.runtime import compile_steps, generate, load_transformer
 from trtspec.runtime.kernels import Linear, few_rows_linear, memory_bandwidth
 
@@ -58,8 +58,7 @@ def kinds_gb_per_s(target, n: int = 5) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="\n".join(__doc__.splitlines()[2:]),
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--context", type=int, default=300, help="cached tokens before decoding")

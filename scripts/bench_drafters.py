@@ -14,10 +14,11 @@ draft (greedy: all must be), per-position acceptance, and one speculative step's
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+from trtspec.bench import arg_parser
 
 CODE_PROMPTS = Path(__file__).resolve().parent.parent / "build_configs" / "prompts" / "code_prompts.jsonl"
 
@@ -42,7 +43,7 @@ def parse_ks(items: list[str]) -> dict[str, list[int]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arg_parser(__doc__)
     ap.add_argument("runs", type=Path, nargs="+", help="finished runs (bundle/ and data/), one per draft")
     ap.add_argument("--ks", action="append", default=[], help="METHOD=K[,K...]: draft lengths per family "
                     "(default eagle3=3, dflash=3,7)")

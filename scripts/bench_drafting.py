@@ -15,11 +15,12 @@ noise hits all alike. `exact` counts the prompts whose output is token-identical
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import Counter
 from pathlib import Path
+
+from trtspec.bench import arg_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = {"code": ROOT / "build_configs" / "prompts" / "code_prompts.jsonl",
@@ -43,7 +44,7 @@ def load_set(name: str, run: Path, tok, n: int) -> list[list[int]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--sets", default="heldout,code,copy", help="prompt sets, comma separated (heldout, code, copy, or files)")
     ap.add_argument("--prompts", type=int, default=6, help="prompts per set")

@@ -13,15 +13,16 @@ other in this run. Needs vLLM (bash scripts/setup.sh --engines vllm).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
+from trtspec.bench import arg_parser
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--prompts", type=int, default=8, help="prompts (the first N of the split)")
     ap.add_argument("--split", default="heldout", choices=["heldout", "train"],

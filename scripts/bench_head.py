@@ -8,13 +8,12 @@ Timings on a shared CPU are noisy: read the ratio, not the absolute figures.
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import time
 from pathlib import Path
 
-from trtspec.bench import stage_metrics
+from trtspec.bench import arg_parser, stage_metrics
 
 
 def training_step(cfg, run_dir: Path, mode: str):
@@ -67,7 +66,7 @@ def throughputs(cfg, run_dir: Path, steps: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = arg_parser(__doc__)
     ap.add_argument("config")
     ap.add_argument("--out", default="runs/bench")
     ap.add_argument("--set", action="append", default=[], dest="overrides")

@@ -12,13 +12,12 @@ OUT/ranks/N-SHARDING.json; --plot draws the loss curves (OUT/ranks/loss.png).
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from trtspec.bench import stage_metrics
+from trtspec.bench import arg_parser, stage_metrics
 
 
 def train_with(config: str, out: Path, procs: int, batch: int, steps: int, sets: list[str], sharding: str = "ddp") -> dict:
@@ -40,8 +39,7 @@ def train_with(config: str, out: Path, procs: int, batch: int, steps: int, sets:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap = arg_parser(__doc__)
     ap.add_argument("config")
     ap.add_argument("--out", required=True, help="run directory (its data and convert stages are reused)")
     ap.add_argument("--procs", type=int, default=2, help="processes of the multi-process variant")

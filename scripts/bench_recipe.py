@@ -13,12 +13,11 @@ held-out AL@3 of every recipe over its training (with train.eval_steps set).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from trtspec.bench import print_table, save_figure, train_recipe
+from trtspec.bench import arg_parser, print_table, save_figure, train_recipe
 
 
 def parse_recipe(text: str) -> tuple[str, list[str]]:
@@ -46,8 +45,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap = arg_parser(__doc__)
     ap.add_argument("config")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--recipe", action="append", required=True, help="NAME:KEY=VALUE[,KEY=VALUE...]")

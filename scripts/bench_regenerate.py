@@ -13,7 +13,6 @@ interleaved (--repeats); each engine loads for its turn and shuts down after (lo
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -23,6 +22,8 @@ import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
+
+from trtspec.bench import arg_parser
 
 
 def free_port() -> int:
@@ -56,8 +57,7 @@ def start_server(model_dir: Path, dtype: str, max_len: int, log: Path) -> tuple[
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="\n".join(__doc__.splitlines()[2:]))
+    ap = arg_parser(__doc__)
     ap.add_argument("config")
     ap.add_argument("--prompts", type=int, default=96, help="the first N prompts of the config's regenerate source")
     ap.add_argument("--variant", action="append", default=[], help="see below; default hf-matmul:128")

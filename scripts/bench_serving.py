@@ -14,7 +14,6 @@ draft (lossless), so both servers generate the same tokens and tokens/s compare 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -26,6 +25,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from trtspec.bench import arg_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "accepted": "vllm:spec_decode_num_accepted_tokens"}
@@ -184,7 +185,7 @@ def table(spec: dict[int, dict], base: dict[int, dict]) -> tuple[str, str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arg_parser(__doc__)
     ap.add_argument("run", type=Path, help="a trtspec run directory with a finished export (its bundle/)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
     ap.add_argument("--max-tokens", type=int, default=128)

@@ -18,13 +18,14 @@ with each answer's prefill in the time, `decode/limit` its decode steps alone (`
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
+from trtspec.bench import arg_parser
+
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)

@@ -18,13 +18,14 @@ compiled graphs: the difference is what guard evaluation costs per step on this 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from collections import defaultdict
 from contextlib import nullcontext
 from pathlib import Path
+
+from trtspec.bench import arg_parser
 
 
 class PassTimer:
@@ -55,7 +56,7 @@ class PassTimer:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--k", type=int, default=3, help="draft length")
     ap.add_argument("--prompts", type=int, default=3)

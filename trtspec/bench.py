@@ -8,12 +8,21 @@ pipeline: it may run builds (train_recipe); the library below it never imports i
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trtspec.errors import DataError
+
+
+def arg_parser(doc: str) -> argparse.ArgumentParser:
+    """A script's parser: the first line of its docstring `doc` as the description, the rest (how to run it, what
+    it prints) as the epilog, line breaks kept."""
+    first, _, rest = doc.strip("\n").partition("\n")
+    return argparse.ArgumentParser(description=first, epilog=rest.strip("\n") or None,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def stage_metrics(run: Path, stage: str) -> dict:
