@@ -545,7 +545,10 @@ def _runtime_exact(bundle: Path, k: int) -> None:
 def test_a_gated_dspark_draft_gets_no_engine_launcher_and_the_runtime_serves_it(dspark_upstream, tiny_model_dir, tmp_path):
     """Model Optimizer's DSparkExporter writes the draft (the Markov head's settings in dflash_config); TensorRT-LLM and
     vLLM run a vanilla Markov head only, so a gated one gets no engine launcher, the engine stage skips saying why,
-    and trtspec's runtime decodes with it exactly."""
+    and trtspec's runtime decodes with it exactly. Its whole head is named markov_head.* (SGLang, which runs gated
+    heads, would leave a flat gate_proj unloaded)."""
+    from safetensors import safe_open
+
     from trtspec.pipeline.stage import StageSkipped
     from trtspec.stages import engine
 
@@ -556,6 +559,9 @@ def test_a_gated_dspark_draft_gets_no_engine_launcher_and_the_runtime_serves_it(
     assert em["no_engine"].startswith("the bundle has no engine launcher for this DSpark draft (TensorRT-LLM: its DSpark drafter runs "
                                       "only a vanilla Markov head, this one is gated; vLLM: ")
     assert "DSpark" in (ectx.out / "README.md").read_text() and em["engines_not_served"].keys() == {"TensorRT-LLM", "vLLM"}
+    with safe_open(str(ectx.out / "draft" / "model.safetensors"), "pt") as f:
+        head = {n for n in f.keys() if not n.startswith(("layers.", "fc.", "hidden_norm.", "norm."))}
+    assert head == {f"markov_head.{n}" for n in ("markov_w1.weight", "markov_w2.weight", "gate_proj.weight", "gate_proj.bias")}
     with pytest.raises(StageSkipped, match="no engine launcher for this DSpark draft"):
         engine.run(SimpleNamespace(cfg=ectx.cfg, manifests={"export": {"metrics": em}}, inputs={"export": ectx.out}))
     _runtime_exact(ectx.out, 4)
@@ -573,7 +579,7 @@ def test_a_vanilla_dspark_bundle_carries_what_tensorrt_llm_and_vllm_read(dspark_
                                                                           fake_trtllm, monkeypatch):  # noqa: F811
     """A vanilla Markov head, a chain as long as the block: the draft keeps Model Optimizer's keys and gains the
     engines' (architectures Qwen3DSparkModel first, top-level markov_rank and sample_from_anchor, the head's weights
-    as markov_head.markov_w1/2); the bundle has TensorRT-LLM's DSpark options, serve.sh, Triton and a vLLM launcher;
+    as markov_head.markov_w1/2); the bundle has TensorRT-LLM's DSpark options, serve.sh, Triton, vLLM and SGLang launchers;
     the engine stage builds DSparkDecodingConfig from them with the test double of tensorrt_llm, which resolves its
     fields from the draft as TorchLlmArgs does; vLLM's CPU build is refused in one line; the runtime decodes exactly."""
     import yaml
@@ -598,7 +604,7 @@ def test_a_vanilla_dspark_bundle_carries_what_tensorrt_llm_and_vllm_read(dspark_
     spec = yaml.safe_load((ectx.out / "llm_api_options.yaml").read_text())["speculative_config"]
     assert spec == {"decoding_type": "DSpark", "max_draft_len": 4, "speculative_model": "./draft"}
     assert {"serve.sh", "triton/tensorrt_llm/1/model.yaml", "snippets/vllm.sh"} <= set(em["serving_files"])
-    assert "snippets/sglang.sh" not in em["serving_files"] and "`decoding_type: DSpark`" in (ectx.out / "README.md").read_text()
+    assert "snippets/sglang.sh" in em["serving_files"] and "`decoding_type: DSpark`" in (ectx.out / "README.md").read_text()
 
     fake_trtllm("1.3.0.dev")
     monkeypatch.setattr(trtllm, "cuda_available", lambda: True)

@@ -299,23 +299,26 @@ def test_every_build_config_validates():
             pytest.fail(f"{p.name}: {e}")
 
 
-@pytest.mark.parametrize(("head", "k", "causal", "trtllm", "vllm"), [
-    ("vanilla", 8, False, [], []),
-    ("gated", 8, False, ["a vanilla Markov head, this one is gated"], ["a vanilla Markov head, this one is gated"]),
-    ("vanilla", 6, False, ["max_draft_len == block_size, here 6 != 8"], ["num_speculative_tokens = 6 rows"]),
-    ("vanilla", 8, True, ["non-causal only"], []),
+@pytest.mark.parametrize(("head", "k", "causal", "trtllm", "vllm", "sglang"), [
+    ("vanilla", 8, False, [], [], []),
+    ("gated", 8, False, ["a vanilla Markov head, this one is gated"], ["a vanilla Markov head, this one is gated"], []),
+    ("rnn", 8, False, ["this one is rnn"], ["this one is rnn"], []),
+    ("vanilla", 6, False, ["max_draft_len == block_size, here 6 != 8"], ["num_speculative_tokens = 6 rows"],
+     ["gamma = block_size = 8 tokens a step, the bundle's chain is 6"]),
+    ("vanilla", 8, True, ["non-causal only"], [], ["attends non-causally"]),
 ])
-def test_dspark_engines_by_head_chain_and_attention(head, k, causal, trtllm, vllm):
+def test_dspark_engines_by_head_chain_and_attention(head, k, causal, trtllm, vllm, sglang):
     """Which engine serves a DSpark draft (read from TensorRT-LLM's and vLLM's DSpark sources: deploy/compat.py): a
     vanilla Markov head on non-causal blocks as long as the chain, in both; anything TensorRT-LLM cannot serve leaves
     the bundle without an engine launcher, saying why per engine."""
     from trtspec.deploy.compat import dspark_no_engine, dspark_problems
 
     problems = dspark_problems({"markov_head": head, "max_draft_len": k, "block_size": 8, "causal": causal})
-    for engine, want in (("TensorRT-LLM", trtllm), ("vLLM", vllm)):
+    assert set(problems) == {e for e, want in (("TensorRT-LLM", trtllm), ("vLLM", vllm), ("SGLang", sglang)) if want}
+    for engine, want in (("TensorRT-LLM", trtllm), ("vLLM", vllm), ("SGLang", sglang)):
         assert len(problems.get(engine, [])) == len(want) and all(w in p for w, p in zip(want, problems.get(engine, []), strict=True))
     no_engine = dspark_no_engine(problems)
     assert (no_engine is None) == (not trtllm)
     if no_engine:
         assert no_engine.startswith("the bundle has no engine launcher for this DSpark draft (TensorRT-LLM: ") and "runtime serves it" in no_engine
-        assert ("; vLLM: " in no_engine) == bool(vllm)
+        assert ("; vLLM: " in no_engine) == bool(vllm) and ("SGLang: " in no_engine) == bool(sglang)

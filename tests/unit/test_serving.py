@@ -269,7 +269,8 @@ def test_dflash_options_build_the_installed_config_class(tmp_path, fake_trtllm):
 def test_dspark_options_build_the_installed_config_class(tmp_path, fake_trtllm):  # noqa: F811
     """dflash.projector dspark: llm_api_options.yaml names decoding_type DSpark and leaves DSparkDecodingConfig's other
     fields unset, for TensorRT-LLM to read from the draft's config.json; the Triton model.yaml says the same; vLLM
-    serves it as method dspark (its snippet says the CPU build refuses it); no SGLang launcher (not checked for DSpark)."""
+    serves it as method dspark (its snippet says the CPU build refuses it); SGLang as algorithm DSPARK, verifying
+    gamma + 1 = block_size + 1 tokens a step (its speculative_hook refuses any other --speculative-num-draft-tokens)."""
     fake_trtllm("1.3.0.dev")
     from trtspec.deploy import trtllm
     from trtspec.deploy.serving import drafting_options, vllm_speculative_config
@@ -287,7 +288,9 @@ def test_dspark_options_build_the_installed_config_class(tmp_path, fake_trtllm):
     assert vllm_speculative_config(opts) == {"method": "dspark", "model": "./draft", "num_speculative_tokens": 4}
     vllm_sh = (bundle / "snippets" / "vllm.sh").read_text()
     assert '"method": "dspark"' in vllm_sh and "Model Runner V1 does not support: dspark speculative decoding" in vllm_sh
-    assert not (bundle / "snippets" / "sglang.sh").exists() and (bundle / "serve.sh").is_file()
+    sglang_sh = (bundle / "snippets" / "sglang.sh").read_text()
+    assert "--speculative-algorithm DSPARK --speculative-draft-model-path ./draft --speculative-num-draft-tokens 5" in sglang_sh
+    assert "find_spec('sglang.srt.models.dspark')" in sglang_sh and (bundle / "serve.sh").is_file()
     assert drafting_options(opts, "suffix")["speculative_config"]["decoding_type"] == "SA"
     with pytest.raises(ArtifactError, match="serves DSpark drafting; --drafting eagle3_suffix"):
         drafting_options(opts, "eagle3_suffix")

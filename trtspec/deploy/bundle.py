@@ -131,13 +131,14 @@ def serving_lines(dspark: bool, metrics: dict) -> list[str]:
                 "",
                 "Every engine reads the mask token and the target layers from `draft/config.json`'s `dflash_config`."]
     return ["| `llm_api_options.yaml` | TensorRT-LLM LLM-API options (`decoding_type: DSpark`, speculative_config points at `./draft`) |",
-            "| `serve.sh`, `triton/`, `snippets/` | trtllm-serve, Triton and vLLM (`method: dspark`; vLLM's GPU build: its CPU build "
-            "refuses method dspark) launchers; no SGLang launcher (not checked for DSpark) |",
+            "| `serve.sh`, `triton/`, `snippets/` | trtllm-serve, Triton, vLLM (`method: dspark`; vLLM's GPU build: its CPU build "
+            "refuses method dspark) and SGLang (`DSPARK`, on CUDA or NPU) launchers |",
             "",
             "TensorRT-LLM reads the mask token, target layers, block size and Markov head from `draft/config.json`'s "
-            "`dflash_config`; vLLM reads the mask token and target layers there, and `architectures` (Qwen3DSparkModel), "
-            "`markov_rank` and `sample_from_anchor` at its top level. The Markov head's weights are named "
-            "`markov_head.markov_w1`/`markov_w2`, as vLLM loads them (Model Optimizer writes them without `markov_head.`)."]
+            "`dflash_config`; vLLM and SGLang read the mask token and target layers there, and `architectures` "
+            "(Qwen3DSparkModel), `markov_rank`, `markov_head_type` and `sample_from_anchor` at its top level. The Markov "
+            "head's weights are named `markov_head.*`, as vLLM and SGLang load them (Model Optimizer writes them without "
+            "`markov_head.`)."]
 
 
 def write_dflash_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dict) -> None:

@@ -209,6 +209,20 @@ exec python -m sglang.launch_server --model-path ./target --tp {tp} \\
   --speculative-algorithm DFLASH --speculative-draft-model-path ./draft --speculative-num-draft-tokens {k1} "$@"
 """
 
+SGLANG_DSPARK_SH = """\
+#!/usr/bin/env bash
+# SGLang with this DSpark draft (pip install "sglang[all]" from a release whose sglang/srt/models/dspark.py exists;
+# DSPARK runs on CUDA or NPU). It drafts gamma = the draft's block_size tokens a step and verifies gamma + 1.
+# Mask token, target layers and block size: draft/config.json's dflash_config; markov_rank, markov_head_type and
+# architectures (Qwen3DSparkModel): its top level; the head's weights: markov_head.*.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang.srt.models.dspark') is None)" ||
+  {{ echo "this sglang has no DSpark draft model (sglang/srt/models/dspark.py): install a newer sglang" >&2; exit 1; }}
+exec python -m sglang.launch_server --model-path ./target --tp {tp} \\
+  --speculative-algorithm DSPARK --speculative-draft-model-path ./draft --speculative-num-draft-tokens {k1} "$@"
+"""
+
 SPECULATORS_SH = """\
 #!/usr/bin/env bash
 # The draft in speculators' format (what vLLM users keep on the hub), written to ./draft-speculators.
@@ -316,11 +330,10 @@ def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[s
     vllm_sh = VLLM_SH.format(tp=tp, dtype=dtype, spec=json.dumps(vllm_speculative_config(options)), checked=ENGINES_CHECKED["vLLM"])
     if spec.get("decoding_type") == "DSpark":
         vllm_sh = vllm_sh.replace("set -euo pipefail", VLLM_DSPARK_NOTE + "set -euo pipefail", 1)
-        skip = {*skip, "SGLang"}  # not checked against SGLang's DSpark code; its DFLASH launcher would drop the Markov head
+    sglang = {"DFlash": SGLANG_DFLASH_SH, "DSpark": SGLANG_DSPARK_SH}.get(spec.get("decoding_type"), SGLANG_SH)
     scripts = {
         "vLLM": ("vllm.sh", vllm_sh),
-        "SGLang": ("sglang.sh", SGLANG_DFLASH_SH.format(tp=tp, k1=k + 1) if spec.get("decoding_type") == "DFlash"
-                   else SGLANG_SH.format(tp=tp, k=k, k1=k + 1, sglang_min=SGLANG_MIN)),
+        "SGLang": ("sglang.sh", sglang.format(tp=tp, k=k, k1=k + 1, sglang_min=SGLANG_MIN)),
         "speculators": ("speculators.sh", SPECULATORS_SH.format(kwargs=kwargs, checked=ENGINES_CHECKED["speculators"])),
     }
     return [_script(folder / name, text) for engine, (name, text) in scripts.items() if engine not in skip]
