@@ -36,16 +36,20 @@ def prompts(dflash_run) -> list[list[int]]:
     return [encode_prompt(tok, r["messages"][:-1]) for r in rows[:6]]
 
 
-@pytest.fixture(scope="module")
-def runtime(dflash_run, prompts):
-    """trtspec's runtime with the DFlash draft, blocks of K guesses: (outputs, Stats)."""
+def runtime_run(dflash_run: Path, prompts: list[list[int]], k: int):
+    """trtspec's runtime with the DFlash draft, chains of k guesses: (outputs, Stats)."""
     from trtspec.drafting import load_drafter
     from trtspec.runtime import DraftSpec, load_transformer, speculative_on_prompts
 
     bundle = dflash_run / "bundle"
     target, _ = load_transformer(bundle / "target")
     drafter = load_drafter(bundle / "draft", target)
-    return speculative_on_prompts(target, drafter, prompts, MAX_NEW, DraftSpec(k=K), eos_of(bundle))
+    return speculative_on_prompts(target, drafter, prompts, MAX_NEW, DraftSpec(k=k), eos_of(bundle))
+
+
+@pytest.fixture(scope="module")
+def runtime(dflash_run, prompts):
+    return runtime_run(dflash_run, prompts, K)
 
 
 def test_the_bundle_names_dflash_for_every_engine(dflash_run):
@@ -70,3 +74,15 @@ def test_vllm_serves_the_dflash_draft_like_the_runtime(dflash_run, prompts, runt
     assert stats.acceptance_length() > 1.5  # a draft that drafts: a wrong layer or mask token could not hide
     assert acc["acceptance_length"] == pytest.approx(stats.acceptance_length(), rel=0.02)
     assert acc["per_position"] == pytest.approx(stats.per_position(K), abs=0.02)
+
+
+def test_a_chain_shorter_than_the_block_accepts_in_vllm_as_in_the_runtime(dflash_run, prompts):
+    """k = 3 guesses from a draft trained on blocks of 8: vLLM drafts them from a block of k + 1 rows, and so does the
+    runtime (runtime/dflash.py); with the whole block of 8 the runtime's guesses, and so its acceptance, would differ."""
+    bundle = dflash_run / "bundle"
+    outputs, acc = vllm_run(bundle, bundle / "draft", prompts, 3, MAX_NEW)
+    ours, stats = runtime_run(dflash_run, prompts, 3)
+    assert outputs == ours
+    assert stats.acceptance_length() > 1.5
+    assert acc["acceptance_length"] == pytest.approx(stats.acceptance_length(), rel=0.02)
+    assert acc["per_position"] == pytest.approx(stats.per_position(3), abs=0.02)

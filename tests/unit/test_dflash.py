@@ -128,9 +128,25 @@ def test_dspark_draft_keeps_greedy_output(dspark_export, target_dir, prompts, re
         assert g.stats.acceptance_length() < 1.5  # a random draft: hardly anything accepted
 
 
-def test_a_short_chain_from_a_whole_block_runs_to_the_last_token(dflash_export, target_dir, prompts):
-    """The block runs at positions length .. length + block_size - 1 whatever k: at the last tokens it reaches past
-    the k + 1 rows the target reserves, so the draft's cache and rotary tables must cover the whole block."""
+def test_a_short_chain_drafts_from_a_block_of_k_plus_1_rows_as_the_engines_do(dflash_export, target_dir, tmp_path):
+    """Asked for k < block_size - 1 guesses, vLLM, SGLang and TensorRT-LLM run a block of k + 1 rows (runtime/dflash.py
+    says where). The runtime's k guesses are modelopt's from a block of k + 1 rows, and not its whole block's: the
+    block's rows attend to each other, so the shorter block guesses otherwise."""
+    draft_dir, ids, base_tok, _ = dflash_export
+    model = export_random_dflash(target_dir, tmp_path / "draft")  # the same seeded draft, for modelopt's side
+    target = load_transformer(target_dir)[0]
+    drafter = load_dflash_drafter(draft_dir, target)
+    k = 3
+    with torch.no_grad():
+        whole = model.pseudo_speculative_generate(ids[None], steps=k)[1][0].tolist()
+        model.dflash_block_size = k + 1
+        short = model.pseudo_speculative_generate(ids[None], steps=k)[1][0].tolist()
+    assert first_draft(target, drafter, ids, base_tok, k) == short != whole
+
+
+def test_a_short_chain_runs_to_the_last_token(dflash_export, target_dir, prompts):
+    """At the last tokens the block (positions length .. length + k) and a DSpark one (length .. length +
+    block_size - 1) reach past the k + 1 rows the target reserves: the draft's cache and rotary tables cover them."""
     target = load_transformer(target_dir)[0]
     drafter = load_dflash_drafter(dflash_export[0], target)
     want = generate(target, prompts[0], NEW, eos=set()).tokens

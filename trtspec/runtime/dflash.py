@@ -2,7 +2,7 @@
 qwen3_dflash and TensorRT-LLM's DFlashForCausalLM load the same files), drafting a whole block in one pass.
 
     ctx_t  = hidden_norm(fc(cat(target layer outputs at t)))     for every verified position t (cached as k/v)
-    block  = embed([root, mask, ..., mask])                      at positions L..L+B-1 (L verified positions)
+    block  = embed([root, mask x k])                             at positions L..L+k (L verified positions)
     layer: q = q_norm(q_proj(norm(x))); k, v = cat(k_norm(k_proj(ctx)), k_norm(k_proj(norm(x)))), v likewise;
            every block query sees every ctx row and the whole block; x += o_proj(attn); x += mlp(norm(x))
     logits = target lm_head(norm(x[1:k+1]))                       # guesses for tokens L+1..L+k
@@ -10,8 +10,15 @@ qwen3_dflash and TensorRT-LLM's DFlashForCausalLM load the same files), drafting
 Only the context rows live in the KV cache (one row per verified token, each layer's k/v of ctx_t); the block's
 own keys and values are recomputed each step and forgotten, as the block is.
 
+A chain of k < block_size - 1 guesses runs a block of k + 1 rows, not the trained block_size, because every engine
+does: vLLM 0.32 (`v1/spec_decode/dflash.py`: num_query_per_req = 1 + num_speculative_tokens), SGLang (DFLASH's
+block is --speculative-num-draft-tokens, a different trained block_size only warned about) and TensorRT-LLM
+(`_torch/speculative/dflash.py` `_draft_block_width`: max_draft_len + 1). The block's rows attend to each other, so
+the shorter block guesses differently; drafting as the engines do keeps the runtime's acceptance theirs.
+
 A DSpark draft (dflash_config.projector_type "dspark", Model Optimizer's DSparkExporter) runs the same pass and
-reads rows 0..k-1 (row j guesses token L+j+1, up to block_size guesses), then its Markov head, one row after another:
+runs its whole block (the engines serve a DSpark draft only at k = block_size) and reads rows 0..k-1 (row j guesses
+token L+j+1, up to block_size guesses), then its Markov head, one row after another:
 
     g_j = argmax(logits_j + markov_w2(W1[g_{j-1}]))              # g_-1 = root; gated/rnn heads also read row j
 """
@@ -181,7 +188,7 @@ class DFlashDrafter:
 
     def setup(self, max_len: int) -> None:
         # the target reserves max_len rows for its k + 1 verified ones; the block runs at positions length ..
-        # length + block_size - 1 whatever k, so near the end it reaches up to block_size rows further
+        # length + block rows - 1 (a DSpark block is block_size rows whatever k), up to block_size rows further
         need = max_len + self.info.block_size
         if self.net.max_len < need:
             self.net.setup_cache(need)
@@ -203,7 +210,8 @@ class DFlashDrafter:
         if spec.shape != "chain":
             raise ModelError("a DFlash block drafts a chain", "use draft.shape: chain")
         k = min(spec.k, self.info.guesses)
-        block = torch.full((self.info.block_size,), self.info.mask_token_id)
+        rows = self.info.block_size if self.info.projector == "dspark" else k + 1  # as the engines run it (above)
+        block = torch.full((rows,), self.info.mask_token_id)
         block[0] = root
         mode = "prefill" if self.first else None
         logits, rows = self.net.step(self.pending, self.length, self.embed(block), k, mode)
