@@ -18,9 +18,9 @@ from trtspec.errors import DataError
 
 
 def arg_parser(doc: str) -> argparse.ArgumentParser:
-    """A script's parser: the first line of its docstring `doc` as the description, the rest (how to run it, what
-    it prints) as the epilog, line breaks kept."""
-    first, _, rest = doc.strip("\n").partition("\n")
+    """A script's parser: the first paragraph of its docstring `doc` as the description, the rest (how to run it,
+    what it prints) as the epilog, line breaks kept."""
+    first, _, rest = doc.strip("\n").partition("\n\n")
     return argparse.ArgumentParser(description=first, epilog=rest.strip("\n") or None,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
