@@ -54,7 +54,8 @@ def test_the_bundle_names_dspark_for_every_engine(bundle):
     spec = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())["speculative_config"]
     assert spec == {"decoding_type": "DSpark", "max_draft_len": K, "speculative_model": "./draft"}
     assert '"method": "dspark"' in (bundle / "snippets" / "vllm.sh").read_text()
-    assert not (bundle / "snippets" / "sglang.sh").exists()
+    assert f"--speculative-algorithm DSPARK --speculative-draft-model-path ./draft --speculative-num-draft-tokens {K + 1}" in (
+        bundle / "snippets" / "sglang.sh").read_text()
 
 
 def test_vllms_cpu_build_refuses_dspark_and_trtspec_says_why(bundle):
