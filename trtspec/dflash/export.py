@@ -37,8 +37,8 @@ def export_dflash_draft(base: Any, train_dir: Path, out: Path, dtype: Any, targe
         "draft_params": sum(p.numel() for p in model.dflash_module.parameters()),
     }
     if info["projector"] == "dspark":
-        # the engines' keys beside modelopt's, and the Markov head's markov_w1/markov_w2 renamed markov_head.markov_w1/
-        # markov_head.markov_w2: vLLM loads only those names (TensorRT-LLM and modelopt read both)
+        # the engines' keys beside modelopt's, and the Markov head's weights renamed markov_head.*: vLLM and SGLang
+        # load only those names (TensorRT-LLM and modelopt read both)
         add_dspark_engine_fields(out)
         info.update(markov_rank=dc["markov_rank"], markov_head=dc["markov_head_type"], causal=bool(dc.get("causal")))
     name = head.draft_name(info["projector"], info.get("markov_head"), info.get("markov_rank"))

@@ -210,8 +210,8 @@ class DFlashDrafter:
         if spec.shape != "chain":
             raise ModelError("a DFlash block drafts a chain", "use draft.shape: chain")
         k = min(spec.k, self.info.guesses)
-        rows = self.info.block_size if self.info.projector == "dspark" else k + 1  # as the engines run it (above)
-        block = torch.full((rows,), self.info.mask_token_id)
+        width = self.info.block_size if self.info.projector == "dspark" else k + 1  # as the engines run it (above)
+        block = torch.full((width,), self.info.mask_token_id)
         block[0] = root
         mode = "prefill" if self.first else None
         logits, rows = self.net.step(self.pending, self.length, self.embed(block), k, mode)
