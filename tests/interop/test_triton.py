@@ -209,20 +209,31 @@ def metric(text: str, name: str) -> float:
 def test_prometheus_metrics_count_the_requests(server, prompts):
     """Triton's metrics port, per model: a request the model answers adds one success and its inference time. So
     does one the model refuses through its response sender (as the llmapi model.py sends its errors): Triton counts
-    the execution, not the answer, so nv_inference_request_failure does not show the model's own errors."""
+    the execution, not the answer, so nv_inference_request_failure does not show the model's own errors. A
+    decoupled model's request is counted when the model releases it, which can come just after the client has its
+    last response, so the scrape waits (up to 10 s) for the count to move."""
     def scrape() -> str:
         return server.get("/metrics", server.metrics).decode()
 
+    def scrape_after(before: str) -> str:
+        deadline = time.monotonic() + 10
+        while True:
+            text = scrape()
+            moved = metric(text, "nv_inference_request_success") > metric(before, "nv_inference_request_success")
+            if moved or time.monotonic() > deadline:
+                return text
+            time.sleep(0.1)
+
     before = scrape()
     ask(server, prompts[1])
-    mid = scrape()
+    mid = scrape_after(before)
     assert metric(mid, "nv_inference_request_success") == metric(before, "nv_inference_request_success") + 1, \
         [ln for ln in (before + mid).splitlines() if ln.startswith("nv_inference_request")]
     assert metric(mid, "nv_inference_count") == metric(before, "nv_inference_count") + 1
     assert metric(mid, "nv_inference_request_duration_us") > metric(before, "nv_inference_request_duration_us")
     with pytest.raises(client.ClientError, match="decoupled"):
         ask(server, prompts[1], "grpc", stream=True)
-    after = scrape()
+    after = scrape_after(mid)
     assert metric(after, "nv_inference_request_success") == metric(mid, "nv_inference_request_success") + 1
     assert metric(after, "nv_inference_request_failure") == metric(mid, "nv_inference_request_failure")
     assert re.search(r"^nv_cpu_utilization \S+$", after, re.M)
