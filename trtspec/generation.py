@@ -107,14 +107,15 @@ def interleaved(methods: dict[str, Callable[[list[int]], Any]], prompts: list[li
     """Every prompt through every method in turn, `repeats` times, so machine noise hits all methods alike.
 
     A method returns a token list or an object with `.tokens` (and `.prefill_s`: the runtime's generations).
-    -> {method: {"tokens_per_s": [one per repetition], "outputs": [the first repetition's outputs]}}, and for methods
-    that time their prefill, "decode_tokens_per_s": the tokens after the first over the time after the prefill, per
-    repetition, and "decode_runs": the same per run, in the order they ran (None for a run that stopped at its first token).
+    -> {method: {"tokens_per_s": [one per repetition], "outputs": [the first repetition's outputs], "run_seconds":
+    [each run's wall time, in the order they ran]}}, and for methods that time their prefill, "decode_tokens_per_s":
+    the tokens after the first over the time after the prefill, per repetition, and "decode_runs": the same per run, in the order they ran (None for a run that stopped at its first token).
     `on_run(repetition, prompt index, method)` after each run."""
     seconds = {m: [0.0] * repeats for m in methods}
     prefill = {m: [0.0] * repeats for m in methods}
     tokens = {m: [0] * repeats for m in methods}
     runs: dict[str, list[float | None]] = {m: [] for m in methods}
+    run_seconds: dict[str, list[float]] = {m: [] for m in methods}
     outputs: dict[str, list] = {m: [] for m in methods}
     for rep in range(repeats):
         for i, p in enumerate(prompts):
@@ -127,12 +128,13 @@ def interleaved(methods: dict[str, Callable[[list[int]], Any]], prompts: list[li
                 tokens[m][rep] += n
                 prefill[m][rep] += f
                 runs[m].append((n - 1) / (s - f) if f and n > 1 else None)
+                run_seconds[m].append(round(s, 3))
                 if rep == 0:
                     outputs[m].append(out)
                 if on_run:
                     on_run(rep, i, m)
-    timed = {m: {"tokens_per_s": [t / s for t, s in zip(tokens[m], seconds[m], strict=True)], "outputs": outputs[m]}
-             for m in methods}
+    timed = {m: {"tokens_per_s": [t / s for t, s in zip(tokens[m], seconds[m], strict=True)], "outputs": outputs[m],
+                 "run_seconds": run_seconds[m]} for m in methods}
     for m in methods:
         if all(prefill[m]):
             timed[m]["decode_tokens_per_s"] = [(t - len(prompts)) / (s - f) for t, s, f in

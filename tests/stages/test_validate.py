@@ -63,6 +63,8 @@ def test_validate_writes_report(tmp_path, run_inputs):
     assert r["prompts"] == 2 and r["draft_len"] == 3 and r["acceptance_length"] >= 1.0
     assert set(r["tokens_per_s"]) == {"hf_generate", "runtime_no_draft", "speculative", "hf_prompt_lookup", "hf_assisted"}
     assert "assistant_early_exit" in r["method_notes"]["hf_assisted"]
+    # each run's wall time, in run order: 2 prompts x the config's repetitions per method
+    assert {m: len(s) for m, s in r["run_seconds"].items()} == {m: 2 * r["repeats"] for m in r["tokens_per_s"]}
     assert r["speedup_vs_hf"] == pytest.approx(r["tokens_per_s"]["speculative"] / r["tokens_per_s"]["hf_generate"], rel=0.01)
     # the cost model: speculative / no-draft speed = AL / (cost of one speculative step in decode steps)
     assert r["speculative_vs_no_draft"] == pytest.approx(r["acceptance_length"] / r["step_cost_vs_decode"], rel=0.01)

@@ -215,6 +215,8 @@ def run(ctx: StageContext) -> dict:
         "quantization": quant_report,
         **acceptance,
         "tokens_per_s": tps,
+        "repeats": ctx.cfg.eval.repeats,
+        "run_seconds": {m: timed[m]["run_seconds"] for m in methods},
         "skipped": skipped,
         "method_notes": method_notes,
         **speed_summary(tps, acceptance["acceptance_length"], kernels, bandwidth,
