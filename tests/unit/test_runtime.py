@@ -215,6 +215,49 @@ def test_compiled_passes_hold_a_graph_for_every_row_count(target_dir, monkeypatc
     assert compile_steps([target], lambda: warm_up_row_counts(target, None, spec))[1] == COMPILED
 
 
+@pytest.mark.parametrize("family", ["eagle3", "dflash"])
+def test_generations_after_the_warm_up_compile_nothing(eagle_export, target_dir, prompts, family, monkeypatch, tmp_path):
+    """validate compiles every pass for every row count before timing (warm_up_row_counts); a generation after it
+    must not compile again (a graph takes seconds on a small CPU, which then land inside a timed run). Suffix drafts
+    in front of the model drafter, here made to propose 5 steps out of 6, leave the verified rows of those steps
+    waiting for the model drafter's next pass: more rows than the warm-up ran."""
+    from stagekit import export_random_dflash
+
+    from trtspec.runtime.decode import warm_up_row_counts
+    from trtspec.runtime.dflash import load_dflash_drafter
+    from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
+
+    target = load_transformer(target_dir)[0]
+    if family == "eagle3":
+        model = load_eagle3_drafter(eagle_export[0], target)
+    else:
+        export_random_dflash(target_dir, tmp_path / "dflash")
+        model = load_dflash_drafter(tmp_path / "dflash", target)
+    spec = DraftSpec(k=3, suffix_len=3)
+    drafter = SuffixThenModelDrafter(model, SuffixDrafter())
+    steps = iter(range(10**6))
+    monkeypatch.setattr(drafter.suffix, "proposal", lambda k: (1, [0, 0][:k]) if next(steps) % 6 else (0, []))
+    waiting = []  # verified rows waiting for each model draft
+    draft = model.draft
+
+    def counting_draft(root, s, *args, **kwargs):
+        rows = model.pending[1] if isinstance(model.pending, tuple) else model.pending
+        waiting.append(0 if rows is None else rows.shape[0])
+        return draft(root, s, *args, **kwargs)
+
+    monkeypatch.setattr(model, "draft", counting_draft)
+    want = [generate(target, p, NEW, eos={2}).tokens for p in prompts]
+    torch._dynamo.reset()
+    # as validate's warm-up: every row count, then a generation without draft
+    warm_up = lambda: (warm_up_row_counts(target, model, spec), generate(target, prompts[0], 4))  # noqa: E731
+    assert compile_steps([target, model.net], warm_up)[1] == COMPILED
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for p, w in zip(prompts, want, strict=True):
+            assert speculative_decode(target, drafter, p, NEW, spec, eos={2}).tokens == w
+            assert speculative_decode(target, model, p, NEW, spec, eos={2}).tokens == w
+    assert max(waiting) > spec.max_nodes(), waiting  # the case above did occur
+
+
 def test_a_broken_compile_cache_is_emptied_and_compiling_retried(target_dir, monkeypatch, tmp_path):
     """A run killed mid-compilation can leave an entry that fails to load: trtspec's own cache folder is emptied
     and compiling tried once more, instead of falling back to the slow eager runtime on every later run."""

@@ -117,8 +117,11 @@ def warm_up_row_counts(target: Transformer, drafter, spec: DraftSpec) -> None:
     if getattr(drafter, "net", None) is not None:  # a network drafter's pass reads the newly verified tokens, 1..max_rows at a time
         drafter.setup(need)
         drafter.start(prompt, 1, aux)
+        drafter.draft(1, spec)  # a generation's first draft: what start() left waiting
         for m in range(1, max_rows + 1):
-            drafter.accepted(torch.ones(m, dtype=torch.long), None if aux is None else aux[-1:].expand(m, -1))
+            # aux as a generation hands it over (contiguous rows): dynamo guards on strides, an expanded view's
+            # graph would not serve the timed runs
+            drafter.accepted(torch.ones(m, dtype=torch.long), None if aux is None else aux[-1:].repeat(m, 1))
             drafter.draft(1, spec)
 
 

@@ -129,19 +129,26 @@ class DFlashDraft(Stepper):
         length - m .. length - 1), then the block embeds [B, H] at positions length .. length + B - 1 runs
         -> (logits [k, V], normed states [k, H]) of the k block rows guessing tokens length + 1 .. length + k.
         `mode` "prefill" marks the first call of a generation (eager)."""
-        m, B = aux.shape[0], embeds.shape[0]
-        slots = torch.arange(length - m, length)
-        ctx = rms_norm(self.fc(aux), self.hidden_norm, self.args.norm_eps)
+        B = embeds.shape[0]
+        self.add_context(aux, length)
         block = torch.arange(length, length + B)
         mask = None
         if self.causal:  # a block row sees the context and the block rows up to itself
             mask = torch.ones(B, length + B, dtype=torch.bool).tril(length)
         x = embeds
         for layer in self.layers:
-            layer.add_context(ctx, self.cos[slots], self.sin[slots], slots)
             x = layer(x, self.cos[block], self.sin[block], length, mask)
         rows = rms_norm(x[self.first_row : self.first_row + k], self.norm, self.args.norm_eps)
         return self.lm_head(rows), rows
+
+
+    def add_context(self, aux: Tensor, length: int) -> None:
+        """The m verified positions' target states aux [m, n*H] into every layer's cache, rows length - m .. length - 1
+        (each layer's keys and values depend only on ctx, so the layers' order does not matter)."""
+        slots = torch.arange(length - aux.shape[0], length)
+        ctx = rms_norm(self.fc(aux), self.hidden_norm, self.args.norm_eps)
+        for layer in self.layers:
+            layer.add_context(ctx, self.cos[slots], self.sin[slots], slots)
 
 
 class MarkovHead(nn.Module):
@@ -214,7 +221,13 @@ class DFlashDrafter:
         block = torch.full((width,), self.info.mask_token_id)
         block[0] = root
         mode = "prefill" if self.first else None
-        logits, rows = self.net.step(self.pending, self.length, self.embed(block), k, mode)
+        pending = self.pending
+        if not self.first and (excess := pending.shape[0] - spec.max_nodes()) > 0:
+            # rows left waiting by several suffix-drafted steps in a row: the oldest join the cache eagerly, so the
+            # compiled pass meets only the row counts 1..max_nodes that warm_up_row_counts compiled
+            self.net.add_context(pending[:excess], self.length - pending.shape[0] + excess)
+            pending = pending[excess:].clone()
+        logits, rows = self.net.step(pending, self.length, self.embed(block), k, mode)
         self.first, self.pending = False, None
         if self.markov is None:
             ids, q = choose(logits, temperature, generator)

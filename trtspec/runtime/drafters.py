@@ -243,7 +243,7 @@ class Eagle3Drafter(ModelDrafter):
         tokens = torch.cat((prompt[1:], torch.tensor([first])))
         if tokens.numel() > 1:
             self._catch_up(tokens[:-1], aux[:-1])
-        self.pending = (tokens[-1:], aux[-1:])
+        self.pending = (tokens[-1:].clone(), aux[-1:].clone())  # a copy: a view's offset would be part of the compiled guard
 
     def accepted(self, tokens: Tensor, aux: Tensor | None) -> None:
         # a step drafted by another drafter (a suffix match) leaves the rows waiting longer
@@ -257,6 +257,11 @@ class Eagle3Drafter(ModelDrafter):
             self.pending = None
             return super().draft(root, spec, temperature, generator)
         tokens, aux = self.pending
+        if (excess := tokens.numel() - spec.max_nodes()) > 0:
+            # rows left waiting by several suffix-drafted steps in a row: the oldest join the cache in one eager
+            # pass, so the compiled chain meets only the row counts 1..max_nodes that warm_up_row_counts compiled
+            self._append_eager(tokens[:excess], aux[:excess])
+            tokens, aux = tokens[excess:].clone(), aux[excess:].clone()
         noise = None
         if temperature > 0:  # Gumbel-max: argmax(logits + T g), g = -log(-log u), is a sample of softmax(logits / T)
             u = torch.rand(spec.k, self.net.lm_head.weight.shape[0], generator=generator)
@@ -268,6 +273,15 @@ class Eagle3Drafter(ModelDrafter):
         for j, t in enumerate(self.to_target(guesses).tolist()):
             tree.add(t, j)
         return tree, self.full_probs(softmax_t(logits, temperature)) if temperature > 0 else None
+
+
+    def _append_eager(self, tokens: Tensor, aux: Tensor) -> None:
+        """Verified rows into the draft's cache (rows length .. length + m - 1), the network run eagerly."""
+        m, L = tokens.numel(), self.length
+        rows = torch.arange(L, L + m)
+        mask = None if m == 1 else torch.ones(m, L + m, dtype=torch.bool).tril(L)
+        self.net.forward(self.embed(tokens), self.net.fc(aux), rows, rows, L + m, mask)
+        self.length = L + m
 
 
 class NgramDrafter:
