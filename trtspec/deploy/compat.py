@@ -122,8 +122,8 @@ DSPARK_ARCH = "Qwen3DSparkModel"  # vLLM's and SGLang's registry entry for a Qwe
 # modelopt writes the Markov head flat (markov_w1/markov_w2, a gated head's gate_proj, an rnn head's joint_proj:
 # DeepSpec's layout); vLLM's and SGLang's Qwen3DSparkModel load it only nested under markov_head (the published Nemotron
 # DSpark drafts' layout), which TensorRT-LLM's GQADSparkForCausalLM and modelopt's own loader
-# (remap_dspark_nested_head_keys) read too. SGLang would load a flat gate_proj into nothing, silently.
-DSPARK_HEAD_NAMES = {f"{name}.": f"markov_head.{name}." for name in ("markov_w1", "markov_w2", "gate_proj", "joint_proj")}
+# (remap_dspark_nested_head_keys) read too. SGLang would load a flat gate_proj into nothing, silently. The names are
+# the runtime's (runtime/dflash.MARKOV_KEYS, NESTED_MARKOV), which reads both layouts.
 
 
 def add_dspark_engine_fields(draft_dir: Any) -> None:
@@ -131,8 +131,10 @@ def add_dspark_engine_fields(draft_dir: Any) -> None:
     wrote: architectures [Qwen3DSparkModel, DFlashDraftModel] (vLLM and SGLang take the first they know, modelopt and
     trtspec read the second), top-level markov_rank / markov_head_type / sample_from_anchor (vLLM and SGLang read them
     there, TensorRT-LLM there or in dflash_config), and the Markov head's weights under the engines' names
-    (DSPARK_HEAD_NAMES)."""
+    (NESTED_MARKOV + the flat name)."""
     from safetensors.torch import load_file, save_file
+
+    from trtspec.runtime.dflash import MARKOV_KEYS, NESTED_MARKOV
 
     draft_dir = Path(draft_dir)
     cfg_path, weights_path = draft_dir / "config.json", draft_dir / "model.safetensors"
@@ -143,8 +145,7 @@ def add_dspark_engine_fields(draft_dir: Any) -> None:
                sample_from_anchor=bool(dc.get("shift_label", True)))  # DSpark's row 0 (the anchor's) guesses the next token
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     tensors = load_file(str(weights_path))
-    renamed = {next((new + k[len(old):] for old, new in DSPARK_HEAD_NAMES.items() if k.startswith(old)), k): v
-               for k, v in tensors.items()}
+    renamed = {NESTED_MARKOV + k if k.startswith(MARKOV_KEYS) else k: v for k, v in tensors.items()}
     save_file(renamed, str(weights_path), metadata={"format": "pt"})
 
 
