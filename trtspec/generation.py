@@ -109,7 +109,8 @@ def interleaved(methods: dict[str, Callable[[list[int]], Any]], prompts: list[li
     A method returns a token list or an object with `.tokens` (and `.prefill_s`: the runtime's generations).
     -> {method: {"tokens_per_s": [one per repetition], "outputs": [the first repetition's outputs], "run_seconds":
     [each run's wall time, in the order they ran]}}, and for methods that time their prefill, "decode_tokens_per_s":
-    the tokens after the first over the time after the prefill, per repetition, and "decode_runs": the same per run, in the order they ran (None for a run that stopped at its first token).
+    the tokens after the first over the time after the prefill, per repetition, and "decode_runs": the same per run,
+    in the order they ran (None for a run that stopped at its first token).
     `on_run(repetition, prompt index, method)` after each run."""
     seconds = {m: [0.0] * repeats for m in methods}
     prefill = {m: [0.0] * repeats for m in methods}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -235,7 +236,7 @@ def test_generations_after_the_warm_up_compile_nothing(eagle_export, target_dir,
         model = load_dflash_drafter(tmp_path / "dflash", target)
     spec = DraftSpec(k=3, suffix_len=3)
     drafter = SuffixThenModelDrafter(model, SuffixDrafter())
-    steps = iter(range(10**6))
+    steps = itertools.count()
     monkeypatch.setattr(drafter.suffix, "proposal", lambda k: (1, [0, 0][:k]) if next(steps) % 6 else (0, []))
     waiting = []  # verified rows waiting for each model draft
     draft = model.draft

@@ -141,7 +141,6 @@ class DFlashDraft(Stepper):
         rows = rms_norm(x[self.first_row : self.first_row + k], self.norm, self.args.norm_eps)
         return self.lm_head(rows), rows
 
-
     def add_context(self, aux: Tensor, length: int) -> None:
         """The m verified positions' target states aux [m, n*H] into every layer's cache, rows length - m .. length - 1
         (each layer's keys and values depend only on ctx, so the layers' order does not matter)."""

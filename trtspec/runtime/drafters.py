@@ -70,12 +70,13 @@ class ModelDrafter:
     def setup(self, max_len: int) -> None:
         raise NotImplementedError
 
-    def _catch_up(self, tokens: Tensor, aux: Tensor | None) -> None:
-        """Append verified tokens to the cache; keep the last row's logits/hidden (the root's children)."""
+    def _catch_up(self, tokens: Tensor, aux: Tensor | None, forward=None) -> None:
+        """Append verified tokens to the cache; keep the last row's logits/hidden (the root's children). `forward`
+        replaces `_forward` (e.g. an eager pass, for a row count the compiled pass holds no graph for)."""
         m, L = tokens.numel(), self.length
         mask = "causal" if L == 0 else (None if m == 1 else torch.ones(m, L + m, dtype=torch.bool).tril(L))
         idx = torch.arange(L, L + m)
-        logits, hidden = self._forward(tokens, self._verified_hidden(aux), idx, idx, L + m, mask)
+        logits, hidden = (forward or self._forward)(tokens, self._verified_hidden(aux), idx, idx, L + m, mask)
         self.root_logits = logits[-1]
         self.root_hidden = None if hidden is None else hidden[-1]
         self.length = L + m
@@ -236,6 +237,9 @@ class Eagle3Drafter(ModelDrafter):
     def _forward(self, tokens, hidden, positions, slots, length, mask):
         return self.net.step(self.embed(tokens), hidden, positions, slots, length, mask)
 
+    def _forward_eager(self, tokens, hidden, positions, slots, length, mask):
+        return self.net.forward(self.embed(tokens), hidden, positions, slots, length, mask)
+
     def start(self, prompt: Tensor, first: int, aux: Tensor | None) -> None:
         # draft position t reads (token t+1, aux_t): the prompt shifted left by one, then the first target token;
         # all but the last position go in now (a prefill), the last waits for the first draft
@@ -260,7 +264,7 @@ class Eagle3Drafter(ModelDrafter):
         if (excess := tokens.numel() - spec.max_nodes()) > 0:
             # rows left waiting by several suffix-drafted steps in a row: the oldest join the cache in one eager
             # pass, so the compiled chain meets only the row counts 1..max_nodes that warm_up_row_counts compiled
-            self._append_eager(tokens[:excess], aux[:excess])
+            self._catch_up(tokens[:excess], aux[:excess], forward=self._forward_eager)
             tokens, aux = tokens[excess:].clone(), aux[excess:].clone()
         noise = None
         if temperature > 0:  # Gumbel-max: argmax(logits + T g), g = -log(-log u), is a sample of softmax(logits / T)
@@ -273,15 +277,6 @@ class Eagle3Drafter(ModelDrafter):
         for j, t in enumerate(self.to_target(guesses).tolist()):
             tree.add(t, j)
         return tree, self.full_probs(softmax_t(logits, temperature)) if temperature > 0 else None
-
-
-    def _append_eager(self, tokens: Tensor, aux: Tensor) -> None:
-        """Verified rows into the draft's cache (rows length .. length + m - 1), the network run eagerly."""
-        m, L = tokens.numel(), self.length
-        rows = torch.arange(L, L + m)
-        mask = None if m == 1 else torch.ones(m, L + m, dtype=torch.bool).tril(L)
-        self.net.forward(self.embed(tokens), self.net.fc(aux), rows, rows, L + m, mask)
-        self.length = L + m
 
 
 class NgramDrafter:
