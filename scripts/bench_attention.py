@@ -1,10 +1,15 @@
-"""A compiled decode step with the runtime's one-token attention (products and sums inductor fuses) against the same
-step with torch's scaled_dot_product_attention (the CPU flash kernel), in one process, interleaved, at several cache
-lengths; greedy tokens must be identical.
+#!/usr/bin/env python
+"""The runtime's attention over its KV cache two ways, in one process, interleaved, at several cache lengths: the
+native kernel (runtime/native.py: one task per query head and row, vector loops) against torch's (inductor's fused
+sums for one row, the CPU flash kernel for several); in compiled decode steps (1 row) and in compiled verification
+passes of a chain (--rows new rows with their causal mask, as after a draft of rows - 1). Greedy tokens must be
+identical.
 
-    python scripts/bench_attention.py runs/demo [--contexts 100,300,600,1000,2000] [--tokens 64] [--repeats 6]
+    python scripts/bench_attention.py runs/demo [--contexts 100,300,600,1000] [--tokens 64] [--rows 4] [--repeats 6]
 
-RUN_DIR's bundle/target is decoded greedily (a synthetic prompt of the given length, then --tokens new tokens).
+RUN_DIR's bundle/target is decoded greedily (a synthetic prompt of the given length, then --tokens new tokens); the
+verification pass is timed on the same cache. Prints ms per decode step and per verification pass for each, and
+torch's time over the native kernel's.
 """
 
 from __future__ import annotations
@@ -14,17 +19,17 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-import trtspec.runtime.model as runtime_model
 from trtspec.bench import arg_parser
 from trtspec.runtime import compile_steps, generate, load_transformer
 
-FUSED = runtime_model.one_token_attention
+VARIANTS = {"native": True, "torch": False}
 
 
-def flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+def use_native(target, on: bool) -> None:
+    """Every layer's attention through the native kernel or torch's (a guarded attribute: each gets its own graph)."""
+    for layer in target.layers:
+        layer.self_attn.native = on
 
 
 def decode(target, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
@@ -34,40 +39,55 @@ def decode(target, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
     return g.tokens, (time.perf_counter() - t0 - g.prefill_s) / n
 
 
+def verify(target, length: int, rows: int, n: int) -> float:
+    """Seconds per compiled verification pass of `rows` new rows after `length` cached ones (a chain's mask)."""
+    tokens, slots = torch.arange(7, 7 + rows), torch.arange(length, length + rows)
+    mask = torch.ones(rows, length + rows, dtype=torch.bool).tril(length)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        target.step(tokens, slots, slots, length + rows, mask)
+    return (time.perf_counter() - t0) / n
+
+
 def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--contexts", default="100,300,600,1000,2000", help="cached tokens before decoding")
+    ap.add_argument("--contexts", default="100,300,600,1000", help="cached tokens before decoding")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rows", type=int, default=4, help="new rows of the verification pass")
     ap.add_argument("--repeats", type=int, default=6)
     a = ap.parse_args()
     contexts = [int(x) for x in a.contexts.split(",")]
     target, _ = load_transformer(a.run_dir / "bundle" / "target")
-    target.setup_cache(max(contexts) + a.tokens + 8)
-    variants = {"flash (sdpa)": flash, "fused sums": FUSED}
+    target.setup_cache(max(contexts) + a.tokens + a.rows + 8)
+    if not target.layers[0].self_attn.native:
+        raise SystemExit("the native attention kernel is not usable here (no vector build, or not float32 on a CPU)")
 
-    def each(prompt: torch.Tensor, n: int) -> dict[str, tuple[list[int], float]]:
+    def each(prompt: torch.Tensor, n: int) -> dict[str, tuple[list[int], float, float]]:
         out = {}
-        for name, fn in variants.items():
-            runtime_model.one_token_attention = fn  # a guarded global: each variant gets its own compiled graph
-            out[name] = decode(target, prompt, n)
+        for name, on in VARIANTS.items():
+            use_native(target, on)
+            tokens, s = decode(target, prompt, n)
+            out[name] = (tokens, s, verify(target, len(prompt) + n, a.rows, max(4, n // 4)))
         return out
 
     with torch.inference_mode():
         seconds, how = compile_steps([target], lambda: each(torch.arange(100, 140), 4))
         print(f"{how} ({seconds} s)")
-        print(f"{'cached':>7} {'flash ms/token':>15} {'fused ms/token':>15} {'ratio':>6}  tokens identical")
+        print(f"{'cached':>7} {'decode ms: native':>18} {'torch':>7} {'ratio':>6}   {f'verify {a.rows} rows ms: native':>24} "
+              f"{'torch':>7} {'ratio':>6}  tokens identical")
         for c in contexts:
             prompt = torch.arange(100, 100 + c) % 40000
-            times: dict[str, list[float]] = {k: [] for k in variants}
+            times: dict[str, list[tuple[float, float]]] = {k: [] for k in VARIANTS}
             same = True
             for _ in range(a.repeats):
                 res = each(prompt, a.tokens)
-                same &= res["flash (sdpa)"][0] == res["fused sums"][0]
-                for k, (_, s) in res.items():
-                    times[k].append(1000 * s)
-            f, u = (statistics.median(times[k]) for k in variants)
-            print(f"{c:>7} {f:>15.2f} {u:>15.2f} {f / u:>6.3f}  {same}")
+                same &= res["native"][0] == res["torch"][0]
+                for k, (_, s, v) in res.items():
+                    times[k].append((1000 * s, 1000 * v))
+            (nd, nv), (td, tv) = ((statistics.median(t[0] for t in times[k]), statistics.median(t[1] for t in times[k]))
+                                  for k in VARIANTS)
+            print(f"{c:>7} {nd:>18.2f} {td:>7.2f} {td / nd:>6.3f}   {nv:>24.2f} {tv:>7.2f} {tv / nv:>6.3f}  {same}")
 
 
 if __name__ == "__main__":

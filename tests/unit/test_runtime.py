@@ -123,6 +123,34 @@ def test_every_kernel_is_linear(kernel):
     torch.testing.assert_close(x.grad, w.sum(0, keepdim=True), atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 128), (6, 2, 24)])
+def test_native_attention_equals_sdpa(heads, kv_heads, head_dim):
+    """The native attention kernel over a KV cache equals torch's SDPA for one row (no mask), a chain's rows (causal
+    after the cache) and a tree's (any visible set), at cache lengths that are and are not multiples of its vector
+    blocks, in eager and compiled calls (its fake gives the shape); the cache rows past `length` are never read."""
+    from trtspec.runtime import native
+
+    assert native.attention_usable(torch.float32, torch.device("cpu"), 64)  # this machine and CI build it with AVX2
+    g = torch.Generator().manual_seed(0)
+    k_cache, v_cache = (torch.randn(1, kv_heads, 80, head_dim, generator=g) for _ in range(2))
+    for length, rows in [(1, 1), (13, 1), (37, 4), (64, 8), (71, 3)]:
+        q = torch.randn(1, heads, rows, head_dim, generator=g)
+        chain = torch.ones(rows, length, dtype=torch.bool).tril(length - rows) if rows > 1 else None
+        tree = torch.rand(rows, length, generator=g) < 0.6
+        tree[:, 0] = True  # every row sees at least the first cached row
+        for mask in (chain, tree):
+            k, v = k_cache[:, :, :length], v_cache[:, :, :length]
+            ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            ref = ref.transpose(1, 2).reshape(1, rows, -1)
+            got = native.attention(q, k_cache, v_cache, length, mask)
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+            k_cache[:, :, length:], v_cache[:, :, length:] = float("nan"), float("nan")  # rows past length: unread
+            torch.testing.assert_close(native.attention(q, k_cache, v_cache, length, mask), ref, atol=1e-5, rtol=1e-5)
+            k_cache[:, :, length:], v_cache[:, :, length:] = 0, 0
+    compiled = torch.compile(native.attention, fullgraph=True, dynamic=True)
+    torch.testing.assert_close(compiled(q, k_cache, v_cache, length, tree), native.attention(q, k_cache, v_cache, length, tree))
+
+
 def test_kernels_are_chosen_at_load(target_dir):
     """Loading times every candidate on the model's own weights and sets the winners on each layer."""
     model = load_transformer(target_dir)[0]

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trtspec.errors import ArtifactError, ModelError
+from trtspec.runtime import native
 from trtspec.runtime.kernels import FEW_ROWS, Linear, choose_kernels
 
 
@@ -149,6 +150,11 @@ class Stepper(nn.Module):
         return getattr(self, name)(*args)
 
 
+# Passes over a KV cache (decode, verification, drafting) attend with runtime/native.py's kernel where it is usable
+# (float32 on a CPU with its vector loops built); False keeps torch's attention (scripts/bench_attention.py compares).
+NATIVE_ATTENTION = True
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, in_features: int | None = None):
         super().__init__()
@@ -160,12 +166,14 @@ class Attention(nn.Module):
             self.k_norm = nn.Parameter(torch.ones(hd))
         self.args = args
         self.k_cache: Tensor | None = None
+        self.native = False  # attention over the cache by the native kernel (set with the cache)
         self.v_cache: Tensor | None = None
 
     def setup_cache(self, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = (1, self.args.num_kv_heads, max_len, self.args.head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.native = NATIVE_ATTENTION and native.attention_usable(dtype, device, self.args.head_dim)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, length: int, mask: Tensor | None) -> Tensor:
         """x [B, T, in]; cos/sin broadcast against [B, heads, T, D]. With `slots`, k/v go into the KV cache at those
@@ -177,12 +185,14 @@ class Attention(nn.Module):
         if a.qk_norm:
             q, k = rms_norm(q, self.q_norm, a.norm_eps), rms_norm(k, self.k_norm, a.norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # mask None: every cached row is visible (single-token decode); "causal": prefill of an empty cache
+        causal = isinstance(mask, str)
         if slots is not None:
             self.k_cache.index_copy_(2, slots, k)
             self.v_cache.index_copy_(2, slots, v)
+            if self.native and not causal and not torch.compiler.is_exporting():  # decode, verification, drafting
+                return self.o_proj(native.attention(q, self.k_cache, self.v_cache, length, mask).view(B, T, -1))
             k, v = self.k_cache[:, :, :length], self.v_cache[:, :, :length]
-        # mask None: every cached row is visible (single-token decode); "causal": prefill of an empty cache
-        causal = isinstance(mask, str)
         if T == 1 and mask is None and torch.compiler.is_compiling():  # a decode step (eager: the flash kernel)
             y = one_token_attention(q, k, v)
         else:

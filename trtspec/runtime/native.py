@@ -1,13 +1,20 @@
-"""A few-row product written for the decode step, built on first use with the machine's C++ compiler: one of the
-candidates `choose_kernels` times, never assumed to win.
+"""The runtime's own CPU kernels for the decode step, built on first use with the machine's C++ compiler.
 
+A few-row product, one of the candidates `choose_kernels` times, never assumed to win:
 y[r, n] = sum_k x[r, k] * w[n, k] for a few rows: the weight rows are split between the cores (ATen's
 parallel_for); each weight row is streamed once and every 8 floats of it are multiplied into up to 8 input rows'
 accumulators in registers, so the loads per multiply-add fall with the rows and a few rows cost little more than
 the weight's bytes. BLAS libraries run these sizes as one-core GEMVs or as small GEMMs whose cost grows with the
-rows. AVX2/FMA where the compiler targets them, plain loops elsewhere. torch's own extension builder compiles it
-into its per-machine cache (~/.cache/torch_extensions), so the build is paid once per machine; without a working
-compiler the candidate is simply absent.
+rows.
+
+Attention over the KV cache for the few new rows of a decode, verification or draft pass: one task per (query head,
+row), its scores four cached rows at a time, an AVX2 exp, and the weighted sum of value rows in eight accumulators.
+torch's attention spends most of its time at these sizes on blocking, threading and loop overhead (the flash kernel)
+or on loops inductor does not vectorise across the cache (its fused sums); scripts/bench_attention.py compares them.
+
+AVX2/FMA where the compiler targets them, plain loops elsewhere (there `attention_usable` says no and torch's attention
+stays). torch's own extension builder compiles the source into its per-machine cache (~/.cache/torch_extensions), so
+the build is paid once per machine; without a working compiler both are simply absent.
 """
 
 from __future__ import annotations
@@ -18,6 +25,9 @@ from torch import Tensor
 SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <cmath>
+#include <limits>
+#include <vector>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
@@ -92,8 +102,148 @@ torch::Tensor few_rows(torch::Tensor x, torch::Tensor w) {
   return y;
 }
 
-TORCH_LIBRARY(trtspec, m) { m.def("few_rows(Tensor x, Tensor w) -> Tensor"); }
-TORCH_LIBRARY_IMPL(trtspec, CPU, m) { m.impl("few_rows", &few_rows); }
+#if defined(__AVX2__) && defined(__FMA__)
+// exp(x) for 8 floats (Cephes' expf: range reduction by ln 2, degree-5 polynomial; ~1e-7 relative), x <= 88.3
+static inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-88.3762626647949f));
+  __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+// scores[l] = q . k_l for l < L (4 cached rows at a time: independent chains)
+static void dot_rows(const float* q, const float* k, float* s, int64_t L, int64_t D) {
+  int64_t l = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (D % 8 == 0) {
+    for (; l + 4 <= L; l += 4) {
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      const float* k0 = k + l * D;
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + D + d), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * D + d), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * D + d), a3);
+      }
+      s[l] = hsum(a0); s[l + 1] = hsum(a1); s[l + 2] = hsum(a2); s[l + 3] = hsum(a3);
+    }
+  }
+#endif
+  for (; l < L; ++l) {
+    float x = 0.f;
+    for (int64_t d = 0; d < D; ++d) x += q[d] * k[l * D + d];
+    s[l] = x;
+  }
+}
+
+// s[l] <- exp(s[l] - max) (0 where masked out), returns their sum
+static float exp_rows(float* s, const bool* visible, int64_t L) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t l = 0; l < L; ++l) if (!visible || visible[l]) mx = std::max(mx, s[l]);
+  int64_t l = 0;
+  float sum = 0.f;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  for (; l + 8 <= L; l += 8) {
+    __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + l), m));
+    _mm256_storeu_ps(s + l, p);
+    acc = _mm256_add_ps(acc, p);
+  }
+  sum = hsum(acc);
+#endif
+  for (; l < L; ++l) { s[l] = std::exp(s[l] - mx); sum += s[l]; }
+  if (visible) {
+    for (int64_t j = 0; j < L; ++j) if (!visible[j]) { sum -= s[j]; s[j] = 0.f; }
+  }
+  return sum;
+}
+
+// o = sum_l p[l] v_l / sum (8 accumulators of 8 floats over 64 columns at a time)
+static void weighted_rows(const float* p, const float* v, float* o, int64_t L, int64_t D, float inv) {
+  int64_t d0 = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  for (; d0 + 64 <= D; d0 += 64) {
+    __m256 a[8];
+    for (int b = 0; b < 8; ++b) a[b] = _mm256_setzero_ps();
+    for (int64_t l = 0; l < L; ++l) {
+      const __m256 pv = _mm256_set1_ps(p[l]);
+      const float* vr = v + l * D + d0;
+      for (int b = 0; b < 8; ++b) a[b] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 8 * b), a[b]);
+    }
+    const __m256 s = _mm256_set1_ps(inv);
+    for (int b = 0; b < 8; ++b) _mm256_storeu_ps(o + d0 + 8 * b, _mm256_mul_ps(a[b], s));
+  }
+#endif
+  for (int64_t d = d0; d < D; ++d) {
+    float x = 0.f;
+    for (int64_t l = 0; l < L; ++l) x += p[l] * v[l * D + d];
+    o[d] = x * inv;
+  }
+}
+
+// Attention of T new rows (already in the KV caches) over the caches' first `length` rows: q [1, H, T, D], caches
+// [1, KV, max_len, D] (query head h reads KV head h / (H / KV)), mask [T, length] bool (true = visible) or none
+// (every row visible) -> [1, T, H * D], softmax(q k^T / sqrt(D)) v. One task per (query head, row).
+torch::Tensor few_rows_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, int64_t length,
+                                 std::optional<torch::Tensor> mask) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.sizes() == k.sizes() && q.size(0) == 1, "few_rows_attention: shapes");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat && k.scalar_type() == torch::kFloat && v.scalar_type() == torch::kFloat,
+              "few_rows_attention: float32 only");
+  TORCH_CHECK(k.is_contiguous() && v.is_contiguous() && length <= k.size(2), "few_rows_attention: whole caches");
+  q = q.contiguous();
+  const int64_t H = q.size(1), T = q.size(2), D = q.size(3), KV = k.size(1), M = k.size(2), G = H / KV;
+  torch::Tensor vis = mask.has_value() ? mask->to(torch::kBool).contiguous() : torch::Tensor();
+  TORCH_CHECK(!mask.has_value() || (vis.size(0) == T && vis.size(1) == length), "few_rows_attention: mask [T, length]");
+  auto out = torch::empty({1, T, H * D}, q.options());
+  const float *Q = q.data_ptr<float>(), *K = k.data_ptr<float>(), *V = v.data_ptr<float>();
+  const bool* MS = mask.has_value() ? vis.data_ptr<bool>() : nullptr;
+  float* O = out.data_ptr<float>();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  at::parallel_for(0, H * T, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s(length);
+    std::vector<float> qs(D);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t h = i / T, t = i % T, kv = h / G;
+      for (int64_t d = 0; d < D; ++d) qs[d] = Q[(h * T + t) * D + d] * scale;
+      dot_rows(qs.data(), K + kv * M * D, s.data(), length, D);
+      const float sum = exp_rows(s.data(), MS ? MS + t * length : nullptr, length);
+      weighted_rows(s.data(), V + kv * M * D, O + (t * H + h) * D, length, D, 1.0f / sum);
+    }
+  });
+  return out;
+}
+
+// 8 where the loops above run on AVX2 vectors, 1 where they are plain C++ (slower than torch's own attention)
+int64_t vector_width() {
+#if defined(__AVX2__) && defined(__FMA__)
+  return 8;
+#else
+  return 1;
+#endif
+}
+
+TORCH_LIBRARY(trtspec, m) {
+  m.def("few_rows(Tensor x, Tensor w) -> Tensor");
+  m.def("attention(Tensor q, Tensor k, Tensor v, SymInt length, Tensor? mask) -> Tensor");
+  m.def("vector_width() -> int");
+}
+TORCH_LIBRARY_IMPL(trtspec, CPU, m) {
+  m.impl("few_rows", &few_rows);
+  m.impl("attention", &few_rows_attention);
+}
+TORCH_LIBRARY_IMPL(trtspec, CompositeExplicitAutograd, m) { m.impl("vector_width", &vector_width); }
 """
 
 _built: tuple[bool, str] | None = None
@@ -113,10 +263,36 @@ def build() -> tuple[bool, str]:
                 extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False,
             )
             torch.library.register_fake("trtspec::few_rows")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
+            torch.library.register_fake("trtspec::attention")(
+                lambda q, k, v, length, mask: q.new_empty((1, q.shape[2], q.shape[1] * q.shape[3])))
             _built = (True, "")
         except Exception as e:  # no compiler, no headers, an unknown -march: the candidate is absent, nothing else
             _built = (False, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}")
     return _built
+
+
+def attention_usable(dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+    """Whether `attention` can serve a network of this dtype, device and head size: float32 on a CPU, the kernel built
+    with its vector loops (its plain C++ loops would be slower than torch's attention), head_dim a multiple of 8.
+    Asked once, eagerly, when a network allocates its KV cache (never inside a compiled pass)."""
+    global _width
+    if dtype != torch.float32 or torch.device(device).type != "cpu" or head_dim % 8 or not build()[0]:
+        return False
+    if _width is None:
+        _width = int(torch.ops.trtspec.vector_width())
+    return _width == 8
+
+
+_width: int | None = None
+
+
+def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, length: int, mask: Tensor | None) -> Tensor:
+    """Attention of q's T rows over the caches' first `length` rows with the native kernel: q [1, H, T, D] (after
+    rope), caches [1, KV, max_len, D] holding those rows already, mask [T, length] bool (true = visible) or None
+    (all visible) -> [1, T, H * D]. One task per (query head, row): its scores, their softmax and the weighted sum
+    of value rows in vector loops, where torch's attention (a flash kernel, or inductor's fused loops) spends most of
+    its time on blocking, threading and small-loop overhead at these sizes (scripts/bench_attention.py)."""
+    return torch.ops.trtspec.attention(q, k_cache, v_cache, length, mask)
 
 
 def few_rows(x: Tensor, w: Tensor) -> Tensor:
