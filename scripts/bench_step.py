@@ -63,6 +63,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every configuration")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--torch-attention", action="store_true", help="attend with torch's attention, not the native "
+                    "kernel (runtime/model.py NATIVE_ATTENTION)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
@@ -72,6 +74,10 @@ def main() -> None:
     from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
     from trtspec.runtime.kernels import cpu_description, step_cost_by_bytes, weight_mb
 
+    if a.torch_attention:
+        import trtspec.runtime.model
+
+        trtspec.runtime.model.NATIVE_ATTENTION = False
     bundle = open_bundle(a.run_dir)
     prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
     target, drafter = bundle.runtime()
