@@ -22,8 +22,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trtspec.errors import ArtifactError, ModelError
-from trtspec.runtime import native
 from trtspec.runtime.kernels import FEW_ROWS, Linear, choose_kernels
+from trtspec.runtime.native import attention as native_attention
+from trtspec.runtime.native import attention_usable
 
 
 @dataclass
@@ -173,7 +174,7 @@ class Attention(nn.Module):
         shape = (1, self.args.num_kv_heads, max_len, self.args.head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
-        self.native = NATIVE_ATTENTION and native.attention_usable(dtype, device, self.args.head_dim)
+        self.native = NATIVE_ATTENTION and attention_usable(dtype, device, self.args.head_dim)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, length: int, mask: Tensor | None) -> Tensor:
         """x [B, T, in]; cos/sin broadcast against [B, heads, T, D]. With `slots`, k/v go into the KV cache at those
@@ -191,7 +192,7 @@ class Attention(nn.Module):
             self.k_cache.index_copy_(2, slots, k)
             self.v_cache.index_copy_(2, slots, v)
             if self.native and not causal and not torch.compiler.is_exporting():  # decode, verification, drafting
-                return self.o_proj(native.attention(q, self.k_cache, self.v_cache, length, mask).view(B, T, -1))
+                return self.o_proj(native_attention(q, self.k_cache, self.v_cache, length, mask).view(B, T, -1))
             k, v = self.k_cache[:, :, :length], self.v_cache[:, :, :length]
         if T == 1 and mask is None and torch.compiler.is_compiling():  # a decode step (eager: the flash kernel)
             y = one_token_attention(q, k, v)
