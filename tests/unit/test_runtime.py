@@ -149,6 +149,14 @@ def test_native_attention_equals_sdpa(heads, kv_heads, head_dim):
             k_cache[:, :, length:], v_cache[:, :, length:] = 0, 0
     compiled = torch.compile(native.attention, fullgraph=True, dynamic=True)
     torch.testing.assert_close(compiled(q, k_cache, v_cache, length, tree), native.attention(q, k_cache, v_cache, length, tree))
+    # a hidden row whose score dwarfs the visible ones' (a draft row the verified rows must not see) changes nothing
+    q = torch.randn(1, heads, 2, head_dim, generator=g)
+    hidden = torch.ones(2, 12, dtype=torch.bool)
+    hidden[:, 5] = False
+    k_cache[0, :, 5] = 40 * q[0, :: heads // kv_heads, 0] / q[0, :: heads // kv_heads, 0].norm(dim=-1, keepdim=True)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k_cache[:, :, :12], v_cache[:, :, :12], attn_mask=hidden,
+                                                           enable_gqa=True).transpose(1, 2).reshape(1, 2, -1)
+    torch.testing.assert_close(native.attention(q, k_cache, v_cache, 12, hidden), ref, atol=1e-5, rtol=1e-5)
 
 
 def test_kernels_are_chosen_at_load(target_dir):

@@ -147,10 +147,14 @@ static void dot_rows(const float* q, const float* k, float* s, int64_t L, int64_
   }
 }
 
-// s[l] <- exp(s[l] - max) (0 where masked out), returns their sum
+// s[l] <- exp(s[l] - max over the visible rows), 0 where masked out; returns their sum
 static float exp_rows(float* s, const bool* visible, int64_t L) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t l = 0; l < L; ++l) if (!visible || visible[l]) mx = std::max(mx, s[l]);
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  float mx = -inf;
+  for (int64_t l = 0; l < L; ++l) {
+    if (visible && !visible[l]) s[l] = -inf;  // before the sum: a hidden row's score may dwarf every visible one
+    else mx = std::max(mx, s[l]);
+  }
   int64_t l = 0;
   float sum = 0.f;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -164,7 +168,7 @@ static float exp_rows(float* s, const bool* visible, int64_t L) {
   sum = hsum(acc);
 #endif
   for (; l < L; ++l) { s[l] = std::exp(s[l] - mx); sum += s[l]; }
-  if (visible) {
+  if (visible) {  // exp8 clamps -inf to exp(-88.4): tiny, but not the 0 a hidden row must weigh
     for (int64_t j = 0; j < L; ++j) if (!visible[j]) { sum -= s[j]; s[j] = 0.f; }
   }
   return sum;
