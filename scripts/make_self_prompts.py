@@ -10,7 +10,7 @@ files (held-out or benchmark prompts must stay unseen). The result feeds `data.s
 
     python scripts/make_self_prompts.py demo:smollm2-135m-instruct --n 20000 --out runs/self_prompts.jsonl \\
         --exclude build_configs/prompts/demo_prompts.jsonl build_configs/prompts/code_prompts.jsonl
-    python scripts/make_self_prompts.py demo:smollm2-135m-instruct --n 4000 --out runs/self_code.jsonl \
+    python scripts/make_self_prompts.py demo:smollm2-135m-instruct --n 4000 --out runs/self_code.jsonl \\
         --system "You are a Python programming assistant." --category self-code
 
 Prints how many samples were drawn, how many were kept and why the others were not.
@@ -59,12 +59,12 @@ def sample_prompts(model, tok, prefix: list[int], n: int, batch: int, max_new: i
                              do_sample=True, temperature=temperature, top_p=0.95, max_new_tokens=max_new,
                              eos_token_id=sorted(eos), pad_token_id=tok.pad_token_id)
         for row in out[:, len(prefix):].tolist():
+            if len(kept) == n:
+                break
             end = next((i for i, t in enumerate(row) if t in eos), None)
             text = " ".join(tok.decode(row[:end]).split()) if end is not None else ""
             reason = ("unfinished" if end is None else "too short" if len(text) < 12 else
                       "excluded" if text in exclude else "repeated" if text in kept else "kept")
-            if len(kept) == n:
-                break
             why[reason] += 1
             if reason == "kept":
                 kept[text] = None
@@ -89,11 +89,11 @@ def main() -> None:
     import torch
 
     from trtspec.generation import eos_ids
-    from trtspec.models import load_model, load_tokenizer, resolve_model
+    from trtspec.models import load_model, load_tokenizer, resolve_model, use_bf16
 
     torch.manual_seed(a.seed)
     folder = resolve_model(a.model)
-    tok, model = load_tokenizer(folder), load_model(folder, "bfloat16" if torch.cuda.is_available() else "float32")
+    tok, model = load_tokenizer(folder), load_model(folder, "bfloat16" if use_bf16("auto") else "float32")
     t0 = time.perf_counter()
     prompts, why = sample_prompts(model, tok, user_turn_prefix(tok, a.system), a.n, a.batch, a.max_new_tokens, a.temperature,
                                   eos_ids(folder, tok), known_prompts(a.exclude))

@@ -167,8 +167,8 @@ class Attention(nn.Module):
             self.k_norm = nn.Parameter(torch.ones(hd))
         self.args = args
         self.k_cache: Tensor | None = None
-        self.native = False  # attention over the cache by the native kernel (set with the cache)
         self.v_cache: Tensor | None = None
+        self.native = False  # attention over the cache by the native kernel (set with the cache)
 
     def setup_cache(self, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = (1, self.args.num_kv_heads, max_len, self.args.head_dim)

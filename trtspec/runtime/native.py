@@ -251,6 +251,7 @@ TORCH_LIBRARY_IMPL(trtspec, CompositeExplicitAutograd, m) { m.impl("vector_width
 """
 
 _built: tuple[bool, str] | None = None
+_width: int | None = None  # the built kernels' vector width (8: AVX2 loops, 1: plain C++)
 
 
 def build() -> tuple[bool, str]:
@@ -287,15 +288,10 @@ def attention_usable(dtype: torch.dtype, device: torch.device, head_dim: int) ->
     return _width == 8
 
 
-_width: int | None = None
-
-
 def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, length: int, mask: Tensor | None) -> Tensor:
     """Attention of q's T rows over the caches' first `length` rows with the native kernel: q [1, H, T, D] (after
     rope), caches [1, KV, max_len, D] holding those rows already, mask [T, length] bool (true = visible) or None
-    (all visible) -> [1, T, H * D]. One task per (query head, row): its scores, their softmax and the weighted sum
-    of value rows in vector loops, where torch's attention (a flash kernel, or inductor's fused loops) spends most of
-    its time on blocking, threading and small-loop overhead at these sizes (scripts/bench_attention.py)."""
+    (all visible) -> [1, T, H * D]."""
     return torch.ops.trtspec.attention(q, k_cache, v_cache, length, mask)
 
 
