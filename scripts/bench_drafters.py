@@ -4,6 +4,7 @@ one process, interleaved prompt by prompt, on held-out chat prompts and on code 
 
     python scripts/bench_drafters.py runs/demo runs/demo-dflash                      # table on stdout
     python scripts/bench_drafters.py runs/demo runs/demo-dflash --ks eagle3=3 --ks dflash=3,7 --json
+    python scripts/bench_drafters.py runs/demo --draft-weights float32,bfloat16       # the draft's storage, side by side
 
 Every run must hold the same target (its bundle/target is loaded once, from the first run). For each prompt set,
 every prompt runs the runtime without a draft and each (draft, k) in turn, so machine noise hits all alike.
@@ -50,6 +51,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=4, help="prompts per set (chat, code)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--draft-weights", default="auto", help="STORAGE[,STORAGE...]: how each draft's product weights "
+                    "are stored, auto | float32 | bfloat16; several load each draft once per storage, timed side by side")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -68,10 +71,13 @@ def main() -> None:
     target, _ = bundle.runtime(draft=False)
     ks = parse_ks(a.ks)
     drafts = {}  # name -> (drafter, the target layers it reads, its k values)
+    storages = a.draft_weights.split(",")
     for run in a.runs:
-        drafter = load_drafter(run / "bundle" / "draft", target)
-        limit = drafter.info.block_size - 1 if drafter.name == "dflash" else 16
-        drafts[f"{drafter.name}:{run.name}"] = (drafter, target.aux_layers, [k for k in ks.get(drafter.name, [3]) if k <= limit])
+        for storage in storages:
+            drafter = load_drafter(run / "bundle" / "draft", target, weights=storage)
+            limit = drafter.info.block_size - 1 if drafter.name == "dflash" else 16
+            label = f"{drafter.name}:{run.name}" + (f":{drafter.net.kernel_choice['draft_weights']['weights']}" if len(storages) > 1 else "")
+            drafts[label] = (drafter, target.aux_layers, [k for k in ks.get(drafter.name, [3]) if k <= limit])
     sets = prompt_sets(a.runs[0], tok, a.prompts)
 
     def speculative(p, drafter, layers, k):

@@ -123,6 +123,47 @@ def test_every_kernel_is_linear(kernel):
     torch.testing.assert_close(x.grad, w.sum(0, keepdim=True), atol=1e-4, rtol=1e-5)
 
 
+def native_vector_loops() -> bool:
+    from trtspec.runtime import native
+
+    return native.build()[0] and native.vector_width() == 8
+
+
+def test_bfloat16_weights_are_widened_to_the_same_float32_products():
+    """A draft's weights stored in bfloat16: the native kernel's product equals F.linear on the widened weights for
+    1..FEW_ROWS rows and odd widths; more rows, or autograd, take F.linear on the widened weights."""
+    if not native_vector_loops():
+        pytest.skip("the native kernel with vector loops is not built here")
+    g = torch.Generator().manual_seed(0)
+    for k in (64, 61):  # 61: the scalar tail after the vector loop
+        w, b = torch.randn(300, k, generator=g).to(torch.bfloat16), torch.randn(300, generator=g)
+        with torch.no_grad():
+            for shape in [(1, k), (1, 3, k), (4, k), (8, k), (2, 5, k), (0, k)]:
+                x = torch.randn(*shape, generator=g)
+                for bias in (None, b):
+                    y = few_rows_linear(x, w, bias)
+                    assert y.dtype == torch.float32 and y.shape == (*shape[:-1], 300)
+                    torch.testing.assert_close(y, torch.nn.functional.linear(x, w.float(), bias), atol=1e-5, rtol=1e-5)
+    x = torch.randn(2, 61, requires_grad=True)
+    few_rows_linear(x, w, None).sum().backward()
+    torch.testing.assert_close(x.grad, w.float().sum(0).expand(2, -1), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("storage", ["bfloat16", "auto"])
+def test_a_draft_stored_in_bfloat16_keeps_greedy_output(eagle_export, target_dir, prompts, hf_greedy, storage):
+    """The draft's product weights in bfloat16 change what it guesses, never the output; the target's own weights,
+    the lm_head it may share with the draft, stay float32."""
+    target = load_transformer(target_dir)[0]
+    drafter = load_eagle3_drafter(eagle_export[0], target, weights=storage)
+    chosen = drafter.net.kernel_choice["draft_weights"]["weights"]
+    if storage == "bfloat16" and native_vector_loops():
+        assert chosen == "bfloat16"
+    assert {m.weight.dtype for m in drafter.net.modules() if isinstance(m, Linear)} == {getattr(torch, chosen)}
+    assert {p.dtype for p in target.parameters()} == {torch.float32}
+    for p, ref in zip(prompts, hf_greedy, strict=True):
+        assert speculative_decode(target, drafter, p, NEW, DraftSpec(k=3), eos={2}).tokens == ref
+
+
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 128), (6, 2, 24)])
 def test_native_attention_equals_sdpa(heads, kv_heads, head_dim):
     """The native attention kernel over a KV cache equals torch's SDPA for one row (no mask), a chain's rows (causal

@@ -115,7 +115,7 @@ class DFlashDraft(Stepper):
         self.lm_head: Linear | None = None  # the target's, set by the loader
 
     def setup_cache(self, max_len: int) -> None:
-        p = self.fc.weight
+        p = self.activation_like()
         for layer in self.layers:
             shape = (self.args.num_kv_heads, max_len, self.args.head_dim)
             layer.k_cache = torch.zeros(shape, dtype=p.dtype, device=p.device)
@@ -325,15 +325,21 @@ def load_weights(module: nn.Module, state: dict[str, Tensor], folder: Path) -> N
         raise ArtifactError(f"weights in '{folder}' do not fit its config.json: {str(e)[:300]}") from None
 
 
-def load_dflash_drafter(draft_dir: Path, target, dtype=torch.float32) -> DFlashDrafter:
-    """The exported DFlash (or DSpark) draft, sharing the target's embedding and lm_head; the target is set to hand
-    out the states of the layers the draft reads."""
-    from trtspec.runtime.kernels import choose_kernels
+def load_dflash_drafter(draft_dir: Path, target, dtype=torch.float32, weights: str = "auto") -> DFlashDrafter:
+    """The exported DFlash (or DSpark) draft, sharing the target's embedding and lm_head (the draft's products,
+    its use of the lm_head included, in bfloat16 where `kernels.store_bf16` finds that faster: `weights`); the
+    target is set to hand out the states of the layers the draft reads."""
+    from trtspec.runtime.kernels import Linear, choose_kernels, store_bf16
 
     net, info, markov = load_dflash(draft_dir, target.args.hidden_size, target.args.num_layers, dtype)
     if not 0 <= info.mask_token_id < target.args.vocab_size:
         raise ArtifactError(f"the draft's mask token {info.mask_token_id} is outside the target's vocabulary")
     net.kernel_choice = choose_kernels(net)
-    net.lm_head = target.lm_head
+    with torch.device("meta"):
+        lm_head = Linear(*reversed(target.lm_head.weight.shape), bias=False)
+    lm_head.weight, lm_head.kernels = target.lm_head.weight, target.lm_head.kernels  # shared unless stored in bf16
+    extra = [lm_head] + ([m for m in markov.modules() if isinstance(m, Linear)] if markov is not None else [])
+    net.kernel_choice["draft_weights"] = store_bf16(net, extra, weights)
+    net.lm_head = lm_head
     target.aux_layers = info.target_layers
     return DFlashDrafter(net, target.embed_tokens, info, markov)

@@ -337,14 +337,16 @@ def load_draft_target(draft_dir: Path, target_dir: Path, dtype=torch.float32) ->
     return LMDrafter(model)
 
 
-def load_eagle3_drafter(draft_dir: Path, target, dtype=torch.float32) -> Eagle3Drafter:
-    """The exported EAGLE-3 draft, sharing the target's embedding (and lm_head when the draft has none)."""
+def load_eagle3_drafter(draft_dir: Path, target, dtype=torch.float32, weights: str = "auto") -> Eagle3Drafter:
+    """The exported EAGLE-3 draft, sharing the target's embedding (and lm_head when the draft has none); its
+    products in bfloat16 where `kernels.store_bf16` finds that faster (`weights`)."""
     from trtspec.errors import ArtifactError
     from trtspec.runtime.eagle3 import load_eagle3
-    from trtspec.runtime.kernels import choose_kernels
+    from trtspec.runtime.kernels import choose_kernels, store_bf16
 
     net, info = load_eagle3(draft_dir, target.lm_head.weight, target.args.hidden_size, dtype)
     net.kernel_choice = choose_kernels(net)
+    net.kernel_choice["draft_weights"] = store_bf16(net, choice=weights)
     net.embed_tokens = target.embed_tokens
     if tuple(target.aux_layers) != info.aux_layers:
         bad = [i for i in info.aux_layers if i >= target.args.num_layers]

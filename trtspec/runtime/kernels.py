@@ -53,8 +53,9 @@ def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tup
         return F.linear(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if not 0 < rows <= FEW_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled():
-        return F.linear(x, weight, bias)
-    y = product(x.reshape(rows, -1), weight, kernels[rows - 1])
+        return F.linear(x, weight.to(x.dtype), bias)  # (a no-op but for bfloat16-stored weights: `store_bf16`)
+    kernel = "native" if weight.dtype == torch.bfloat16 else kernels[rows - 1]
+    y = product(x.reshape(rows, -1), weight, kernel)
     y = y.view(*x.shape[:-1], weight.shape[0])
     return y if bias is None else y + bias
 
@@ -67,6 +68,51 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         return few_rows_linear(x, self.weight, self.bias, self.kernels)
+
+
+def store_bf16(model: nn.Module, extra: list[Linear] = (), choice: str = "auto", repeats: int = 2) -> dict:
+    """Store the runtime Linear weights of a draft network (and `extra` layers it calls) in bfloat16 where that is
+    faster, for the native kernel to widen to float32 as it streams them: half the bytes for the same float32
+    products of bfloat16-rounded weights. For a draft only: its weights set what it guesses, never what the target
+    outputs, and a draft exported in bfloat16 keeps exactly its numbers.
+
+    choice: "auto" times both storages over 1..FEW_ROWS rows (interleaved rounds, best kept, as `choose_kernels`)
+    and keeps the faster; "bfloat16" or "float32" forces one. The native kernel must be built with its vector loops;
+    without it the weights stay float32. -> {"weights": dtype name, "ms_per_pass": {storage: ms over all row counts}}
+    """
+    from trtspec.runtime.native import build, vector_width
+
+    layers = [m for m in model.modules() if isinstance(m, Linear)] + list(extra)
+    if choice == "float32" or not layers or layers[0].weight.dtype != torch.float32 or layers[0].weight.device.type != "cpu":
+        return {"weights": "float32"}
+    if not build()[0] or vector_width() != 8:
+        return {"weights": "float32", "note": "no native kernel with vector loops: float32 weights"}
+    fp32 = [(m.weight, m.kernels) for m in layers]
+    bf16 = [w.to(torch.bfloat16) for w, _ in fp32]
+    ms = {}
+    if choice == "auto":
+        gen = torch.Generator().manual_seed(0)
+        inputs = {r: [torch.randn(r, w.shape[1], generator=gen) for w, _ in fp32] for r in range(1, FEW_ROWS + 1)}
+        best = {"float32": float("inf"), "bfloat16": float("inf")}
+        with torch.inference_mode():
+            for _ in range(repeats + 1):  # the first round touches the inputs and the copies
+                t = {"float32": 0.0, "bfloat16": 0.0}
+                for r, xs in inputs.items():
+                    t0 = time.perf_counter()
+                    for (w, kernels), x in zip(fp32, xs, strict=True):
+                        product(x, w, kernels[r - 1])
+                    t1 = time.perf_counter()
+                    for w, x in zip(bf16, xs, strict=True):
+                        product(x, w, "native")
+                    t["float32"] += t1 - t0
+                    t["bfloat16"] += time.perf_counter() - t1
+                best = {k: min(best[k], t[k] * 1e3) for k in best}
+        ms = {k: round(v, 2) for k, v in best.items()}
+        choice = min(best, key=best.get)
+    if choice == "bfloat16":
+        for m, w in zip(layers, bf16, strict=True):
+            m.weight = nn.Parameter(w, requires_grad=False)
+    return {"weights": choice, **({"ms_per_pass": ms} if ms else {})}
 
 
 def _time_pass(weights: list[Tensor], inputs: list[Tensor], kernel: str) -> float:

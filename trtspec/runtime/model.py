@@ -131,9 +131,14 @@ class Stepper(nn.Module):
 
     max_len = 0  # positions the KV cache and rope tables hold
 
+    def activation_like(self) -> Tensor:
+        """A parameter of the dtype and device activations and caches use: a norm's (product weights may be stored
+        narrower, `kernels.store_bf16`)."""
+        return next(p for name, p in self.named_parameters() if name.endswith("norm"))
+
     def setup_cache(self, max_len: int) -> None:
         """(Re)allocate every layer's KV cache and the rope tables for max_len positions."""
-        p = self.lm_head.weight
+        p = self.activation_like()
         for layer in self.layers:
             layer.self_attn.setup_cache(max_len, p.dtype, p.device)
         cos, sin = rope_tables(self.args, max_len)

@@ -5,7 +5,8 @@ y[r, n] = sum_k x[r, k] * w[n, k] for a few rows: the weight rows are split betw
 parallel_for); each weight row is streamed once and every 8 floats of it are multiplied into up to 8 input rows'
 accumulators in registers, so the loads per multiply-add fall with the rows and a few rows cost little more than
 the weight's bytes. BLAS libraries run these sizes as one-core GEMVs or as small GEMMs whose cost grows with the
-rows.
+rows. The weights may also be bfloat16 (a draft's, `kernels.store_bf16`): widened to float32 as they stream, they
+cost half the bytes for float32 arithmetic.
 
 Attention over the KV cache for the few new rows of a decode, verification or draft pass: one task per (query head,
 row), its scores four cached rows at a time, an AVX2 exp, and the weighted sum of value rows in eight accumulators.
@@ -39,19 +40,32 @@ static inline float hsum(__m256 s) {
 }
 #endif
 
-// One weight row against RR input rows: each 8 floats of the weight are loaded once and multiplied into RR
-// accumulators (8 at most, with the weight and an input register within AVX2's 16).
-template <int RR>
-static inline void row_by_rows(const float* w, const float* x, float* y, int64_t K, int64_t N) {
+// Weights come as float32 or bfloat16 (a draft's, stored at half the bytes: a bfloat16 is the top half of a float32,
+// so widening it is exact and the products are float32 products of the same numbers).
+static inline float to_float(float w) { return w; }
+static inline float to_float(at::BFloat16 w) { return static_cast<float>(w); }
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __m256 load8(const float* w) { return _mm256_loadu_ps(w); }
+static inline __m256 load8(const at::BFloat16* w) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#endif
+
+// One weight row against RR input rows: each 8 weights are loaded once and multiplied into RR accumulators (8 at
+// most, with the weight and an input register within AVX2's 16).
+template <int RR, typename WT>
+static inline void row_by_rows(const WT* w, const float* x, float* y, int64_t K, int64_t N) {
   int64_t k = 0;
 #if defined(__AVX2__) && defined(__FMA__)
+  constexpr int64_t per_line = 64 / sizeof(WT);
   __m256 acc[RR];
   for (int r = 0; r < RR; ++r) acc[r] = _mm256_setzero_ps();
   for (; k + 8 <= K; k += 8) {
     // ask for the weight's cache line 1 KB ahead, once a line: the loads of the next rows overlap the arithmetic
     // of this one, so a few rows cost what one costs (the hardware prefetcher alone left ~25% between 1 and 4 rows)
-    if ((k & 15) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + k + 256), _MM_HINT_T0);
-    const __m256 wv = _mm256_loadu_ps(w + k);
+    if ((k & (per_line - 1)) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + k) + 1024, _MM_HINT_T0);
+    const __m256 wv = load8(w + k);
     for (int r = 0; r < RR; ++r) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * K + k), acc[r]);
   }
 #endif
@@ -61,13 +75,14 @@ static inline void row_by_rows(const float* w, const float* x, float* y, int64_t
 #else
     float s = 0.f;
 #endif
-    for (int64_t t = k; t < K; ++t) s += w[t] * x[r * K + t];
+    for (int64_t t = k; t < K; ++t) s += to_float(w[t]) * x[r * K + t];
     y[r * N] = s;
   }
 }
 
 // y[:, n] for every input row, 8 rows at a time
-static void one_weight_row(const float* w, const float* X, float* Y, int64_t R, int64_t K, int64_t N) {
+template <typename WT>
+static void one_weight_row(const WT* w, const float* X, float* Y, int64_t R, int64_t K, int64_t N) {
   for (int64_t r = 0; r < R;) {
     const int64_t rr = std::min<int64_t>(8, R - r);
     const float* x = X + r * K;
@@ -86,19 +101,25 @@ static void one_weight_row(const float* w, const float* X, float* Y, int64_t R, 
   }
 }
 
+template <typename WT>
+static void all_weight_rows(const WT* W, const float* X, float* Y, int64_t R, int64_t K, int64_t N) {
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) one_weight_row(W + n * K, X, Y + n, R, K, N);
+  });
+}
+
 torch::Tensor few_rows(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "few_rows: x [R, K], w [N, K]");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat, "few_rows: float32 only");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat, "few_rows: float32 inputs only");
+  TORCH_CHECK(w.scalar_type() == torch::kFloat || w.scalar_type() == torch::kBFloat16, "few_rows: float32 or bfloat16 weights");
   x = x.contiguous();
   w = w.contiguous();
   const int64_t R = x.size(0), K = x.size(1), N = w.size(0);
   auto y = torch::empty({R, N}, x.options());
-  const float* X = x.data_ptr<float>();
-  const float* W = w.data_ptr<float>();
-  float* Y = y.data_ptr<float>();
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) one_weight_row(W + n * K, X, Y + n, R, K, N);
-  });
+  if (w.scalar_type() == torch::kFloat)
+    all_weight_rows(w.data_ptr<float>(), x.data_ptr<float>(), y.data_ptr<float>(), R, K, N);
+  else
+    all_weight_rows(w.data_ptr<at::BFloat16>(), x.data_ptr<float>(), y.data_ptr<float>(), R, K, N);
   return y;
 }
 
@@ -280,12 +301,9 @@ def attention_usable(dtype: torch.dtype, device: torch.device, head_dim: int) ->
     """Whether `attention` can serve a network of this dtype, device and head size: float32 on a CPU, the kernel built
     with its vector loops (its plain C++ loops would be slower than torch's attention), head_dim a multiple of 8.
     Asked once, eagerly, when a network allocates its KV cache (never inside a compiled pass)."""
-    global _width
     if dtype != torch.float32 or torch.device(device).type != "cpu" or head_dim % 8 or not build()[0]:
         return False
-    if _width is None:
-        _width = int(torch.ops.trtspec.vector_width())
-    return _width == 8
+    return vector_width() == 8
 
 
 def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, length: int, mask: Tensor | None) -> Tensor:
@@ -295,6 +313,14 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, length: int, mask: Te
     return torch.ops.trtspec.attention(q, k_cache, v_cache, length, mask)
 
 
+def vector_width() -> int:
+    """8 where the kernels run AVX2 vector loops, 1 where they are plain C++; `build()` must have succeeded."""
+    global _width
+    if _width is None:
+        _width = int(torch.ops.trtspec.vector_width())
+    return _width
+
+
 def few_rows(x: Tensor, w: Tensor) -> Tensor:
-    """x [R, K] @ w[N, K].T with the native kernel; `build()` must have succeeded."""
+    """x [R, K] (float32) @ w[N, K].T (float32 or bfloat16) with the native kernel; `build()` must have succeeded."""
     return torch.ops.trtspec.few_rows(x, w)
