@@ -12,11 +12,15 @@ Candidates (all compute x @ W.T; they differ in summation order only, ~1e-6 rela
   weight_left  (W @ x.T).T, one row doubled (a one-column product takes the GEMV path)
   blocks{c}    W viewed as [c, N/c, K], one torch.bmm against x: the c blocks go to separate threads
   native       trtspec's own few-row kernel (runtime/native.py), where the machine's C++ compiler builds it
+
+A draft's weights may also be stored in bfloat16 for the native kernel (`store_bf16`), where timing says so: what a
+draft guesses never changes what the target outputs, so its precision is free to trade for bytes.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -70,15 +74,15 @@ class Linear(nn.Linear):
         return few_rows_linear(x, self.weight, self.bias, self.kernels)
 
 
-def store_bf16(model: nn.Module, extra: list[Linear] = (), choice: str = "auto", repeats: int = 2) -> dict:
+def store_bf16(model: nn.Module, extra: Sequence[Linear] = (), choice: str = "auto") -> dict:
     """Store the runtime Linear weights of a draft network (and `extra` layers it calls) in bfloat16 where that is
     faster, for the native kernel to widen to float32 as it streams them: half the bytes for the same float32
     products of bfloat16-rounded weights. For a draft only: its weights set what it guesses, never what the target
     outputs, and a draft exported in bfloat16 keeps exactly its numbers.
 
-    choice: "auto" times both storages over 1..FEW_ROWS rows (interleaved rounds, best kept, as `choose_kernels`)
-    and keeps the faster; "bfloat16" or "float32" forces one. The native kernel must be built with its vector loops;
-    without it the weights stay float32. -> {"weights": dtype name, "ms_per_pass": {storage: ms over all row counts}}
+    choice: "auto" times both storages (`time_storages`) and keeps the faster; "bfloat16" or "float32" forces one.
+    The native kernel must be built with its vector loops; without it the weights stay float32.
+    -> {"weights": the storage, "ms_per_pass": {storage: ms over 1..FEW_ROWS rows}, when timed}
     """
     from trtspec.runtime.native import build, vector_width
 
@@ -87,32 +91,37 @@ def store_bf16(model: nn.Module, extra: list[Linear] = (), choice: str = "auto",
         return {"weights": "float32"}
     if not build()[0] or vector_width() != 8:
         return {"weights": "float32", "note": "no native kernel with vector loops: float32 weights"}
-    fp32 = [(m.weight, m.kernels) for m in layers]
-    bf16 = [w.to(torch.bfloat16) for w, _ in fp32]
-    ms = {}
-    if choice == "auto":
-        gen = torch.Generator().manual_seed(0)
-        inputs = {r: [torch.randn(r, w.shape[1], generator=gen) for w, _ in fp32] for r in range(1, FEW_ROWS + 1)}
-        best = {"float32": float("inf"), "bfloat16": float("inf")}
-        with torch.inference_mode():
-            for _ in range(repeats + 1):  # the first round touches the inputs and the copies
-                t = {"float32": 0.0, "bfloat16": 0.0}
-                for r, xs in inputs.items():
-                    t0 = time.perf_counter()
-                    for (w, kernels), x in zip(fp32, xs, strict=True):
-                        product(x, w, kernels[r - 1])
-                    t1 = time.perf_counter()
-                    for w, x in zip(bf16, xs, strict=True):
-                        product(x, w, "native")
-                    t["float32"] += t1 - t0
-                    t["bfloat16"] += time.perf_counter() - t1
-                best = {k: min(best[k], t[k] * 1e3) for k in best}
-        ms = {k: round(v, 2) for k, v in best.items()}
-        choice = min(best, key=best.get)
+    bf16 = [m.weight.to(torch.bfloat16) for m in layers]
+    ms = time_storages(layers, bf16) if choice == "auto" else {}
+    if ms:
+        choice = min(ms, key=ms.get)
     if choice == "bfloat16":
         for m, w in zip(layers, bf16, strict=True):
             m.weight = nn.Parameter(w, requires_grad=False)
     return {"weights": choice, **({"ms_per_pass": ms} if ms else {})}
+
+
+def time_storages(layers: list[Linear], bf16: list[Tensor], repeats: int = 2) -> dict[str, float]:
+    """ms for every product of `layers` at each of 1..FEW_ROWS rows: float32 weights with the layers' chosen kernels
+    against their bfloat16 copies with the native kernel. Rounds interleave the two and the best is kept, as in
+    `choose_kernels`."""
+    gen = torch.Generator().manual_seed(0)
+    inputs = {r: [torch.randn(r, m.weight.shape[1], generator=gen) for m in layers] for r in range(1, FEW_ROWS + 1)}
+    best = {"float32": float("inf"), "bfloat16": float("inf")}
+    with torch.inference_mode():
+        for _ in range(repeats + 1):  # the first round touches the inputs and the copies
+            t = {"float32": 0.0, "bfloat16": 0.0}
+            for r, xs in inputs.items():
+                t0 = time.perf_counter()
+                for m, x in zip(layers, xs, strict=True):
+                    product(x, m.weight, m.kernels[r - 1])
+                t1 = time.perf_counter()
+                for w, x in zip(bf16, xs, strict=True):
+                    product(x, w, "native")
+                t["float32"] += t1 - t0
+                t["bfloat16"] += time.perf_counter() - t1
+            best = {k: min(best[k], t[k] * 1e3) for k in best}
+    return {k: round(v, 2) for k, v in best.items()}
 
 
 def _time_pass(weights: list[Tensor], inputs: list[Tensor], kernel: str) -> float:
