@@ -38,6 +38,15 @@ def _plots(out: Path, r: dict) -> list[str]:
     return files
 
 
+def draft_storage(draft_kernels: dict | None) -> str:
+    """' The draft's weights: bfloat16 (timed ...)' where the loader decided how to store them, else ''."""
+    d = (draft_kernels or {}).get("draft_weights")
+    if not d:
+        return ""
+    timed = ", ".join(f"{k} {v:.1f} ms" for k, v in d.get("ms_per_pass", {}).items())
+    return f" The draft's weights: {d['weights']}" + (f" (its products over 1..8 rows: {timed})." if timed else ".")
+
+
 def decode_fraction(lim: dict) -> str:
     """The decode steps' fraction of the limit, said the way it was measured (per run against the bandwidth sampled
     around each run, or the median speed against the median bandwidth)."""
@@ -119,7 +128,7 @@ def _markdown(r: dict, plots: list[str]) -> str:
             "", "## What limits the speed", "",
             f"Machine: {m['model']}, {m['cores']} cores ({m['torch_threads']} torch threads), {', '.join(m['flags']) or 'no AVX2'}.",
             "Kernels chosen by timing on this machine, for 1 row (decode) and 2, 3, ... rows (verification, drafting): "
-            + ", ".join(f"`{c}`" for c in k["by_rows"]) + ".",
+            + ", ".join(f"`{c}`" for c in k["by_rows"]) + "." + draft_storage(r["kernels"].get("draft")),
             "",
             "| | |", "|---|---|",
             f"| memory bandwidth (best of a streaming read and a large matrix-vector product; median of samples taken among the timed runs) | {lim['bandwidth_gb_per_s']:.1f} GB/s |",

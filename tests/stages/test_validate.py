@@ -82,6 +82,9 @@ def test_validate_writes_report(tmp_path, run_inputs):
     from trtspec.runtime.kernels import CANDIDATES
 
     assert set(r["kernels"]["target"]["by_rows"]) <= set(CANDIDATES) and set(r["kernels"]["draft"]["by_rows"]) <= set(CANDIDATES)
+    storage = r["kernels"]["draft"]["draft_weights"]  # how the draft's weights are stored, timed at load
+    assert storage["weights"] in ("float32", "bfloat16") and set(storage["ms_per_pass"]) == {"float32", "bfloat16"}
+    assert f"The draft's weights: {storage['weights']}" in (tmp_path / "out" / "report.md").read_text()
     lim = r["limits"]
     assert lim["bandwidth"]["gb_per_s"] > 0 and lim["limit_tokens_per_s"] > 0
     # sampled among the timed runs: before them, and after each prompt's HF, no-draft and last run (2 prompts, 1 repetition)
