@@ -65,6 +65,8 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--torch-attention", action="store_true", help="attend with torch's attention, not the native "
                     "kernel (runtime/model.py NATIVE_ATTENTION)")
+    ap.add_argument("--draft-weights", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="how the draft's weights are stored (kernels.store_bf16)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
@@ -80,7 +82,7 @@ def main() -> None:
         trtspec.runtime.model.NATIVE_ATTENTION = False
     bundle = open_bundle(a.run_dir)
     prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
-    target, drafter = bundle.runtime()
+    target, drafter = bundle.runtime(draft_weights=a.draft_weights)
     net = drafter.net
     spec, eos, new = DraftSpec(k=a.k), bundle.eos, a.max_new_tokens
     note, compile_s = "eager (--no-compile)", 0.0

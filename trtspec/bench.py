@@ -58,13 +58,14 @@ class Bundle:
     tok: Any
     eos: set[int]
 
-    def runtime(self, draft: bool = True) -> tuple[Any, Any]:
-        """(the runtime's target, its drafter (EAGLE-3 or DFlash) or None): loading the target times the product kernels."""
+    def runtime(self, draft: bool = True, draft_weights: str = "auto") -> tuple[Any, Any]:
+        """(the runtime's target, its drafter (EAGLE-3 or DFlash) or None): loading the target times the product kernels;
+        draft_weights: how the draft's weights are stored (drafting.load_drafter)."""
         from trtspec.drafting import load_drafter
         from trtspec.runtime import load_transformer
 
         target, _ = load_transformer(self.path / "target")
-        return target, load_drafter(self.path / "draft", target) if draft else None
+        return target, load_drafter(self.path / "draft", target, draft_weights) if draft else None
 
 
 def open_bundle(run: Path) -> Bundle:
