@@ -104,7 +104,7 @@ def test_dflash_draft_keeps_greedy_output(dflash_export, target_dir, prompts, re
 
     target = load_transformer(target_dir)[0]
     drafter = load_dflash_drafter(dflash_export[0], target, weights=weights)
-    if weights == "bfloat16" and native.build()[0] and native.vector_width() == 8:
+    if weights == "bfloat16" and native.vector_loops():
         assert drafter.net.kernel_choice["draft_weights"]["weights"] == "bfloat16"
         assert drafter.net.lm_head.weight.dtype == torch.bfloat16
     assert {p.dtype for p in target.parameters()} == {torch.float32}

@@ -12,6 +12,7 @@ import torch
 from stagekit import chi2_of_first_two, export_random_eagle, first_draft, rerandomized, small_lm
 
 from trtspec.errors import ArtifactError, ModelError
+from trtspec.runtime import native
 from trtspec.runtime.decode import Stats, generate, speculative_decode
 from trtspec.runtime.drafters import (
     DraftSpec,
@@ -123,16 +124,10 @@ def test_every_kernel_is_linear(kernel):
     torch.testing.assert_close(x.grad, w.sum(0, keepdim=True), atol=1e-4, rtol=1e-5)
 
 
-def native_vector_loops() -> bool:
-    from trtspec.runtime import native
-
-    return native.build()[0] and native.vector_width() == 8
-
-
 def test_bfloat16_weights_are_widened_to_the_same_float32_products():
     """A draft's weights stored in bfloat16: the native kernel's product equals F.linear on the widened weights for
     1..FEW_ROWS rows and odd widths; more rows, or autograd, take F.linear on the widened weights."""
-    if not native_vector_loops():
+    if not native.vector_loops():
         pytest.skip("the native kernel with vector loops is not built here")
     g = torch.Generator().manual_seed(0)
     for k in (64, 61):  # 61: the scalar tail after the vector loop
@@ -156,7 +151,7 @@ def test_a_draft_stored_in_bfloat16_keeps_greedy_output(eagle_export, target_dir
     target = load_transformer(target_dir)[0]
     drafter = load_eagle3_drafter(eagle_export[0], target, weights=storage)
     chosen = drafter.net.kernel_choice["draft_weights"]["weights"]
-    if storage == "bfloat16" and native_vector_loops():
+    if storage == "bfloat16" and native.vector_loops():
         assert chosen == "bfloat16"
     assert {m.weight.dtype for m in drafter.net.modules() if isinstance(m, Linear)} == {getattr(torch, chosen)}
     assert {p.dtype for p in target.parameters()} == {torch.float32}
@@ -169,8 +164,6 @@ def test_native_attention_equals_sdpa(heads, kv_heads, head_dim):
     """The native attention kernel over a KV cache equals torch's SDPA for one row (no mask), a chain's rows (causal
     after the cache) and a tree's (any visible set), at cache lengths that are and are not multiples of its vector
     blocks, in eager and compiled calls (its fake gives the shape); the cache rows past `length` are never read."""
-    from trtspec.runtime import native
-
     assert native.attention_usable(torch.float32, torch.device("cpu"), 64)  # this machine and CI build it with AVX2
     g = torch.Generator().manual_seed(0)
     k_cache, v_cache = (torch.randn(1, kv_heads, 80, head_dim, generator=g) for _ in range(2))

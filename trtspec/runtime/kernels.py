@@ -84,12 +84,12 @@ def store_bf16(model: nn.Module, extra: Sequence[Linear] = (), choice: str = "au
     The native kernel must be built with its vector loops; without it the weights stay float32.
     -> {"weights": the storage, "ms_per_pass": {storage: ms over 1..FEW_ROWS rows}, when timed}
     """
-    from trtspec.runtime.native import build, vector_width
+    from trtspec.runtime.native import vector_loops
 
     layers = [m for m in model.modules() if isinstance(m, Linear)] + list(extra)
     if choice == "float32" or not layers or layers[0].weight.dtype != torch.float32 or layers[0].weight.device.type != "cpu":
         return {"weights": "float32"}
-    if not build()[0] or vector_width() != 8:
+    if not vector_loops():
         return {"weights": "float32", "note": "no native kernel with vector loops: float32 weights"}
     bf16 = [m.weight.to(torch.bfloat16) for m in layers]
     ms = time_storages(layers, bf16) if choice == "auto" else {}

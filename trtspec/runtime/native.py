@@ -301,9 +301,9 @@ def attention_usable(dtype: torch.dtype, device: torch.device, head_dim: int) ->
     """Whether `attention` can serve a network of this dtype, device and head size: float32 on a CPU, the kernel built
     with its vector loops (its plain C++ loops would be slower than torch's attention), head_dim a multiple of 8.
     Asked once, eagerly, when a network allocates its KV cache (never inside a compiled pass)."""
-    if dtype != torch.float32 or torch.device(device).type != "cpu" or head_dim % 8 or not build()[0]:
+    if dtype != torch.float32 or torch.device(device).type != "cpu" or head_dim % 8:
         return False
-    return vector_width() == 8
+    return vector_loops()
 
 
 def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, length: int, mask: Tensor | None) -> Tensor:
@@ -313,12 +313,15 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, length: int, mask: Te
     return torch.ops.trtspec.attention(q, k_cache, v_cache, length, mask)
 
 
-def vector_width() -> int:
-    """8 where the kernels run AVX2 vector loops, 1 where they are plain C++; `build()` must have succeeded."""
+def vector_loops() -> bool:
+    """Whether the kernels are built and run their AVX2 vector loops (the op `vector_width` says 8, not the plain
+    C++ loops' 1): what the native attention and a draft's bfloat16 weights need to pay."""
     global _width
+    if not build()[0]:
+        return False
     if _width is None:
         _width = int(torch.ops.trtspec.vector_width())
-    return _width
+    return _width == 8
 
 
 def few_rows(x: Tensor, w: Tensor) -> Tensor:
