@@ -112,7 +112,7 @@ class DFlashDraft(Stepper):
         self.layers = nn.ModuleList(DFlashLayer(args) for _ in range(args.num_layers))
         self.norm = nn.Parameter(torch.ones(H))
         self.causal = causal
-        self.lm_head: Linear | None = None  # the target's, set by the loader
+        self.lm_head: Linear | None = None  # set by the loader: the target's weight, or its bfloat16 copy (store_bf16)
 
     def setup_cache(self, max_len: int) -> None:
         p = self.activation_like()
