@@ -56,6 +56,9 @@ def main() -> None:
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    storages = a.draft_weights.split(",")
+    if set(storages) - {"auto", "float32", "bfloat16"}:  # kernels.STORAGES, checked before anything loads
+        ap.error(f"--draft-weights: expected auto, float32 or bfloat16 (comma-separated), got {a.draft_weights!r}")
 
     import torch
 
@@ -71,7 +74,6 @@ def main() -> None:
     target, _ = bundle.runtime(draft=False)
     ks = parse_ks(a.ks)
     drafts = {}  # name -> (drafter, the target layers it reads, its k values)
-    storages = a.draft_weights.split(",")
     for run in a.runs:
         for storage in storages:
             drafter = load_drafter(run / "bundle" / "draft", target, weights=storage)

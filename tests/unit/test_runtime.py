@@ -144,6 +144,13 @@ def test_bfloat16_weights_are_widened_to_the_same_float32_products():
     torch.testing.assert_close(x.grad, w.float().sum(0).expand(2, -1), atol=1e-4, rtol=1e-5)
 
 
+def test_an_unknown_draft_storage_is_refused():
+    from trtspec.runtime.kernels import store_bf16
+
+    with pytest.raises(ValueError, match="draft weights 'fp16': expected one of auto, float32, bfloat16"):
+        store_bf16(torch.nn.Module(), choice="fp16")
+
+
 @pytest.mark.parametrize("storage", ["bfloat16", "auto"])
 def test_a_draft_stored_in_bfloat16_keeps_greedy_output(eagle_export, target_dir, prompts, hf_greedy, storage):
     """The draft's product weights in bfloat16 change what it guesses, never the output; the target's own weights,

@@ -74,6 +74,9 @@ class Linear(nn.Linear):
         return few_rows_linear(x, self.weight, self.bias, self.kernels)
 
 
+STORAGES = ("auto", "float32", "bfloat16")  # how a draft's product weights may be stored (`store_bf16`)
+
+
 def store_bf16(model: nn.Module, extra: Sequence[Linear] = (), choice: str = "auto") -> dict:
     """Store the runtime Linear weights of a draft network (and `extra` layers it calls) in bfloat16 where that is
     faster, for the native kernel to widen to float32 as it streams them: half the bytes for the same float32
@@ -86,6 +89,8 @@ def store_bf16(model: nn.Module, extra: Sequence[Linear] = (), choice: str = "au
     """
     from trtspec.runtime.native import vector_loops
 
+    if choice not in STORAGES:
+        raise ValueError(f"draft weights '{choice}': expected one of {', '.join(STORAGES)}")
     layers = [m for m in model.modules() if isinstance(m, Linear)] + list(extra)
     if choice == "float32" or not layers or layers[0].weight.dtype != torch.float32 or layers[0].weight.device.type != "cpu":
         return {"weights": "float32"}
