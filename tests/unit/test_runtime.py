@@ -208,8 +208,8 @@ def test_kernels_are_chosen_at_load(target_dir):
     assert set(choice["ms_per_pass"]) == {f"{rows}_rows" for rows in range(1, FEW_ROWS + 1)}
     assert choice["native_kernel"] == "built"  # this machine and CI have a C++ compiler (inductor needs one too)
     assert all(set(by) == set(CANDIDATES) and min(by.values()) > 0 for by in choice["ms_per_pass"].values())
-    fastest = min(choice["ms_per_pass"]["1_rows"], key=choice["ms_per_pass"]["1_rows"].get)
-    assert choice["one_row"] == choice["by_rows"][0] == fastest
+    one_row = choice["ms_per_pass"]["1_rows"]  # rounded to 0.01 ms: candidates may tie, the chosen one is among the fastest
+    assert choice["one_row"] == choice["by_rows"][0] and one_row[choice["one_row"]] == min(one_row.values())
     assert {m.kernels for m in model.modules() if isinstance(m, Linear)} == {tuple(choice["by_rows"])}
 
 
