@@ -21,7 +21,7 @@ from trtspec.runtime.drafters import (
     load_draft_target,
     load_eagle3_drafter,
 )
-from trtspec.runtime.kernels import CANDIDATES, FEW_ROWS, few_rows_linear
+from trtspec.runtime.kernels import CANDIDATES, FEW_ROWS, available_candidates, few_rows_linear
 from trtspec.runtime.model import (
     COMPILED,
     Linear,
@@ -114,7 +114,7 @@ def test_every_kernel_is_linear(kernel):
                     y = few_rows_linear(x, w, bias, (kernel,) * FEW_ROWS)
                     assert y.shape == (*shape[:-1], n)
                     torch.testing.assert_close(y, torch.nn.functional.linear(x, w, bias), atol=1e-5, rtol=1e-5)
-    if kernel == "native":  # an op torch.compile can trace: its fake gives the shape without running it
+    if kernel.startswith("native"):  # an op torch.compile can trace: its fake gives the shape without running it
         compiled = torch.compile(lambda x: few_rows_linear(x, w, None, (kernel,) * FEW_ROWS), fullgraph=True)
         with torch.no_grad():
             x = torch.randn(3, 64, generator=g)
@@ -135,8 +135,8 @@ def test_bfloat16_weights_are_widened_to_the_same_float32_products():
         with torch.no_grad():
             for shape in [(1, k), (1, 3, k), (4, k), (8, k), (2, 5, k), (0, k)]:
                 x = torch.randn(*shape, generator=g)
-                for bias in (None, b):
-                    y = few_rows_linear(x, w, bias)
+                for bias, kernels in itertools.product((None, b), (("native",) * FEW_ROWS, ("native16",) * FEW_ROWS)):
+                    y = few_rows_linear(x, w, bias, kernels)  # native16: AVX-512's lanes, or 8 where it is absent
                     assert y.dtype == torch.float32 and y.shape == (*shape[:-1], 300)
                     torch.testing.assert_close(y, torch.nn.functional.linear(x, w.float(), bias), atol=1e-5, rtol=1e-5)
     x = torch.randn(2, 61, requires_grad=True)
@@ -207,7 +207,9 @@ def test_kernels_are_chosen_at_load(target_dir):
     assert set(choice["by_rows"]) <= set(CANDIDATES) and len(choice["by_rows"]) == FEW_ROWS
     assert set(choice["ms_per_pass"]) == {f"{rows}_rows" for rows in range(1, FEW_ROWS + 1)}
     assert choice["native_kernel"] == "built"  # this machine and CI have a C++ compiler (inductor needs one too)
-    assert all(set(by) == set(CANDIDATES) and min(by.values()) > 0 for by in choice["ms_per_pass"].values())
+    here = available_candidates()  # this machine and CI build the native kernel; its 16 lanes where AVX-512 is
+    assert "native" in here and ("native16" in here) == ("avx512f" in Path("/proc/cpuinfo").read_text())
+    assert all(set(by) == set(here) and min(by.values()) > 0 for by in choice["ms_per_pass"].values())
     one_row = choice["ms_per_pass"]["1_rows"]  # rounded to 0.01 ms: candidates may tie, the chosen one is among the fastest
     assert choice["one_row"] == choice["by_rows"][0] and one_row[choice["one_row"]] == min(one_row.values())
     assert {m.kernels for m in model.modules() if isinstance(m, Linear)} == {tuple(choice["by_rows"])}

@@ -12,6 +12,7 @@ Candidates (all compute x @ W.T; they differ in summation order only, ~1e-6 rela
   weight_left  (W @ x.T).T, one row doubled (a one-column product takes the GEMV path)
   blocks{c}    W viewed as [c, N/c, K], one torch.bmm against x: the c blocks go to separate threads
   native       trtspec's own few-row kernel (runtime/native.py), where the machine's C++ compiler builds it
+  native16     the same in AVX-512's 16-float vectors, where the compiler targets AVX-512
 
 A draft's weights may also be stored in bfloat16 for the native kernel (`store_bf16`), where timing says so: what a
 draft guesses never changes what the target outputs, so its precision is free to trade for bytes.
@@ -28,18 +29,18 @@ from torch import Tensor, nn
 
 FEW_ROWS = 8  # decode (1 row), chain verification up to k = 7 (a DFlash block of 8), the drafts' own passes
 BLOCKS = (2, 4, 8)
-CANDIDATES = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS), "native")
+CANDIDATES = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS), "native", "native16")
 DEFAULT = ("linear",) * FEW_ROWS  # the kernel for 1, 2, ..., FEW_ROWS rows, until a choice is made
 TIMED_MB = 256  # weights timed per candidate and row count (the lm_head always among them): enough to stream from memory
 
 
 def product(x: Tensor, weight: Tensor, kernel: str) -> Tensor:
     """x [rows, K] @ weight[N, K].T -> [rows, N] with the named kernel."""
-    if kernel == "native":
+    if kernel in ("native", "native16"):
         from trtspec.runtime.native import build, few_rows
 
         if build()[0]:  # built once per process (and kept): afterwards this is a lookup
-            return few_rows(x, weight)
+            return few_rows(x, weight, 16 if kernel == "native16" else 8)
     if kernel == "weight_left":
         cols = torch.cat((x, x)) if x.shape[0] == 1 else x
         return (weight @ cols.T).T[: x.shape[0]].contiguous()
@@ -50,6 +51,12 @@ def product(x: Tensor, weight: Tensor, kernel: str) -> Tensor:
     return F.linear(x, weight)
 
 
+def bf16_kernel(kernel: str) -> str:
+    """The kernel for bfloat16-stored weights where `kernel` was chosen for float32 ones: only the native kernel
+    widens them, in 16 lanes where that was chosen."""
+    return "native16" if kernel == "native16" else "native"
+
+
 def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tuple[str, ...] = DEFAULT) -> Tensor:
     """F.linear, except that 1..FEW_ROWS float32 rows on a CPU without autograd use the kernel chosen for that many
     rows (`kernels[rows - 1]`; under torch.compile each row count the run uses gets its own graph)."""
@@ -58,7 +65,7 @@ def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tup
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if not 0 < rows <= FEW_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled():
         return F.linear(x, weight.to(x.dtype), bias)  # (a no-op but for bfloat16-stored weights: `store_bf16`)
-    kernel = "native" if weight.dtype == torch.bfloat16 else kernels[rows - 1]
+    kernel = bf16_kernel(kernels[rows - 1]) if weight.dtype == torch.bfloat16 else kernels[rows - 1]
     y = product(x.reshape(rows, -1), weight, kernel)
     y = y.view(*x.shape[:-1], weight.shape[0])
     return y if bias is None else y + bias
@@ -121,8 +128,8 @@ def time_storages(layers: list[Linear], bf16: list[Tensor], repeats: int = 2) ->
                 for m, x in zip(layers, xs, strict=True):
                     product(x, m.weight, m.kernels[r - 1])
                 t1 = time.perf_counter()
-                for w, x in zip(bf16, xs, strict=True):
-                    product(x, w, "native")
+                for m, w, x in zip(layers, bf16, xs, strict=True):
+                    product(x, w, bf16_kernel(m.kernels[r - 1]))
                 t["float32"] += t1 - t0
                 t["bfloat16"] += time.perf_counter() - t1
             best = {k: min(best[k], t[k] * 1e3) for k in best}
@@ -147,6 +154,16 @@ def timed_weights(weights: list[Tensor]) -> list[Tensor]:
     return out + weights[-1:]
 
 
+def available_candidates() -> tuple[str, ...]:
+    """The CANDIDATES this machine can run: the native kernel where it was built, its 16-lane form where AVX-512 is."""
+    from trtspec.runtime.native import build, wide_loops
+
+    absent = set() if build()[0] else {"native", "native16"}
+    if not absent and not wide_loops():
+        absent.add("native16")
+    return tuple(c for c in CANDIDATES if c not in absent)
+
+
 def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
     """Time every candidate for 1..FEW_ROWS rows over `model`'s runtime Linear weights (`timed_weights`), and set
     the fastest for each row count on every layer. Returns what was measured and chosen.
@@ -161,7 +178,7 @@ def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
     if not weights or weights[0].device.type != "cpu" or weights[0].dtype != torch.float32:
         return {"by_rows": list(DEFAULT), "one_row": "linear", "note": "not a float32 CPU model: F.linear"}
     native, why_not = build()
-    candidates = CANDIDATES if native else tuple(c for c in CANDIDATES if c != "native")
+    candidates = available_candidates()
     timed = timed_weights(weights)
     gen = torch.Generator().manual_seed(0)
     ms: dict[int, dict[str, float]] = {}

@@ -13,6 +13,10 @@ row), its scores four cached rows at a time, an AVX2 exp, and the weighted sum o
 torch's attention spends most of its time at these sizes on blocking, threading and loop overhead (the flash kernel)
 or on loops inductor does not vectorise across the cache (its fused sums); scripts/bench_attention.py compares them.
 
+Where the compiler targets AVX-512 the product also comes in 16-float vectors (`few_rows16`, the candidate
+"native16"): half the instructions per weight byte, which matters where a few rows' multiply-adds, not the bytes,
+bound the product; whether it wins is timed per machine like every candidate.
+
 AVX2/FMA where the compiler targets them, plain loops elsewhere (there `attention_usable` says no and torch's attention
 stays). torch's own extension builder compiles the source into its per-machine cache (~/.cache/torch_extensions), so
 the build is paid once per machine; without a working compiler both are simply absent.
@@ -80,35 +84,73 @@ static inline void row_by_rows(const WT* w, const float* x, float* y, int64_t K,
   }
 }
 
-// y[:, n] for every input row, 8 rows at a time
-template <typename WT>
+#if defined(__AVX512F__)
+// The same with AVX-512's 16 floats a vector: half the instructions per weight byte, one prefetch per iteration
+// (a float32 line). Its own candidate ("native16"): whether it beats 8 lanes depends on the CPU (AMD's Zen 4 splits
+// a 512-bit operation in two, Intel's server cores do not), so `choose_kernels` times it like the others.
+static inline __m512 load16(const float* w) { return _mm512_loadu_ps(w); }
+static inline __m512 load16(const at::BFloat16* w) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int RR, typename WT>
+static inline void row_by_rows16(const WT* w, const float* x, float* y, int64_t K, int64_t N) {
+  constexpr int64_t per_line = 64 / sizeof(WT);
+  __m512 acc[RR];
+  for (int r = 0; r < RR; ++r) acc[r] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    if ((k & (per_line - 1)) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + k) + 1024, _MM_HINT_T0);
+    const __m512 wv = load16(w + k);
+    for (int r = 0; r < RR; ++r) acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + r * K + k), acc[r]);
+  }
+  for (int r = 0; r < RR; ++r) {
+    float s = _mm512_reduce_add_ps(acc[r]);
+    for (int64_t t = k; t < K; ++t) s += to_float(w[t]) * x[r * K + t];
+    y[r * N] = s;
+  }
+}
+#endif
+
+// y[:, n] for every input row, 8 rows at a time, in vectors of LANES floats (8: AVX2, 16: AVX-512)
+template <int LANES, int RR, typename WT>
+static inline void rows_of(const WT* w, const float* x, float* y, int64_t K, int64_t N) {
+#if defined(__AVX512F__)
+  if constexpr (LANES == 16) { row_by_rows16<RR>(w, x, y, K, N); return; }
+#endif
+  row_by_rows<RR>(w, x, y, K, N);
+}
+
+template <int LANES, typename WT>
 static void one_weight_row(const WT* w, const float* X, float* Y, int64_t R, int64_t K, int64_t N) {
   for (int64_t r = 0; r < R;) {
     const int64_t rr = std::min<int64_t>(8, R - r);
     const float* x = X + r * K;
     float* y = Y + r * N;
     switch (rr) {
-      case 8: row_by_rows<8>(w, x, y, K, N); break;
-      case 7: row_by_rows<7>(w, x, y, K, N); break;
-      case 6: row_by_rows<6>(w, x, y, K, N); break;
-      case 5: row_by_rows<5>(w, x, y, K, N); break;
-      case 4: row_by_rows<4>(w, x, y, K, N); break;
-      case 3: row_by_rows<3>(w, x, y, K, N); break;
-      case 2: row_by_rows<2>(w, x, y, K, N); break;
-      default: row_by_rows<1>(w, x, y, K, N);
+      case 8: rows_of<LANES, 8>(w, x, y, K, N); break;
+      case 7: rows_of<LANES, 7>(w, x, y, K, N); break;
+      case 6: rows_of<LANES, 6>(w, x, y, K, N); break;
+      case 5: rows_of<LANES, 5>(w, x, y, K, N); break;
+      case 4: rows_of<LANES, 4>(w, x, y, K, N); break;
+      case 3: rows_of<LANES, 3>(w, x, y, K, N); break;
+      case 2: rows_of<LANES, 2>(w, x, y, K, N); break;
+      default: rows_of<LANES, 1>(w, x, y, K, N);
     }
     r += rr;
   }
 }
 
-template <typename WT>
+template <int LANES, typename WT>
 static void all_weight_rows(const WT* W, const float* X, float* Y, int64_t R, int64_t K, int64_t N) {
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) one_weight_row(W + n * K, X, Y + n, R, K, N);
+    for (int64_t n = begin; n < end; ++n) one_weight_row<LANES>(W + n * K, X, Y + n, R, K, N);
   });
 }
 
-torch::Tensor few_rows(torch::Tensor x, torch::Tensor w) {
+template <int LANES>
+static torch::Tensor product(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "few_rows: x [R, K], w [N, K]");
   TORCH_CHECK(x.scalar_type() == torch::kFloat, "few_rows: float32 inputs only");
   TORCH_CHECK(w.scalar_type() == torch::kFloat || w.scalar_type() == torch::kBFloat16, "few_rows: float32 or bfloat16 weights");
@@ -117,11 +159,15 @@ torch::Tensor few_rows(torch::Tensor x, torch::Tensor w) {
   const int64_t R = x.size(0), K = x.size(1), N = w.size(0);
   auto y = torch::empty({R, N}, x.options());
   if (w.scalar_type() == torch::kFloat)
-    all_weight_rows(w.data_ptr<float>(), x.data_ptr<float>(), y.data_ptr<float>(), R, K, N);
+    all_weight_rows<LANES>(w.data_ptr<float>(), x.data_ptr<float>(), y.data_ptr<float>(), R, K, N);
   else
-    all_weight_rows(w.data_ptr<at::BFloat16>(), x.data_ptr<float>(), y.data_ptr<float>(), R, K, N);
+    all_weight_rows<LANES>(w.data_ptr<at::BFloat16>(), x.data_ptr<float>(), y.data_ptr<float>(), R, K, N);
   return y;
 }
+
+torch::Tensor few_rows(torch::Tensor x, torch::Tensor w) { return product<8>(x, w); }
+// 16 lanes where the compiler targets AVX-512; elsewhere the 8-lane product (and `wide_lanes` says 0)
+torch::Tensor few_rows16(torch::Tensor x, torch::Tensor w) { return product<16>(x, w); }
 
 #if defined(__AVX2__) && defined(__FMA__)
 // exp(x) for 8 floats (Cephes' expf: range reduction by ln 2, degree-5 polynomial; ~1e-7 relative), x <= 88.3
@@ -259,16 +305,31 @@ int64_t vector_width() {
 #endif
 }
 
+// 16 where few_rows16 runs on AVX-512 vectors, 0 where it is the 8-lane product
+int64_t wide_lanes() {
+#if defined(__AVX512F__)
+  return 16;
+#else
+  return 0;
+#endif
+}
+
 TORCH_LIBRARY(trtspec, m) {
   m.def("few_rows(Tensor x, Tensor w) -> Tensor");
+  m.def("few_rows16(Tensor x, Tensor w) -> Tensor");
+  m.def("wide_lanes() -> int");
   m.def("attention(Tensor q, Tensor k, Tensor v, SymInt length, Tensor? mask) -> Tensor");
   m.def("vector_width() -> int");
 }
 TORCH_LIBRARY_IMPL(trtspec, CPU, m) {
   m.impl("few_rows", &few_rows);
+  m.impl("few_rows16", &few_rows16);
   m.impl("attention", &few_rows_attention);
 }
-TORCH_LIBRARY_IMPL(trtspec, CompositeExplicitAutograd, m) { m.impl("vector_width", &vector_width); }
+TORCH_LIBRARY_IMPL(trtspec, CompositeExplicitAutograd, m) {
+  m.impl("vector_width", &vector_width);
+  m.impl("wide_lanes", &wide_lanes);
+}
 """
 
 _built: tuple[bool, str] | None = None
@@ -288,7 +349,8 @@ def build() -> tuple[bool, str]:
                 "trtspec_few_rows", cpp_sources=SOURCE, extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False,
             )
-            torch.library.register_fake("trtspec::few_rows")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
+            for op in ("trtspec::few_rows", "trtspec::few_rows16"):
+                torch.library.register_fake(op)(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
             torch.library.register_fake("trtspec::attention")(
                 lambda q, k, v, length, mask: q.new_empty((1, q.shape[2], q.shape[1] * q.shape[3])))
             _built = (True, "")
@@ -324,6 +386,12 @@ def vector_loops() -> bool:
     return _width == 8
 
 
-def few_rows(x: Tensor, w: Tensor) -> Tensor:
-    """x [R, K] (float32) @ w[N, K].T (float32 or bfloat16) with the native kernel; `build()` must have succeeded."""
-    return torch.ops.trtspec.few_rows(x, w)
+def few_rows(x: Tensor, w: Tensor, lanes: int = 8) -> Tensor:
+    """x [R, K] (float32) @ w[N, K].T (float32 or bfloat16) with the native kernel in vectors of `lanes` floats (8, or
+    16 where `wide_loops()`); `build()` must have succeeded."""
+    return torch.ops.trtspec.few_rows16(x, w) if lanes == 16 else torch.ops.trtspec.few_rows(x, w)
+
+
+def wide_loops() -> bool:
+    """Whether the product also runs on AVX-512's 16 floats a vector (the compiler targets it on this machine)."""
+    return vector_loops() and int(torch.ops.trtspec.wide_lanes()) == 16
