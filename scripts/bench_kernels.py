@@ -1,0 +1,113 @@
+#!/usr/bin/env python
+"""The runtime with the product kernels it chose at load against the same runtime with some candidates taken away,
+side by side in one process: plain decode and speculative (EAGLE-3 chain) tokens/s on a finished run's bundle.
+
+    python scripts/bench_kernels.py runs/demo --without native16            # chosen vs chosen-without-native16
+    python scripts/bench_kernels.py runs/demo --without native16,native --prompts 3 --json
+
+The bundle's runtime is loaded twice: once as validate loads it (every candidate timed, the fastest kept per row
+count) and once with the candidates named in --without removed before the choice. Both are compiled as validate
+compiles them; then each prompt is decoded by every (runtime, method) in turn, for --rounds rounds, so the host's
+drift hits all alike. Printed per runtime: the kernels chosen by row count, the decode step and the speculative
+step in ms (medians over prompts and rounds), tokens/s, and the ratio of each to the first runtime's; greedy
+outputs must be identical everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from trtspec.bench import arg_parser
+
+
+def load_without(run_dir: Path, without: set[str]):
+    """(bundle, target, drafter) with the kernel candidates in `without` absent from the choice at load."""
+    from trtspec.bench import open_bundle
+    from trtspec.runtime import kernels
+
+    every = kernels.CANDIDATES
+    kernels.CANDIDATES = tuple(c for c in every if c not in without)
+    try:
+        bundle = open_bundle(run_dir)
+        target, drafter = bundle.runtime()
+    finally:
+        kernels.CANDIDATES = every
+    return bundle, target, drafter
+
+
+def main() -> None:
+    ap = arg_parser(__doc__)
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--without", default="native16", help="kernel candidates to take away, comma separated")
+    ap.add_argument("--k", type=int, default=3, help="draft length")
+    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+
+    import torch
+
+    from trtspec.bench import load_prompts
+    from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
+    from trtspec.runtime.kernels import CANDIDATES, cpu_description
+
+    unknown = set(a.without.split(",")) - set(CANDIDATES)
+    if unknown:
+        raise SystemExit(f"--without: unknown kernel(s) {', '.join(sorted(unknown))}; expected {', '.join(CANDIDATES)}")
+    variants = {"chosen": set(), f"without {a.without}": set(a.without.split(","))}
+    loaded = {name: load_without(a.run_dir, w) for name, w in variants.items()}
+    bundle = next(iter(loaded.values()))[0]
+    prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
+    spec, eos, new = DraftSpec(k=a.k), bundle.eos, a.max_new_tokens
+    compile_s = {}
+    for name, (_, target, drafter) in loaded.items():
+        compile_s[name], note = compile_steps([target, drafter.net], lambda t=target, d=drafter: [
+            (generate(t, p, new, eos), speculative_decode(t, d, p, new, spec, eos)) for p in prompts])
+    steps: dict[tuple[str, str], list[float]] = {(n, m): [] for n in loaded for m in ("no_draft", "speculative")}
+    outputs: dict[tuple[str, str], list[list[int]]] = {key: [] for key in steps}
+    al: dict[str, list[float]] = {n: [] for n in loaded}
+    for _ in range(a.rounds):
+        for p in prompts:
+            for name, (_, target, drafter) in loaded.items():
+                for method in ("no_draft", "speculative"):
+                    t0 = time.perf_counter()
+                    g = generate(target, p, new, eos) if method == "no_draft" else speculative_decode(target, drafter, p, new, spec, eos)
+                    steps[(name, method)].append((time.perf_counter() - t0 - g.prefill_s) / g.stats.steps * 1e3)
+                    outputs[(name, method)].append(g.tokens)
+                    if method == "speculative":
+                        al[name].append(g.stats.acceptance_length())
+    reference = outputs[(next(iter(loaded)), "no_draft")]
+    identical = all(v == reference for v in outputs.values())
+    rows = {}
+    for name, (_, target, drafter) in loaded.items():
+        decode, step = statistics.median(steps[(name, "no_draft")]), statistics.median(steps[(name, "speculative")])
+        length = statistics.mean(al[name])
+        rows[name] = {"kernels_by_rows": target.kernel_choice["by_rows"], "draft_kernels_by_rows": drafter.net.kernel_choice["by_rows"],
+                      "decode_step_ms": round(decode, 2), "spec_step_ms": round(step, 2),
+                      "no_draft_tok_s": round(1e3 / decode, 1), "speculative_tok_s": round(length * 1e3 / step, 1),
+                      "acceptance_length": round(length, 2), "step_in_decode_steps": round(step / decode, 3),
+                      "compile_s": compile_s[name]}
+    first = next(iter(rows.values()))
+    for r in rows.values():
+        r["no_draft_vs_first"] = round(r["no_draft_tok_s"] / first["no_draft_tok_s"], 3)
+        r["speculative_vs_first"] = round(r["speculative_tok_s"] / first["speculative_tok_s"], 3)
+    result = {"machine": cpu_description(), "runtime": note, "k": a.k, "greedy_identical": identical, "rows": rows}
+    if a.json:
+        print(json.dumps(result))
+        return
+    m = result["machine"]
+    print(f"machine: {m['model']}, {m['cores']} cores, {' '.join(m['flags'])}; k = {a.k}; greedy identical: {identical}")
+    print("| runtime | target kernels by rows | decode step | no draft | speculative step | speculative (AL) | step in decode steps | no draft / first | speculative / first |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        print(f"| {name} | {' '.join(r['kernels_by_rows'])} | {r['decode_step_ms']:.2f} ms | {r['no_draft_tok_s']:.1f} tok/s | "
+              f"{r['spec_step_ms']:.2f} ms | {r['speculative_tok_s']:.1f} ({r['acceptance_length']:.2f}) | {r['step_in_decode_steps']:.2f} | "
+              f"{r['no_draft_vs_first']:.2f}x | {r['speculative_vs_first']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
