@@ -105,17 +105,19 @@ def test_every_kernel_is_linear(kernel):
     """Each few-row kernel the start-up choice may pick equals F.linear for any row count, leading dims and bias
     (a weight whose rows do not split into the blocks falls back); under autograd it is F.linear itself."""
     g = torch.Generator().manual_seed(0)
-    for n in (304, 300):  # 304 = 8 * 38 splits into every block count, 300 not into 8
+    # 304 = 8 * 38 splits into every block count, 300 not into 8; 320 = 10 panels of 32 (packed, else native16)
+    for n in (304, 300, 320):
         w, b = torch.randn(n, 64, generator=g), torch.randn(n, generator=g)
+        packed = native.pack_panels(w) if kernel == "packed" and n % native.PANEL == 0 and native.wide_loops() else None
         with torch.no_grad():
-            for shape in [(1, 64), (1, 1, 64), (1, 3, 64), (4, 64), (5, 64), (2, 3, 64), (7, 64), (0, 64)]:
+            for shape in [(1, 64), (1, 1, 64), (1, 3, 64), (4, 64), (5, 64), (2, 3, 64), (7, 64), (8, 64), (0, 64)]:
                 x = torch.randn(*shape, generator=g)
                 for bias in (None, b):
-                    y = few_rows_linear(x, w, bias, (kernel,) * FEW_ROWS)
+                    y = few_rows_linear(x, w, bias, (kernel,) * FEW_ROWS, packed)
                     assert y.shape == (*shape[:-1], n)
                     torch.testing.assert_close(y, torch.nn.functional.linear(x, w, bias), atol=1e-5, rtol=1e-5)
-    if kernel.startswith("native"):  # an op torch.compile can trace: its fake gives the shape without running it
-        compiled = torch.compile(lambda x: few_rows_linear(x, w, None, (kernel,) * FEW_ROWS), fullgraph=True)
+    if kernel in ("native", "native16", "packed"):  # ops torch.compile can trace: their fakes give the shape
+        compiled = torch.compile(lambda x: few_rows_linear(x, w, None, (kernel,) * FEW_ROWS, packed), fullgraph=True)
         with torch.no_grad():
             x = torch.randn(3, 64, generator=g)
             torch.testing.assert_close(compiled(x), torch.nn.functional.linear(x, w), atol=1e-5, rtol=1e-5)
@@ -208,11 +210,19 @@ def test_kernels_are_chosen_at_load(target_dir):
     assert set(choice["ms_per_pass"]) == {f"{rows}_rows" for rows in range(1, FEW_ROWS + 1)}
     assert choice["native_kernel"] == "built"  # this machine and CI have a C++ compiler (inductor needs one too)
     here = available_candidates()  # this machine and CI build the native kernel; its 16 lanes where AVX-512 is
-    assert "native" in here and ("native16" in here) == ("avx512f" in Path("/proc/cpuinfo").read_text())
+    avx512 = "avx512f" in Path("/proc/cpuinfo").read_text()
+    assert "native" in here and ("native16" in here) == ("packed" in here) == avx512
     assert all(set(by) == set(here) and min(by.values()) > 0 for by in choice["ms_per_pass"].values())
     one_row = choice["ms_per_pass"]["1_rows"]  # rounded to 0.01 ms: candidates may tie, the chosen one is among the fastest
     assert choice["one_row"] == choice["by_rows"][0] and one_row[choice["one_row"]] == min(one_row.values())
-    assert {m.kernels for m in model.modules() if isinstance(m, Linear)} == {tuple(choice["by_rows"])}
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert {m.kernels for m in linears} == {tuple(choice["by_rows"])}
+    # a packed copy beside each weight whose rows fill panels, only where the packed kernel was chosen
+    packed = [m for m in linears if m.packed is not None]
+    assert packed == ([m for m in linears if m.weight.shape[0] % native.PANEL == 0] if "packed" in choice["by_rows"] else [])
+    assert choice["packed_mb"] == round(sum(m.packed.numel() * 4 for m in packed) / 1e6, 1)
+    for m in packed:
+        assert torch.equal(m.packed[1, :, 3], m.weight[native.PANEL + 3])  # panel 1, its row 3 = weight row 35
 
 
 def test_generate_without_draft_equals_hf(target, prompts, hf_greedy):

@@ -337,7 +337,8 @@ def load_dflash_drafter(draft_dir: Path, target, dtype=torch.float32, weights: s
     net.kernel_choice = choose_kernels(net)
     with torch.device("meta"):
         lm_head = Linear(*reversed(target.lm_head.weight.shape), bias=False)
-    lm_head.weight, lm_head.kernels = target.lm_head.weight, target.lm_head.kernels  # shared unless stored in bf16
+    # shared unless stored in bf16
+    lm_head.weight, lm_head.kernels, lm_head.packed = target.lm_head.weight, target.lm_head.kernels, target.lm_head.packed
     extra = [lm_head] + ([m for m in markov.modules() if isinstance(m, Linear)] if markov is not None else [])
     net.kernel_choice["draft_weights"] = store_bf16(net, extra, weights)
     net.lm_head = lm_head

@@ -13,6 +13,8 @@ Candidates (all compute x @ W.T; they differ in summation order only, ~1e-6 rela
   blocks{c}    W viewed as [c, N/c, K], one torch.bmm against x: the c blocks go to separate threads
   native       trtspec's own few-row kernel (runtime/native.py), where the machine's C++ compiler builds it
   native16     the same in AVX-512's 16-float vectors, where the compiler targets AVX-512
+  packed       the native kernel over a copy of the weight packed in panels of 32 output rows (AVX-512): one
+               sequential stream, the inputs broadcast; the copy is made only where it is chosen (`packed_mb`)
 
 A draft's weights may also be stored in bfloat16 for the native kernel (`store_bf16`), where timing says so: what a
 draft guesses never changes what the target outputs, so its precision is free to trade for bytes.
@@ -29,13 +31,19 @@ from torch import Tensor, nn
 
 FEW_ROWS = 8  # decode (1 row), chain verification up to k = 7 (a DFlash block of 8), the drafts' own passes
 BLOCKS = (2, 4, 8)
-CANDIDATES = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS), "native", "native16")
+CANDIDATES = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS), "native", "native16", "packed")
 DEFAULT = ("linear",) * FEW_ROWS  # the kernel for 1, 2, ..., FEW_ROWS rows, until a choice is made
 TIMED_MB = 256  # weights timed per candidate and row count (the lm_head always among them): enough to stream from memory
 
 
 def product(x: Tensor, weight: Tensor, kernel: str) -> Tensor:
-    """x [rows, K] @ weight[N, K].T -> [rows, N] with the named kernel."""
+    """x [rows, K] @ weight[N, K].T -> [rows, N] with the named kernel ("packed": weight is the packed copy,
+    [N / 32, K, 32], `native.pack_panels`)."""
+    if kernel == "packed":  # a candidate only where the native kernel is built
+        from trtspec.runtime.native import build, few_rows_packed
+
+        build()
+        return few_rows_packed(x, weight)
     if kernel in ("native", "native16"):
         from trtspec.runtime.native import build, few_rows
 
@@ -53,20 +61,24 @@ def product(x: Tensor, weight: Tensor, kernel: str) -> Tensor:
 
 def bf16_kernel(kernel: str) -> str:
     """The kernel for bfloat16-stored weights where `kernel` was chosen for float32 ones: only the native kernel
-    widens them, in 16 lanes where that was chosen."""
-    return "native16" if kernel == "native16" else "native"
+    widens them, in 16 lanes where that (or the packed kernel, AVX-512 too) was chosen."""
+    return "native16" if kernel in ("native16", "packed") else "native"
 
 
-def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tuple[str, ...] = DEFAULT) -> Tensor:
+def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tuple[str, ...] = DEFAULT,
+                    packed: Tensor | None = None) -> Tensor:
     """F.linear, except that 1..FEW_ROWS float32 rows on a CPU without autograd use the kernel chosen for that many
-    rows (`kernels[rows - 1]`; under torch.compile each row count the run uses gets its own graph)."""
+    rows (`kernels[rows - 1]`; under torch.compile each row count the run uses gets its own graph). `packed`: the
+    weight's packed copy, for the "packed" kernel (without one, a layer runs "native16" in its place)."""
     if torch.compiler.is_exporting():  # a graph for another runtime (ONNX) holds the plain product
         return F.linear(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if not 0 < rows <= FEW_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled():
         return F.linear(x, weight.to(x.dtype), bias)  # (a no-op but for bfloat16-stored weights: `store_bf16`)
     kernel = bf16_kernel(kernels[rows - 1]) if weight.dtype == torch.bfloat16 else kernels[rows - 1]
-    y = product(x.reshape(rows, -1), weight, kernel)
+    if kernel == "packed" and packed is None:
+        kernel = "native16"
+    y = product(x.reshape(rows, -1), packed if kernel == "packed" else weight, kernel)
     y = y.view(*x.shape[:-1], weight.shape[0])
     return y if bias is None else y + bias
 
@@ -76,9 +88,10 @@ class Linear(nn.Linear):
     runtime's networks, runtime/model.py and runtime/eagle3.py, build their layers from it)."""
 
     kernels: tuple[str, ...] = DEFAULT
+    packed: Tensor | None = None  # the weight packed in panels, where `choose_kernels` chose "packed"
 
     def forward(self, x: Tensor) -> Tensor:
-        return few_rows_linear(x, self.weight, self.bias, self.kernels)
+        return few_rows_linear(x, self.weight, self.bias, self.kernels, self.packed)
 
 
 STORAGES = ("auto", "float32", "bfloat16")  # how a draft's product weights may be stored (`store_bf16`)
@@ -110,6 +123,7 @@ def store_bf16(model: nn.Module, extra: Sequence[Linear] = (), choice: str = "au
     if choice == "bfloat16":
         for m, w in zip(layers, bf16, strict=True):
             m.weight = nn.Parameter(w, requires_grad=False)
+            m.packed = None  # a float32 copy the bfloat16 weight no longer reads
     return {"weights": choice, **({"ms_per_pass": ms} if ms else {})}
 
 
@@ -126,7 +140,7 @@ def time_storages(layers: list[Linear], bf16: list[Tensor], repeats: int = 2) ->
             for r, xs in inputs.items():
                 t0 = time.perf_counter()
                 for m, x in zip(layers, xs, strict=True):
-                    product(x, m.weight, m.kernels[r - 1])
+                    few_rows_linear(x, m.weight, None, m.kernels, m.packed)
                 t1 = time.perf_counter()
                 for m, w, x in zip(layers, bf16, xs, strict=True):
                     product(x, w, bf16_kernel(m.kernels[r - 1]))
@@ -136,11 +150,20 @@ def time_storages(layers: list[Linear], bf16: list[Tensor], repeats: int = 2) ->
     return {k: round(v, 2) for k, v in best.items()}
 
 
-def _time_pass(weights: list[Tensor], inputs: list[Tensor], kernel: str) -> float:
+def _time_pass(weights: list[Tensor], inputs: list[Tensor], kernel: str, packed: list[Tensor | None]) -> float:
     t0 = time.perf_counter()
-    for w, x in zip(weights, inputs, strict=True):
-        product(x, w, kernel)
+    for w, wp, x in zip(weights, packed, inputs, strict=True):
+        if kernel == "packed":
+            few_rows_linear(x, w, None, ("packed",) * FEW_ROWS, wp)
+        else:
+            product(x, w, kernel)
     return time.perf_counter() - t0
+
+
+def packable(w: Tensor) -> bool:
+    from trtspec.runtime.native import PANEL
+
+    return w.dim() == 2 and w.shape[0] % PANEL == 0
 
 
 def timed_weights(weights: list[Tensor]) -> list[Tensor]:
@@ -155,12 +178,13 @@ def timed_weights(weights: list[Tensor]) -> list[Tensor]:
 
 
 def available_candidates() -> tuple[str, ...]:
-    """The CANDIDATES this machine can run: the native kernel where it was built, its 16-lane form where AVX-512 is."""
+    """The CANDIDATES this machine can run: the native kernel where it was built, its 16-lane and packed forms
+    where AVX-512 is."""
     from trtspec.runtime.native import build, wide_loops
 
-    absent = set() if build()[0] else {"native", "native16"}
+    absent = set() if build()[0] else {"native", "native16", "packed"}
     if not absent and not wide_loops():
-        absent.add("native16")
+        absent |= {"native16", "packed"}
     return tuple(c for c in CANDIDATES if c not in absent)
 
 
@@ -177,28 +201,35 @@ def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
     weights = [m.weight for m in layers]
     if not weights or weights[0].device.type != "cpu" or weights[0].dtype != torch.float32:
         return {"by_rows": list(DEFAULT), "one_row": "linear", "note": "not a float32 CPU model: F.linear"}
+    from trtspec.runtime.native import pack_panels
+
     native, why_not = build()
     candidates = available_candidates()
     timed = timed_weights(weights)
+    packed = [pack_panels(w) if "packed" in candidates and packable(w) else None for w in timed]
     gen = torch.Generator().manual_seed(0)
     ms: dict[int, dict[str, float]] = {}
     with torch.inference_mode():
         for rows in range(1, FEW_ROWS + 1):
             inputs = [torch.randn(rows, w.shape[1], generator=gen) for w in timed]
-            _time_pass(timed, inputs, "linear")  # first touch of the inputs
+            _time_pass(timed, inputs, "linear", packed)  # first touch of the inputs
             best = dict.fromkeys(candidates, float("inf"))
             for _ in range(repeats):
                 for c in candidates:
-                    best[c] = min(best[c], _time_pass(timed, inputs, c) * 1e3)
+                    best[c] = min(best[c], _time_pass(timed, inputs, c, packed) * 1e3)
             ms[rows] = best
     by_rows = tuple(min(candidates, key=ms[rows].get) for rows in ms)
+    del packed
     for m in layers:
         m.kernels = by_rows
+        m.packed = pack_panels(m.weight) if "packed" in by_rows and packable(m.weight) else None
+    packed_mb = sum(m.packed.numel() * 4 for m in layers if m.packed is not None) / 1e6
     timed_mb = sum(w.numel() * w.element_size() for w in timed) / 1e6
     return {
         "by_rows": list(by_rows), "one_row": by_rows[0], "weight_mb": round(weight_mb(model), 1), "timed_mb": round(timed_mb, 1),
         "ms_per_pass": {f"{rows}_rows": {c: round(t, 2) for c, t in by.items()} for rows, by in ms.items()},
         "gb_per_s_one_row": round(timed_mb / ms[1][by_rows[0]], 2),
+        "packed_mb": round(packed_mb, 1),  # memory the packed copies take beside the weights (0: none chosen)
         "native_kernel": "built" if native else f"not available ({why_not})",
     }
 
@@ -228,6 +259,8 @@ def memory_bandwidth(kernel: str = "linear", mb: int = 512, repeats: int = 5) ->
     n = mb * 2**20 // 4
     data = torch.ones(n)
     weight, x = data.view(n // 4096, 4096), torch.ones(1, 4096)
+    if kernel == "packed":  # the same ones, seen as panels ([N / 32, K, 32]; N = n / 4096 is a multiple of 32)
+        weight = data.view(n // 4096 // 32, 4096, 32)
     best = {"stream_read": 0.0, "gemv": 0.0}
     with torch.inference_mode():
         for _ in range(repeats):

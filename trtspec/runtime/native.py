@@ -165,6 +165,100 @@ static torch::Tensor product(torch::Tensor x, torch::Tensor w) {
   return y;
 }
 
+// The weight packed in panels of 32 output rows, each panel stored k-major ([N / 32, K, 32], `pack_panels`): the
+// product streams one panel after another, sequentially, and for every k multiplies its 32 weights (two vectors)
+// by each input row's x[r, k] broadcast, into 2 x RR accumulators that are the outputs themselves. Against the
+// row-major kernels: the loads per multiply-add fall from (1 + RR) / RR to (2 + RR) / (2 RR), the input rows are
+// read as scalars (no vector reload per weight vector), one stream for the prefetcher, no horizontal sums. Sums run
+// in k order (another rounding than the 16-lane partial sums, as every candidate's differs).
+constexpr int64_t PANEL = 32;
+#if defined(__AVX512F__)
+template <int RR>
+static inline void panel_rows(const float* w, const float* x, float* y, int64_t K, int64_t N) {
+  __m512 a[RR], b[RR];
+  for (int r = 0; r < RR; ++r) { a[r] = _mm512_setzero_ps(); b[r] = _mm512_setzero_ps(); }
+  for (int64_t k = 0; k < K; ++k) {
+    const float* wk = w + k * PANEL;  // 128 bytes: two cache lines, each asked for 1 KB ahead
+    _mm_prefetch(reinterpret_cast<const char*>(wk) + 1024, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wk) + 1088, _MM_HINT_T0);
+    const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16);
+    for (int r = 0; r < RR; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * K + k]);
+      a[r] = _mm512_fmadd_ps(w0, xb, a[r]);
+      b[r] = _mm512_fmadd_ps(w1, xb, b[r]);
+    }
+  }
+  for (int r = 0; r < RR; ++r) { _mm512_storeu_ps(y + r * N, a[r]); _mm512_storeu_ps(y + r * N + 16, b[r]); }
+}
+
+// One input row: two accumulators would wait on each other's multiply-add latency, so even and odd k sum apart
+template <>
+inline void panel_rows<1>(const float* w, const float* x, float* y, int64_t K, int64_t N) {
+  __m512 a = _mm512_setzero_ps(), b = a, c = a, d = a;
+  int64_t k = 0;
+  for (; k + 2 <= K; k += 2) {
+    const float* wk = w + k * PANEL;
+    for (int line = 0; line < 4; ++line) _mm_prefetch(reinterpret_cast<const char*>(wk) + 1024 + 64 * line, _MM_HINT_T0);
+    const __m512 x0 = _mm512_set1_ps(x[k]), x1 = _mm512_set1_ps(x[k + 1]);
+    a = _mm512_fmadd_ps(_mm512_loadu_ps(wk), x0, a);
+    b = _mm512_fmadd_ps(_mm512_loadu_ps(wk + 16), x0, b);
+    c = _mm512_fmadd_ps(_mm512_loadu_ps(wk + 32), x1, c);
+    d = _mm512_fmadd_ps(_mm512_loadu_ps(wk + 48), x1, d);
+  }
+  for (; k < K; ++k) {
+    const __m512 x0 = _mm512_set1_ps(x[k]);
+    a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k * PANEL), x0, a);
+    b = _mm512_fmadd_ps(_mm512_loadu_ps(w + k * PANEL + 16), x0, b);
+  }
+  _mm512_storeu_ps(y, _mm512_add_ps(a, c));
+  _mm512_storeu_ps(y + 16, _mm512_add_ps(b, d));
+}
+#else
+template <int RR>
+static inline void panel_rows(const float* w, const float* x, float* y, int64_t K, int64_t N) {
+  for (int r = 0; r < RR; ++r)
+    for (int64_t c = 0; c < PANEL; ++c) {
+      float s = 0.f;
+      for (int64_t k = 0; k < K; ++k) s += w[k * PANEL + c] * x[r * K + k];
+      y[r * N + c] = s;
+    }
+}
+#endif
+
+// x [R, K] @ W.T with W packed as [N / 32, K, 32] -> [R, N]; the panels are split between the cores
+torch::Tensor few_rows_packed(torch::Tensor x, torch::Tensor wp) {
+  TORCH_CHECK(x.dim() == 2 && wp.dim() == 3 && wp.size(2) == PANEL && x.size(1) == wp.size(1),
+              "few_rows_packed: x [R, K], w [N / 32, K, 32]");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && wp.scalar_type() == torch::kFloat, "few_rows_packed: float32 only");
+  x = x.contiguous();
+  wp = wp.contiguous();
+  const int64_t R = x.size(0), K = x.size(1), N = wp.size(0) * PANEL;
+  auto y = torch::empty({R, N}, x.options());
+  const float *W = wp.data_ptr<float>(), *X = x.data_ptr<float>();
+  float* Y = y.data_ptr<float>();
+  at::parallel_for(0, wp.size(0), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      for (int64_t r = 0; r < R;) {
+        const int64_t rr = std::min<int64_t>(8, R - r);
+        const float *w = W + p * K * PANEL, *xr = X + r * K;
+        float* yr = Y + r * N + p * PANEL;
+        switch (rr) {
+          case 8: panel_rows<8>(w, xr, yr, K, N); break;
+          case 7: panel_rows<7>(w, xr, yr, K, N); break;
+          case 6: panel_rows<6>(w, xr, yr, K, N); break;
+          case 5: panel_rows<5>(w, xr, yr, K, N); break;
+          case 4: panel_rows<4>(w, xr, yr, K, N); break;
+          case 3: panel_rows<3>(w, xr, yr, K, N); break;
+          case 2: panel_rows<2>(w, xr, yr, K, N); break;
+          default: panel_rows<1>(w, xr, yr, K, N);
+        }
+        r += rr;
+      }
+    }
+  });
+  return y;
+}
+
 torch::Tensor few_rows(torch::Tensor x, torch::Tensor w) { return product<8>(x, w); }
 // 16 lanes where the compiler targets AVX-512; elsewhere the 8-lane product (and `wide_lanes` says 0)
 torch::Tensor few_rows16(torch::Tensor x, torch::Tensor w) { return product<16>(x, w); }
@@ -317,6 +411,7 @@ int64_t wide_lanes() {
 TORCH_LIBRARY(trtspec, m) {
   m.def("few_rows(Tensor x, Tensor w) -> Tensor");
   m.def("few_rows16(Tensor x, Tensor w) -> Tensor");
+  m.def("few_rows_packed(Tensor x, Tensor wp) -> Tensor");
   m.def("wide_lanes() -> int");
   m.def("attention(Tensor q, Tensor k, Tensor v, SymInt length, Tensor? mask) -> Tensor");
   m.def("vector_width() -> int");
@@ -324,6 +419,7 @@ TORCH_LIBRARY(trtspec, m) {
 TORCH_LIBRARY_IMPL(trtspec, CPU, m) {
   m.impl("few_rows", &few_rows);
   m.impl("few_rows16", &few_rows16);
+  m.impl("few_rows_packed", &few_rows_packed);
   m.impl("attention", &few_rows_attention);
 }
 TORCH_LIBRARY_IMPL(trtspec, CompositeExplicitAutograd, m) {
@@ -351,6 +447,8 @@ def build() -> tuple[bool, str]:
             )
             for op in ("trtspec::few_rows", "trtspec::few_rows16"):
                 torch.library.register_fake(op)(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
+            torch.library.register_fake("trtspec::few_rows_packed")(
+                lambda x, wp: x.new_empty((x.shape[0], wp.shape[0] * wp.shape[2])))
             torch.library.register_fake("trtspec::attention")(
                 lambda q, k, v, length, mask: q.new_empty((1, q.shape[2], q.shape[1] * q.shape[3])))
             _built = (True, "")
@@ -390,6 +488,19 @@ def few_rows(x: Tensor, w: Tensor, lanes: int = 8) -> Tensor:
     """x [R, K] (float32) @ w[N, K].T (float32 or bfloat16) with the native kernel in vectors of `lanes` floats (8, or
     16 where `wide_loops()`); `build()` must have succeeded."""
     return torch.ops.trtspec.few_rows16(x, w) if lanes == 16 else torch.ops.trtspec.few_rows(x, w)
+
+
+PANEL = 32  # output rows per panel of a packed weight (the kernel's PANEL)
+
+
+def pack_panels(w: Tensor) -> Tensor:
+    """w [N, K] -> [N / 32, K, 32]: the layout `few_rows_packed` streams (N a multiple of 32)."""
+    return w.view(w.shape[0] // PANEL, PANEL, w.shape[1]).transpose(1, 2).contiguous()
+
+
+def few_rows_packed(x: Tensor, wp: Tensor) -> Tensor:
+    """x [R, K] (float32) @ W.T for a weight packed by `pack_panels`; `build()` must have succeeded."""
+    return torch.ops.trtspec.few_rows_packed(x, wp)
 
 
 def wide_loops() -> bool:
