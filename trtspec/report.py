@@ -47,6 +47,12 @@ def draft_storage(draft_kernels: dict | None) -> str:
     return f" The draft's weights: {d['weights']}" + (f" (its products over 1..8 rows: {timed})." if timed else ".")
 
 
+def packed_copy(target_kernels: dict) -> str:
+    """' The packed kernel reads a copy of the weights (N MB of memory).' where `packed` was chosen, else ''."""
+    mb = target_kernels.get("packed_mb") or 0
+    return f" The `packed` kernel reads a copy of the weights packed in panels ({mb:.0f} MB of memory beside them)." if mb else ""
+
+
 def decode_fraction(lim: dict) -> str:
     """The decode steps' fraction of the limit, said the way it was measured (per run against the bandwidth sampled
     around each run, or the median speed against the median bandwidth)."""
@@ -128,7 +134,7 @@ def _markdown(r: dict, plots: list[str]) -> str:
             "", "## What limits the speed", "",
             f"Machine: {m['model']}, {m['cores']} cores ({m['torch_threads']} torch threads), {', '.join(m['flags']) or 'no AVX2'}.",
             "Kernels chosen by timing on this machine, for 1 row (decode) and 2, 3, ... rows (verification, drafting): "
-            + ", ".join(f"`{c}`" for c in k["by_rows"]) + "." + draft_storage(r["kernels"].get("draft")),
+            + ", ".join(f"`{c}`" for c in k["by_rows"]) + "." + packed_copy(k) + draft_storage(r["kernels"].get("draft")),
             "",
             "| | |", "|---|---|",
             f"| memory bandwidth (best of a streaming read and a large matrix-vector product; median of samples taken among the timed runs) | {lim['bandwidth_gb_per_s']:.1f} GB/s |",

@@ -85,6 +85,9 @@ def test_validate_writes_report(tmp_path, run_inputs):
     storage = r["kernels"]["draft"]["draft_weights"]  # how the draft's weights are stored, timed at load
     assert storage["weights"] in ("float32", "bfloat16") and set(storage["ms_per_pass"]) == {"float32", "bfloat16"}
     assert f"The draft's weights: {storage['weights']}" in (tmp_path / "out" / "report.md").read_text()
+    packed = r["kernels"]["target"]["packed_mb"]  # the memory a packed copy of the target's weights takes, if chosen
+    assert (packed > 0) == ("packed" in r["kernels"]["target"]["by_rows"])
+    assert ("The `packed` kernel reads a copy" in (tmp_path / "out" / "report.md").read_text()) == (packed > 0)
     lim = r["limits"]
     assert lim["bandwidth"]["gb_per_s"] > 0 and lim["limit_tokens_per_s"] > 0
     # sampled among the timed runs: before them, and after each prompt's HF, no-draft and last run (2 prompts, 1 repetition)
