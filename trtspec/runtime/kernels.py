@@ -195,18 +195,18 @@ def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
     Rounds are interleaved (each round runs every candidate once) and the best is kept, so noise on a busy machine
     hits all candidates alike. Off a CPU, or for weights that are not float32, F.linear is kept.
     """
-    from trtspec.runtime.native import build
+    from trtspec.runtime.native import build, pack_panels
 
     layers = [m for m in model.modules() if isinstance(m, Linear)]
     weights = [m.weight for m in layers]
     if not weights or weights[0].device.type != "cpu" or weights[0].dtype != torch.float32:
         return {"by_rows": list(DEFAULT), "one_row": "linear", "note": "not a float32 CPU model: F.linear"}
-    from trtspec.runtime.native import pack_panels
-
     native, why_not = build()
     candidates = available_candidates()
     timed = timed_weights(weights)
-    packed = [pack_panels(w) if "packed" in candidates and packable(w) else None for w in timed]
+    # the timed weights' packed copies, kept for their layers if "packed" is chosen (by tensor: a weight may be shared)
+    copies = {id(w): pack_panels(w) for w in timed if "packed" in candidates and packable(w)}
+    packed = [copies.get(id(w)) for w in timed]
     gen = torch.Generator().manual_seed(0)
     ms: dict[int, dict[str, float]] = {}
     with torch.inference_mode():
@@ -219,10 +219,12 @@ def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
                     best[c] = min(best[c], _time_pass(timed, inputs, c, packed) * 1e3)
             ms[rows] = best
     by_rows = tuple(min(candidates, key=ms[rows].get) for rows in ms)
-    del packed
     for m in layers:
         m.kernels = by_rows
-        m.packed = pack_panels(m.weight) if "packed" in by_rows and packable(m.weight) else None
+        m.packed = None
+        if "packed" in by_rows and packable(m.weight):
+            m.packed = copies[id(m.weight)] if id(m.weight) in copies else pack_panels(m.weight)
+    del copies, packed
     packed_mb = sum(m.packed.numel() * 4 for m in layers if m.packed is not None) / 1e6
     timed_mb = sum(w.numel() * w.element_size() for w in timed) / 1e6
     return {
