@@ -32,6 +32,7 @@ SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -122,24 +123,26 @@ static inline void rows_of(const WT* w, const float* x, float* y, int64_t K, int
   row_by_rows<RR>(w, x, y, K, N);
 }
 
+// f(r, RR) for the input rows r .. r + RR - 1, 8 at a time (RR a compile-time count: the accumulators' array size)
+template <typename F>
+static inline void in_groups_of_8(int64_t R, F&& f) {
+  for (int64_t r = 0; r < R; r += 8) {
+    switch (std::min<int64_t>(8, R - r)) {
+      case 8: f(r, std::integral_constant<int, 8>{}); break;
+      case 7: f(r, std::integral_constant<int, 7>{}); break;
+      case 6: f(r, std::integral_constant<int, 6>{}); break;
+      case 5: f(r, std::integral_constant<int, 5>{}); break;
+      case 4: f(r, std::integral_constant<int, 4>{}); break;
+      case 3: f(r, std::integral_constant<int, 3>{}); break;
+      case 2: f(r, std::integral_constant<int, 2>{}); break;
+      default: f(r, std::integral_constant<int, 1>{});
+    }
+  }
+}
+
 template <int LANES, typename WT>
 static void one_weight_row(const WT* w, const float* X, float* Y, int64_t R, int64_t K, int64_t N) {
-  for (int64_t r = 0; r < R;) {
-    const int64_t rr = std::min<int64_t>(8, R - r);
-    const float* x = X + r * K;
-    float* y = Y + r * N;
-    switch (rr) {
-      case 8: rows_of<LANES, 8>(w, x, y, K, N); break;
-      case 7: rows_of<LANES, 7>(w, x, y, K, N); break;
-      case 6: rows_of<LANES, 6>(w, x, y, K, N); break;
-      case 5: rows_of<LANES, 5>(w, x, y, K, N); break;
-      case 4: rows_of<LANES, 4>(w, x, y, K, N); break;
-      case 3: rows_of<LANES, 3>(w, x, y, K, N); break;
-      case 2: rows_of<LANES, 2>(w, x, y, K, N); break;
-      default: rows_of<LANES, 1>(w, x, y, K, N);
-    }
-    r += rr;
-  }
+  in_groups_of_8(R, [&](int64_t r, auto rr) { rows_of<LANES, decltype(rr)::value>(w, X + r * K, Y + r * N, K, N); });
 }
 
 template <int LANES, typename WT>
@@ -238,22 +241,9 @@ torch::Tensor few_rows_packed(torch::Tensor x, torch::Tensor wp) {
   float* Y = y.data_ptr<float>();
   at::parallel_for(0, wp.size(0), 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
-      for (int64_t r = 0; r < R;) {
-        const int64_t rr = std::min<int64_t>(8, R - r);
-        const float *w = W + p * K * PANEL, *xr = X + r * K;
-        float* yr = Y + r * N + p * PANEL;
-        switch (rr) {
-          case 8: panel_rows<8>(w, xr, yr, K, N); break;
-          case 7: panel_rows<7>(w, xr, yr, K, N); break;
-          case 6: panel_rows<6>(w, xr, yr, K, N); break;
-          case 5: panel_rows<5>(w, xr, yr, K, N); break;
-          case 4: panel_rows<4>(w, xr, yr, K, N); break;
-          case 3: panel_rows<3>(w, xr, yr, K, N); break;
-          case 2: panel_rows<2>(w, xr, yr, K, N); break;
-          default: panel_rows<1>(w, xr, yr, K, N);
-        }
-        r += rr;
-      }
+      in_groups_of_8(R, [&](int64_t r, auto rr) {
+        panel_rows<decltype(rr)::value>(W + p * K * PANEL, X + r * K, Y + r * N + p * PANEL, K, N);
+      });
     }
   });
   return y;
