@@ -4,9 +4,11 @@ side by side in one process: plain decode and speculative (EAGLE-3 chain) tokens
 
     python scripts/bench_kernels.py runs/demo --without native16            # chosen vs chosen-without-native16
     python scripts/bench_kernels.py runs/demo --without native16,native --prompts 3 --json
+    python scripts/bench_kernels.py runs/demo --without native_pass         # the target's pass compiled instead
 
 The bundle's runtime is loaded twice: once as validate loads it (every candidate timed, the fastest kept per row
-count) and once with the candidates named in --without removed before the choice. Both are compiled as validate
+count) and once with the candidates named in --without removed before the choice (`native_pass`: the target's
+decode and verification passes by its compiled `forward` instead of one native call, model.NATIVE_PASS). Both are compiled as validate
 compiles them; then each prompt is decoded by every (runtime, method) in turn, for --rounds rounds, so the host's
 drift hits all alike. Printed per runtime: the kernels chosen by row count, the decode step and the speculative
 step in ms (medians over prompts and rounds), tokens/s, and the ratio of each to the first runtime's; greedy
@@ -22,6 +24,8 @@ from pathlib import Path
 
 from trtspec.bench import arg_parser
 
+NATIVE_PASS = "native_pass"  # not a product kernel: the target's whole pass as one native call (--without it)
+
 
 def load_without(run_dir: Path, without: set[str]):
     """(bundle, target, drafter) with the kernel candidates in `without` absent from the choice at load."""
@@ -35,6 +39,8 @@ def load_without(run_dir: Path, without: set[str]):
         target, drafter = bundle.runtime()
     finally:
         kernels.CANDIDATES = every
+    if NATIVE_PASS in without:
+        target.use_native_pass(False)
     return bundle, target, drafter
 
 
@@ -55,9 +61,9 @@ def main() -> None:
     from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
     from trtspec.runtime.kernels import CANDIDATES, cpu_description
 
-    unknown = set(a.without.split(",")) - set(CANDIDATES)
+    unknown = set(a.without.split(",")) - {*CANDIDATES, NATIVE_PASS}
     if unknown:
-        raise SystemExit(f"--without: unknown kernel(s) {', '.join(sorted(unknown))}; expected {', '.join(CANDIDATES)}")
+        raise SystemExit(f"--without: unknown kernel(s) {', '.join(sorted(unknown))}; expected {', '.join((*CANDIDATES, NATIVE_PASS))}")
     variants = {"chosen": set(), f"without {a.without}": set(a.without.split(","))}
     loaded = {name: load_without(a.run_dir, w) for name, w in variants.items()}
     bundle = next(iter(loaded.values()))[0]
@@ -86,7 +92,7 @@ def main() -> None:
     for name, (_, target, drafter) in loaded.items():
         decode, step = statistics.median(steps[(name, "no_draft")]), statistics.median(steps[(name, "speculative")])
         length = statistics.mean(al[name])
-        rows[name] = {"kernels_by_rows": target.kernel_choice["by_rows"], "draft_kernels_by_rows": drafter.net.kernel_choice["by_rows"],
+        rows[name] = {"kernels_by_rows": target.kernel_choice["by_rows"], "native_pass": target.native_pass, "draft_kernels_by_rows": drafter.net.kernel_choice["by_rows"],
                       "decode_step_ms": round(decode, 2), "spec_step_ms": round(step, 2),
                       "no_draft_tok_s": round(1e3 / decode, 1), "speculative_tok_s": round(length * 1e3 / step, 1),
                       "acceptance_length": round(length, 2), "step_in_decode_steps": round(step / decode, 3),
@@ -101,10 +107,10 @@ def main() -> None:
         return
     m = result["machine"]
     print(f"machine: {m['model']}, {m['cores']} cores, {' '.join(m['flags'])}; k = {a.k}; greedy identical: {identical}")
-    print("| runtime | target kernels by rows | decode step | no draft | speculative step | speculative (AL) | step in decode steps | no draft / first | speculative / first |")
+    print("| runtime | target kernels by rows (native pass) | decode step | no draft | speculative step | speculative (AL) | step in decode steps | no draft / first | speculative / first |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
-        print(f"| {name} | {' '.join(r['kernels_by_rows'])} | {r['decode_step_ms']:.2f} ms | {r['no_draft_tok_s']:.1f} tok/s | "
+        print(f"| {name} | {' '.join(r['kernels_by_rows'])} ({'yes' if r['native_pass'] else 'no'}) | {r['decode_step_ms']:.2f} ms | {r['no_draft_tok_s']:.1f} tok/s | "
               f"{r['spec_step_ms']:.2f} ms | {r['speculative_tok_s']:.1f} ({r['acceptance_length']:.2f}) | {r['step_in_decode_steps']:.2f} | "
               f"{r['no_draft_vs_first']:.2f}x | {r['speculative_vs_first']:.2f}x |")
 

@@ -47,6 +47,13 @@ def draft_storage(draft_kernels: dict | None) -> str:
     return f" The draft's weights: {d['weights']}" + (f" (its products over 1..8 rows: {timed})." if timed else ".")
 
 
+def pass_kind(target_kernels: dict) -> str:
+    """How the target's decode and verification passes run: one native call each, or the compiled `forward`."""
+    if target_kernels.get("native_pass"):
+        return " The target's decode and verification passes run as one native call each (`decoder_step`)."
+    return " The target's decode and verification passes run as its compiled `forward` (no native pass here)."
+
+
 def packed_copy(target_kernels: dict) -> str:
     """' The packed kernel reads a copy of the weights (N MB of memory).' where `packed` was chosen, else ''."""
     mb = target_kernels.get("packed_mb") or 0
@@ -134,7 +141,7 @@ def _markdown(r: dict, plots: list[str]) -> str:
             "", "## What limits the speed", "",
             f"Machine: {m['model']}, {m['cores']} cores ({m['torch_threads']} torch threads), {', '.join(m['flags']) or 'no AVX2'}.",
             "Kernels chosen by timing on this machine, for 1 row (decode) and 2, 3, ... rows (verification, drafting): "
-            + ", ".join(f"`{c}`" for c in k["by_rows"]) + "." + packed_copy(k) + draft_storage(r["kernels"].get("draft")),
+            + ", ".join(f"`{c}`" for c in k["by_rows"]) + "." + packed_copy(k) + pass_kind(k) + draft_storage(r["kernels"].get("draft")),
             "",
             "| | |", "|---|---|",
             f"| memory bandwidth (best of a streaming read and a large matrix-vector product; median of samples taken among the timed runs) | {lim['bandwidth_gb_per_s']:.1f} GB/s |",

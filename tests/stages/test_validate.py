@@ -88,6 +88,8 @@ def test_validate_writes_report(tmp_path, run_inputs):
     packed = r["kernels"]["target"]["packed_mb"]  # the memory a packed copy of the target's weights takes, if chosen
     assert (packed > 0) == ("packed" in r["kernels"]["target"]["by_rows"])
     assert ("The `packed` kernel reads a copy" in (tmp_path / "out" / "report.md").read_text()) == (packed > 0)
+    assert r["kernels"]["target"]["native_pass"]  # this machine and CI build the native kernels: one call per pass
+    assert "passes run as one native call each" in (tmp_path / "out" / "report.md").read_text()
     lim = r["limits"]
     assert lim["bandwidth"]["gb_per_s"] > 0 and lim["limit_tokens_per_s"] > 0
     # sampled among the timed runs: before them, and after each prompt's HF, no-draft and last run (2 prompts, 1 repetition)

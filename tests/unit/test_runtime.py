@@ -25,6 +25,8 @@ from trtspec.runtime.kernels import CANDIDATES, FEW_ROWS, available_candidates, 
 from trtspec.runtime.model import (
     COMPILED,
     Linear,
+    ModelArgs,
+    Transformer,
     compile_steps,
     dequantize,
     load_transformer,
@@ -209,6 +211,7 @@ def test_kernels_are_chosen_at_load(target_dir):
     assert set(choice["by_rows"]) <= set(CANDIDATES) and len(choice["by_rows"]) == FEW_ROWS
     assert set(choice["ms_per_pass"]) == {f"{rows}_rows" for rows in range(1, FEW_ROWS + 1)}
     assert choice["native_kernel"] == "built"  # this machine and CI have a C++ compiler (inductor needs one too)
+    assert choice["native_pass"] and model.native_pass  # the target's passes as one native call each
     here = available_candidates()  # this machine and CI build the native kernel; its 16 lanes where AVX-512 is
     avx512 = "avx512f" in Path("/proc/cpuinfo").read_text()
     assert "native" in here and ("native16" in here) == ("packed" in here) == avx512
@@ -223,6 +226,44 @@ def test_kernels_are_chosen_at_load(target_dir):
     assert choice["packed_mb"] == round(sum(m.packed.numel() * 4 for m in packed) / 1e6, 1)
     for m in packed:
         assert torch.equal(m.packed[1, :, 3], m.weight[native.PANEL + 3])  # panel 1, its row 3 = weight row 35
+
+
+@pytest.mark.parametrize("kernel", available_candidates())
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_native_pass_equals_forward(kernel, family):
+    """The target's pass as one native call (Transformer.native_forward) gives forward's logits, aux hidden states
+    and KV cache rows: one row (no mask), a chain, a tree and more rows than the few-row kernels take, with every
+    product by `kernel` (packed where a weight fills panels: the lm_head of 300 rows does not)."""
+    qwen3 = family == "qwen3"
+    args = ModelArgs(vocab_size=300, hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
+                     intermediate_size=96, qk_norm=qwen3, attention_bias=qwen3, o_bias=qwen3)
+    torch.manual_seed(0)
+    model = Transformer(args, aux_layers=(0, 2) if qwen3 else ()).eval().requires_grad_(False)
+    for p in model.parameters():
+        p.normal_(0, 0.2)
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.kernels = (kernel,) * FEW_ROWS
+            m.packed = native.pack_panels(m.weight) if kernel == "packed" and m.weight.shape[0] % native.PANEL == 0 else None
+    assert model.use_native_pass()
+    model.setup_cache(64)
+    g = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        model(torch.randint(0, 300, (10,), generator=g), torch.arange(10), torch.arange(10), 10, "causal")
+        tree = torch.rand(8, 18, generator=g) < 0.7
+        tree[:, :10] = True
+        for rows, mask in [(1, None), (3, torch.ones(3, 13, dtype=torch.bool).tril(10)), (8, tree), (9, torch.ones(9, 19, dtype=torch.bool).tril(10))]:
+            tokens, at = torch.randint(0, 300, (rows,), generator=g), 10 + torch.arange(rows)
+            before = [(a.k_cache.clone(), a.v_cache.clone()) for a in (b.self_attn for b in model.layers)]
+            logits, aux = model.forward(tokens, at, at, 10 + rows, mask, 1)
+            after = [(a.k_cache.clone(), a.v_cache.clone()) for a in (b.self_attn for b in model.layers)]
+            for b, (k, v) in zip(model.layers, before, strict=True):
+                b.self_attn.k_cache.copy_(k), b.self_attn.v_cache.copy_(v)
+            got, got_aux = model.step(tokens, at, at, 10 + rows, mask, 1)
+            torch.testing.assert_close(got, logits, atol=1e-5, rtol=1e-5)
+            assert (got_aux is None) == (aux is None) and (aux is None or torch.allclose(got_aux, aux, atol=1e-5, rtol=1e-5))
+            for b, (k, v) in zip(model.layers, after, strict=True):
+                torch.testing.assert_close((b.self_attn.k_cache, b.self_attn.v_cache), (k, v), atol=1e-5, rtol=1e-5)
 
 
 def test_generate_without_draft_equals_hf(target, prompts, hf_greedy):
@@ -267,6 +308,7 @@ def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts,
     from torch._dynamo.utils import counters
 
     target = load_transformer(target_dir)[0]
+    target.use_native_pass(False)  # the compiled forward: where the native pass cannot run (or NATIVE_PASS is off)
     drafter = load_eagle3_drafter(eagle_export[0], target)
     specs = [DraftSpec(shape=s, k=3, topk=3, total=8) for s in SHAPES]
     torch._dynamo.reset()  # graphs compiled by an earlier test (same code, same shapes) would be reused silently
@@ -299,6 +341,7 @@ def test_compiled_passes_hold_a_graph_for_every_row_count(target_dir, monkeypatc
 
     monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
     target = load_transformer(target_dir)[0]
+    target.use_native_pass(False)  # the compiled forward
     torch._dynamo.reset()
     spec = DraftSpec(k=FEW_ROWS)
     assert spec.max_nodes() > FEW_ROWS

@@ -65,6 +65,16 @@ def bf16_kernel(kernel: str) -> str:
     return "native16" if kernel in ("native16", "packed") else "native"
 
 
+def kernel_for(rows: int, weight: Tensor, kernels: tuple[str, ...], packed: Tensor | None) -> tuple[str, Tensor]:
+    """(kernel, the tensor it reads) for a product of `rows` (1..FEW_ROWS) float32 rows with a layer's weight: the
+    kernel chosen for that many rows, the native one for bfloat16-stored weights, "native16" where "packed" was
+    chosen but the layer has no packed copy."""
+    kernel = bf16_kernel(kernels[rows - 1]) if weight.dtype == torch.bfloat16 else kernels[rows - 1]
+    if kernel == "packed" and packed is None:
+        kernel = "native16"
+    return kernel, packed if kernel == "packed" else weight
+
+
 def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tuple[str, ...] = DEFAULT,
                     packed: Tensor | None = None) -> Tensor:
     """F.linear, except that 1..FEW_ROWS float32 rows on a CPU without autograd use the kernel chosen for that many
@@ -75,10 +85,8 @@ def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tup
     rows = x.numel() // x.shape[-1] if x.numel() else 0
     if not 0 < rows <= FEW_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled():
         return F.linear(x, weight.to(x.dtype), bias)  # (a no-op but for bfloat16-stored weights: `store_bf16`)
-    kernel = bf16_kernel(kernels[rows - 1]) if weight.dtype == torch.bfloat16 else kernels[rows - 1]
-    if kernel == "packed" and packed is None:
-        kernel = "native16"
-    y = product(x.reshape(rows, -1), packed if kernel == "packed" else weight, kernel)
+    kernel, operand = kernel_for(rows, weight, kernels, packed)
+    y = product(x.reshape(rows, -1), operand, kernel)
     y = y.view(*x.shape[:-1], weight.shape[0])
     return y if bias is None else y + bias
 

@@ -7,6 +7,10 @@ One forward serves prefill, single-token decode and tree verification:
 `slots` are the cache rows the T new keys/values are written to; attention reads rows [0, length). The cache keeps
 no length of its own: the caller's pointer is the truth, so rolling back is just using a smaller length again.
 `aux` is the residual stream after the decoder layers listed in `aux_layers` (EAGLE-3's input), concatenated.
+
+The few-row passes (decode, verification) run as one call of runtime/native.py's `decoder_step` where its kernels
+are built (`Transformer.native_forward`: the same operations in C++, with nothing between them), else as the
+compiled `forward`; prefills always run `forward` eagerly.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trtspec.errors import ArtifactError, ModelError
-from trtspec.runtime.kernels import FEW_ROWS, Linear, choose_kernels
+from trtspec.runtime.kernels import FEW_ROWS, Linear, choose_kernels, kernel_for
+from trtspec.runtime.native import KERNEL_CODES, attention_usable, decoder_step
 from trtspec.runtime.native import attention as native_attention
-from trtspec.runtime.native import attention_usable
 
 
 @dataclass
@@ -232,8 +236,16 @@ class Block(nn.Module):
         return x + self.mlp(rms_norm(x, self.post_attention_layernorm, self.eps))
 
 
+# The target's decode and verification passes as one call of runtime/native.py's decoder_step where it can run them
+# (float32 on a CPU, the native kernels built with their vector loops): the operations of `forward` with no Python,
+# dynamo guard or dispatcher between them. False keeps the compiled `forward` (scripts/bench_kernels.py compares).
+NATIVE_PASS = True
+
+
 class Transformer(Stepper):
     """A Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3 dense) with a static KV cache."""
+
+    native_pass = False  # whether `step` runs as native.decoder_step (`use_native_pass`)
 
     def __init__(self, args: ModelArgs, aux_layers: tuple[int, ...] = ()):
         super().__init__()
@@ -258,8 +270,62 @@ class Transformer(Stepper):
         x = rms_norm(x[:, logits_from:], self.norm, self.args.norm_eps)
         return self.lm_head(x)[0], torch.cat(aux, dim=-1)[0] if aux else None
 
+    def use_native_pass(self, on: bool = True) -> bool:
+        """Run `step` (decode, verification) as one native call from now on, where it can (`NATIVE_PASS`: float32
+        weights and activations on a CPU, the native attention usable) -> whether it does."""
+        p = self.activation_like()
+        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        self.native_pass = (on and NATIVE_PASS and attention_usable(p.dtype, p.device, self.args.head_dim)
+                            and all(m.weight.dtype == torch.float32 for m in linears))
+        self._native_args: dict[int, tuple] = {}
+        return self.native_pass
 
-COMPILED = "decode, verify and draft passes compiled with torch.compile (inductor); prefills eager"
+    def setup_cache(self, max_len: int) -> None:
+        super().setup_cache(max_len)
+        self._native_args = {}  # they hold the caches and rope tables
+
+    def run_pass(self, name: str, *args):
+        if self.native_pass and name == "forward" and not isinstance(args[-1], str):
+            return self.native_forward(*args)
+        return super().run_pass(name, *args)
+
+    def native_forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, length: int, mask: Tensor | None,
+                       logits_from: int = 0) -> tuple[Tensor, Tensor | None]:
+        """`forward` over a few new rows (tokens/positions/slots [T], the cache holding `length` rows after them)
+        by native.decoder_step, with each product's kernel chosen for T rows."""
+        rows = tokens.numel()
+        if rows not in self._native_args:
+            self._native_args[rows] = self.native_arguments(rows)
+        embed, cos, sin, weights, codes, biases, norms, caches, dims, aux = self._native_args[rows]
+        logits, aux_out = decoder_step(tokens, positions, slots, length, mask, embed, cos, sin, weights, codes, biases,
+                                       norms, caches, dims, aux, logits_from, self.args.norm_eps)
+        return logits, aux_out if self.aux_layers else None
+
+    @staticmethod
+    def add_product(rows: int, m: Linear, weights: list[Tensor], codes: list[int]) -> None:
+        """Append what decoder_step needs for `m`'s product over `rows` rows: the tensor its kernel reads, the kernel's code."""
+        kernel, operand = kernel_for(rows, m.weight, m.kernels, m.packed) if rows <= FEW_ROWS else ("linear", m.weight)
+        weights.append(operand)
+        codes.append(KERNEL_CODES[kernel])
+
+    def native_arguments(self, rows: int) -> tuple:
+        """decoder_step's arguments that do not change between passes of `rows` rows (see its C++ for their order)."""
+        weights, codes, biases, norms, caches = [], [], [], [], []
+        for layer in self.layers:
+            a = layer.self_attn
+            for m in (a.qkv_proj, a.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
+                self.add_product(rows, m, weights, codes)
+            biases += [a.qkv_proj.bias, a.o_proj.bias]
+            norms += [layer.input_layernorm, layer.post_attention_layernorm, *((a.q_norm, a.k_norm) if self.args.qk_norm else ())]
+            caches += [a.k_cache, a.v_cache]
+        self.add_product(rows, self.lm_head, weights, codes)
+        norms.append(self.norm)
+        dims = [self.args.num_heads, self.args.num_kv_heads, self.args.head_dim, int(self.args.qk_norm)]
+        return self.embed_tokens.weight, self.cos, self.sin, weights, codes, biases, norms, caches, dims, list(self.aux_layers)
+
+
+COMPILED = ("draft passes, and the target's where it has no native pass, compiled with torch.compile (inductor); "
+            "prefills eager")
 
 
 def compile_cache_dir() -> Path:
@@ -429,4 +495,5 @@ def load_transformer(folder: Path, dtype: torch.dtype = torch.float32, aux_layer
         raise ArtifactError(f"weights in '{folder}' do not fit its config.json: {str(e)[:300]}") from None
     model = model.to(device).eval().requires_grad_(False)
     model.kernel_choice = choose_kernels(model)
+    model.kernel_choice["native_pass"] = model.use_native_pass()
     return model, notes

@@ -17,6 +17,11 @@ Where the compiler targets AVX-512 the product also comes in 16-float vectors (`
 "native16"): half the instructions per weight byte, which matters where a few rows' multiply-adds, not the bytes,
 bound the product; whether it wins is timed per machine like every candidate.
 
+A whole few-row pass of a Llama-family decoder, `decoder_step`: the decode or verification pass of runtime/model.py's
+Transformer in one call, its products by the kernels chosen for each, attention by the kernel above, norms, rope,
+cache writes and SiLU as plain loops. Compiled from Python (torch.compile) the same pass costs ~250 operations'
+dispatch, a Python wrapper and dynamo's guards every call: a fifth of a decode step on a small model.
+
 AVX2/FMA where the compiler targets them, plain loops elsewhere (there `attention_usable` says no and torch's attention
 stays). torch's own extension builder compiles the source into its per-machine cache (~/.cache/torch_extensions), so
 the build is paid once per machine; without a working compiler both are simply absent.
@@ -32,6 +37,7 @@ SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <cmath>
 #include <limits>
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 #if defined(__AVX2__) && defined(__FMA__)
@@ -380,6 +386,134 @@ torch::Tensor few_rows_attention(torch::Tensor q, torch::Tensor k, torch::Tensor
   return out;
 }
 
+// ---- one pass of a Llama-family decoder over a few new rows, in one call ------------------------------------------
+// A decode or verification pass of the target as the network's Python code does it (runtime/model.py: Transformer,
+// Block, Attention, MLP), with no Python, dynamo guard or dispatcher between its ~250 operations: the weight
+// products by the kernel chosen for each (codes as in `product_by`), attention by few_rows_attention, and the small
+// row-wise operations (norms, rope, cache writes, residuals, SiLU) as plain loops over the few rows.
+
+// y = x @ w.T by the kernel named by `code` (runtime/native.py KERNEL_CODES, the candidates of kernels.product)
+static torch::Tensor product_by(const torch::Tensor& x, const torch::Tensor& w, int64_t code) {
+  switch (code) {
+    case 1: {  // weight_left: one row doubled (a one-column product takes the GEMV path)
+      auto cols = x.size(0) == 1 ? at::cat({x, x}) : x;
+      return at::mm(w, cols.t()).t().slice(0, 0, x.size(0)).contiguous();
+    }
+    case 2: case 3: case 4: {  // blocks2/4/8: W as [c, N / c, K], one batched product
+      const int64_t c = int64_t(1) << (code - 1), n = w.size(0), k = w.size(1);
+      if (n % c) return at::linear(x, w);
+      auto y = at::bmm(w.view({c, n / c, k}), x.t().unsqueeze(0).expand({c, k, x.size(0)}));
+      return y.reshape({n, x.size(0)}).t().contiguous();
+    }
+    case 5: return product<8>(x, w);
+    case 6: return product<16>(x, w);
+    case 7: return few_rows_packed(x, w);
+    default: return at::linear(x, w);
+  }
+}
+
+// y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, row by row (F.rms_norm)
+static void rms_norm_rows(const float* x, const float* w, float* y, int64_t T, int64_t d, float eps) {
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xr = x + t * d;
+    float* yr = y + t * d;
+    float ss = 0.f;
+    for (int64_t i = 0; i < d; ++i) ss += xr[i] * xr[i];
+    const float r = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
+    for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * r * w[i];
+  }
+}
+
+// x <- x * cos + rotate_half(x) * sin for one head's D values (HF's convention: rotate_half = [-x2, x1])
+static void rope_head(float* x, const float* cos, const float* sin, int64_t D) {
+  const int64_t h = D / 2;
+  for (int64_t i = 0; i < h; ++i) {
+    const float a = x[i], b = x[i + h];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + h] = b * cos[i + h] + a * sin[i + h];
+  }
+}
+
+static torch::Tensor with_bias(torch::Tensor y, const std::optional<torch::Tensor>& b) {
+  return b.has_value() ? y.add_(*b) : y;
+}
+
+// tokens, positions, slots [T] (int64); mask [T, length] bool or none (every cached row visible); per layer l:
+// weights[4l..4l+3] = qkv, o, gate_up, down (each as its kernel code reads it: packed panels for code 7), biases[2l..]
+// = qkv's, o's (or none), norms[2l..] = input, post-attention (then q_norm, k_norm per layer where dims[3]), caches
+// [2l..] = k, v [1, KV, max_len, D]; weights[4L] = lm_head, norms[last] = the final norm; dims = H, KV, D, qk_norm
+// -> [logits [T - logits_from, V], aux [T, A] (the outputs of aux_layers, concatenated; [T, 0] without)]
+std::vector<torch::Tensor> decoder_step(torch::Tensor tokens, torch::Tensor positions, torch::Tensor slots, int64_t length,
+                                        std::optional<torch::Tensor> mask, torch::Tensor embed, torch::Tensor cos,
+                                        torch::Tensor sin, std::vector<torch::Tensor> weights, std::vector<int64_t> codes,
+                                        std::vector<std::optional<torch::Tensor>> biases, std::vector<torch::Tensor> norms,
+                                        std::vector<torch::Tensor> caches, std::vector<int64_t> dims,
+                                        std::vector<int64_t> aux_layers, int64_t logits_from, double eps_) {
+  const int64_t H = dims[0], KV = dims[1], D = dims[2], L = static_cast<int64_t>(caches.size()) / 2;
+  const bool qk_norm = dims[3] != 0;
+  const int64_t T = tokens.numel(), d = embed.size(1), M = caches[0].size(2), QKV = (H + 2 * KV) * D;
+  const float eps = static_cast<float>(eps_);
+  TORCH_CHECK(embed.scalar_type() == torch::kFloat && cos.is_contiguous() && sin.is_contiguous(), "decoder_step: float32");
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == 4 * L + 1 && codes.size() == weights.size(), "decoder_step: weights");
+  tokens = tokens.contiguous();
+  positions = positions.contiguous();
+  slots = slots.contiguous();
+  const int64_t *tok = tokens.data_ptr<int64_t>(), *pos = positions.data_ptr<int64_t>(), *slot = slots.data_ptr<int64_t>();
+  const auto f32 = embed.options();
+  auto x = at::index_select(embed, 0, tokens).contiguous();  // [T, d], the residual stream
+  auto h = torch::empty({T, d}, f32);
+  auto q = torch::empty({1, H, T, D}, f32);
+  float *X = x.data_ptr<float>(), *Hn = h.data_ptr<float>(), *Q = q.data_ptr<float>();
+  const float *C = cos.data_ptr<float>(), *S = sin.data_ptr<float>();
+  std::vector<torch::Tensor> aux;
+  int64_t norm_at = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const float* in_norm = norms[norm_at].data_ptr<float>();
+    const float* post_norm = norms[norm_at + 1].data_ptr<float>();
+    const float* qn = qk_norm ? norms[norm_at + 2].data_ptr<float>() : nullptr;
+    const float* kn = qk_norm ? norms[norm_at + 3].data_ptr<float>() : nullptr;
+    norm_at += qk_norm ? 4 : 2;
+    rms_norm_rows(X, in_norm, Hn, T, d, eps);
+    auto qkv = with_bias(product_by(h, weights[4 * l], codes[4 * l]), biases[2 * l]).contiguous();
+    float* P = qkv.data_ptr<float>();
+    float *Kc = caches[2 * l].data_ptr<float>(), *Vc = caches[2 * l + 1].data_ptr<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      TORCH_CHECK(slot[t] >= 0 && slot[t] < M, "decoder_step: a slot outside the cache");
+      const float *ct = C + pos[t] * D, *st = S + pos[t] * D;
+      for (int64_t hh = 0; hh < H + KV; ++hh) {  // query heads, then key heads: (norm,) rope
+        float* v = P + t * QKV + hh * D;
+        if (qk_norm) rms_norm_rows(v, hh < H ? qn : kn, v, 1, D, eps);
+        rope_head(v, ct, st, D);
+        if (hh < H) std::copy(v, v + D, Q + (hh * T + t) * D);
+        else std::copy(v, v + D, Kc + ((hh - H) * M + slot[t]) * D);
+      }
+      for (int64_t kv = 0; kv < KV; ++kv) {
+        const float* v = P + t * QKV + (H + KV + kv) * D;
+        std::copy(v, v + D, Vc + (kv * M + slot[t]) * D);
+      }
+    }
+    auto att = few_rows_attention(q, caches[2 * l], caches[2 * l + 1], length, mask).view({T, H * D});
+    x.add_(with_bias(product_by(att, weights[4 * l + 1], codes[4 * l + 1]), biases[2 * l + 1]));
+    rms_norm_rows(X, post_norm, Hn, T, d, eps);
+    auto gu = product_by(h, weights[4 * l + 2], codes[4 * l + 2]).contiguous();
+    const int64_t I = gu.size(1) / 2;
+    auto act = torch::empty({T, I}, f32);
+    float *G = gu.data_ptr<float>(), *A = act.data_ptr<float>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < I; ++i) {
+        const float g = G[t * 2 * I + i];
+        A[t * I + i] = g / (1.0f + std::exp(-g)) * G[t * 2 * I + I + i];
+      }
+    x.add_(product_by(act, weights[4 * l + 3], codes[4 * l + 3]));
+    if (std::find(aux_layers.begin(), aux_layers.end(), l) != aux_layers.end()) aux.push_back(x.clone());
+  }
+  auto last = x.slice(0, logits_from).contiguous();
+  auto out = torch::empty_like(last);
+  rms_norm_rows(last.data_ptr<float>(), norms[norm_at].data_ptr<float>(), out.data_ptr<float>(), last.size(0), d, eps);
+  auto logits = product_by(out, weights[4 * L], codes[4 * L]);
+  return {logits, aux.empty() ? torch::empty({T, 0}, f32) : at::cat(aux, 1)};
+}
+
 // 8 where the loops above run on AVX2 vectors, 1 where they are plain C++ (slower than torch's own attention)
 int64_t vector_width() {
 #if defined(__AVX2__) && defined(__FMA__)
@@ -405,12 +539,16 @@ TORCH_LIBRARY(trtspec, m) {
   m.def("wide_lanes() -> int");
   m.def("attention(Tensor q, Tensor k, Tensor v, SymInt length, Tensor? mask) -> Tensor");
   m.def("vector_width() -> int");
+  m.def("decoder_step(Tensor tokens, Tensor positions, Tensor slots, int length, Tensor? mask, Tensor embed, "
+        "Tensor cos, Tensor sin, Tensor[] weights, int[] codes, Tensor?[] biases, Tensor[] norms, Tensor[] caches, "
+        "int[] dims, int[] aux_layers, int logits_from, float eps) -> Tensor[]");
 }
 TORCH_LIBRARY_IMPL(trtspec, CPU, m) {
   m.impl("few_rows", &few_rows);
   m.impl("few_rows16", &few_rows16);
   m.impl("few_rows_packed", &few_rows_packed);
   m.impl("attention", &few_rows_attention);
+  m.impl("decoder_step", &decoder_step);
 }
 TORCH_LIBRARY_IMPL(trtspec, CompositeExplicitAutograd, m) {
   m.impl("vector_width", &vector_width);
@@ -496,3 +634,14 @@ def few_rows_packed(x: Tensor, wp: Tensor) -> Tensor:
 def wide_loops() -> bool:
     """Whether the product also runs on AVX-512's 16 floats a vector (the compiler targets it on this machine)."""
     return vector_loops() and int(torch.ops.trtspec.wide_lanes()) == 16
+
+
+# the product kernels by the codes decoder_step's product_by reads (kernels.CANDIDATES)
+KERNEL_CODES = {"linear": 0, "weight_left": 1, "blocks2": 2, "blocks4": 3, "blocks8": 4, "native": 5, "native16": 6, "packed": 7}
+
+
+def decoder_step(*args) -> list[Tensor]:
+    """One few-row pass of a Llama-family decoder in one native call (the C++ `decoder_step` above says the
+    arguments; runtime/model.py's Transformer.native_forward assembles them); `build()` must have succeeded."""
+    return torch.ops.trtspec.decoder_step(*args)
+
