@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -411,11 +412,18 @@ def test_a_broken_compile_cache_is_emptied_and_compiling_retried(target_dir, mon
 
 
 def test_compile_cache_is_per_machine(monkeypatch, tmp_path):
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
     from trtspec.runtime.model import compile_cache_dir
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert compile_cache_dir() == tmp_path / "trtspec" / f"inductor-torch{torch.__version__}"
+    ours = tmp_path / "trtspec" / f"inductor-torch{torch.__version__}"
+    assert compile_cache_dir() == ours
+    cache_dir()  # inductor asked first (as importing a tokenizer does): it sets the variable to its /tmp default
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.path.abspath(default_cache_dir()) and compile_cache_dir() == ours
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "users"))  # the user's own choice is kept
+    assert compile_cache_dir() == tmp_path / "users"
 
 
 def test_suffix_index_finds_the_longest_earlier_match():

@@ -334,8 +334,13 @@ def compile_cache_dir() -> Path:
     is paid once per machine, not once per run, and survives a cleared /tmp."""
     import os
 
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    # inductor writes its /tmp default into the variable the first time anything asks for its cache (importing
+    # transformers' tokenizers does): that value is inductor's, not the user's
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if env and os.path.abspath(env) != os.path.abspath(default_cache_dir()):
+        return Path(env)
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "trtspec" / f"inductor-torch{torch.__version__}"
 
@@ -360,7 +365,7 @@ def compile_steps(models: list[Stepper], warm_up: Callable[[], object]) -> tuple
 
     t0 = time.perf_counter()
     cache = compile_cache_dir()
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     ours = cache.parent.name == "trtspec"
     # one graph per row count 1..FEW_ROWS (the products' kernel is chosen per count) and a few beyond: dynamo's
     # default limit of 8 graphs a function would send the 9th row count (a block of 8 verified) to eager silently
