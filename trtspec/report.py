@@ -150,8 +150,9 @@ def _markdown(r: dict, plots: list[str]) -> str:
             f"| runtime without draft, decode steps | {lim['decode_tokens_per_s']:.1f} tokens/s; " + decode_fraction(lim) + " |",
             f"| the same with the prompts' prefill (per answer) | {lim['no_draft_tokens_per_s']:.1f} tokens/s = "
             f"{lim['no_draft_fraction_of_limit']:.0%} of the limit |",
-            f"| decode step / of it in weight products | {lim['decode_step_ms']:.1f} ms / {lim['weight_products_ms']:.1f} ms "
-            f"({lim['weight_products_share']:.0%}; the rest is attention, norms, rope and Python) |",
+            f"| decode step / its weight products at the one-row kernel's streaming rate (sampled among the runs) | "
+            f"{lim['decode_step_ms']:.1f} ms / {lim['weight_products_ms']:.1f} ms ({lim['weight_products_share']:.0%}; the "
+            "rest is attention, norms, rope, the calls between them and the products' own shortfall) |",
             f"| speculation: AL / step cost | {lim['acceptance_length']:.2f} / {lim['step_cost_vs_decode']:.2f} = "
             f"{lim['speculative_over_no_draft']:.2f}x over no draft |",
         ]

@@ -203,26 +203,32 @@ def acceptance_summary(rows: list[dict], generations: list, k: int) -> dict:
 
 
 def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: dict | None,
-                  no_draft_decode_tps: float | None = None, decode_runs: list | None = None,
+                  decode_tps: dict[str, float] | None = None, decode_runs: list | None = None,
                   step_cost_ideal: float | None = None) -> dict:
     """Speedups against HF generate and against the runtime without a draft, and what limits them
-    (`no_draft_decode_tps`: the runtime's decode steps alone, without the prompts' prefill; `decode_runs`: the same
-    per run, each held against the bandwidth sampled around it: kernels.speed_limits)."""
+    (`decode_tps`: each runtime method's decode steps alone, without the prompts' prefill; `decode_runs`: the
+    no-draft runtime's per run, each held against the bandwidth sampled around it: kernels.speed_limits)."""
     from trtspec.runtime.kernels import speed_limits
 
+    decode_tps = decode_tps or {}
     out = {
         "speedup_vs_hf": round(tps["speculative"] / tps["hf_generate"], 3),
         "runtime_no_draft_vs_hf": round(tps["runtime_no_draft"] / tps["hf_generate"], 3),
         "speculative_vs_no_draft": round(tps["speculative"] / tps["runtime_no_draft"], 3),
     }
     out["speedup_over_al"] = round(out["speedup_vs_hf"] / al, 3)
-    # what one speculative step (k draft passes + one verify pass over k+1 tokens) costs, in plain decode steps:
-    # speculative_vs_no_draft = AL / step_cost, so speculation pays only while AL > step_cost
-    out["step_cost_vs_decode"] = round(al / out["speculative_vs_no_draft"], 3)
+    # what one speculative step (k draft passes + one verify pass over k+1 tokens) costs, in plain decode steps,
+    # from the decode steps alone (each answer's prefill is the same pass with or without a draft, not a step):
+    # speculative decode tokens/s = AL / step time, decode tokens/s = 1 / decode step, so
+    # step cost = AL x decode tokens/s / speculative decode tokens/s, and speculation pays only while AL > step cost
+    if {"runtime_no_draft", "speculative"} <= set(decode_tps):
+        out["step_cost_vs_decode"] = round(al * decode_tps["runtime_no_draft"] / decode_tps["speculative"], 3)
+    else:  # no prefill timings: the whole answers' speeds
+        out["step_cost_vs_decode"] = round(al / out["speculative_vs_no_draft"], 3)
     out["limits"] = None if bandwidth is None else {
         "bandwidth": bandwidth,
-        **speed_limits(kernels, bandwidth, tps["runtime_no_draft"], al, out["step_cost_vs_decode"], no_draft_decode_tps,
-                       decode_runs, step_cost_ideal),
+        **speed_limits(kernels, bandwidth, tps["runtime_no_draft"], al, out["step_cost_vs_decode"],
+                       decode_tps.get("runtime_no_draft"), decode_runs, step_cost_ideal),
     }
     return out
 

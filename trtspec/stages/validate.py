@@ -141,7 +141,11 @@ def compile_runtime(ctx: StageContext, b: Bench, methods: dict[str, Any], drafti
 
     if not ctx.cfg.validate_.compile:
         return 0.0, "off (validate.compile: false)"
-    ctx.log("compiling the runtime's decode, verify and draft passes (torch.compile; ~1-2 min on a CPU the first time)")
+    if b.target.native_pass:
+        ctx.log("compiling the draft's passes (torch.compile; ~1-2 min on a CPU the first time; the target's decode and "
+                "verify passes run as one native call each)")
+    else:
+        ctx.log("compiling the runtime's decode, verify and draft passes (torch.compile; ~1-2 min on a CPU the first time)")
     compile_s, compile_note = compile_steps([b.target, b.drafter.net], lambda: (warm_up_row_counts(b.target, b.drafter, b.spec),
                                                                                 [methods[m](b.prompts[0]) for m in ("runtime_no_draft", *drafting)]))
     ctx.log(f"{compile_note} ({compile_s:.0f} s)")
@@ -215,12 +219,13 @@ def run(ctx: StageContext) -> dict:
         "quantization": quant_report,
         **acceptance,
         "tokens_per_s": tps,
+        "decode_tokens_per_s": median_speeds(timed, "decode_tokens_per_s"),  # after each answer's prefill
         "repeats": ctx.cfg.eval.repeats,
         "run_seconds": {m: timed[m]["run_seconds"] for m in methods},
         "skipped": skipped,
         "method_notes": method_notes,
         **speed_summary(tps, acceptance["acceptance_length"], kernels, bandwidth,
-                        median_speeds(timed, "decode_tokens_per_s").get("runtime_no_draft"),
+                        median_speeds(timed, "decode_tokens_per_s"),
                         timed["runtime_no_draft"].get("decode_runs"), step_cost_by_bytes(target, drafter, spec)),
         "drafting": drafting_summary(outputs, reference, tps, drafting, d.suffix_len) if len(drafting) > 1 else None,
         "sampling_check": sampling,
