@@ -265,6 +265,8 @@ def test_native_pass_equals_forward(kernel, family):
             assert (got_aux is None) == (aux is None) and (aux is None or torch.allclose(got_aux, aux, atol=1e-5, rtol=1e-5))
             for b, (k, v) in zip(model.layers, after, strict=True):
                 torch.testing.assert_close((b.self_attn.k_cache, b.self_attn.v_cache), (k, v), atol=1e-5, rtol=1e-5)
+        with pytest.raises(RuntimeError, match="outside the cache"):  # checked, not read past the tables' end
+            model.step(torch.tensor([1]), torch.tensor([64]), torch.tensor([20]), 21, None)
 
 
 def test_generate_without_draft_equals_hf(target, prompts, hf_greedy):

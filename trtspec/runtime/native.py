@@ -478,7 +478,7 @@ std::vector<torch::Tensor> decoder_step(torch::Tensor tokens, torch::Tensor posi
     float* P = qkv.data_ptr<float>();
     float *Kc = caches[2 * l].data_ptr<float>(), *Vc = caches[2 * l + 1].data_ptr<float>();
     for (int64_t t = 0; t < T; ++t) {
-      TORCH_CHECK(slot[t] >= 0 && slot[t] < M, "decoder_step: a slot outside the cache");
+      TORCH_CHECK(slot[t] >= 0 && slot[t] < M && pos[t] >= 0 && pos[t] < cos.size(0), "decoder_step: a slot or position outside the cache");
       const float *ct = C + pos[t] * D, *st = S + pos[t] * D;
       for (int64_t hh = 0; hh < H + KV; ++hh) {  // query heads, then key heads: (norm,) rope
         float* v = P + t * QKV + hh * D;
