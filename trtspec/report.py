@@ -55,9 +55,13 @@ def pass_kind(target_kernels: dict) -> str:
 
 
 def packed_copy(target_kernels: dict) -> str:
-    """' The packed kernel reads a copy of the weights (N MB of memory).' where `packed` was chosen, else ''."""
+    """' The packed kernel reads a copy of the weights (N MB of memory).' where `packed` was chosen, why it was left
+    out of the choice where it was, else ''."""
     mb = target_kernels.get("packed_mb") or 0
-    return f" The `packed` kernel reads a copy of the weights packed in panels ({mb:.0f} MB of memory beside them)." if mb else ""
+    if mb:
+        return f" The `packed` kernel reads a copy of the weights packed in panels ({mb:.0f} MB of memory beside them)."
+    why = target_kernels.get("packed_left_out")
+    return f" The `packed` kernel was left out: {why}." if why else ""
 
 
 def decode_fraction(lim: dict) -> str:

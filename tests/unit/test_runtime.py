@@ -269,6 +269,27 @@ def test_native_pass_equals_forward(kernel, family):
             model.step(torch.tensor([1]), torch.tensor([64]), torch.tensor([20]), 21, None)
 
 
+def test_packed_copies_must_fit_in_memory(monkeypatch):
+    """The packed kernel copies the weights: where that copy would take more than half the free memory (a large model)
+    it is left out of the choice, and the choice says why."""
+    from trtspec.report import packed_copy
+    from trtspec.runtime import kernels
+
+    weights = [torch.randn(64, 32), torch.randn(30, 32)]  # 8 KiB packable; 30 rows are no panels
+    monkeypatch.setattr(kernels, "available_memory_mb", lambda: 1.0)
+    assert kernels.packed_fits(weights) == (True, "")
+    monkeypatch.setattr(kernels, "available_memory_mb", lambda: 0.01)
+    fits, why = kernels.packed_fits(weights)
+    assert not fits and "0 MiB" in why
+    args = ModelArgs(vocab_size=96, hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96)
+    model = Transformer(args).eval().requires_grad_(False)
+    choice = kernels.choose_kernels(model)
+    assert "packed" not in choice["ms_per_pass"]["1_rows"] and choice["packed_mb"] == 0
+    assert all(m.packed is None for m in model.modules() if isinstance(m, Linear))
+    if "packed" in available_candidates():  # AVX-512: it would have been timed
+        assert choice["packed_left_out"] == why and "was left out" in packed_copy(choice)
+
+
 def test_generate_without_draft_equals_hf(target, prompts, hf_greedy):
     for p, ref in zip(prompts, hf_greedy, strict=True):
         assert generate(target, p, NEW, eos={2}).tokens == ref

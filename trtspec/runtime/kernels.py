@@ -174,6 +174,30 @@ def packable(w: Tensor) -> bool:
     return w.dim() == 2 and w.shape[0] % PANEL == 0
 
 
+def available_memory_mb() -> float | None:
+    """The memory the system could still hand out (MemAvailable in /proc/meminfo), or None where unknown."""
+    from pathlib import Path
+
+    try:
+        line = next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemAvailable:"))
+        return int(line.split()[1]) / 1024
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+PACKED_SHARE = 0.5  # the packed kernel is a candidate only while its copies would take at most this share of free memory
+
+
+def packed_fits(weights: list[Tensor]) -> tuple[bool, str]:
+    """Whether packed copies of the packable `weights` fit in memory (`PACKED_SHARE` of what is available): a copy
+    of a large model's weights could otherwise push the machine into swap or the OOM killer -> (fits, why not)."""
+    mb = sum(w.numel() * w.element_size() for w in {id(w): w for w in weights if packable(w)}.values()) / 2**20
+    free = available_memory_mb()
+    if free is None or mb <= PACKED_SHARE * free:
+        return True, ""
+    return False, f"its copy of the weights ({mb:.0f} MiB) would take more than {PACKED_SHARE:.0%} of the {free:.0f} MiB of memory available"
+
+
 def timed_weights(weights: list[Tensor]) -> list[Tensor]:
     """The weights `choose_kernels` times: in model order up to TIMED_MB, plus the last (the lm_head)."""
     out, mb = [], 0.0
@@ -211,6 +235,9 @@ def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
         return {"by_rows": list(DEFAULT), "one_row": "linear", "note": "not a float32 CPU model: F.linear"}
     native, why_not = build()
     candidates = available_candidates()
+    fits, no_packing = packed_fits(weights) if "packed" in candidates else (True, "")
+    if not fits:
+        candidates = tuple(c for c in candidates if c != "packed")
     timed = timed_weights(weights)
     # the timed weights' packed copies, kept for their layers if "packed" is chosen (by tensor: a weight may be shared)
     copies = {id(w): pack_panels(w) for w in timed if "packed" in candidates and packable(w)}
@@ -241,6 +268,7 @@ def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
         "gb_per_s_one_row": round(timed_mb / ms[1][by_rows[0]], 2),
         "packed_mb": round(packed_mb, 1),  # memory the packed copies take beside the weights (0: none chosen)
         "native_kernel": "built" if native else f"not available ({why_not})",
+        **({"packed_left_out": no_packing} if no_packing else {}),
     }
 
 
