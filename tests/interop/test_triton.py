@@ -211,9 +211,20 @@ def test_prometheus_metrics_count_the_requests(server, prompts):
     does one the model refuses through its response sender (as the llmapi model.py sends its errors): Triton counts
     the execution, not the answer, so nv_inference_request_failure does not show the model's own errors. A
     decoupled model's request is counted when the model releases it, which can come just after the client has its
-    last response, so the scrape waits (up to 10 s) for the count to move."""
+    last response, so the scrape waits (up to 10 s) for the count to move; for the same reason the count before is
+    taken once it has stopped moving (an earlier test's request may still be on its way out)."""
     def scrape() -> str:
         return server.get("/metrics", server.metrics).decode()
+
+    def settled() -> str:
+        deadline, text = time.monotonic() + 10, scrape()
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            again = scrape()
+            if metric(again, "nv_inference_request_success") == metric(text, "nv_inference_request_success"):
+                return again
+            text = again
+        return text
 
     def scrape_after(before: str) -> str:
         deadline = time.monotonic() + 10
@@ -224,7 +235,7 @@ def test_prometheus_metrics_count_the_requests(server, prompts):
                 return text
             time.sleep(0.1)
 
-    before = scrape()
+    before = settled()
     ask(server, prompts[1])
     mid = scrape_after(before)
     assert metric(mid, "nv_inference_request_success") == metric(before, "nv_inference_request_success") + 1, \
