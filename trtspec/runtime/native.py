@@ -465,6 +465,8 @@ std::vector<torch::Tensor> decoder_step(torch::Tensor tokens, torch::Tensor posi
   auto q = torch::empty({1, H, T, D}, f32);
   float *X = x.data_ptr<float>(), *Hn = h.data_ptr<float>(), *Q = q.data_ptr<float>();
   const float *C = cos.data_ptr<float>(), *S = sin.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < M && pos[t] >= 0 && pos[t] < cos.size(0), "decoder_step: a slot or position outside the cache");
   std::vector<torch::Tensor> aux;
   int64_t norm_at = 0;
   for (int64_t l = 0; l < L; ++l) {
@@ -478,7 +480,6 @@ std::vector<torch::Tensor> decoder_step(torch::Tensor tokens, torch::Tensor posi
     float* P = qkv.data_ptr<float>();
     float *Kc = caches[2 * l].data_ptr<float>(), *Vc = caches[2 * l + 1].data_ptr<float>();
     for (int64_t t = 0; t < T; ++t) {
-      TORCH_CHECK(slot[t] >= 0 && slot[t] < M && pos[t] >= 0 && pos[t] < cos.size(0), "decoder_step: a slot or position outside the cache");
       const float *ct = C + pos[t] * D, *st = S + pos[t] * D;
       for (int64_t hh = 0; hh < H + KV; ++hh) {  // query heads, then key heads: (norm,) rope
         float* v = P + t * QKV + hh * D;

@@ -198,6 +198,7 @@ def run(ctx: StageContext) -> dict:
     for rep in range(ctx.cfg.eval.repeats):
         ctx.log(f"repetition {rep + 1}/{ctx.cfg.eval.repeats}: " + ", ".join(f"{m} {timed[m]['tokens_per_s'][rep]:.1f} tok/s" for m in methods))
     tps, outputs = median_speeds(timed), {m: timed[m]["outputs"] for m in methods}
+    decode_tps = median_speeds(timed, "decode_tokens_per_s")  # after each answer's prefill
     reference, reference_name, quant_report = reference_outputs(ctx, b, outputs["hf_generate"])
     acceptance = acceptance_summary(b.rows, outputs["speculative"], d.length)
     sampling = sampling_checks(ctx, b)
@@ -219,13 +220,13 @@ def run(ctx: StageContext) -> dict:
         "quantization": quant_report,
         **acceptance,
         "tokens_per_s": tps,
-        "decode_tokens_per_s": median_speeds(timed, "decode_tokens_per_s"),  # after each answer's prefill
+        "decode_tokens_per_s": decode_tps,
         "repeats": ctx.cfg.eval.repeats,
         "run_seconds": {m: timed[m]["run_seconds"] for m in methods},
         "skipped": skipped,
         "method_notes": method_notes,
         **speed_summary(tps, acceptance["acceptance_length"], kernels, bandwidth,
-                        median_speeds(timed, "decode_tokens_per_s"),
+                        decode_tps,
                         timed["runtime_no_draft"].get("decode_runs"), step_cost_by_bytes(target, drafter, spec)),
         "drafting": drafting_summary(outputs, reference, tps, drafting, d.suffix_len) if len(drafting) > 1 else None,
         "sampling_check": sampling,
