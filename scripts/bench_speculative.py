@@ -42,7 +42,7 @@ def main() -> None:
     from trtspec.models import load_model
     from trtspec.runtime import DraftSpec, Stats, compile_steps, generate, speculative_decode
     from trtspec.runtime.decode import warm_up_row_counts
-    from trtspec.runtime.kernels import cpu_description, speed_limits, step_cost_by_bytes
+    from trtspec.runtime.kernels import cpu_description, row_labels, speed_limits, step_cost_by_bytes
     from trtspec.validation import time_methods
 
     run, bundle = a.run_dir, open_bundle(a.run_dir)
@@ -53,7 +53,7 @@ def main() -> None:
     machine, kernels = cpu_description(), target.kernel_choice
     if not a.json:
         print(f"machine: {machine['model']}, {machine['cores']} cores, {machine['torch_threads']} threads, {' '.join(machine['flags'])}")
-        print(f"kernels for 1..{len(kernels['by_rows'])} rows: {' '.join(kernels['by_rows'])}; "
+        print(f"kernels by rows: {' '.join(f'{n}:{c}' for n, c in zip(row_labels(), kernels['by_rows'], strict=True))}; "
               f"{kernels['weight_mb']:.0f} MB of weights per token", flush=True)
 
     ks = [int(x) for x in a.ks.split(",")]

@@ -58,7 +58,10 @@ class PassTimer:
 def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--k", type=int, default=3, help="draft length")
+    ap.add_argument("--k", type=int, default=3, help="draft length (a tree's depth)")
+    ap.add_argument("--shape", default="chain", choices=["chain", "tree", "dynamic_tree"], help="the draft's shape")
+    ap.add_argument("--topk", type=int, default=4, help="tree shapes: expansions per drafted position")
+    ap.add_argument("--total", type=int, default=16, help="tree shapes: drafted nodes per step")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every configuration")
@@ -84,7 +87,7 @@ def main() -> None:
     prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
     target, drafter = bundle.runtime(draft_weights=a.draft_weights)
     net = drafter.net
-    spec, eos, new = DraftSpec(k=a.k), bundle.eos, a.max_new_tokens
+    spec, eos, new = DraftSpec(a.shape, a.k, a.topk, a.total), bundle.eos, a.max_new_tokens
     note, compile_s = "eager (--no-compile)", 0.0
     if not a.no_compile:
         compile_s, note = compile_steps([target, net], lambda: [(generate(target, p, new, eos),
@@ -142,7 +145,7 @@ def main() -> None:
         }
     same = all(x["out"] == y["out"] for (s, m), v in runs.items() if m == "speculative"
                for x, y in zip(v, runs[(s, "no_draft")], strict=True))
-    result = {"machine": cpu_description(), "runtime": note, "compile_s": compile_s, "k": a.k, "target_mb": round(t_mb, 1),
+    result = {"machine": cpu_description(), "runtime": note, "compile_s": compile_s, "shape": a.shape, "k": a.k, "target_mb": round(t_mb, 1),
               "draft_mb": round(d_mb, 1), "greedy_identical": same, "kernels": target.kernel_choice["by_rows"], "rows": rows}
     if a.json:
         print(json.dumps(result))
@@ -151,6 +154,8 @@ def main() -> None:
     print(f"machine: {m['model']}, {m['cores']} cores, {' '.join(m['flags'])}; runtime: {note} ({compile_s:.0f} s)")
     print(f"target {t_mb:.0f} MB, draft {d_mb:.0f} MB per pass; k = {a.k}; kernels by rows {' '.join(result['kernels'])}; "
           f"greedy identical: {same}")
+    if a.shape != "chain":
+        print(f"draft shape {a.shape}: top-k {a.topk}, {a.total} nodes")
     for stance, r in rows.items():
         print(f"\n[{stance}]  decode step {r['decode_step_ms']:.2f} ms (target pass {r['decode_target_ms']:.2f}, "
               f"outside {r['decode_python_ms']:.2f})")

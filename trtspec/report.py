@@ -75,6 +75,8 @@ def decode_fraction(lim: dict) -> str:
 
 
 def _markdown(r: dict, plots: list[str]) -> str:
+    from trtspec.runtime.kernels import row_labels
+
     g = r["greedy_match"]
     lines = [
         "# Validation report",
@@ -144,8 +146,8 @@ def _markdown(r: dict, plots: list[str]) -> str:
         lines += [
             "", "## What limits the speed", "",
             f"Machine: {m['model']}, {m['cores']} cores ({m['torch_threads']} torch threads), {', '.join(m['flags']) or 'no AVX2'}.",
-            "Kernels chosen by timing on this machine, for 1 row (decode) and 2, 3, ... rows (verification, drafting): "
-            + ", ".join(f"`{c}`" for c in k["by_rows"]) + "." + packed_copy(k) + pass_kind(k) + draft_storage(r["kernels"].get("draft")),
+            "Kernels chosen by timing on this machine, by rows per product (1: decode; more: verification, drafting): "
+            + ", ".join(f"{n} `{c}`" for n, c in zip(row_labels(), k["by_rows"], strict=False)) + "." + packed_copy(k) + pass_kind(k) + draft_storage(r["kernels"].get("draft")),
             "",
             "| | |", "|---|---|",
             f"| memory bandwidth (best of a streaming read and a large matrix-vector product; median of samples taken among the timed runs) | {lim['bandwidth_gb_per_s']:.1f} GB/s |",

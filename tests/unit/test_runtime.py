@@ -19,10 +19,18 @@ from trtspec.runtime.drafters import (
     DraftSpec,
     LMDrafter,
     NgramDrafter,
+    draft_dynamic_tree,
     load_draft_target,
     load_eagle3_drafter,
 )
-from trtspec.runtime.kernels import CANDIDATES, FEW_ROWS, available_candidates, few_rows_linear
+from trtspec.runtime.kernels import (
+    CANDIDATES,
+    FEW_ROWS,
+    MANY_ROWS,
+    TIMED_ROWS,
+    available_candidates,
+    few_rows_linear,
+)
 from trtspec.runtime.model import (
     COMPILED,
     Linear,
@@ -113,34 +121,35 @@ def test_every_kernel_is_linear(kernel):
         w, b = torch.randn(n, 64, generator=g), torch.randn(n, generator=g)
         packed = native.pack_panels(w) if kernel == "packed" and n % native.PANEL == 0 and native.wide_loops() else None
         with torch.no_grad():
-            for shape in [(1, 64), (1, 1, 64), (1, 3, 64), (4, 64), (5, 64), (2, 3, 64), (7, 64), (8, 64), (0, 64)]:
+            for shape in [(1, 64), (1, 1, 64), (1, 3, 64), (4, 64), (5, 64), (2, 3, 64), (7, 64), (8, 64), (0, 64),
+                          (17, 64), (2, 9, 64), (MANY_ROWS + 1, 64)]:  # a tree's verification, a prefill's rows
                 x = torch.randn(*shape, generator=g)
                 for bias in (None, b):
-                    y = few_rows_linear(x, w, bias, (kernel,) * FEW_ROWS, packed)
+                    y = few_rows_linear(x, w, bias, (kernel,) * len(TIMED_ROWS), packed)
                     assert y.shape == (*shape[:-1], n)
                     torch.testing.assert_close(y, torch.nn.functional.linear(x, w, bias), atol=1e-5, rtol=1e-5)
     if kernel in ("native", "native16", "packed"):  # ops torch.compile can trace: their fakes give the shape
-        compiled = torch.compile(lambda x: few_rows_linear(x, w, None, (kernel,) * FEW_ROWS, packed), fullgraph=True)
+        compiled = torch.compile(lambda x: few_rows_linear(x, w, None, (kernel,) * len(TIMED_ROWS), packed), fullgraph=True)
         with torch.no_grad():
             x = torch.randn(3, 64, generator=g)
             torch.testing.assert_close(compiled(x), torch.nn.functional.linear(x, w), atol=1e-5, rtol=1e-5)
     x = torch.randn(1, 64, requires_grad=True)
-    few_rows_linear(x, w, None, (kernel,) * FEW_ROWS).sum().backward()
+    few_rows_linear(x, w, None, (kernel,) * len(TIMED_ROWS)).sum().backward()
     torch.testing.assert_close(x.grad, w.sum(0, keepdim=True), atol=1e-4, rtol=1e-5)
 
 
 def test_bfloat16_weights_are_widened_to_the_same_float32_products():
     """A draft's weights stored in bfloat16: the native kernel's product equals F.linear on the widened weights for
-    1..FEW_ROWS rows and odd widths; more rows, or autograd, take F.linear on the widened weights."""
+    1..MANY_ROWS rows and odd widths; more rows, or autograd, take F.linear on the widened weights."""
     if not native.vector_loops():
         pytest.skip("the native kernel with vector loops is not built here")
     g = torch.Generator().manual_seed(0)
     for k in (64, 61):  # 61: the scalar tail after the vector loop
         w, b = torch.randn(300, k, generator=g).to(torch.bfloat16), torch.randn(300, generator=g)
         with torch.no_grad():
-            for shape in [(1, k), (1, 3, k), (4, k), (8, k), (2, 5, k), (0, k)]:
+            for shape in [(1, k), (1, 3, k), (4, k), (8, k), (2, 5, k), (0, k), (17, k), (MANY_ROWS + 1, k)]:
                 x = torch.randn(*shape, generator=g)
-                for bias, kernels in itertools.product((None, b), (("native",) * FEW_ROWS, ("native16",) * FEW_ROWS)):
+                for bias, kernels in itertools.product((None, b), (("native",) * len(TIMED_ROWS), ("native16",) * len(TIMED_ROWS))):
                     y = few_rows_linear(x, w, bias, kernels)  # native16: AVX-512's lanes, or 8 where it is absent
                     assert y.dtype == torch.float32 and y.shape == (*shape[:-1], 300)
                     torch.testing.assert_close(y, torch.nn.functional.linear(x, w.float(), bias), atol=1e-5, rtol=1e-5)
@@ -209,8 +218,8 @@ def test_kernels_are_chosen_at_load(target_dir):
     """Loading times every candidate on the model's own weights and sets the winners on each layer."""
     model = load_transformer(target_dir)[0]
     choice = model.kernel_choice
-    assert set(choice["by_rows"]) <= set(CANDIDATES) and len(choice["by_rows"]) == FEW_ROWS
-    assert set(choice["ms_per_pass"]) == {f"{rows}_rows" for rows in range(1, FEW_ROWS + 1)}
+    assert set(choice["by_rows"]) <= set(CANDIDATES) and len(choice["by_rows"]) == len(TIMED_ROWS)
+    assert set(choice["ms_per_pass"]) == {f"{rows}_rows" for rows in TIMED_ROWS}
     assert choice["native_kernel"] == "built"  # this machine and CI have a C++ compiler (inductor needs one too)
     assert choice["native_pass"] and model.native_pass  # the target's passes as one native call each
     here = available_candidates()  # this machine and CI build the native kernel; its 16 lanes where AVX-512 is
@@ -233,8 +242,9 @@ def test_kernels_are_chosen_at_load(target_dir):
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_native_pass_equals_forward(kernel, family):
     """The target's pass as one native call (Transformer.native_forward) gives forward's logits, aux hidden states
-    and KV cache rows: one row (no mask), a chain, a tree and more rows than the few-row kernels take, with every
-    product by `kernel` (packed where a weight fills panels: the lm_head of 300 rows does not)."""
+    and KV cache rows: one row (no mask), a chain, trees of 8 and 17 nodes and more rows than the few-row kernels
+    take (F.linear), with every product by `kernel` (packed where a weight fills panels: the lm_head of 300 rows does
+    not)."""
     qwen3 = family == "qwen3"
     args = ModelArgs(vocab_size=300, hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16,
                      intermediate_size=96, qk_norm=qwen3, attention_bias=qwen3, o_bias=qwen3)
@@ -244,16 +254,22 @@ def test_native_pass_equals_forward(kernel, family):
         p.normal_(0, 0.2)
     for m in model.modules():
         if isinstance(m, Linear):
-            m.kernels = (kernel,) * FEW_ROWS
+            m.kernels = (kernel,) * len(TIMED_ROWS)
             m.packed = native.pack_panels(m.weight) if kernel == "packed" and m.weight.shape[0] % native.PANEL == 0 else None
     assert model.use_native_pass()
-    model.setup_cache(64)
+    model.setup_cache(128)
     g = torch.Generator().manual_seed(1)
+
+    def tree(rows: int) -> torch.Tensor:
+        mask = torch.rand(rows, 10 + rows, generator=g) < 0.7
+        mask[:, :10] = True
+        return mask
+
+    many = MANY_ROWS + 1
     with torch.inference_mode():
         model(torch.randint(0, 300, (10,), generator=g), torch.arange(10), torch.arange(10), 10, "causal")
-        tree = torch.rand(8, 18, generator=g) < 0.7
-        tree[:, :10] = True
-        for rows, mask in [(1, None), (3, torch.ones(3, 13, dtype=torch.bool).tril(10)), (8, tree), (9, torch.ones(9, 19, dtype=torch.bool).tril(10))]:
+        for rows, mask in [(1, None), (3, torch.ones(3, 13, dtype=torch.bool).tril(10)), (8, tree(8)), (17, tree(17)),
+                           (many, torch.ones(many, 10 + many, dtype=torch.bool).tril(10))]:
             tokens, at = torch.randint(0, 300, (rows,), generator=g), 10 + torch.arange(rows)
             before = [(a.k_cache.clone(), a.v_cache.clone()) for a in (b.self_attn for b in model.layers)]
             logits, aux = model.forward(tokens, at, at, 10 + rows, mask, 1)
@@ -266,7 +282,7 @@ def test_native_pass_equals_forward(kernel, family):
             for b, (k, v) in zip(model.layers, after, strict=True):
                 torch.testing.assert_close((b.self_attn.k_cache, b.self_attn.v_cache), (k, v), atol=1e-5, rtol=1e-5)
         with pytest.raises(RuntimeError, match="outside the cache"):  # checked, not read past the tables' end
-            model.step(torch.tensor([1]), torch.tensor([64]), torch.tensor([20]), 21, None)
+            model.step(torch.tensor([1]), torch.tensor([128]), torch.tensor([20]), 21, None)
 
 
 def test_packed_copies_must_fit_in_memory(monkeypatch):
@@ -326,6 +342,39 @@ def test_eagle3_draft_keeps_greedy_output(eagle_export, target_dir, prompts, hf_
         assert speculative_decode(target, drafter, p, NEW, DraftSpec(shape=shape, k=3, topk=3, total=8), eos={2}).tokens == ref
 
 
+def test_eagle3_dynamic_tree_in_one_pass_is_the_level_by_level_tree(eagle_export, target_dir, prompts):
+    """Eagle3Draft.dynamic_tree (one pass a step: the pending rows, then every level) proposes the tree that
+    draft_dynamic_tree grows one expansion at a time: the same tokens, parents and scores, after one pending row
+    (a generation's first draft) and after several (a step that accepted drafts)."""
+    from trtspec.runtime.decode import prefill
+
+    target = load_transformer(target_dir)[0]
+    drafter = load_eagle3_drafter(eagle_export[0], target)
+    spec = DraftSpec(shape="dynamic_tree", k=4, topk=3, total=10)
+    with torch.inference_mode():
+        prompt = prompts[0]
+        target.setup_cache(64)
+        _, aux = prefill(target, prompt)
+        drafter.setup(64)
+        for accepted in ([], [5, 9, 11]):
+            trees = []
+            for one_pass in (True, False):
+                drafter.start(prompt, 7, aux)
+                if accepted:
+                    drafter.draft(7, spec)
+                    drafter.accepted(torch.tensor(accepted), aux[-len(accepted):].clone())
+                if one_pass:
+                    trees.append(drafter.draft(accepted[-1] if accepted else 7, spec)[0])
+                else:
+                    drafter._catch_up(*drafter.pending)
+                    drafter.pending = None
+                    trees.append(draft_dynamic_tree(drafter, accepted[-1] if accepted else 7, spec.k, spec.topk, spec.total))
+            one, by_level = trees
+            assert len(one) == spec.total + 1 and max(one.depth) > 1
+            assert (one.tokens, one.parents, one.depth) == (by_level.tokens, by_level.parents, by_level.depth)
+            assert one.scores == pytest.approx(by_level.scores, abs=1e-5)
+
+
 def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts, hf_greedy, monkeypatch, tmp_path):
     """torch.compile'd decode/verify/draft passes (what validate times): the same greedy tokens as HF generate for
     plain decoding, chains and both trees; graphs really are compiled, and a failed compile falls back to eager."""
@@ -372,12 +421,14 @@ def test_compiled_passes_hold_a_graph_for_every_row_count(target_dir, monkeypatc
     assert compile_steps([target], lambda: warm_up_row_counts(target, None, spec))[1] == COMPILED
 
 
-@pytest.mark.parametrize("family", ["eagle3", "dflash"])
-def test_generations_after_the_warm_up_compile_nothing(eagle_export, target_dir, prompts, family, monkeypatch, tmp_path):
+@pytest.mark.parametrize(("family", "shape"), [("eagle3", "chain"), ("dflash", "chain"), ("eagle3", "dynamic_tree")])
+def test_generations_after_the_warm_up_compile_nothing(eagle_export, target_dir, prompts, family, shape, monkeypatch,
+                                                       tmp_path):
     """validate compiles every pass for every row count before timing (warm_up_row_counts); a generation after it
     must not compile again (a graph takes seconds on a small CPU, which then land inside a timed run). Suffix drafts
-    in front of the model drafter, here made to propose 5 steps out of 6, leave the verified rows of those steps
-    waiting for the model drafter's next pass: more rows than the warm-up ran."""
+    in front of the model drafter, here made to propose 11 steps out of 12, leave the verified rows of those steps
+    waiting for the model drafter's next pass: more rows than the warm-up ran. A dynamic tree's draft is one pass
+    of its own, its verification up to `total` + 1 rows."""
     from stagekit import export_random_dflash
 
     from trtspec.runtime.decode import warm_up_row_counts
@@ -390,10 +441,10 @@ def test_generations_after_the_warm_up_compile_nothing(eagle_export, target_dir,
     else:
         export_random_dflash(target_dir, tmp_path / "dflash")
         model = load_dflash_drafter(tmp_path / "dflash", target)
-    spec = DraftSpec(k=3, suffix_len=3)
+    spec = DraftSpec(shape, k=3, topk=3, total=8, suffix_len=3)
     drafter = SuffixThenModelDrafter(model, SuffixDrafter())
     steps = itertools.count()
-    monkeypatch.setattr(drafter.suffix, "proposal", lambda k: (1, [0, 0][:k]) if next(steps) % 6 else (0, []))
+    monkeypatch.setattr(drafter.suffix, "proposal", lambda k: (1, [0, 0][:k]) if next(steps) % 12 else (0, []))
     waiting = []  # verified rows waiting for each model draft
     draft = model.draft
 

@@ -256,16 +256,18 @@ class Eagle3Drafter(ModelDrafter):
         self.pending = (tokens, aux)
 
     def draft(self, root: int, spec: DraftSpec, temperature: float = 0.0, generator=None) -> tuple[Tree, Tensor | None]:
-        if spec.shape != "chain":
+        if spec.shape == "tree" or temperature > 0 and spec.shape != "chain":
             self._catch_up(*self.pending)
             self.pending = None
             return super().draft(root, spec, temperature, generator)
         tokens, aux = self.pending
         if (excess := tokens.numel() - spec.max_nodes()) > 0:
             # rows left waiting by several suffix-drafted steps in a row: the oldest join the cache in one eager
-            # pass, so the compiled chain meets only the row counts 1..max_nodes that warm_up_row_counts compiled
+            # pass, so the compiled pass meets only the row counts 1..max_nodes that warm_up_row_counts compiled
             self._catch_up(tokens[:excess], aux[:excess], forward=self._forward_eager)
             tokens, aux = tokens[excess:].clone(), aux[excess:].clone()
+        if spec.shape == "dynamic_tree":
+            return self._dynamic_tree(root, tokens, aux, spec), None
         noise = None
         if temperature > 0:  # Gumbel-max: argmax(logits + T g), g = -log(-log u), is a sample of softmax(logits / T)
             u = torch.rand(spec.k, self.net.lm_head.weight.shape[0], generator=generator)
@@ -277,6 +279,18 @@ class Eagle3Drafter(ModelDrafter):
         for j, t in enumerate(self.to_target(guesses).tolist()):
             tree.add(t, j)
         return tree, self.full_probs(softmax_t(logits, temperature)) if temperature > 0 else None
+
+
+    def _dynamic_tree(self, root: int, tokens: Tensor, aux: Tensor, spec: DraftSpec) -> Tree:
+        """Eagle3Draft.dynamic_tree's candidates, the best `spec.total` kept (draft_dynamic_tree's tree, in one pass)."""
+        ids, parents, scores = self.net.run_pass("dynamic_tree", tokens, aux, self.length, spec.k, spec.topk)
+        self.length += tokens.numel()
+        self.pending = None
+        tree = Tree.root(root)
+        for t, p, s in zip(self.to_target(ids).tolist(), parents.tolist(), scores.tolist(), strict=True):
+            tree.add(t, p, s)
+        keep = sorted(range(1, len(tree)), key=lambda n: -tree.scores[n])[: spec.total]
+        return tree.subtree(keep)
 
 
 class NgramDrafter:

@@ -41,7 +41,7 @@ class Eagle3Info:
 
 
 class Eagle3Draft(Stepper):
-    PASSES = ("forward", "chain")
+    PASSES = ("forward", "chain", "dynamic_tree")
 
     def __init__(self, args: ModelArgs, num_aux: int, draft_vocab: int, has_norm: bool):
         super().__init__()
@@ -60,6 +60,15 @@ class Eagle3Draft(Stepper):
         logits, out = self.draft_step(embeds[None], h[None], self.cos[positions], self.sin[positions], slots, length, mask)
         return logits[0], out[0]
 
+    def catch_up(self, tokens: Tensor, aux: Tensor, length: int) -> tuple[Tensor, Tensor]:
+        """The m newest verified positions (tokens [m]: the token after each; aux [m, A]: the target's states there)
+        join the cache at rows length .. length + m - 1 -> (the last row's logits [1, Vd], pre-norm output [1, H])."""
+        m = tokens.shape[0]
+        rows = torch.arange(length, length + m)
+        mask = None if m == 1 else torch.arange(length + m)[None, :] <= rows[:, None]
+        logits, hidden = self.forward(self.embed_tokens(tokens), self.fc(aux), rows, rows, length + m, mask)
+        return logits[-1:], hidden[-1:]
+
     def chain(self, tokens: Tensor, aux: Tensor, length: int, k: int, noise: Tensor | None) -> tuple[Tensor, Tensor]:
         """A whole chain draft in one pass (one compiled call per speculative step): the m newest verified
         positions (tokens [m]: the token after each; aux [m, A]: the target's states there) join the cache at rows
@@ -68,20 +77,55 @@ class Eagle3Draft(Stepper):
         sample of softmax(logits_j / T) with noise = T x Gumbel noise [k, Vd] (the Gumbel-max trick).
         -> (guesses in the draft vocab [k], their logits [k, Vd])."""
         m = tokens.shape[0]
-        rows = torch.arange(length, length + m)
-        mask = None if m == 1 else torch.arange(length + m)[None, :] <= rows[:, None]
-        logits, hidden = self.forward(self.embed_tokens(tokens), self.fc(aux), rows, rows, length + m, mask)
-        logits, hidden = logits[-1:], hidden[-1:]
+        logits, hidden = self.catch_up(tokens, aux, length)
         guesses, all_logits = [], []
         for j in range(k):
             guess = (logits if noise is None else logits + noise[j]).argmax(-1)
             guesses.append(guess)
             all_logits.append(logits)
             if j + 1 < k:  # the guess sits at position length + m + j, in the row of that number
-                row = rows[-1:] + (j + 1)
+                row = torch.full((1,), length + m + j)
                 logits, hidden = self.forward(self.embed_tokens(self.draft_to_target[guess]), hidden, row, row,
                                               length + m + j + 1, None)
         return torch.cat(guesses), torch.cat(all_logits)
+
+    def dynamic_tree(self, tokens: Tensor, aux: Tensor, length: int, depth: int, topk: int) -> tuple[Tensor, Tensor, Tensor]:
+        """EAGLE-2's dynamic tree in one pass (one compiled call per speculative step): the pending verified rows
+        join the cache as in `chain` (L = length + m rows after them), then `depth` levels of candidates:
+
+            level 1:  the root's top-k guesses, score = log q(guess | root)
+            level d:  each of the k best-scored nodes of level d - 1 (the frontier) is run, one cache row each
+                      (rows L + (d - 2) k ..), at position L - 1 + (d - 1), attending to the verified rows and its
+                      ancestors' rows; its top-k children score parent score + log q(child | path)
+
+        A child never outscores its parent, so any best-scored set of nodes is closed under ancestors (the caller
+        keeps the best `total`). Rows past L are forgotten by the caller.
+        -> (tokens in the draft vocab, parent node, score) of the topk + (depth - 1) topk^2 candidates, as tables
+        [N] whose entry i is node i + 1 (node 0 is the root)."""
+        m = tokens.shape[0]
+        first = length + m
+        logits, hidden = self.catch_up(tokens, aux, length)
+        top = torch.log_softmax(logits[0], -1).topk(topk)
+        ids, parents, scores = [top.indices], [torch.zeros(topk, dtype=torch.long)], [top.values]
+        front, front_ids, front_scores = torch.arange(1, topk + 1), top.indices, top.values
+        front_hidden, ancestors = hidden.expand(topk, -1), torch.zeros(topk, 0, dtype=torch.bool)
+        own = torch.eye(topk, dtype=torch.bool)
+        for d in range(1, depth):
+            rows = first + (d - 1) * topk + torch.arange(topk)
+            mask = torch.cat((torch.ones(topk, first, dtype=torch.bool), ancestors, own), dim=1)
+            positions = torch.full((topk,), first - 1 + d)
+            logits, out = self.forward(self.embed_tokens(self.draft_to_target[front_ids]), front_hidden, positions, rows,
+                                       first + d * topk, mask)
+            top = torch.log_softmax(logits, -1).topk(topk)  # [k frontier nodes, k children]
+            child_scores = (top.values + front_scores[:, None]).flatten()
+            nodes = 1 + sum(x.numel() for x in ids) + torch.arange(topk * topk)
+            ids.append(top.indices.flatten())
+            parents.append(front[:, None].expand(topk, topk).flatten())
+            scores.append(child_scores)
+            best = child_scores.topk(topk).indices
+            front, front_ids, front_scores = nodes[best], ids[-1][best], child_scores[best]
+            front_hidden, ancestors = out[best // topk], torch.cat((ancestors, own), dim=1)[best // topk]
+        return torch.cat(ids), torch.cat(parents), torch.cat(scores)
 
     def draft_step(self, embeds: Tensor, h: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, length: int,
                    mask) -> tuple[Tensor, Tensor]:

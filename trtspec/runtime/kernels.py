@@ -29,10 +29,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-FEW_ROWS = 8  # decode (1 row), chain verification up to k = 7 (a DFlash block of 8), the drafts' own passes
+FEW_ROWS = 8  # row counts timed one by one: decode (1 row), chain verification up to k = 7, the drafts' own passes
+MANY_ROWS = 64  # FEW_ROWS + 1 .. MANY_ROWS rows (a draft tree's verification) share one kernel, timed at TREE_ROWS
+TREE_ROWS = 16
+TIMED_ROWS = (*range(1, FEW_ROWS + 1), TREE_ROWS)  # what `choose_kernels` times; more rows (prefills) take F.linear
 BLOCKS = (2, 4, 8)
 CANDIDATES = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS), "native", "native16", "packed")
-DEFAULT = ("linear",) * FEW_ROWS  # the kernel for 1, 2, ..., FEW_ROWS rows, until a choice is made
+DEFAULT = ("linear",) * len(TIMED_ROWS)  # the kernel for each of TIMED_ROWS' buckets, until a choice is made
+
+
+def bucket(rows: int) -> int:
+    """Which of TIMED_ROWS' kernels a product of `rows` (1..MANY_ROWS) rows uses."""
+    return min(rows, FEW_ROWS + 1) - 1
+
+
+def row_labels() -> list[str]:
+    """The row counts each chosen kernel serves, for reports: 1, 2, ..., 8, 9-64."""
+    return [str(r) for r in range(1, FEW_ROWS + 1)] + [f"{FEW_ROWS + 1}-{MANY_ROWS}"]
 TIMED_MB = 256  # weights timed per candidate and row count (the lm_head always among them): enough to stream from memory
 
 
@@ -66,10 +79,11 @@ def bf16_kernel(kernel: str) -> str:
 
 
 def kernel_for(rows: int, weight: Tensor, kernels: tuple[str, ...], packed: Tensor | None) -> tuple[str, Tensor]:
-    """(kernel, the tensor it reads) for a product of `rows` (1..FEW_ROWS) float32 rows with a layer's weight: the
-    kernel chosen for that many rows, the native one for bfloat16-stored weights, "native16" where "packed" was
-    chosen but the layer has no packed copy."""
-    kernel = bf16_kernel(kernels[rows - 1]) if weight.dtype == torch.bfloat16 else kernels[rows - 1]
+    """(kernel, the tensor it reads) for a product of `rows` (1..MANY_ROWS) float32 rows with a layer's weight: the
+    kernel chosen for that many rows (`bucket`), the native one for bfloat16-stored weights, "native16" where
+    "packed" was chosen but the layer has no packed copy."""
+    chosen = kernels[bucket(rows)]
+    kernel = bf16_kernel(chosen) if weight.dtype == torch.bfloat16 else chosen
     if kernel == "packed" and packed is None:
         kernel = "native16"
     return kernel, packed if kernel == "packed" else weight
@@ -77,13 +91,13 @@ def kernel_for(rows: int, weight: Tensor, kernels: tuple[str, ...], packed: Tens
 
 def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tuple[str, ...] = DEFAULT,
                     packed: Tensor | None = None) -> Tensor:
-    """F.linear, except that 1..FEW_ROWS float32 rows on a CPU without autograd use the kernel chosen for that many
-    rows (`kernels[rows - 1]`; under torch.compile each row count the run uses gets its own graph). `packed`: the
-    weight's packed copy, for the "packed" kernel (without one, a layer runs "native16" in its place)."""
+    """F.linear, except that 1..MANY_ROWS float32 rows on a CPU without autograd use the kernel chosen for that many
+    rows (`kernel_for`; under torch.compile each row count the run uses gets its own graph). `packed`: the weight's
+    packed copy, for the "packed" kernel (without one, a layer runs "native16" in its place)."""
     if torch.compiler.is_exporting():  # a graph for another runtime (ONNX) holds the plain product
         return F.linear(x, weight, bias)
     rows = x.numel() // x.shape[-1] if x.numel() else 0
-    if not 0 < rows <= FEW_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled():
+    if not 0 < rows <= MANY_ROWS or x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_grad_enabled():
         return F.linear(x, weight.to(x.dtype), bias)  # (a no-op but for bfloat16-stored weights: `store_bf16`)
     kernel, operand = kernel_for(rows, weight, kernels, packed)
     y = product(x.reshape(rows, -1), operand, kernel)
@@ -162,7 +176,7 @@ def _time_pass(weights: list[Tensor], inputs: list[Tensor], kernel: str, packed:
     t0 = time.perf_counter()
     for w, wp, x in zip(weights, packed, inputs, strict=True):
         if kernel == "packed":
-            few_rows_linear(x, w, None, ("packed",) * FEW_ROWS, wp)
+            few_rows_linear(x, w, None, ("packed",) * len(TIMED_ROWS), wp)
         else:
             product(x, w, kernel)
     return time.perf_counter() - t0
@@ -221,8 +235,9 @@ def available_candidates() -> tuple[str, ...]:
 
 
 def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
-    """Time every candidate for 1..FEW_ROWS rows over `model`'s runtime Linear weights (`timed_weights`), and set
-    the fastest for each row count on every layer. Returns what was measured and chosen.
+    """Time every candidate for each of TIMED_ROWS over `model`'s runtime Linear weights (`timed_weights`), and set
+    the fastest for each row count on every layer. Returns what was measured and chosen: `by_rows`, the kernel for
+    1, 2, ..., FEW_ROWS rows and last the one for FEW_ROWS + 1 .. MANY_ROWS (timed at TREE_ROWS).
 
     Rounds are interleaved (each round runs every candidate once) and the best is kept, so noise on a busy machine
     hits all candidates alike. Off a CPU, or for weights that are not float32, F.linear is kept.
@@ -245,7 +260,7 @@ def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
     gen = torch.Generator().manual_seed(0)
     ms: dict[int, dict[str, float]] = {}
     with torch.inference_mode():
-        for rows in range(1, FEW_ROWS + 1):
+        for rows in TIMED_ROWS:
             inputs = [torch.randn(rows, w.shape[1], generator=gen) for w in timed]
             _time_pass(timed, inputs, "linear", packed)  # first touch of the inputs
             best = dict.fromkeys(candidates, float("inf"))

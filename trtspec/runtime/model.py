@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from trtspec.errors import ArtifactError, ModelError
-from trtspec.runtime.kernels import FEW_ROWS, Linear, choose_kernels, kernel_for
+from trtspec.runtime.kernels import FEW_ROWS, MANY_ROWS, Linear, choose_kernels, kernel_for
 from trtspec.runtime.native import KERNEL_CODES, attention_usable, decoder_step
 from trtspec.runtime.native import attention as native_attention
 
@@ -304,7 +304,7 @@ class Transformer(Stepper):
     @staticmethod
     def add_product(rows: int, m: Linear, weights: list[Tensor], codes: list[int]) -> None:
         """Append what decoder_step needs for `m`'s product over `rows` rows: the tensor its kernel reads, the kernel's code."""
-        kernel, operand = kernel_for(rows, m.weight, m.kernels, m.packed) if rows <= FEW_ROWS else ("linear", m.weight)
+        kernel, operand = kernel_for(rows, m.weight, m.kernels, m.packed) if rows <= MANY_ROWS else ("linear", m.weight)
         weights.append(operand)
         codes.append(KERNEL_CODES[kernel])
 

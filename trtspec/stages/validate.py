@@ -182,14 +182,14 @@ def run(ctx: StageContext) -> dict:
     from trtspec.drafting import family
     from trtspec.models import load_model
     from trtspec.report import write_report
-    from trtspec.runtime.kernels import cpu_description, step_cost_by_bytes
+    from trtspec.runtime.kernels import cpu_description, row_labels, step_cost_by_bytes
 
     v, d, n_new = ctx.cfg.validate_, ctx.cfg.draft, ctx.cfg.eval.max_new_tokens
     b = load_bench(ctx)
     target, drafter, spec, prompts = b.target, b.drafter, b.spec, b.prompts
     kernels = target.kernel_choice
     ctx.log(f"{len(prompts)} prompts, {n_new} new tokens, draft {d.shape} k={d.length}, threads {torch.get_num_threads()}")
-    ctx.log(f"kernels chosen on this machine for 1..{len(kernels['by_rows'])} rows: {', '.join(kernels['by_rows'])}")
+    ctx.log("kernels chosen on this machine, by rows: " + ", ".join(f"{n} {c}" for n, c in zip(row_labels(), kernels["by_rows"], strict=True)))
 
     hf = load_model(ctx.model_path, "float32", "cpu")
     methods, drafting, skipped, method_notes = timed_methods(ctx, b, hf)
