@@ -3,17 +3,19 @@
 
     python scripts/bench_step.py runs/demo                      # table on stdout
     python scripts/bench_step.py runs/demo --k 3 --prompts 3 --json
+    python scripts/bench_step.py runs/demo --specs chain:3,dynamic_tree:4:3:8,dynamic_tree:4:4:16   # shapes side by side
 
 Every network pass of the runtime goes through `Stepper.run_pass`; this script wraps the target's and the draft's
 with a timer and decodes the run's held-out prompts with and without the draft (greedy, compiled as validate
 compiles them), each prompt's decode run and speculative run back to back. Per decode step it prints the time inside
 the target's passes, inside the draft's (by new rows per pass) and outside both (Python: trees, masks, verification,
 cache bookkeeping), and the speculative step in plain decode steps (the median over prompts and rounds of each
-speculative run against the decode run beside it) with its cost by bytes (kernels.step_cost_by_bytes).
+speculative run against the decode run beside it) with its cost by bytes (kernels.step_cost_by_bytes). `--specs` times several draft shapes (shape:depth[:topk:total]),
+interleaved with each other and with the decode runs beside them, and adds a summary table: which shape pays most.
 
-The compiled passes are timed both ways, interleaved: with dynamo's guards evaluated on every call (the default) and
-with torch.compiler.set_stance(skip_guard_eval_unsafe=True), which checks only the guards that pick between the
-compiled graphs: the difference is what guard evaluation costs per step on this machine.
+With `--guards-too` the compiled passes are also timed with torch.compiler.set_stance(skip_guard_eval_unsafe=True),
+which checks only the guards that pick between the compiled graphs, interleaved with the default: the difference is
+what dynamo's guard evaluation costs per step on this machine.
 """
 
 from __future__ import annotations
@@ -55,29 +57,46 @@ class PassTimer:
         return sum(len(v) for v in self.seconds.values())
 
 
+def parse_specs(text: str, k: int):
+    """"chain:3,dynamic_tree:4:3:8" -> {label: DraftSpec}; a chain's depth is k, a tree's topk and total follow."""
+    from trtspec.runtime import DraftSpec
+
+    specs = {}
+    for item in text.split(","):
+        shape, *nums = item.strip().split(":")
+        if shape not in ("chain", "tree", "dynamic_tree") or not all(n.isdigit() for n in nums) or len(nums) > 3:
+            raise SystemExit(f"--specs: '{item}' is not shape:depth[:topk:total] (shape chain, tree or dynamic_tree)")
+        depth, topk, total = (*map(int, nums), *[None] * 3)[:3]
+        spec = DraftSpec(shape, depth or k, topk or 4, total or 16)
+        label = f"chain k={spec.k}" if shape == "chain" else f"{shape} depth {spec.k} top-{spec.topk} {spec.total} nodes"
+        specs[label] = spec
+    return specs
+
+
 def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--k", type=int, default=3, help="draft length (a tree's depth)")
-    ap.add_argument("--shape", default="chain", choices=["chain", "tree", "dynamic_tree"], help="the draft's shape")
-    ap.add_argument("--topk", type=int, default=4, help="tree shapes: expansions per drafted position")
-    ap.add_argument("--total", type=int, default=16, help="tree shapes: drafted nodes per step")
+    ap.add_argument("--k", type=int, default=3, help="draft length (the default --specs: chain:K)")
+    ap.add_argument("--specs", help="draft shapes to time side by side, comma-separated shape:depth[:topk:total], "
+                    "e.g. chain:3,dynamic_tree:4:3:8 (default chain:K)")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every configuration")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--guards-too", action="store_true", help="also time every run without dynamo's guard evaluation")
     ap.add_argument("--torch-attention", action="store_true", help="attend with torch's attention, not the native "
                     "kernel (runtime/model.py NATIVE_ATTENTION)")
     ap.add_argument("--draft-weights", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="how the draft's weights are stored (kernels.store_bf16)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    specs = parse_specs(a.specs or f"chain:{a.k}", a.k)
 
     import torch
 
     from trtspec.bench import load_prompts, open_bundle
-    from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
-    from trtspec.runtime.kernels import cpu_description, step_cost_by_bytes, weight_mb
+    from trtspec.runtime import compile_steps, generate, speculative_decode
+    from trtspec.runtime.kernels import cpu_description, row_labels, step_cost_by_bytes, weight_mb
 
     if a.torch_attention:
         import trtspec.runtime.model
@@ -87,23 +106,27 @@ def main() -> None:
     prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
     target, drafter = bundle.runtime(draft_weights=a.draft_weights)
     net = drafter.net
-    spec, eos, new = DraftSpec(a.shape, a.k, a.topk, a.total), bundle.eos, a.max_new_tokens
+    eos, new = bundle.eos, a.max_new_tokens
     note, compile_s = "eager (--no-compile)", 0.0
     if not a.no_compile:
-        compile_s, note = compile_steps([target, net], lambda: [(generate(target, p, new, eos),
-                                                        speculative_decode(target, drafter, p, new, spec, eos)) for p in prompts])
+        compile_s, note = compile_steps([target, net], lambda: [
+            (generate(target, p, new, eos), *(speculative_decode(target, drafter, p, new, s, eos) for s in specs.values()))
+            for p in prompts])
     t_timer, d_timer = PassTimer(target), PassTimer(net)
-    stances = {"guards": nullcontext, "no_guards": lambda: torch.compiler.set_stance(skip_guard_eval_unsafe=True)}
+    stances = {"guards": nullcontext}
+    if a.guards_too:
+        stances["no_guards"] = lambda: torch.compiler.set_stance(skip_guard_eval_unsafe=True)
+    methods = {"no_draft": None, **specs}
     runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for _ in range(a.rounds):  # a decode run and a speculative run of one prompt back to back: the host's pace
+    for _ in range(a.rounds):  # a decode run and the speculative runs of one prompt back to back: the host's pace
         for p in prompts:  # moves within minutes, so each speculative step is held against decode steps of its moment
             for stance, ctx in stances.items():
-                for method in ("no_draft", "speculative"):
+                for method, spec in methods.items():
                     t_timer.reset()
                     d_timer.reset()
                     with ctx():
                         t0 = time.perf_counter()
-                        g = (generate(target, p, new, eos) if method == "no_draft"
+                        g = (generate(target, p, new, eos) if spec is None
                              else speculative_decode(target, drafter, p, new, spec, eos))
                         total = time.perf_counter() - t0 - g.prefill_s
                     steps = g.stats.steps
@@ -119,52 +142,61 @@ def main() -> None:
     def med(stance: str, method: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[(stance, method)])
 
+    def by_rows(stance: str, method: str, key: str) -> dict:
+        found = sorted({r for x in runs[(stance, method)] for r in x[key]})
+        return {r: round(statistics.median(x[key].get(r, float("nan")) for x in runs[(stance, method)]), 2) for r in found}
+
     t_mb, d_mb = weight_mb(target), weight_mb(net)
     rows = {}
     for stance in stances:
         plain = med(stance, "no_draft", "total_ms")
-        calls = med(stance, "speculative", "draft_calls")
-        spec_ms = med(stance, "speculative", "total_ms")
-        rows[stance] = {
-            "decode_step_ms": round(plain, 2), "decode_target_ms": round(med(stance, "no_draft", "target_ms"), 2),
-            "spec_step_ms": round(spec_ms, 2), "spec_target_ms": round(med(stance, "speculative", "target_ms"), 2),
-            "spec_draft_ms": round(med(stance, "speculative", "draft_ms"), 2), "draft_calls_per_step": round(calls, 2),
-            "spec_python_ms": round(spec_ms - med(stance, "speculative", "target_ms") - med(stance, "speculative", "draft_ms"), 2),
-            "decode_python_ms": round(plain - med(stance, "no_draft", "target_ms"), 2),
-            "step_in_decode_steps": round(statistics.median(
-                x["total_ms"] / y["total_ms"] for x, y in zip(runs[(stance, "speculative")], runs[(stance, "no_draft")], strict=True)), 3),
-            "step_in_decode_steps_runs": [round(x["total_ms"] / y["total_ms"], 3) for x, y in
-                                          zip(runs[(stance, "speculative")], runs[(stance, "no_draft")], strict=True)],
-            "ideal_by_bytes": round(step_cost_by_bytes(target, drafter, spec), 3),
-            "acceptance_length": round(med(stance, "speculative", "acceptance_length"), 3),
-            "verify_ms_by_rows": {r: round(statistics.median(x["target_by_rows"].get(r, float("nan")) for x in runs[(stance, "speculative")]), 2)
-                                  for r in sorted({r for x in runs[(stance, "speculative")] for r in x["target_by_rows"]})},
-            "draft_ms_by_rows": {r: round(statistics.median(x["draft_by_rows"].get(r, float("nan")) for x in runs[(stance, "speculative")]), 2)
-                                 for r in sorted({r for x in runs[(stance, "speculative")] for r in x["draft_by_rows"]})},
-            "speedup_vs_no_draft": round(med(stance, "speculative", "acceptance_length") * plain / spec_ms, 3),
-        }
-    same = all(x["out"] == y["out"] for (s, m), v in runs.items() if m == "speculative"
+        for label, spec in specs.items():
+            spec_ms, spec_runs, plain_runs = med(stance, label, "total_ms"), runs[(stance, label)], runs[(stance, "no_draft")]
+            ratios = [x["total_ms"] / y["total_ms"] for x, y in zip(spec_runs, plain_runs, strict=True)]
+            al = med(stance, label, "acceptance_length")
+            rows[(stance, label)] = {
+                "stance": stance, "spec": label, "shape": spec.shape, "k": spec.k, "topk": spec.topk, "total": spec.total,
+                "decode_step_ms": round(plain, 2), "decode_target_ms": round(med(stance, "no_draft", "target_ms"), 2),
+                "decode_python_ms": round(plain - med(stance, "no_draft", "target_ms"), 2),
+                "spec_step_ms": round(spec_ms, 2), "spec_target_ms": round(med(stance, label, "target_ms"), 2),
+                "spec_draft_ms": round(med(stance, label, "draft_ms"), 2),
+                "draft_calls_per_step": round(med(stance, label, "draft_calls"), 2),
+                "spec_python_ms": round(spec_ms - med(stance, label, "target_ms") - med(stance, label, "draft_ms"), 2),
+                "step_in_decode_steps": round(statistics.median(ratios), 3),
+                "step_in_decode_steps_runs": [round(x, 3) for x in ratios],
+                "ideal_by_bytes": round(step_cost_by_bytes(target, drafter, spec), 3),
+                "acceptance_length": round(al, 3),
+                "verify_ms_by_rows": by_rows(stance, label, "target_by_rows"),
+                "draft_ms_by_rows": by_rows(stance, label, "draft_by_rows"),
+                # AL over the step's cost, each speculative run against the decode run beside it
+                "speedup_vs_no_draft": round(statistics.median(x["acceptance_length"] / r for x, r in zip(spec_runs, ratios, strict=True)), 3),
+            }
+    same = all(x["out"] == y["out"] for (s, m), v in runs.items() if m != "no_draft"
                for x, y in zip(v, runs[(s, "no_draft")], strict=True))
-    result = {"machine": cpu_description(), "runtime": note, "compile_s": compile_s, "shape": a.shape, "k": a.k, "target_mb": round(t_mb, 1),
-              "draft_mb": round(d_mb, 1), "greedy_identical": same, "kernels": target.kernel_choice["by_rows"], "rows": rows}
+    kernels = dict(zip(row_labels(), target.kernel_choice["by_rows"], strict=True))
+    result = {"machine": cpu_description(), "runtime": note, "compile_s": compile_s, "target_mb": round(t_mb, 1),
+              "draft_mb": round(d_mb, 1), "greedy_identical": same, "kernels": kernels, "rows": list(rows.values())}
     if a.json:
         print(json.dumps(result))
         return
     m = result["machine"]
     print(f"machine: {m['model']}, {m['cores']} cores, {' '.join(m['flags'])}; runtime: {note} ({compile_s:.0f} s)")
-    print(f"target {t_mb:.0f} MB, draft {d_mb:.0f} MB per pass; k = {a.k}; kernels by rows {' '.join(result['kernels'])}; "
-          f"greedy identical: {same}")
-    if a.shape != "chain":
-        print(f"draft shape {a.shape}: top-k {a.topk}, {a.total} nodes")
-    for stance, r in rows.items():
-        print(f"\n[{stance}]  decode step {r['decode_step_ms']:.2f} ms (target pass {r['decode_target_ms']:.2f}, "
-              f"outside {r['decode_python_ms']:.2f})")
+    print(f"target {t_mb:.0f} MB, draft {d_mb:.0f} MB per pass; kernels by rows "
+          f"{' '.join(f'{n}:{c}' for n, c in kernels.items())}; greedy identical: {same}")
+    for r in rows.values():
+        print(f"\n[{r['spec']}, {r['stance']}]  decode step {r['decode_step_ms']:.2f} ms (target pass "
+              f"{r['decode_target_ms']:.2f}, outside {r['decode_python_ms']:.2f})")
         print(f"  speculative step {r['spec_step_ms']:.2f} ms = target {r['spec_target_ms']:.2f} + draft "
               f"{r['spec_draft_ms']:.2f} ({r['draft_calls_per_step']:.2f} calls) + outside {r['spec_python_ms']:.2f}")
         print(f"  verify ms by rows {r['verify_ms_by_rows']}; draft pass ms by rows {r['draft_ms_by_rows']}")
         print(f"  step = {r['step_in_decode_steps']:.2f} decode steps (median of runs, each against the decode run beside it: "
               f"{' '.join(f'{x:.2f}' for x in r['step_in_decode_steps_runs'])}; ideal by bytes {r['ideal_by_bytes']:.2f}); "
               f"AL {r['acceptance_length']:.2f}; speculative / no draft {r['speedup_vs_no_draft']:.2f}x")
+    if len(specs) > 1:
+        print("\n| draft | stance | verify rows | step (decode steps) | AL | speculative / no draft |\n|---|---|---|---|---|---|")
+        for r in rows.values():
+            print(f"| {r['spec']} | {r['stance']} | {max(r['verify_ms_by_rows'], default=0)} | {r['step_in_decode_steps']:.2f} | "
+                  f"{r['acceptance_length']:.2f} | {r['speedup_vs_no_draft']:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from trtspec.runtime.drafters import (
     LMDrafter,
     NgramDrafter,
     draft_dynamic_tree,
+    draft_static_tree,
     load_draft_target,
     load_eagle3_drafter,
 )
@@ -40,7 +41,7 @@ from trtspec.runtime.model import (
     dequantize,
     load_transformer,
 )
-from trtspec.runtime.tree import Tree, static_tree
+from trtspec.runtime.tree import Tree, static_tree, tree_levels
 
 SHAPES = ["chain", "tree", "dynamic_tree"]
 NEW = 24
@@ -285,6 +286,32 @@ def test_native_pass_equals_forward(kernel, family):
             model.step(torch.tensor([1]), torch.tensor([128]), torch.tensor([20]), 21, None)
 
 
+def test_compact_cache_moves_the_accepted_path_natively_as_in_torch():
+    """A tree step's accepted path (node ids) moved next to the prefix: the native move of every layer's rows (the
+    target's pass native) leaves the caches as the torch loop does; rows out of order are refused."""
+    from trtspec.runtime.decode import compact_cache
+
+    args = ModelArgs(vocab_size=96, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96)
+    model = Transformer(args).eval().requires_grad_(False)
+    assert model.use_native_pass()
+    model.setup_cache(32)
+    for layer in model.layers:
+        layer.self_attn.k_cache.normal_(), layer.self_attn.v_cache.normal_()
+    before = [(a.k_cache.clone(), a.v_cache.clone()) for a in (b.self_attn for b in model.layers)]
+    compact_cache(model, 10, [0, 2, 5, 6])
+    native_moved = [(a.k_cache.clone(), a.v_cache.clone()) for a in (b.self_attn for b in model.layers)]
+    for b, (k, v) in zip(model.layers, before, strict=True):
+        b.self_attn.k_cache.copy_(k), b.self_attn.v_cache.copy_(v)
+    model.native_pass = False
+    compact_cache(model, 10, [0, 2, 5, 6])
+    for b, (k, v), (nk, nv) in zip(model.layers, before, native_moved, strict=True):
+        assert torch.equal(b.self_attn.k_cache, nk) and torch.equal(b.self_attn.v_cache, nv)
+        assert torch.equal(nk[:, :, 11:14], k[:, :, [12, 15, 16]]) and torch.equal(nv[:, :, 11:14], v[:, :, [12, 15, 16]])
+        assert torch.equal(nk[:, :, 14:], k[:, :, 14:]) and torch.equal(nk[:, :, :11], k[:, :, :11])
+    with pytest.raises(RuntimeError, match="out of order"):
+        native.move_rows([model.layers[0].self_attn.k_cache], torch.tensor([12, 11]), 10)
+
+
 def test_packed_copies_must_fit_in_memory(monkeypatch):
     """The packed kernel copies the weights: where that copy would take more than half the free memory (a large model)
     it is left out of the choice, and the choice says why."""
@@ -342,37 +369,49 @@ def test_eagle3_draft_keeps_greedy_output(eagle_export, target_dir, prompts, hf_
         assert speculative_decode(target, drafter, p, NEW, DraftSpec(shape=shape, k=3, topk=3, total=8), eos={2}).tokens == ref
 
 
-def test_eagle3_dynamic_tree_in_one_pass_is_the_level_by_level_tree(eagle_export, target_dir, prompts):
-    """Eagle3Draft.dynamic_tree (one pass a step: the pending rows, then every level) proposes the tree that
-    draft_dynamic_tree grows one expansion at a time: the same tokens, parents and scores, after one pending row
-    (a generation's first draft) and after several (a step that accepted drafts)."""
+@pytest.mark.parametrize("shape", ["dynamic_tree", "tree"])
+def test_eagle3_tree_in_one_pass_is_the_level_by_level_tree(eagle_export, target_dir, prompts, shape):
+    """Eagle3Draft.dynamic_tree and .static_tree (one pass a step: the pending rows, then every level) propose the
+    tree that draft_dynamic_tree and draft_static_tree grow one expansion at a time: the same tokens, parents (and
+    scores), after one pending row (a generation's first draft) and after several (a step that accepted drafts)."""
     from trtspec.runtime.decode import prefill
 
     target = load_transformer(target_dir)[0]
     drafter = load_eagle3_drafter(eagle_export[0], target)
-    spec = DraftSpec(shape="dynamic_tree", k=4, topk=3, total=10)
+    spec = DraftSpec(shape=shape, k=4, topk=3, total=10)
     with torch.inference_mode():
         prompt = prompts[0]
         target.setup_cache(64)
         _, aux = prefill(target, prompt)
         drafter.setup(64)
         for accepted in ([], [5, 9, 11]):
-            trees = []
+            root, trees = accepted[-1] if accepted else 7, []
             for one_pass in (True, False):
                 drafter.start(prompt, 7, aux)
                 if accepted:
                     drafter.draft(7, spec)
                     drafter.accepted(torch.tensor(accepted), aux[-len(accepted):].clone())
                 if one_pass:
-                    trees.append(drafter.draft(accepted[-1] if accepted else 7, spec)[0])
-                else:
-                    drafter._catch_up(*drafter.pending)
-                    drafter.pending = None
-                    trees.append(draft_dynamic_tree(drafter, accepted[-1] if accepted else 7, spec.k, spec.topk, spec.total))
+                    trees.append(drafter.draft(root, spec)[0])
+                    continue
+                drafter._catch_up(*drafter.pending)
+                drafter.pending = None
+                trees.append(draft_dynamic_tree(drafter, root, spec.k, spec.topk, spec.total) if shape == "dynamic_tree"
+                             else draft_static_tree(drafter, root, spec.tree_choices()))
             one, by_level = trees
-            assert len(one) == spec.total + 1 and max(one.depth) > 1
+            assert len(one) == spec.total + 1 and max(one.depth) > 2
             assert (one.tokens, one.parents, one.depth) == (by_level.tokens, by_level.parents, by_level.depth)
             assert one.scores == pytest.approx(by_level.scores, abs=1e-5)
+
+
+def test_tree_levels_number_nodes_level_by_level():
+    """Rank paths -> per depth (parent's index one level up, rank); paths without their parent are refused."""
+    assert tree_levels([(0,), (1,), (0, 0), (1, 0), (0, 1), (0, 0, 0)]) == (((0, 0), (0, 1)), ((0, 0), (1, 0), (0, 1)), ((0, 0),))
+    assert tree_levels(static_tree(2, 4, 3))[0] == ((0, 0), (0, 1))
+    with pytest.raises(ValueError, match="no parent path"):
+        tree_levels([(0,), (1, 0)])
+    with pytest.raises(ValueError, match="skip a depth"):
+        tree_levels([(0,), (0, 0, 0)])
 
 
 def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts, hf_greedy, monkeypatch, tmp_path):

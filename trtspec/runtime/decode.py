@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from trtspec.errors import DataError
+from trtspec.runtime import native
 from trtspec.runtime.drafters import DraftSpec, softmax_t
 from trtspec.runtime.model import Transformer
 from trtspec.runtime.tree import Tree
@@ -126,10 +127,14 @@ def warm_up_row_counts(target: Transformer, drafter, spec: DraftSpec) -> None:
 
 
 def compact_cache(model: Transformer, length: int, path: list[int]) -> None:
-    """Move the KV rows of the accepted path (tree node ids) to rows length, length + 1, ..."""
+    """Move the KV rows of the accepted path (tree node ids) to rows length, length + 1, ... (one native call for
+    every layer's caches where the target's pass is native)."""
     if path == list(range(len(path))):
         return
     src = torch.tensor(path) + length
+    if model.native_pass:
+        native.move_rows([c for layer in model.layers for c in (layer.self_attn.k_cache, layer.self_attn.v_cache)], src, length)
+        return
     for layer in model.layers:
         a = layer.self_attn
         a.k_cache[:, :, length : length + len(path)] = a.k_cache[:, :, src]

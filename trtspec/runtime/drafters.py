@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from trtspec.errors import ModelError
-from trtspec.runtime.tree import Tree, static_tree
+from trtspec.runtime.tree import Tree, static_tree, tree_levels
 
 
 @dataclass
@@ -256,7 +256,7 @@ class Eagle3Drafter(ModelDrafter):
         self.pending = (tokens, aux)
 
     def draft(self, root: int, spec: DraftSpec, temperature: float = 0.0, generator=None) -> tuple[Tree, Tensor | None]:
-        if spec.shape == "tree" or temperature > 0 and spec.shape != "chain":
+        if temperature > 0 and spec.shape != "chain":
             self._catch_up(*self.pending)
             self.pending = None
             return super().draft(root, spec, temperature, generator)
@@ -268,6 +268,8 @@ class Eagle3Drafter(ModelDrafter):
             tokens, aux = tokens[excess:].clone(), aux[excess:].clone()
         if spec.shape == "dynamic_tree":
             return self._dynamic_tree(root, tokens, aux, spec), None
+        if spec.shape == "tree":
+            return self._static_tree(root, tokens, aux, spec), None
         noise = None
         if temperature > 0:  # Gumbel-max: argmax(logits + T g), g = -log(-log u), is a sample of softmax(logits / T)
             u = torch.rand(spec.k, self.net.lm_head.weight.shape[0], generator=generator)
@@ -291,6 +293,20 @@ class Eagle3Drafter(ModelDrafter):
             tree.add(t, p, s)
         keep = sorted(range(1, len(tree)), key=lambda n: -tree.scores[n])[: spec.total]
         return tree.subtree(keep)
+
+
+    def _static_tree(self, root: int, tokens: Tensor, aux: Tensor, spec: DraftSpec) -> Tree:
+        """Eagle3Draft.static_tree's nodes as a Tree (draft_static_tree's tree, in one pass)."""
+        levels = tree_levels(spec.tree_choices())
+        ids = self.to_target(self.net.run_pass("static_tree", tokens, aux, self.length, levels)).tolist()
+        self.length += tokens.numel()
+        self.pending = None
+        tree, start, above = Tree.root(root), 1, 0  # node ids of the level above start at `above`
+        for level in levels:
+            for parent, _ in level:
+                tree.add(ids[len(tree) - 1], above + parent)
+            above, start = start, start + len(level)
+        return tree
 
 
 class NgramDrafter:

@@ -41,7 +41,7 @@ class Eagle3Info:
 
 
 class Eagle3Draft(Stepper):
-    PASSES = ("forward", "chain", "dynamic_tree")
+    PASSES = ("forward", "chain", "dynamic_tree", "static_tree")
 
     def __init__(self, args: ModelArgs, num_aux: int, draft_vocab: int, has_norm: bool):
         super().__init__()
@@ -89,33 +89,40 @@ class Eagle3Draft(Stepper):
                                               length + m + j + 1, None)
         return torch.cat(guesses), torch.cat(all_logits)
 
+    def expand(self, ids: Tensor, hidden: Tensor, ancestors: Tensor, first: int, used: int, depth: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Run n tree nodes of one depth in one pass: ids [n] (draft vocab), their parents' outputs [n, H], the
+        draft rows of their ancestors [n, used - first] (rows first .. used - 1 hold the nodes run so far; the root's
+        query is the last verified row, first - 1). Each node takes the next row from `used` on, at position
+        first - 1 + depth, attending to the verified rows, its ancestors' rows and its own.
+        -> (logits of its children [n, Vd], its output [n, H], its ancestors' rows and its own [n, used + n - first])."""
+        n = ids.shape[0]
+        own = torch.eye(n, dtype=torch.bool)
+        mask = torch.cat((torch.ones(n, first, dtype=torch.bool), ancestors, own), dim=1)
+        rows = used + torch.arange(n)
+        logits, out = self.forward(self.embed_tokens(self.draft_to_target[ids]), hidden, torch.full((n,), first - 1 + depth),
+                                   rows, used + n, mask)
+        return logits, out, torch.cat((ancestors, own), dim=1)
+
     def dynamic_tree(self, tokens: Tensor, aux: Tensor, length: int, depth: int, topk: int) -> tuple[Tensor, Tensor, Tensor]:
         """EAGLE-2's dynamic tree in one pass (one compiled call per speculative step): the pending verified rows
         join the cache as in `chain` (L = length + m rows after them), then `depth` levels of candidates:
 
             level 1:  the root's top-k guesses, score = log q(guess | root)
-            level d:  each of the k best-scored nodes of level d - 1 (the frontier) is run, one cache row each
-                      (rows L + (d - 2) k ..), at position L - 1 + (d - 1), attending to the verified rows and its
-                      ancestors' rows; its top-k children score parent score + log q(child | path)
+            level d:  each of the k best-scored nodes of level d - 1 (the frontier) is run (`expand`); its top-k
+                      children score parent score + log q(child | path)
 
         A child never outscores its parent, so any best-scored set of nodes is closed under ancestors (the caller
         keeps the best `total`). Rows past L are forgotten by the caller.
         -> (tokens in the draft vocab, parent node, score) of the topk + (depth - 1) topk^2 candidates, as tables
         [N] whose entry i is node i + 1 (node 0 is the root)."""
-        m = tokens.shape[0]
-        first = length + m
+        first = length + tokens.shape[0]
         logits, hidden = self.catch_up(tokens, aux, length)
         top = torch.log_softmax(logits[0], -1).topk(topk)
         ids, parents, scores = [top.indices], [torch.zeros(topk, dtype=torch.long)], [top.values]
         front, front_ids, front_scores = torch.arange(1, topk + 1), top.indices, top.values
         front_hidden, ancestors = hidden.expand(topk, -1), torch.zeros(topk, 0, dtype=torch.bool)
-        own = torch.eye(topk, dtype=torch.bool)
         for d in range(1, depth):
-            rows = first + (d - 1) * topk + torch.arange(topk)
-            mask = torch.cat((torch.ones(topk, first, dtype=torch.bool), ancestors, own), dim=1)
-            positions = torch.full((topk,), first - 1 + d)
-            logits, out = self.forward(self.embed_tokens(self.draft_to_target[front_ids]), front_hidden, positions, rows,
-                                       first + d * topk, mask)
+            logits, out, rows = self.expand(front_ids, front_hidden, ancestors, first, first + (d - 1) * topk, d)
             top = torch.log_softmax(logits, -1).topk(topk)  # [k frontier nodes, k children]
             child_scores = (top.values + front_scores[:, None]).flatten()
             nodes = 1 + sum(x.numel() for x in ids) + torch.arange(topk * topk)
@@ -124,8 +131,31 @@ class Eagle3Draft(Stepper):
             scores.append(child_scores)
             best = child_scores.topk(topk).indices
             front, front_ids, front_scores = nodes[best], ids[-1][best], child_scores[best]
-            front_hidden, ancestors = out[best // topk], torch.cat((ancestors, own), dim=1)[best // topk]
+            front_hidden, ancestors = out[best // topk], rows[best // topk]
         return torch.cat(ids), torch.cat(parents), torch.cat(scores)
+
+    def static_tree(self, tokens: Tensor, aux: Tensor, length: int, levels: tuple[tuple[tuple[int, int], ...], ...]) -> Tensor:
+        """A fixed tree in one pass (one compiled call per speculative step): the pending verified rows join the
+        cache as in `chain`, then level by level the nodes with children are run (`expand`) and each child takes
+        its parent's guess of its rank. `levels[d - 1]` lists the nodes of depth d as (parent: its index among the
+        nodes of depth d - 1, 0 for the root; rank: 0 = the parent's top guess), `tree_levels` makes them from rank
+        paths. -> the nodes' tokens in the draft vocab, level by level [N]."""
+        first = length + tokens.shape[0]
+        logits, hidden = self.catch_up(tokens, aux, length)
+        level = levels[0]
+        ids = logits[0].topk(1 + max(r for _, r in level)).indices[torch.tensor([r for _, r in level])]
+        out, rows = hidden.expand(len(level), -1), torch.zeros(len(level), 0, dtype=torch.bool)
+        all_ids, used = [ids], first
+        for d, level in enumerate(levels[1:], start=1):
+            run = sorted({p for p, _ in level})  # the nodes of depth d with children, in their order
+            at = torch.tensor(run)
+            logits, out, rows = self.expand(ids[at], out[at], rows[at], first, used, d)
+            used += len(run)
+            parent = torch.tensor([run.index(p) for p, _ in level])
+            ids = logits.topk(1 + max(r for _, r in level)).indices[parent, torch.tensor([r for _, r in level])]
+            out, rows = out[parent], rows[parent]
+            all_ids.append(ids)
+        return torch.cat(all_ids)
 
     def draft_step(self, embeds: Tensor, h: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, length: int,
                    mask) -> tuple[Tensor, Tensor]:

@@ -515,6 +515,24 @@ std::vector<torch::Tensor> decoder_step(torch::Tensor tokens, torch::Tensor posi
   return {logits, aux.empty() ? torch::empty({T, 0}, f32) : at::cat(aux, 1)};
 }
 
+// Rows src[i] of every cache [1, KV, M, D] copied to row dst + i: a tree step's accepted path moved next to the
+// prefix. src ascends with src[i] >= dst + i (a path's node ids do), so no row is written before it is read.
+void move_rows(std::vector<torch::Tensor> caches, torch::Tensor src, int64_t dst) {
+  src = src.contiguous();
+  const int64_t* s = src.data_ptr<int64_t>();
+  const int64_t n = src.numel();
+  for (auto& c : caches) {
+    TORCH_CHECK(c.scalar_type() == torch::kFloat && c.is_contiguous() && c.dim() == 4, "move_rows: float32 caches");
+    const int64_t KV = c.size(1), M = c.size(2), D = c.size(3);
+    float* p = c.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i)
+      TORCH_CHECK(s[i] >= dst + i && s[i] < M && (i == 0 || s[i] > s[i - 1]), "move_rows: rows outside the cache or out of order");
+    for (int64_t kv = 0; kv < KV; ++kv)
+      for (int64_t i = 0; i < n; ++i)
+        if (s[i] != dst + i) std::copy(p + (kv * M + s[i]) * D, p + (kv * M + s[i] + 1) * D, p + (kv * M + dst + i) * D);
+  }
+}
+
 // 8 where the loops above run on AVX2 vectors, 1 where they are plain C++ (slower than torch's own attention)
 int64_t vector_width() {
 #if defined(__AVX2__) && defined(__FMA__)
@@ -543,6 +561,7 @@ TORCH_LIBRARY(trtspec, m) {
   m.def("decoder_step(Tensor tokens, Tensor positions, Tensor slots, int length, Tensor? mask, Tensor embed, "
         "Tensor cos, Tensor sin, Tensor[] weights, int[] codes, Tensor?[] biases, Tensor[] norms, Tensor[] caches, "
         "int[] dims, int[] aux_layers, int logits_from, float eps) -> Tensor[]");
+  m.def("move_rows(Tensor(a!)[] caches, Tensor src, int dst) -> ()");
 }
 TORCH_LIBRARY_IMPL(trtspec, CPU, m) {
   m.impl("few_rows", &few_rows);
@@ -550,6 +569,7 @@ TORCH_LIBRARY_IMPL(trtspec, CPU, m) {
   m.impl("few_rows_packed", &few_rows_packed);
   m.impl("attention", &few_rows_attention);
   m.impl("decoder_step", &decoder_step);
+  m.impl("move_rows", &move_rows);
 }
 TORCH_LIBRARY_IMPL(trtspec, CompositeExplicitAutograd, m) {
   m.impl("vector_width", &vector_width);
@@ -639,6 +659,12 @@ def wide_loops() -> bool:
 
 # the product kernels by the codes decoder_step's product_by reads (kernels.CANDIDATES)
 KERNEL_CODES = {"linear": 0, "weight_left": 1, "blocks2": 2, "blocks4": 3, "blocks8": 4, "native": 5, "native16": 6, "packed": 7}
+
+
+def move_rows(caches: list[Tensor], src: Tensor, dst: int) -> None:
+    """Copy rows `src` (ascending, src[i] >= dst + i) of every KV cache [1, KV, M, D] to rows dst, dst + 1, ... in
+    one native call; `build()` must have succeeded."""
+    torch.ops.trtspec.move_rows(caches, src, dst)
 
 
 def decoder_step(*args) -> list[Tensor]:

@@ -87,3 +87,22 @@ def static_tree(topk: int, total: int, max_depth: int) -> list[tuple[int, ...]]:
             for r in range(topk):
                 heapq.heappush(heap, (neg * p(r), path + (r,)))
     return sorted(paths, key=lambda x: (len(x), x))
+
+
+def tree_levels(choices: list[tuple[int, ...]]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Rank paths (`static_tree`'s form) -> the nodes of each depth as (parent: its index among the nodes one level
+    up, 0 for the root; rank), each depth in the paths' order: Eagle3Draft.static_tree's plan. Nodes are numbered in
+    that order (the root 0, then depth 1, depth 2, ...), as draft_static_tree numbers them."""
+    by_depth: dict[int, list[tuple[int, ...]]] = {}
+    for c in choices:
+        by_depth.setdefault(len(c), []).append(tuple(c))
+    if sorted(by_depth) != list(range(1, len(by_depth) + 1)):
+        raise ValueError(f"tree paths skip a depth: depths {sorted(by_depth)}")
+    levels, above = [], {(): 0}
+    for d in range(1, len(by_depth) + 1):
+        missing = [c for c in by_depth[d] if c[:-1] not in above]
+        if missing:
+            raise ValueError(f"tree path {missing[0]} has no parent path {missing[0][:-1]}")
+        levels.append(tuple((above[c[:-1]], c[-1]) for c in by_depth[d]))
+        above = {c: i for i, c in enumerate(by_depth[d])}
+    return tuple(levels)
