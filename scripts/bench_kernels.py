@@ -5,13 +5,16 @@ side by side in one process: plain decode and speculative (EAGLE-3 chain) tokens
     python scripts/bench_kernels.py runs/demo --without native16            # chosen vs chosen-without-native16
     python scripts/bench_kernels.py runs/demo --without native16,native --prompts 3 --json
     python scripts/bench_kernels.py runs/demo --without native_pass         # the target's pass compiled instead
+    python scripts/bench_kernels.py runs/demo --spec dynamic_tree:4:4:16 --without tree_rows,one_pass_trees
 
 The bundle's runtime is loaded twice: once as validate loads it (every candidate timed, the fastest kept per row
 count) and once with the candidates named in --without removed before the choice (`native_pass`: the target's
-decode and verification passes by its compiled `forward` instead of one native call, model.NATIVE_PASS). Both are compiled as validate
+decode and verification passes by its compiled `forward` instead of one native call, model.NATIVE_PASS; `tree_rows`:
+products of 9-64 rows, a tree's verification, by F.linear instead of the kernel chosen for them; `one_pass_trees`: an
+EAGLE-3 tree drafted level by level, one draft call per depth, instead of one pass). Both are compiled as validate
 compiles them; then each prompt is decoded by every (runtime, method) in turn, for --rounds rounds, so the host's
 drift hits all alike. Printed per runtime: the kernels chosen by row count, the decode step and the speculative
-step in ms (medians over prompts and rounds), tokens/s, and the ratio of each to the first runtime's; greedy
+step in ms (medians over prompts and rounds) for the draft shape `--spec`, tokens/s, and the ratio of each to the first runtime's; greedy
 outputs must be identical everywhere.
 """
 
@@ -25,6 +28,9 @@ from pathlib import Path
 from trtspec.bench import arg_parser
 
 NATIVE_PASS = "native_pass"  # not a product kernel: the target's whole pass as one native call (--without it)
+TREE_ROWS = "tree_rows"  # not a kernel: the kernel chosen for 9-64 rows (--without it: F.linear, as before it was timed)
+ONE_PASS_TREES = "one_pass_trees"  # an EAGLE-3 tree drafted in one pass (--without it: one draft call per depth)
+SWITCHES = (NATIVE_PASS, TREE_ROWS, ONE_PASS_TREES)
 
 
 def load_without(run_dir: Path, without: set[str]):
@@ -41,6 +47,15 @@ def load_without(run_dir: Path, without: set[str]):
         kernels.CANDIDATES = every
     if NATIVE_PASS in without:
         target.use_native_pass(False)
+    if TREE_ROWS in without:
+        for net in (target, drafter.net):
+            for m in net.modules():
+                if isinstance(m, kernels.Linear):
+                    m.kernels = (*m.kernels[:-1], "linear")
+            net.kernel_choice["by_rows"][-1] = "linear"
+        target.use_native_pass(target.native_pass)  # forgets the arguments it assembled with the kernels before
+    if ONE_PASS_TREES in without:
+        drafter.one_pass_trees = False
     return bundle, target, drafter
 
 
@@ -49,6 +64,7 @@ def main() -> None:
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--without", default="native16", help="kernel candidates to take away, comma separated")
     ap.add_argument("--k", type=int, default=3, help="draft length")
+    ap.add_argument("--spec", help="the draft's shape:depth[:topk:total], e.g. dynamic_tree:4:4:16 (default chain:K)")
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=2)
@@ -57,18 +73,19 @@ def main() -> None:
 
     import torch
 
-    from trtspec.bench import load_prompts
-    from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
+    from trtspec.bench import draft_specs, load_prompts
+    from trtspec.runtime import compile_steps, generate, speculative_decode
     from trtspec.runtime.kernels import CANDIDATES, cpu_description
 
-    unknown = set(a.without.split(",")) - {*CANDIDATES, NATIVE_PASS}
+    unknown = set(a.without.split(",")) - {*CANDIDATES, *SWITCHES}
     if unknown:
-        raise SystemExit(f"--without: unknown kernel(s) {', '.join(sorted(unknown))}; expected {', '.join((*CANDIDATES, NATIVE_PASS))}")
+        raise SystemExit(f"--without: unknown kernel(s) {', '.join(sorted(unknown))}; expected {', '.join((*CANDIDATES, *SWITCHES))}")
+    (label, spec), = draft_specs(a.spec or f"chain:{a.k}", a.k).items()
     variants = {"chosen": set(), f"without {a.without}": set(a.without.split(","))}
     loaded = {name: load_without(a.run_dir, w) for name, w in variants.items()}
     bundle = next(iter(loaded.values()))[0]
     prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
-    spec, eos, new = DraftSpec(k=a.k), bundle.eos, a.max_new_tokens
+    eos, new = bundle.eos, a.max_new_tokens
     compile_s = {}
     for name, (_, target, drafter) in loaded.items():
         compile_s[name], note = compile_steps([target, drafter.net], lambda t=target, d=drafter: [
@@ -101,12 +118,12 @@ def main() -> None:
     for r in rows.values():
         r["no_draft_vs_first"] = round(r["no_draft_tok_s"] / first["no_draft_tok_s"], 3)
         r["speculative_vs_first"] = round(r["speculative_tok_s"] / first["speculative_tok_s"], 3)
-    result = {"machine": cpu_description(), "runtime": note, "k": a.k, "greedy_identical": identical, "rows": rows}
+    result = {"machine": cpu_description(), "runtime": note, "draft": label, "greedy_identical": identical, "rows": rows}
     if a.json:
         print(json.dumps(result))
         return
     m = result["machine"]
-    print(f"machine: {m['model']}, {m['cores']} cores, {' '.join(m['flags'])}; k = {a.k}; greedy identical: {identical}")
+    print(f"machine: {m['model']}, {m['cores']} cores, {' '.join(m['flags'])}; draft {label}; greedy identical: {identical}")
     print("| runtime | target kernels by rows (native pass) | decode step | no draft | speculative step | speculative (AL) | step in decode steps | no draft / first | speculative / first |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():

@@ -27,7 +27,7 @@ from collections import defaultdict
 from contextlib import nullcontext
 from pathlib import Path
 
-from trtspec.bench import arg_parser
+from trtspec.bench import arg_parser, draft_specs
 
 
 class PassTimer:
@@ -57,22 +57,6 @@ class PassTimer:
         return sum(len(v) for v in self.seconds.values())
 
 
-def parse_specs(text: str, k: int):
-    """"chain:3,dynamic_tree:4:3:8" -> {label: DraftSpec}; a chain's depth is k, a tree's topk and total follow."""
-    from trtspec.runtime import DraftSpec
-
-    specs = {}
-    for item in text.split(","):
-        shape, *nums = item.strip().split(":")
-        if shape not in ("chain", "tree", "dynamic_tree") or not all(n.isdigit() for n in nums) or len(nums) > 3:
-            raise SystemExit(f"--specs: '{item}' is not shape:depth[:topk:total] (shape chain, tree or dynamic_tree)")
-        depth, topk, total = (*map(int, nums), *[None] * 3)[:3]
-        spec = DraftSpec(shape, depth or k, topk or 4, total or 16)
-        label = f"chain k={spec.k}" if shape == "chain" else f"{shape} depth {spec.k} top-{spec.topk} {spec.total} nodes"
-        specs[label] = spec
-    return specs
-
-
 def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
@@ -90,7 +74,7 @@ def main() -> None:
                     help="how the draft's weights are stored (kernels.store_bf16)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    specs = parse_specs(a.specs or f"chain:{a.k}", a.k)
+    specs = draft_specs(a.specs or f"chain:{a.k}", a.k)
 
     import torch
 

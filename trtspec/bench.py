@@ -25,6 +25,23 @@ def arg_parser(doc: str) -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def draft_specs(text: str, k: int) -> dict[str, Any]:
+    """"chain:3,dynamic_tree:4:3:8" (shape:depth[:topk:total], comma-separated) -> {label: DraftSpec}; a missing
+    depth is k, topk 4, total 16."""
+    from trtspec.runtime import DraftSpec
+
+    specs = {}
+    for item in text.split(","):
+        shape, *nums = item.strip().split(":")
+        if shape not in ("chain", "tree", "dynamic_tree") or not all(n.isdigit() for n in nums) or len(nums) > 3:
+            raise SystemExit(f"'{item}' is not a draft shape:depth[:topk:total] (shape chain, tree or dynamic_tree)")
+        depth, topk, total = (*map(int, nums), None, None, None)[:3]
+        spec = DraftSpec(shape, depth or k, topk or 4, total or 16)
+        label = f"chain k={spec.k}" if shape == "chain" else f"{shape} depth {spec.k} top-{spec.topk} {spec.total} nodes"
+        specs[label] = spec
+    return specs
+
+
 def stage_metrics(run: Path, stage: str) -> dict:
     """The metrics a finished stage of `run` recorded in its manifest."""
     from trtspec.artifacts import STAGE_DIRS

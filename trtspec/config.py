@@ -98,7 +98,9 @@ class DraftSection(Section):
                       ge=1, le=16)
     shape: Literal["chain", "tree", "dynamic_tree"] = key(
         "chain", "chain: one guess per position; dynamic_tree: EAGLE-2 top-k expansion (validate and TensorRT-LLM); "
-        "tree: a static tree (validate only; engines serve a chain)")
+        "tree: a static tree (validate only; engines serve a chain). A tree verifies tree_total_tokens + 1 rows a "
+        "step: on a CPU of few cores their arithmetic, not the weights' bytes, sets the step's cost, and a chain is "
+        "often faster there (docs/results.md, 'Draft trees')")
     tree_topk: int = key(4, "tree shapes: expansions kept per drafted position (TensorRT-LLM dynamic_tree_max_topK)",
                          ge=1)
     tree_total_tokens: int = key(16, "tree shapes: draft tokens verified per step at most (TensorRT-LLM "

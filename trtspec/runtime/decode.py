@@ -25,9 +25,9 @@ import torch
 from torch import Tensor
 
 from trtspec.errors import DataError
-from trtspec.runtime import native
 from trtspec.runtime.drafters import DraftSpec, softmax_t
 from trtspec.runtime.model import Transformer
+from trtspec.runtime.native import move_rows
 from trtspec.runtime.tree import Tree
 
 
@@ -133,7 +133,7 @@ def compact_cache(model: Transformer, length: int, path: list[int]) -> None:
         return
     src = torch.tensor(path) + length
     if model.native_pass:
-        native.move_rows([c for layer in model.layers for c in (layer.self_attn.k_cache, layer.self_attn.v_cache)], src, length)
+        move_rows([c for layer in model.layers for c in (layer.self_attn.k_cache, layer.self_attn.v_cache)], src, length)
         return
     for layer in model.layers:
         a = layer.self_attn

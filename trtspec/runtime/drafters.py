@@ -219,6 +219,7 @@ class Eagle3Drafter(ModelDrafter):
     network (Eagle3Draft.chain: the pending rows and every guess), a tree catches up first and expands by depth."""
 
     name = "eagle3"
+    one_pass_trees = True  # trees drafted by the network's one-pass tree passes (False: one draft call per depth)
 
     def __init__(self, draft, embed: torch.nn.Embedding, vocab_size: int):
         d2t = draft.draft_to_target
@@ -256,7 +257,7 @@ class Eagle3Drafter(ModelDrafter):
         self.pending = (tokens, aux)
 
     def draft(self, root: int, spec: DraftSpec, temperature: float = 0.0, generator=None) -> tuple[Tree, Tensor | None]:
-        if temperature > 0 and spec.shape != "chain":
+        if spec.shape != "chain" and (temperature > 0 or not self.one_pass_trees):
             self._catch_up(*self.pending)
             self.pending = None
             return super().draft(root, spec, temperature, generator)
