@@ -166,6 +166,10 @@ def _markdown(r: dict, plots: list[str]) -> str:
             lines += [f"| one speculative step, measured / by bytes (verify reads the target's weights once, each draft "
                       f"pass the draft's) | {lim['step_cost_vs_decode']:.2f} / {lim['step_cost_by_bytes']:.2f} decode steps "
                       f"(the difference is the runtime's overhead) |"]
+        if lim.get("step_cost_by_products"):
+            lines += [f"| the same step by the products' timing at load (the verify pass's products over its "
+                      f"{r['verify_rows']} rows, not one row's) | {lim['step_cost_by_products']:.2f} decode steps (above "
+                      "the cost by bytes: what the rows' arithmetic adds on this machine) |"]
     checks = r.get("sampling_check")
     if checks:
         lines += ["", "## Sampling check", "", "The first speculated token, sampled at temperature > 0 with each drafting, "

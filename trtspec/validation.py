@@ -204,7 +204,7 @@ def acceptance_summary(rows: list[dict], generations: list, k: int) -> dict:
 
 def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: dict | None,
                   decode_tps: dict[str, float] | None = None, decode_runs: list | None = None,
-                  step_cost_ideal: float | None = None) -> dict:
+                  step_cost_ideal: float | None = None, step_cost_products: float | None = None) -> dict:
     """Speedups against HF generate and against the runtime without a draft, and what limits them
     (`decode_tps`: each runtime method's decode steps alone, without the prompts' prefill; `decode_runs`: the
     no-draft runtime's per run, each held against the bandwidth sampled around it: kernels.speed_limits)."""
@@ -228,7 +228,7 @@ def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: di
     out["limits"] = None if bandwidth is None else {
         "bandwidth": bandwidth,
         **speed_limits(kernels, bandwidth, tps["runtime_no_draft"], al, out["step_cost_vs_decode"],
-                       decode_tps.get("runtime_no_draft"), decode_runs, step_cost_ideal),
+                       decode_tps.get("runtime_no_draft"), decode_runs, step_cost_ideal, step_cost_products),
     }
     return out
 

@@ -113,6 +113,13 @@ def test_validate_writes_report(tmp_path, run_inputs):
     assert lim["decode_tokens_per_s"] > 0
     assert lim["decode_step_ms"] == pytest.approx(1e3 / lim["decode_tokens_per_s"], rel=0.01, abs=0.001)  # rounded to 1 us
     assert r["machine"]["cores"] >= 1
+    # the step by the products' timing: the verify pass over its rows (a tree: more than FEW_ROWS) at the kernels' cost
+    from trtspec.runtime.kernels import FEW_ROWS, products_cost
+
+    assert r["verify_rows"] > FEW_ROWS
+    verify = products_cost(r["kernels"]["target"], r["verify_rows"])
+    assert lim["step_cost_by_products"] == pytest.approx(verify - 1 + lim["step_cost_by_bytes"], abs=0.002)
+    assert "by the products' timing at load" in (tmp_path / "out" / "report.md").read_text()
     assert "What limits the speed" in (tmp_path / "out" / "report.md").read_text()
     assert "median of 2 runs" in (tmp_path / "out" / "report.md").read_text()
 

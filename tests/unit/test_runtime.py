@@ -312,6 +312,19 @@ def test_compact_cache_moves_the_accepted_path_natively_as_in_torch():
         native.move_rows([model.layers[0].self_attn.k_cache], torch.tensor([12, 11]), 10)
 
 
+def test_products_cost_reads_the_timing_of_the_kernels_chosen():
+    """A verify pass's products over n rows against one row's, from the load-time timing: the chosen kernel's time at
+    n rows up to FEW_ROWS, then the line through the 9-64 bucket's kernel at FEW_ROWS and TREE_ROWS rows."""
+    from trtspec.runtime.kernels import TREE_ROWS, products_cost
+
+    ms = {f"{r}_rows": {"a": 10.0 + r, "b": 20.0 + 2 * r} for r in TIMED_ROWS}
+    choice = {"by_rows": ["a"] * FEW_ROWS + ["b"], "ms_per_pass": ms}
+    assert products_cost(choice, 1) == 1.0 and products_cost(choice, 4) == pytest.approx(14 / 11)
+    assert products_cost(choice, FEW_ROWS + 1) == pytest.approx((20 + 2 * (FEW_ROWS + 1)) / 11)  # b's line
+    assert products_cost(choice, TREE_ROWS * 2) == pytest.approx((20 + 4 * TREE_ROWS) / 11)
+    assert products_cost(choice, MANY_ROWS + 1) is None and products_cost({"by_rows": ["linear"] * 9}, 4) is None
+
+
 def test_packed_copies_must_fit_in_memory(monkeypatch):
     """The packed kernel copies the weights: where that copy would take more than half the free memory (a large model)
     it is left out of the choice, and the choice says why."""

@@ -354,9 +354,31 @@ def step_cost_by_bytes(target: nn.Module, drafter, spec) -> float:
     return 1.0 + (drafter.passes_per_step(spec) * weight_mb(drafter.net) + head_mb) / weight_mb(target)
 
 
+def products_cost(kernel_choice: dict, rows: int) -> float | None:
+    """What the target's weight products over `rows` rows cost against one row's, by the load-time timing of the
+    kernels chosen (`ms_per_pass`); 9..MANY_ROWS rows on the line through that bucket's kernel at FEW_ROWS and
+    TREE_ROWS rows (beyond TREE_ROWS its slope continues). None where nothing was timed (not a float32 CPU model)."""
+    ms, by = kernel_choice.get("ms_per_pass"), kernel_choice["by_rows"]
+    if not ms or not 0 < rows <= MANY_ROWS:
+        return None
+    one = ms["1_rows"][by[0]]
+    if rows <= FEW_ROWS:
+        return ms[f"{rows}_rows"][by[rows - 1]] / one
+    at_few, at_tree = ms[f"{FEW_ROWS}_rows"][by[-1]], ms[f"{TREE_ROWS}_rows"][by[-1]]
+    return (at_few + (at_tree - at_few) * (rows - FEW_ROWS) / (TREE_ROWS - FEW_ROWS)) / one
+
+
+def step_cost_by_products(target: nn.Module, drafter, spec) -> float | None:
+    """`step_cost_by_bytes` with the verify pass at what its products over its rows (spec.max_nodes()) cost in the
+    load-time timing, not at one row's: the same where a few rows stream at the one-row rate, more where each row's
+    arithmetic costs (a tree's rows on a CPU of few cores)."""
+    verify = products_cost(target.kernel_choice or {"by_rows": []}, spec.max_nodes())
+    return None if verify is None else verify - 1.0 + step_cost_by_bytes(target, drafter, spec)
+
+
 def speed_limits(kernel_choice: dict, bandwidth: dict, no_draft_tps: float, acceptance_length: float,
                  step_cost: float, no_draft_decode_tps: float | None = None, decode_runs: list | None = None,
-                 step_cost_ideal: float | None = None) -> dict:
+                 step_cost_ideal: float | None = None, step_cost_products: float | None = None) -> dict:
     """What bounds the runtime's speed on this machine, from what was measured.
 
     Plain decoding reads every Linear weight once per token (the embedding row and the KV cache are small beside
@@ -369,7 +391,9 @@ def speed_limits(kernel_choice: dict, bandwidth: dict, no_draft_tps: float, acce
     bandwidth. `no_draft_fraction_of_limit`: the same with the prefill's time included (what a user sees per answer).
     `weight_products_share` is the part of a decode step spent in the weight products alone (the rest: attention,
     norms, rope, Python). Speculation multiplies plain decoding by AL / step cost; `step_cost_ideal` is the step's
-    cost by bytes (`step_cost_by_bytes`): the overhead beyond it is the runtime's, not the draft's size.
+    cost by bytes (`step_cost_by_bytes`): the overhead beyond it is the runtime's, not the draft's size;
+    `step_cost_products` the same with the verify pass's products at their timed cost for its rows
+    (`step_cost_by_products`): beyond bytes, what many rows' arithmetic adds on this machine.
     """
     import statistics
 
@@ -394,5 +418,6 @@ def speed_limits(kernel_choice: dict, bandwidth: dict, no_draft_tps: float, acce
         "weight_products_share": round(min(1.0, products_ms / step_ms), 3),
         "acceptance_length": round(acceptance_length, 3), "step_cost_vs_decode": round(step_cost, 3),
         "step_cost_by_bytes": None if step_cost_ideal is None else round(step_cost_ideal, 3),
+        "step_cost_by_products": None if step_cost_products is None else round(step_cost_products, 3),
         "speculative_over_no_draft": round(acceptance_length / step_cost, 3),
     }

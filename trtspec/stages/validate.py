@@ -182,7 +182,7 @@ def run(ctx: StageContext) -> dict:
     from trtspec.drafting import family
     from trtspec.models import load_model
     from trtspec.report import write_report
-    from trtspec.runtime.kernels import cpu_description, row_labels, step_cost_by_bytes
+    from trtspec.runtime.kernels import cpu_description, row_labels, step_cost_by_bytes, step_cost_by_products
 
     v, d, n_new = ctx.cfg.validate_, ctx.cfg.draft, ctx.cfg.eval.max_new_tokens
     b = load_bench(ctx)
@@ -214,6 +214,7 @@ def run(ctx: StageContext) -> dict:
         "max_new_tokens": n_new,
         "draft_len": d.length,
         "draft_shape": d.shape,
+        "verify_rows": spec.max_nodes(),  # rows the target verifies a step at most: the draft and its root
         "threads": torch.get_num_threads(),
         "reference": reference_name,
         "greedy_match": greedy_match(b.rows, outputs, reference),
@@ -227,7 +228,8 @@ def run(ctx: StageContext) -> dict:
         "method_notes": method_notes,
         **speed_summary(tps, acceptance["acceptance_length"], kernels, bandwidth,
                         decode_tps,
-                        timed["runtime_no_draft"].get("decode_runs"), step_cost_by_bytes(target, drafter, spec)),
+                        timed["runtime_no_draft"].get("decode_runs"), step_cost_by_bytes(target, drafter, spec),
+                        step_cost_by_products(target, drafter, spec)),
         "drafting": drafting_summary(outputs, reference, tps, drafting, d.suffix_len) if len(drafting) > 1 else None,
         "sampling_check": sampling,
         "machine": cpu_description(),
