@@ -186,8 +186,7 @@ def draft_dynamic_tree(d: ModelDrafter, root: int, depth: int, topk: int, total:
             for c in range(topk):
                 added[r * topk + c] = tree.add(ids[r][c], parent, float(scores[r, c]))
         frontier = [added[b] for b in best]
-    keep = sorted(range(1, len(tree)), key=lambda n: -tree.scores[n])[:total]
-    return tree.subtree(keep)
+    return tree.best(total)
 
 
 class LMDrafter(ModelDrafter):
@@ -215,8 +214,8 @@ class LMDrafter(ModelDrafter):
 
 
 class Eagle3Drafter(ModelDrafter):
-    """EAGLE-3: verified positions wait (pending) until the next draft; a chain draft then runs as one pass of the
-    network (Eagle3Draft.chain: the pending rows and every guess), a tree catches up first and expands by depth."""
+    """EAGLE-3: verified positions wait (pending) until the next draft; a draft then runs as one pass of the network:
+    the pending rows and every guess (Eagle3Draft.chain), or every level of a tree (.dynamic_tree, .static_tree)."""
 
     name = "eagle3"
     one_pass_trees = True  # trees drafted by the network's one-pass tree passes (False: one draft call per depth)
@@ -283,7 +282,6 @@ class Eagle3Drafter(ModelDrafter):
             tree.add(t, j)
         return tree, self.full_probs(softmax_t(logits, temperature)) if temperature > 0 else None
 
-
     def _dynamic_tree(self, root: int, tokens: Tensor, aux: Tensor, spec: DraftSpec) -> Tree:
         """Eagle3Draft.dynamic_tree's candidates, the best `spec.total` kept (draft_dynamic_tree's tree, in one pass)."""
         ids, parents, scores = self.net.run_pass("dynamic_tree", tokens, aux, self.length, spec.k, spec.topk)
@@ -292,9 +290,7 @@ class Eagle3Drafter(ModelDrafter):
         tree = Tree.root(root)
         for t, p, s in zip(self.to_target(ids).tolist(), parents.tolist(), scores.tolist(), strict=True):
             tree.add(t, p, s)
-        keep = sorted(range(1, len(tree)), key=lambda n: -tree.scores[n])[: spec.total]
-        return tree.subtree(keep)
-
+        return tree.best(spec.total)
 
     def _static_tree(self, root: int, tokens: Tensor, aux: Tensor, spec: DraftSpec) -> Tree:
         """Eagle3Draft.static_tree's nodes as a Tree (draft_static_tree's tree, in one pass)."""

@@ -53,6 +53,11 @@ class Tree:
             mask[i] |= mask[self.parents[i]]
         return mask
 
+    def best(self, total: int) -> Tree:
+        """The subtree of the `total` best-scored nodes (a dynamic tree's: a child never outscores its parent, so
+        they are closed under ancestors)."""
+        return self.subtree(sorted(range(1, len(self)), key=lambda n: -self.scores[n])[:total])
+
     def subtree(self, keep: list[int]) -> Tree:
         """The tree restricted to `keep` (closed under ancestors, root included), renumbered in order."""
         closed = {0}
