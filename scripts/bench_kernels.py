@@ -28,9 +28,9 @@ from pathlib import Path
 from trtspec.bench import arg_parser
 
 NATIVE_PASS = "native_pass"  # not a product kernel: the target's whole pass as one native call (--without it)
-TREE_ROWS = "tree_rows"  # not a kernel: the kernel chosen for 9-64 rows (--without it: F.linear, as before it was timed)
+TREE_KERNEL = "tree_rows"  # not a kernel: the kernel chosen for 9-64 rows (--without it: F.linear, as before it was timed)
 ONE_PASS_TREES = "one_pass_trees"  # an EAGLE-3 tree drafted in one pass (--without it: one draft call per depth)
-SWITCHES = (NATIVE_PASS, TREE_ROWS, ONE_PASS_TREES)
+SWITCHES = (NATIVE_PASS, TREE_KERNEL, ONE_PASS_TREES)
 
 
 def load_without(run_dir: Path, without: set[str]):
@@ -47,7 +47,7 @@ def load_without(run_dir: Path, without: set[str]):
         kernels.CANDIDATES = every
     if NATIVE_PASS in without:
         target.use_native_pass(False)
-    if TREE_ROWS in without:
+    if TREE_KERNEL in without:
         for net in (target, drafter.net):
             for m in net.modules():
                 if isinstance(m, kernels.Linear):

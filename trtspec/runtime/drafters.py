@@ -274,19 +274,23 @@ class Eagle3Drafter(ModelDrafter):
         if temperature > 0:  # Gumbel-max: argmax(logits + T g), g = -log(-log u), is a sample of softmax(logits / T)
             u = torch.rand(spec.k, self.net.lm_head.weight.shape[0], generator=generator)
             noise = -temperature * torch.log(-torch.log(u))
-        guesses, logits = self.net.run_pass("chain", tokens, aux, self.length, spec.k, noise)
-        self.length += tokens.numel()
-        self.pending = None
+        guesses, logits = self._draft_pass("chain", tokens, aux, spec.k, noise)
         tree = Tree.root(root)
         for j, t in enumerate(self.to_target(guesses).tolist()):
             tree.add(t, j)
         return tree, self.full_probs(softmax_t(logits, temperature)) if temperature > 0 else None
 
-    def _dynamic_tree(self, root: int, tokens: Tensor, aux: Tensor, spec: DraftSpec) -> Tree:
-        """Eagle3Draft.dynamic_tree's candidates, the best `spec.total` kept (draft_dynamic_tree's tree, in one pass)."""
-        ids, parents, scores = self.net.run_pass("dynamic_tree", tokens, aux, self.length, spec.k, spec.topk)
+    def _draft_pass(self, name: str, tokens: Tensor, aux: Tensor, *args):
+        """The network's one-pass draft `name` (Eagle3Draft.chain, .dynamic_tree, .static_tree) after the pending
+        rows (tokens, aux), which join the cache; the rows it drafts are forgotten."""
+        out = self.net.run_pass(name, tokens, aux, self.length, *args)
         self.length += tokens.numel()
         self.pending = None
+        return out
+
+    def _dynamic_tree(self, root: int, tokens: Tensor, aux: Tensor, spec: DraftSpec) -> Tree:
+        """Eagle3Draft.dynamic_tree's candidates, the best `spec.total` kept (draft_dynamic_tree's tree, in one pass)."""
+        ids, parents, scores = self._draft_pass("dynamic_tree", tokens, aux, spec.k, spec.topk)
         tree = Tree.root(root)
         for t, p, s in zip(self.to_target(ids).tolist(), parents.tolist(), scores.tolist(), strict=True):
             tree.add(t, p, s)
@@ -295,14 +299,13 @@ class Eagle3Drafter(ModelDrafter):
     def _static_tree(self, root: int, tokens: Tensor, aux: Tensor, spec: DraftSpec) -> Tree:
         """Eagle3Draft.static_tree's nodes as a Tree (draft_static_tree's tree, in one pass)."""
         levels = tree_levels(spec.tree_choices())
-        ids = self.to_target(self.net.run_pass("static_tree", tokens, aux, self.length, levels)).tolist()
-        self.length += tokens.numel()
-        self.pending = None
-        tree, start, above = Tree.root(root), 1, 0  # node ids of the level above start at `above`
+        ids = self.to_target(self._draft_pass("static_tree", tokens, aux, levels)).tolist()
+        tree, above = Tree.root(root), 0  # the node ids of the level above start at `above`
         for level in levels:
+            start = len(tree)
             for parent, _ in level:
                 tree.add(ids[len(tree) - 1], above + parent)
-            above, start = start, start + len(level)
+            above = start
         return tree
 
 

@@ -140,21 +140,19 @@ class Eagle3Draft(Stepper):
         its parent's guess of its rank. `levels[d - 1]` lists the nodes of depth d as (parent: its index among the
         nodes of depth d - 1, 0 for the root; rank: 0 = the parent's top guess), `tree_levels` makes them from rank
         paths. -> the nodes' tokens in the draft vocab, level by level [N]."""
-        first = length + tokens.shape[0]
-        logits, hidden = self.catch_up(tokens, aux, length)
-        level = levels[0]
-        ids = logits[0].topk(1 + max(r for _, r in level)).indices[torch.tensor([r for _, r in level])]
-        out, rows = hidden.expand(len(level), -1), torch.zeros(len(level), 0, dtype=torch.bool)
-        all_ids, used = [ids], first
-        for d, level in enumerate(levels[1:], start=1):
-            run = sorted({p for p, _ in level})  # the nodes of depth d with children, in their order
-            at = torch.tensor(run)
-            logits, out, rows = self.expand(ids[at], out[at], rows[at], first, used, d)
-            used += len(run)
-            parent = torch.tensor([run.index(p) for p, _ in level])
-            ids = logits.topk(1 + max(r for _, r in level)).indices[parent, torch.tensor([r for _, r in level])]
+        first = used = length + tokens.shape[0]
+        logits, out = self.catch_up(tokens, aux, length)  # the root's: its children's logits, its output
+        run, rows, all_ids = [0], torch.zeros(1, 0, dtype=torch.bool), []  # run: the nodes above with children
+        for d, level in enumerate(levels, start=1):
+            parent, ranks = torch.tensor([run.index(p) for p, _ in level]), torch.tensor([r for _, r in level])
+            ids = logits.topk(1 + max(r for _, r in level)).indices[parent, ranks]
             out, rows = out[parent], rows[parent]
             all_ids.append(ids)
+            if d < len(levels):  # run the nodes of depth d with children, in their order
+                run = sorted({p for p, _ in levels[d]})
+                at = torch.tensor(run)
+                logits, out, rows = self.expand(ids[at], out[at], rows[at], first, used, d)
+                used += len(run)
         return torch.cat(all_ids)
 
     def draft_step(self, embeds: Tensor, h: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, length: int,

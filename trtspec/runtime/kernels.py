@@ -37,6 +37,8 @@ BLOCKS = (2, 4, 8)
 CANDIDATES = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS), "native", "native16", "packed")
 DEFAULT = ("linear",) * len(TIMED_ROWS)  # the kernel for each of TIMED_ROWS' buckets, until a choice is made
 
+TIMED_MB = 256  # weights timed per candidate and row count (the lm_head always among them): enough to stream from memory
+
 
 def bucket(rows: int) -> int:
     """Which of TIMED_ROWS' kernels a product of `rows` (1..MANY_ROWS) rows uses."""
@@ -46,7 +48,6 @@ def bucket(rows: int) -> int:
 def row_labels() -> list[str]:
     """The row counts each chosen kernel serves, for reports: 1, 2, ..., 8, 9-64."""
     return [str(r) for r in range(1, FEW_ROWS + 1)] + [f"{FEW_ROWS + 1}-{MANY_ROWS}"]
-TIMED_MB = 256  # weights timed per candidate and row count (the lm_head always among them): enough to stream from memory
 
 
 def product(x: Tensor, weight: Tensor, kernel: str) -> Tensor:
@@ -361,10 +362,10 @@ def products_cost(kernel_choice: dict, rows: int) -> float | None:
     ms, by = kernel_choice.get("ms_per_pass"), kernel_choice["by_rows"]
     if not ms or not 0 < rows <= MANY_ROWS:
         return None
-    one = ms["1_rows"][by[0]]
+    one, kernel = ms["1_rows"][by[0]], by[bucket(rows)]
     if rows <= FEW_ROWS:
-        return ms[f"{rows}_rows"][by[rows - 1]] / one
-    at_few, at_tree = ms[f"{FEW_ROWS}_rows"][by[-1]], ms[f"{TREE_ROWS}_rows"][by[-1]]
+        return ms[f"{rows}_rows"][kernel] / one
+    at_few, at_tree = ms[f"{FEW_ROWS}_rows"][kernel], ms[f"{TREE_ROWS}_rows"][kernel]
     return (at_few + (at_tree - at_few) * (rows - FEW_ROWS) / (TREE_ROWS - FEW_ROWS)) / one
 
 
