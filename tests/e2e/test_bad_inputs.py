@@ -141,6 +141,40 @@ def case_unsupported_arch(tmp, model, mp):
     return build(tmp, config(tmp, gpt2), "--until", "convert")
 
 
+def edited_model(tmp: Path, model, **edits) -> Path:
+    """A copy of the tiny model folder whose config.json says something else (edits; None removes a key)."""
+    folder = tmp / "edited-model"
+    shutil.copytree(model, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(edits)
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if v is not None}))
+    return folder
+
+
+def case_multimodal(tmp, model, mp):
+    folder = edited_model(tmp, model, model_type="llava", architectures=["LlavaForConditionalGeneration"],
+                          vision_config={"model_type": "clip_vision_model"}, text_config={"model_type": "llama"})
+    return build(tmp, config(tmp, folder))
+
+
+def case_encoder_decoder(tmp, model, mp):
+    folder = edited_model(tmp, model, model_type="t5", architectures=["T5ForConditionalGeneration"], is_encoder_decoder=True)
+    return build(tmp, config(tmp, folder))
+
+
+def case_embedding_model(tmp, model, mp):
+    return build(tmp, config(tmp, edited_model(tmp, model, model_type="bert", architectures=["BertModel"])))
+
+
+def case_remote_code(tmp, model, mp):
+    folder = edited_model(tmp, model, auto_map={"AutoModelForCausalLM": "modeling_mine.MineForCausalLM"})
+    return build(tmp, config(tmp, folder))
+
+
+def case_engine_cannot_serve_family(tmp, model, mp):
+    return build(tmp, config(tmp, "tiny:gemma3", engine={"backend": "vllm"}))
+
+
 def model_vocab(model) -> int:
     return json.loads((Path(model) / "config.json").read_text())["vocab_size"]
 
@@ -344,7 +378,12 @@ CASES = [
     Case("model-missing", case_model_missing, 2, r"model path .*no-such-model' does not exist", "data"),
     Case("model-no-config", case_model_no_config, 2, r"has no config\.json", "data"),
     Case("model-unknown-demo", case_unknown_demo, 2, r"unknown demo model 'demo:gpt-17'", "data"),
-    Case("model-unsupported-arch", case_unsupported_arch, 2, r"Llama-family.*'gpt2'", "convert", before_data=True),
+    Case("model-unsupported-arch", case_unsupported_arch, 2, r"model_type 'gpt2' is not a decoder family trtspec knows", "convert", before_data=True),
+    Case("model-multimodal", case_multimodal, 2, r"'LlavaForConditionalGeneration' \(llava\) is a multimodal model", "data", before_data=True),
+    Case("model-encoder-decoder", case_encoder_decoder, 2, r"'T5ForConditionalGeneration' \(t5\) is an encoder-decoder model", "data", before_data=True),
+    Case("model-embedding", case_embedding_model, 2, r"'BertModel' \(bert\) is not a causal LM", "data", before_data=True),
+    Case("model-remote-code", case_remote_code, 2, r"ships its own modelling code .*trust_remote_code", "data", before_data=True),
+    Case("engine-family-not-served", case_engine_cannot_serve_family, 2, r"engine\.backend vllm cannot serve this build: gemma3: .*SupportsEagle3", "data", before_data=True),
     Case("model-corrupted-weights", case_corrupted_weights, 2, r"cannot load model weights", "convert"),
     Case("model-no-chat-template", case_no_chat_template, 2, r"no chat template", "data"),
     Case("data-missing", case_data_missing, 2, r"data file .*data\.jsonl' does not exist", "data"),

@@ -57,7 +57,7 @@ def test_convert_rejects_bad_settings(base_config):
     with pytest.raises(ConfigError, match="not an eagle_architecture_config field"):
         eagle.derive_eagle_config(base_config, ConvertSection(overrides={"hiden_size": 3}))
     gpt2 = SimpleNamespace(model_type="gpt2")
-    with pytest.raises(ModelError, match="Llama-family"):
+    with pytest.raises(ModelError, match="not a decoder family trtspec knows"):
         eagle.derive_eagle_config(gpt2, ConvertSection())
 
 

@@ -48,7 +48,7 @@ def write_eagle3_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dic
     from trtspec.artifacts import package_versions
 
     source = cfg.model.source
-    if not source.startswith("demo:") and Path(source).expanduser().exists():
+    if not source.startswith(("demo:", "tiny:")) and Path(source).expanduser().exists():
         source = Path(source).name  # a local folder: its name only, the bundle must not name this machine's paths
     quant = info["quant_format"] + (" + fp8 KV cache" if info.get("kv_cache") == "fp8" else "")
     lines = [
@@ -87,11 +87,29 @@ def write_eagle3_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dic
         "",
         *engine_table(metrics.get("engines_not_served", {})),
         "",
+        *family_lines(bundle / "target"),
+        "",
         *eagle3_checks(info, metrics),
     ]
     versions = ", ".join(f"{k} {v}" for k, v in package_versions().items())
     lines += ["", "## Built with", "", versions, ""]
     (bundle / "README.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def family_lines(target: Path) -> list[str]:
+    """The README's paragraph on the target's family: which engines serve a draft for it (trtspec.targets)."""
+    from trtspec.targets import family_if_known
+
+    f = family_if_known(target)
+    if f is None:
+        return []
+    vllm = f"does not: {f.vllm_eagle3}" if f.vllm_eagle3 else "serves an EAGLE-3 draft for it" + (
+        f" (not a DFlash one: {f.vllm_dflash})" if f.vllm_dflash else ", and a DFlash one")
+    trt = f"serves EAGLE-3 {f.trtllm}" if f.trtllm else "serves no EAGLE-3 draft for it"
+    dflash = "and its DFlash (one-model) lists it" if f.trtllm_dflash else "and its DFlash lists no such target"
+    return [f"Target family `{f.name}`" + (f" ({f.note})" if f.note else "") + f". vLLM ({f.vllm}) {vllm}. "
+            f"TensorRT-LLM, by its sources, {trt}, {dflash}. trtspec validated it on its "
+            + ("native runtime." if f.runtime == "native" else "runtime's HF path (the model's own forward and cache).")]
 
 
 def engine_table(not_served: dict[str, list[str]]) -> list[str]:
@@ -146,7 +164,7 @@ def write_dflash_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dic
     from trtspec.artifacts import package_versions
     from trtspec.dflash.head import draft_name
 
-    source = cfg.model.source if cfg.model.source.startswith("demo:") else Path(cfg.model.source).name
+    source = cfg.model.source if cfg.model.source.startswith(("demo:", "tiny:")) else Path(cfg.model.source).name
     dspark = info.get("projector") == "dspark"
     name = draft_name(info.get("projector", "dflash"), info.get("markov_head"), info.get("markov_rank"))
     lines = [
@@ -162,6 +180,8 @@ def write_dflash_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dic
         f"| `draft/` | the {name.split()[0]} draft (`{'Qwen3DSparkModel`, `' if dspark else ''}DFlashDraftModel`, Model Optimizer's "
         "export): embedding and lm_head are the target's |",
         *serving_lines(dspark, metrics),
+        "",
+        *family_lines(bundle / "target"),
         "",
         "## Built with",
         "",

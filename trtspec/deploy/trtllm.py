@@ -58,6 +58,22 @@ def availability() -> tuple[bool, str]:
     return False, "; ".join(missing)
 
 
+def refusal(target: Path, method: str) -> str | None:
+    """Why TensorRT-LLM serves no `method` draft (eagle3, dflash, dspark) for the target folder's family, by what its
+    sources say (trtspec.targets: trtllm; DFlash is one-model only), or None."""
+    from trtspec.targets import family_if_known
+
+    family = family_if_known(target)
+    if family is None:
+        return None
+    if method == "eagle3" and family.trtllm is None:
+        return f"TensorRT-LLM's sources serve no EAGLE-3 draft for {family.name} targets (no hidden-state capture in its model)"
+    if method in ("dflash", "dspark") and "one-model" not in (family.trtllm or ""):
+        return (f"TensorRT-LLM's DFlash runs one-model only, and its {family.name} target serves no one-model draft "
+                "(it does not subclass SpecDecOneEngineForCausalLM)")
+    return None
+
+
 def spec_class(llmapi: Any, decoding_type: str) -> type:
     """The installed config class for a decoding_type (EAGLE-3 falls back to EagleDecodingConfig on old releases)."""
     for name in SPEC_CLASSES.get(decoding_type, (f"{decoding_type}DecodingConfig",)):

@@ -84,10 +84,16 @@ def speculative_method(draft: Path) -> str:
     return "dspark" if (cfg.get("dflash_config") or {}).get("projector_type") == "dspark" else family_of_draft(draft)
 
 
-def refusal(method: str | None) -> str | None:
-    """Why vLLM cannot run speculative `method` on this machine, or None."""
+def refusal(method: str | None, target: Path | None = None) -> str | None:
+    """Why vLLM cannot run speculative `method` for the target folder `target` on this machine, or None: what its
+    family declares (trtspec.targets: vllm_eagle3, vllm_cpu), then DSpark's GPU-only kernels."""
     import torch
 
+    if target is not None and (target / "config.json").is_file() and method is not None:
+        from trtspec.targets import family_if_known, vllm_refusal
+
+        if (family := family_if_known(target)) and (why := vllm_refusal(family, method, torch.cuda.is_available())):
+            return why
     return DSPARK_ON_CPU if method == "dspark" and not torch.cuda.is_available() else None
 
 
@@ -97,7 +103,7 @@ def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_s
     import torch
 
     method = speculative_method(draft) if draft else None
-    if why := refusal(method):
+    if why := refusal(method, target):
         raise MissingDependency(why)
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # progress on stderr, results on stdout
     if not torch.cuda.is_available():

@@ -23,7 +23,7 @@ import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtspec.errors import ArtifactError, ConfigError, ModelError
+from trtspec.errors import ArtifactError, ConfigError
 
 if TYPE_CHECKING:
     from trtspec.config import DFlashSection
@@ -32,7 +32,9 @@ HEAD_FILE = "head.safetensors"
 
 
 def text_config(base_config: Any) -> Any:
-    return getattr(base_config, "text_config", None) or base_config
+    from trtspec.targets import text_config as text
+
+    return text(base_config)
 
 
 def target_layers(base_config: Any, section: DFlashSection) -> list[int]:
@@ -55,27 +57,25 @@ def derive_dflash_config(base_config: Any, section: DFlashSection, mask_token_id
 
     Every size is given explicitly: modelopt builds the draft's config as a Qwen3Config, whose own defaults
     (intermediate 22016, 32 heads of 128) win over the base model's for any size left out."""
-    from trtspec.models import LLAMA_FAMILY
+    from trtspec.targets import check_dflash, draft_dims
 
+    check_dflash(base_config)
     text = text_config(base_config)
-    if getattr(text, "model_type", None) not in LLAMA_FAMILY:
-        raise ModelError(f"DFlash conversion supports Llama-family decoders, not model_type '{getattr(text, 'model_type', '?')}'",
-                         f"supported: {', '.join(LLAMA_FAMILY)}")
+    dims = draft_dims(base_config)
     vocab = text.vocab_size
     if not 0 <= mask_token_id < vocab:
         raise ConfigError(f"dflash.mask_token_id {mask_token_id} is outside the vocabulary (0..{vocab - 1})")
-    heads = text.num_attention_heads
     arch = {
         "num_hidden_layers": section.num_layers,
         "target_layer_ids": target_layers(base_config, section),
-        "hidden_size": text.hidden_size,
-        "num_attention_heads": heads,
-        "num_key_value_heads": getattr(text, "num_key_value_heads", None) or heads,
-        "head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads,
-        "intermediate_size": section.intermediate_size or text.intermediate_size,
-        "max_position_embeddings": text.max_position_embeddings,
-        "rms_norm_eps": getattr(text, "rms_norm_eps", 1e-6),
-        "rope_theta": rope_theta(text),
+        "hidden_size": dims["hidden_size"],
+        "num_attention_heads": dims["num_attention_heads"],
+        "num_key_value_heads": dims["num_key_value_heads"],
+        "head_dim": dims["head_dim"],
+        "intermediate_size": section.intermediate_size or dims["intermediate_size"],
+        "max_position_embeddings": dims["max_position_embeddings"],
+        "rms_norm_eps": dims["rms_norm_eps"],
+        "rope_theta": dims["rope_parameters"]["rope_theta"],
         "hidden_act": "silu",
     }
     cfg = {
@@ -118,11 +118,6 @@ def decay_gamma(block_size: int) -> float:
     suggestion for the block sizes it names (4 for 8, 5 for 10, 7 for 16), block_size / 2 otherwise. modelopt's own
     default, 0, turns the weights off."""
     return {8: 4.0, 10: 5.0, 16: 7.0}.get(block_size, block_size / 2)
-
-
-def rope_theta(text: Any) -> float:
-    params = getattr(text, "rope_parameters", None) or {}
-    return float(params.get("rope_theta") or getattr(text, "rope_theta", None) or 10000.0)
 
 
 def choose_mask_token(tok: Any, counts: Any | None = None) -> tuple[int, str]:

@@ -16,7 +16,12 @@ if TYPE_CHECKING:
 def check_convert_config(cfg: BuildConfig, model_config: Any) -> None:
     """The convert settings against the model's config alone: the head derives, and a head copied from a target
     layer keeps that layer's shape."""
+    from trtspec.targets import family_of
+
     arch = eagle.derive_eagle_config(model_config, cfg.convert)["eagle_architecture_config"]
+    if cfg.convert.init_from_target and (family := family_of(model_config)).runtime != "native":
+        raise ConfigError(f"convert.init_from_target copies a Llama-style target layer; {family.name} layers are not "
+                          f"({family.note or 'another layout'})", "set convert.init_from_target: false")
     if cfg.convert.init_from_target:
         plain = eagle.derive_eagle_config(model_config, cfg.convert.model_copy(update={"overrides": {}}))["eagle_architecture_config"]
         if resized := [k for k in eagle.LAYER_SHAPE if arch[k] != plain[k]]:

@@ -26,17 +26,10 @@ HEAD_FILE = "head.safetensors"
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
-    """TensorRT-LLM's default eagle3_layers_to_capture: {1, L//2-1, L-4} (clamped for tiny models)."""
-    return sorted({min(1, num_layers - 1), max(0, num_layers // 2 - 1), max(0, num_layers - 4)})
+    """TensorRT-LLM's default eagle3_layers_to_capture (trtspec.targets.default_aux_layers)."""
+    from trtspec.targets import default_aux_layers as aux
 
-
-def _rope(base: Any) -> tuple[dict, float]:
-    """The base model's rope parameters (transformers 5: rope_parameters; 4.x: rope_theta + rope_scaling)."""
-    params = dict(getattr(base, "rope_parameters", None) or getattr(base, "rope_scaling", None) or {})
-    theta = float(params.get("rope_theta", getattr(base, "rope_theta", 10000.0)))
-    params.setdefault("rope_type", params.pop("type", "default"))
-    params["rope_theta"] = theta
-    return params, theta
+    return aux(num_layers)
 
 
 def derive_eagle_config(base: Any, convert: Any) -> dict:
@@ -46,49 +39,44 @@ def derive_eagle_config(base: Any, convert: Any) -> dict:
     """
     from modelopt.torch.speculative.config import EAGLE3_DEFAULT_CFG
 
-    from trtspec.errors import ConfigError, ModelError
-    from trtspec.models import LLAMA_FAMILY
+    from trtspec.errors import ConfigError
+    from trtspec.targets import draft_dims, family_of, text_config
 
-    text = getattr(base, "text_config", None) or base
-    if getattr(text, "model_type", None) not in LLAMA_FAMILY:
-        raise ModelError(
-            f"EAGLE-3 conversion supports Llama-family decoders, not model_type '{getattr(text, 'model_type', '?')}'",
-            f"supported: {', '.join(LLAMA_FAMILY)}",
-        )
+    text = text_config(base)
+    family_of(base)  # one line for a model no family declares
     layers = text.num_hidden_layers
     # ascending, as modelopt's hooks and TensorRT-LLM's capture set concatenate them (offline states follow the list)
     aux = sorted(convert.aux_layers) if convert.aux_layers is not None else default_aux_layers(layers)
     bad = [i for i in aux if not 0 <= i < layers - 1]  # hidden_states[L] is post-norm: not an aux layer
     if bad or len(set(aux)) != len(aux):
         raise ConfigError(f"convert.aux_layers {aux}: need distinct layer ids in 0..{layers - 2}")
-    heads = text.num_attention_heads
-    vocab = text.vocab_size
+    dims = draft_dims(base)
+    vocab = dims["vocab_size"]
     draft_vocab = convert.draft_vocab_size or vocab
     if draft_vocab > vocab:
         raise ConfigError(f"convert.draft_vocab_size {draft_vocab} is larger than the target vocab ({vocab})")
-    rope, theta = _rope(text)
+    rope = dims.pop("rope_parameters")
 
     cfg = copy.deepcopy(EAGLE3_DEFAULT_CFG["config"])
     arch = cfg["eagle_architecture_config"]
     arch.update(
-        hidden_size=text.hidden_size,
-        num_attention_heads=heads,
-        num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
-        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-        intermediate_size=text.intermediate_size,
-        vocab_size=vocab,
+        **dims,
         draft_vocab_size=draft_vocab,
-        max_position_embeddings=text.max_position_embeddings,
-        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-5),
-        hidden_act=getattr(text, "hidden_act", "silu"),
+        hidden_act="silu",  # the draft is a Llama layer whatever the target's activation (engines load it as one)
         rope_scaling=rope,
-        rope_theta=theta,
+        rope_theta=rope["rope_theta"],
         num_hidden_layers=convert.num_layers,
         eagle_aux_hidden_state_layer_ids=aux,
         use_aux_hidden_state=True,
         use_last_layernorm=True,
         torch_dtype="float32",
     )
+    # modelopt builds the head's config with the base model's config class: a sliding-window family's defaults
+    # (GPT-OSS: sliding layers of 128) would make the head's training cache a sliding one. The head attends to all.
+    if getattr(text, "layer_types", None) is not None:
+        arch["layer_types"] = ["full_attention"] * convert.num_layers
+    if getattr(text, "sliding_window", None) is not None:
+        arch["sliding_window"] = None
     if convert.init_from_target and getattr(text, "attention_bias", text.model_type == "qwen2"):
         arch["attention_bias"] = True  # the copied layer's q/k/v biases need a place (o_proj's stays zero for Qwen2)
     for key, value in convert.overrides.items():
@@ -161,9 +149,18 @@ def accept_draft_vocab_logits(model: Any) -> None:
 
 
 def init_rope(eagle_module: Any) -> None:
-    """Create the head's rotary embedding up front: modelopt 0.47 passes `device=`, which transformers 5 refuses."""
+    """Create the head's rotary embedding up front: modelopt 0.47 passes `device=`, which transformers 5 refuses.
+
+    modelopt builds the head's config with the base model's config class; for families with a rope per layer type
+    (Gemma 3, ...) that class nests the rope per type again: the head is one Llama layer with the full-attention rope
+    (trtspec.targets.rope_parameters), as engines load it."""
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+    from trtspec.targets import rope_parameters
+
+    config = eagle_module.config
+    if isinstance((getattr(config, "rope_parameters", None) or {}).get("full_attention"), dict):
+        config.rope_parameters = rope_parameters(config)
     if not hasattr(eagle_module, "rotary_emb"):
         device = next(eagle_module.parameters()).device
         eagle_module.rotary_emb = LlamaRotaryEmbedding(config=eagle_module.config).to(device)

@@ -212,8 +212,11 @@ def load_model_config(source: str) -> Any:
     from transformers import AutoConfig
 
     from trtspec.models import resolve_model
+    from trtspec.targets import read_family
 
-    return AutoConfig.from_pretrained(resolve_model(source))
+    path = resolve_model(source)
+    read_family(path)  # a model no family declares, a multimodal or encoder-decoder one, one needing its own code
+    return AutoConfig.from_pretrained(path)
 
 
 def files_read(cfg: BuildConfig, stages: list[str]) -> list[InputFile]:

@@ -11,12 +11,14 @@ from trtspec.runtime.drafters import (
     load_draft_target,
     load_eagle3_drafter,
 )
+from trtspec.runtime.hf_target import HFTarget, load_target
 from trtspec.runtime.model import Transformer, compile_steps, load_transformer
 
 __all__ = [
     "DraftSpec",
     "Eagle3Drafter",
     "Generation",
+    "HFTarget",
     "LMDrafter",
     "NgramDrafter",
     "Stats",
@@ -25,6 +27,7 @@ __all__ = [
     "generate",
     "load_draft_target",
     "load_eagle3_drafter",
+    "load_target",
     "load_transformer",
     "speculative_decode",
     "speculative_on_prompts",

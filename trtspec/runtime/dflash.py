@@ -338,7 +338,9 @@ def load_dflash_drafter(draft_dir: Path, target, dtype=torch.float32, weights: s
     with torch.device("meta"):
         lm_head = Linear(*reversed(target.lm_head.weight.shape), bias=False)
     # shared unless stored in bf16
-    lm_head.weight, lm_head.kernels, lm_head.packed = target.lm_head.weight, target.lm_head.kernels, target.lm_head.packed
+    # (an HF-path target's lm_head is a plain nn.Linear: the default kernels, nothing packed)
+    lm_head.weight = target.lm_head.weight
+    lm_head.kernels, lm_head.packed = getattr(target.lm_head, "kernels", Linear.kernels), getattr(target.lm_head, "packed", None)
     extra = [lm_head] + ([m for m in markov.modules() if isinstance(m, Linear)] if markov is not None else [])
     net.kernel_choice["draft_weights"] = store_bf16(net, extra, weights)
     net.lm_head = lm_head

@@ -477,13 +477,15 @@ def hf_to_runtime_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def load_transformer(folder: Path, dtype: torch.dtype = torch.float32, aux_layers=(), device: str = "cpu") -> tuple[Transformer, list[str]]:
-    """Load an HF Llama-family folder into the runtime model. Returns (model, dequantization notes)."""
-    from trtspec.models import SUPPORTED_ARCHS
+    """Load an HF folder of a family the native runtime serves (trtspec.targets: runtime "native") into the runtime
+    model. Returns (model, dequantization notes)."""
+    from trtspec.targets import FAMILIES, read_family
 
     cfg = read_config(folder)
-    arch = (cfg.get("architectures") or ["?"])[0]
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelError(f"'{folder}': architecture '{arch}' is not supported by the runtime", f"supported: {', '.join(SUPPORTED_ARCHS)}")
+    if read_family(folder).runtime != "native":
+        native = ", ".join(f.name for f in FAMILIES if f.runtime == "native")
+        raise ModelError(f"'{folder}': model_type '{cfg.get('model_type')}' is not served by the native runtime",
+                         f"native: {native}; other families run through runtime.hf_target.load_hf_target")
     args = ModelArgs.from_hf(cfg)
     bad = [i for i in aux_layers if not 0 <= i < args.num_layers]
     if bad:

@@ -58,6 +58,23 @@ PROMPTS = [
 ]
 
 
+def preflight(cfg: BuildConfig, model_config: Any) -> None:
+    """engine.backend: vllm with a target family vLLM cannot serve the draft for (trtspec.targets): one line before
+    any stage spends minutes (backend auto skips the stage with the same reason and goes on)."""
+    import torch
+
+    from trtspec.errors import ConfigError
+    from trtspec.targets import family_of, vllm_refusal
+
+    if cfg.engine.backend != "vllm" or cfg.serve.decoding != "eagle3":
+        return
+    method = "dspark" if cfg.draft.method == "dflash" and cfg.dflash.projector == "dspark" else cfg.draft.method
+    if why := vllm_refusal(family_of(model_config), method, torch.cuda.is_available()):
+        raise ConfigError(f"engine.backend vllm cannot serve this build: {why}",
+                          "set engine.backend: auto (the engine stage is then skipped with this reason) or stop the build "
+                          "before the engine (--until export)")
+
+
 def environment_key() -> dict:
     """Part of the stage fingerprint: a machine that gains tensorrt_llm, vllm or a GPU re-attempts the stage."""
     from trtspec.deploy import vllm_engine
@@ -66,10 +83,21 @@ def environment_key() -> dict:
 
 
 def vllm_refusal(draft: Path) -> str | None:
-    """Why this machine's vLLM cannot run the bundle's draft (vllm_engine.refusal), or None."""
+    """Why this machine's vLLM cannot run the bundle's draft for its target (vllm_engine.refusal, the target family's
+    declared reason: trtspec.targets), or None."""
     from trtspec.deploy import vllm_engine
 
-    return vllm_engine.refusal(vllm_engine.speculative_method(draft)) if (draft / "config.json").is_file() else None
+    if not (draft / "config.json").is_file():
+        return None
+    return vllm_engine.refusal(vllm_engine.speculative_method(draft), draft.parent / "target")
+
+
+def trtllm_refusal(bundle: Path) -> str | None:
+    """Why TensorRT-LLM serves no draft of this bundle's kind for its target's family (trtllm.refusal), or None."""
+    from trtspec.deploy import vllm_engine
+
+    draft = bundle / "draft"
+    return trtllm.refusal(bundle / "target", vllm_engine.speculative_method(draft)) if (draft / "config.json").is_file() else None
 
 
 def resolve_backend(backend: str) -> tuple[str | None, str]:
@@ -93,6 +121,8 @@ def run(ctx: StageContext) -> dict:
     if backend is None:
         raise StageSkipped(why)
     if backend == "vllm" and ctx.cfg.serve.decoding == "eagle3" and (refused := vllm_refusal(ctx.inputs["export"] / "draft")):
+        raise StageSkipped(refused)
+    if backend == "pytorch" and ctx.cfg.serve.decoding == "eagle3" and (refused := trtllm_refusal(ctx.inputs["export"])):
         raise StageSkipped(refused)
     if ctx.cfg.engine.backend == "auto":
         ctx.log(f"engine.backend auto: {why}")
@@ -144,13 +174,38 @@ def measure_engine(ctx: StageContext, bundle: Path, backend: str) -> dict:
     engine, e, new = engine_for(backend), ctx.cfg.engine, ctx.cfg.eval.max_new_tokens
     options = options_for(ctx, bundle)
     prompts = prompt_ids(bundle / "target", ctx.cfg.eval.num_prompts)
-    ctx.log(f"{engine.describe(options)}; {len(prompts)} prompts, batch sizes {e.batch_sizes}")
-    spec = engine.run_bundle(bundle, options, prompts, new, e.batch_sizes, speculative=True)
-    ctx.log(f"{engine.NAME} without speculation")
-    base = engine.run_bundle(bundle, options, prompts, new, e.batch_sizes, speculative=False)
+    # HF first: vLLM's Transformers backend (OLMo 2, SmolLM3, ...) swaps transformers' layers for its own in the
+    # process, after which transformers cannot build the model by itself
     ctx.log("Hugging Face generate on the original model")
     hf = hf_reference(ctx.model_path, prompts, new, e.batch_sizes, ctx.cfg.model.dtype)
+    ctx.log(f"{engine.describe(options)}; {len(prompts)} prompts, batch sizes {e.batch_sizes}")
+    run = in_own_process if backend == "vllm" and vllm_patches_transformers(bundle / "target") else in_this_process
+    spec = run(engine.run_bundle, bundle, options, prompts, new, e.batch_sizes, speculative=True)
+    ctx.log(f"{engine.NAME} without speculation")
+    base = run(engine.run_bundle, bundle, options, prompts, new, e.batch_sizes, speculative=False)
     return engine_report(ctx, engine, backend, options, spec, base, hf)
+
+
+def vllm_patches_transformers(target: Path) -> bool:
+    """vLLM serves this family through its Transformers backend, which rewrites transformers' layers in the process
+    it runs in (trtspec.targets: the family's vllm file): validate, later in the same build, could not load the model."""
+    from trtspec.targets import family_if_known
+
+    family = family_if_known(target)
+    return family is not None and family.vllm.startswith("transformers/")
+
+
+def in_this_process(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    return fn(*args, **kwargs)
+
+
+def in_own_process(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs) in a spawned process of its own, for what leaves this one changed."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(fn, *args, **kwargs).result()
 
 
 def speed_table(spec: dict, base: dict, hf: dict[int, float], engine: str) -> dict[str, dict]:

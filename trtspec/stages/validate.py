@@ -84,6 +84,7 @@ class Bench:
     drafter: Any  # the runtime's drafter (bundle/draft)
     spec: Any  # the runtime's DraftSpec from the draft section
     drafters: dict[str, Any] = field(default_factory=dict)  # timed method -> its drafter
+    family: str = ""  # the target's family (trtspec.targets), which decides the runtime path
 
 
 def load_bench(ctx: StageContext) -> Bench:
@@ -92,7 +93,8 @@ def load_bench(ctx: StageContext) -> Bench:
 
     from trtspec.drafting import load_drafter
     from trtspec.models import load_tokenizer
-    from trtspec.runtime import DraftSpec, load_transformer
+    from trtspec.runtime import DraftSpec, load_target
+    from trtspec.targets import read_family
 
     d, bundle = ctx.cfg.draft, ctx.inputs["export"]
     check_bundle(bundle)
@@ -101,11 +103,12 @@ def load_bench(ctx: StageContext) -> Bench:
     rows = load_prompt_rows(ctx)
     prompts = [encode_prompt(tok, r["messages"]) for r in rows]
     eos = eos_ids(target_dir, tok)
-    target, dq_notes = load_transformer(target_dir, torch.float32)
+    target, dq_notes, _ = load_target(target_dir, torch.float32)
+    target_family = read_family(target_dir).name
     check_context_length(rows, prompts, ctx.cfg.eval.max_new_tokens, target.args.max_positions)
     drafter = load_drafter(bundle / "draft", target)
     spec = DraftSpec(shape=d.shape, k=d.length, topk=d.tree_topk, total=d.tree_total_tokens, suffix_len=d.suffix_len)
-    return Bench(rows, prompts, eos, target, dq_notes, drafter, spec)
+    return Bench(rows, prompts, eos, target, dq_notes, drafter, spec, family=target_family)
 
 
 def timed_methods(ctx: StageContext, b: Bench, hf: Any) -> tuple[dict[str, Any], list[str], dict, dict]:
@@ -136,17 +139,21 @@ def timed_methods(ctx: StageContext, b: Bench, hf: Any) -> tuple[dict[str, Any],
 
 def compile_runtime(ctx: StageContext, b: Bench, methods: dict[str, Any], drafting: list[str]) -> tuple[float, str]:
     """The runtime's steps compiled before timing (the first generations of each kind trigger it): (seconds, note)."""
-    from trtspec.runtime import compile_steps
+    from trtspec.runtime import HFTarget, compile_steps
     from trtspec.runtime.decode import warm_up_row_counts
 
     if not ctx.cfg.validate_.compile:
         return 0.0, "off (validate.compile: false)"
-    if b.target.native_pass:
+    if isinstance(b.target, HFTarget):
+        ctx.log("compiling the draft's passes (torch.compile; ~1 min on a CPU the first time; the target runs its own "
+                "HF forward)")
+    elif b.target.native_pass:
         ctx.log("compiling the draft's passes (torch.compile; ~1-2 min on a CPU the first time; the target's decode and "
                 "verify passes run as one native call each)")
     else:
         ctx.log("compiling the runtime's decode, verify and draft passes (torch.compile; ~1-2 min on a CPU the first time)")
-    compile_s, compile_note = compile_steps([b.target, b.drafter.net], lambda: (warm_up_row_counts(b.target, b.drafter, b.spec),
+    nets = [b.drafter.net] if isinstance(b.target, HFTarget) else [b.target, b.drafter.net]
+    compile_s, compile_note = compile_steps(nets, lambda: (warm_up_row_counts(b.target, b.drafter, b.spec),
                                                                                 [methods[m](b.prompts[0]) for m in ("runtime_no_draft", *drafting)]))
     ctx.log(f"{compile_note} ({compile_s:.0f} s)")
     return compile_s, compile_note
@@ -189,7 +196,11 @@ def run(ctx: StageContext) -> dict:
     target, drafter, spec, prompts = b.target, b.drafter, b.spec, b.prompts
     kernels = target.kernel_choice
     ctx.log(f"{len(prompts)} prompts, {n_new} new tokens, draft {d.shape} k={d.length}, threads {torch.get_num_threads()}")
-    ctx.log("kernels chosen on this machine, by rows: " + ", ".join(f"{n} {c}" for n, c in zip(row_labels(), kernels["by_rows"], strict=True)))
+    native = kernels.get("path") != "hf"
+    if native:
+        ctx.log("kernels chosen on this machine, by rows: " + ", ".join(f"{n} {c}" for n, c in zip(row_labels(), kernels["by_rows"], strict=True)))
+    else:
+        ctx.log(f"target family {b.family}: the runtime's HF path (the model's own forward and cache)")
 
     hf = load_model(ctx.model_path, "float32", "cpu")
     methods, drafting, skipped, method_notes = timed_methods(ctx, b, hf)
@@ -206,7 +217,9 @@ def run(ctx: StageContext) -> dict:
     report = {
         "runtime": f"trtspec PyTorch speculative runtime ({family(drafter.name).title} from bundle/draft), CPU float32",
         "draft_method": drafter.name,
-        "runtime_compiled": target.compiled is not None,
+        "target_family": b.family,
+        "target_path": "native" if native else "hf",  # which runtime path served the target (trtspec.targets)
+        "runtime_compiled": drafter.net.compiled is not None,
         "compile": {"seconds": compile_s, "note": compile_note},
         "bundle": str(ctx.inputs["export"]),
         "prompts": len(prompts),
@@ -228,8 +241,8 @@ def run(ctx: StageContext) -> dict:
         "method_notes": method_notes,
         **speed_summary(tps, acceptance["acceptance_length"], kernels, bandwidth,
                         decode_tps,
-                        timed["runtime_no_draft"].get("decode_runs"), step_cost_by_bytes(target, drafter, spec),
-                        step_cost_by_products(target, drafter, spec)),
+                        timed["runtime_no_draft"].get("decode_runs"), step_cost_by_bytes(target, drafter, spec) if native else None,
+                        step_cost_by_products(target, drafter, spec) if native else None),
         "drafting": drafting_summary(outputs, reference, tps, drafting, d.suffix_len) if len(drafting) > 1 else None,
         "sampling_check": sampling,
         "machine": cpu_description(),

@@ -1,0 +1,97 @@
+#!/usr/bin/env python
+"""The architecture matrix: every decoder family of trtspec.targets.tiny through the whole pipeline, one table.
+
+    python scripts/family_matrix.py                         # every family, EAGLE-3, into runs/families/
+    python scripts/family_matrix.py --families qwen3_moe,gemma3 --method dflash
+    python scripts/family_matrix.py --json
+
+Each family is a tiny random model built in code (`model.source: tiny:FAMILY`, the demo model's tokenizer) run
+through build_configs/tiny-families.yaml (tiny-families-dflash.yaml with --method dflash) by `trtspec build` in a process of its own. Per family the table gives each
+stage's outcome (done, skipped with its reason, or the error line), the draft's held-out AL, vLLM's AL and greedy
+match, the runtime's path (native or hf), greedy exactness and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = {"eagle3": ROOT / "build_configs" / "tiny-families.yaml", "dflash": ROOT / "build_configs" / "tiny-families-dflash.yaml"}
+STAGES = ("convert", "train", "export", "engine", "validate")
+
+
+def run_family(family: str, method: str, out: Path, extra: list[str]) -> dict:
+    """`trtspec build` of one family -> its row: stage outcomes and figures from the manifests."""
+    run = out / f"{family}-{method}"
+    cmd = [sys.executable, "-m", "trtspec.cli", "build", str(RECIPES[method]), "--out", str(run),
+           "--set", f"model.source=tiny:{family}", *extra]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    row = {"family": family, "method": method, "rc": proc.returncode, "seconds": round(time.perf_counter() - t0, 1)}
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    row["error"] = errors[-1] if errors else None
+    for stage in STAGES:
+        manifest = run / ("bundle" if stage == "export" else stage) / "manifest.json"
+        m = json.loads(manifest.read_text()) if manifest.is_file() else None
+        row[stage] = m.get("status", "done") if m else ("failed" if row["error"] else "not run")
+        metrics = (m or {}).get("metrics") or {}
+        if stage == "train":
+            row["heldout_al"] = metrics.get(next((k for k in metrics if k.startswith("AL@") and "_" not in k), ""), None)
+        if stage == "engine":
+            row["engine_note"] = m.get("reason") if m and m.get("status") == "skipped" else None
+            row["vllm_al"] = metrics.get("acceptance_length")
+            match = metrics.get("greedy_vs_hf") or {}
+            row["vllm_exact"] = f"{match['exact']}/{match['total']}" if match else None
+        if stage == "validate" and m:
+            report = json.loads((run / "validate" / "report.json").read_text())
+            row["runtime_al"] = report.get("acceptance_length")
+            row["runtime_path"] = report.get("target_path")
+            gm = report.get("greedy_match") or {}
+            row["runtime_exact"] = f"{gm.get('matched')}/{gm.get('total')}"
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    head = "| family | method | convert | train (AL@3) | export | vLLM (AL, greedy) | runtime (path, AL, greedy) | s |"
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        engine = r["engine"] if r["engine"] != "done" else f"AL {r['vllm_al']}, {r['vllm_exact']}"
+        if r.get("engine_note"):
+            engine = f"skipped: {r['engine_note']}"
+        runtime = r["validate"] if r["validate"] != "done" else f"{r['runtime_path']}, AL {r['runtime_al']:.2f}, {r['runtime_exact']}"
+        train = r["train"] if r["train"] != "done" else f"done ({r['heldout_al']})"
+        lines.append(f"| {r['family']} | {r['method']} | {r['convert']} | {train} | {r['export']} | {engine} | {runtime} | {r['seconds']} |")
+        if r["error"]:
+            lines.append(f"|  | | {r['error'][:200]} | | | | | |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    from trtspec.targets.tiny import TINY
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--families", default=",".join(TINY), help="comma-separated, from trtspec.targets.tiny.TINY")
+    ap.add_argument("--method", default="eagle3", choices=("eagle3", "dflash"))
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "families")
+    ap.add_argument("--set", action="append", default=[], help="more config overrides, KEY=VALUE")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    families = a.families.split(",")
+    unknown = [f for f in families if f not in TINY]
+    if unknown:
+        sys.exit(f"unknown families {unknown}; known: {', '.join(TINY)}")
+    extra = [x for kv in a.set for x in ("--set", kv)]
+    rows = []
+    for f in families:
+        rows.append(run_family(f, a.method, a.out, extra))
+        print(f"{f}: rc {rows[-1]['rc']} in {rows[-1]['seconds']} s", file=sys.stderr, flush=True)
+    print(json.dumps(rows, indent=2) if a.json else table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The architecture matrix in CI: every decoder family, with an EAGLE-3 head and with a DFlash block drafter, of trtspec.targets.tiny (a tiny random model built in code
+with a real tokenizer and chat template) through convert -> train -> export -> engine (vLLM's CPU build, or its
+declared refusal) -> validate, by `trtspec build` as a user runs it. Greedy output with the draft equals HF generate on
+every prompt, in the runtime path the family declares and in vLLM where it serves the family."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trtspec.targets import BY_MODEL_TYPE
+from trtspec.targets.tiny import TINY
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = {"eagle3": ROOT / "build_configs" / "tiny-families.yaml", "dflash": ROOT / "build_configs" / "tiny-families-dflash.yaml"}
+
+
+def has_vllm() -> bool:
+    from importlib.util import find_spec
+
+    return find_spec("vllm") is not None
+
+
+@pytest.mark.parametrize("method", list(RECIPES))
+@pytest.mark.parametrize("name", list(TINY))
+def test_family_end_to_end(name, method, tmp_path, demo_model_dir):
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "trtspec.cli", "build", str(RECIPES[method]), "--out", str(run),
+                           "--set", f"model.source=tiny:{name}", "--set", "engine.backend=auto"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    family = BY_MODEL_TYPE[TINY[name][0]]
+    report = json.loads((run / "validate" / "report.json").read_text())
+    assert report["target_family"] == family.name
+    assert report["target_path"] == family.runtime
+    match = report["greedy_match"]
+    assert match["matched"] == match["total"] == 2
+    engine = json.loads((run / "engine" / "manifest.json").read_text())
+    refusal = family.vllm_eagle3 or family.vllm_cpu or (family.vllm_dflash if method == "dflash" else None)
+    if not has_vllm():
+        assert engine["status"] == "skipped"
+    elif refusal:  # vLLM cannot serve this family's draft: the manifest says why, in the family's own words
+        assert engine["status"] == "skipped" and refusal in engine["reason"], engine
+    else:
+        assert engine["status"] == "done", engine
+        m = engine["metrics"]["greedy_vs_hf"]
+        assert m["exact"] == m["total"] == 2

@@ -1,0 +1,85 @@
+"""Target families: every model a user brings is either a declared family or refused in one line naming it."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from trtspec.errors import ModelError
+from trtspec.targets import (
+    BY_MODEL_TYPE,
+    FAMILIES,
+    default_aux_layers,
+    draft_dims,
+    family_of,
+    read_family,
+    vllm_refusal,
+)
+from trtspec.targets.tiny import TINY, tiny_config
+
+SPECIAL = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def test_every_tiny_model_is_a_declared_family_and_back():
+    assert {BY_MODEL_TYPE[model_type].name for model_type, _ in TINY.values()} | {"gemma4"} == {f.name for f in FAMILIES}
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_draft_dims_come_from_the_config(name):
+    cfg = tiny_config(name, 1000, SPECIAL)
+    dims = draft_dims(cfg)
+    assert dims["hidden_size"] == cfg.hidden_size and dims["vocab_size"] == 1000
+    assert dims["num_attention_heads"] % dims["num_key_value_heads"] == 0
+    assert dims["rope_parameters"]["rope_type"] and dims["rope_parameters"]["rope_theta"] > 0
+    assert family_of(cfg).name == BY_MODEL_TYPE[TINY[name][0]].name
+
+
+def test_draft_dims_of_special_layouts():
+    qwen3 = draft_dims(tiny_config("qwen3", 1000, SPECIAL))
+    assert qwen3["head_dim"] == 64 != qwen3["hidden_size"] // qwen3["num_attention_heads"]  # head_dim kept as given
+    mla = draft_dims(tiny_config("deepseek_v3", 1000, SPECIAL))
+    assert mla["head_dim"] == mla["hidden_size"] // mla["num_attention_heads"]  # MLA has no single head size
+    gemma = tiny_config("gemma3", 1000, SPECIAL)
+    assert draft_dims(gemma)["rope_parameters"] == {**gemma.rope_parameters["full_attention"], "rope_theta": float(
+        gemma.rope_parameters["full_attention"]["rope_theta"])}
+    llama3 = draft_dims(tiny_config("llama3", 1000, SPECIAL))["rope_parameters"]
+    assert llama3["rope_type"] == "llama3" and llama3["factor"] == 8.0
+
+
+def test_default_aux_layers_follow_tensorrt_llm():
+    assert default_aux_layers(32) == [1, 15, 28]
+    assert default_aux_layers(4) == [0, 1]
+
+
+@pytest.mark.parametrize("raw, words", [
+    ({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "is_encoder_decoder": True}, "encoder-decoder"),
+    ({"model_type": "llava", "architectures": ["LlavaForConditionalGeneration"], "vision_config": {"model_type": "clip"},
+      "text_config": {"model_type": "llama"}}, "multimodal"),
+    ({"model_type": "bert", "architectures": ["BertModel"]}, "not a causal LM"),
+    ({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "auto_map": {"AutoModelForCausalLM": "x.Y"}}, "trust_remote_code"),
+    ({"model_type": "falcon_h9", "architectures": ["FalconH9ForCausalLM"]}, "model_type 'falcon_h9'"),
+])
+def test_models_no_family_serves_are_refused_in_one_line(tmp_path, raw, words):
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ModelError) as e:
+        read_family(tmp_path)
+    assert words in e.value.message and "\n" not in e.value.message
+
+
+def test_vllm_refusals_are_the_familys_own():
+    gemma3 = BY_MODEL_TYPE["gemma3_text"]
+    assert "SupportsEagle3" in vllm_refusal(gemma3, "eagle3", on_gpu=False)
+    assert vllm_refusal(BY_MODEL_TYPE["qwen3_moe"], "eagle3", on_gpu=True) is None
+
+
+def test_a_dflash_run_on_a_family_modelopt_refuses_is_one_line():
+    from trtspec.targets import check_dflash
+
+    refused = [f for f in FAMILIES if f.dflash]
+    if not refused:
+        pytest.skip("Model Optimizer's dflash mode converts every declared family")
+    cfg = SimpleNamespace(model_type=refused[0].model_types[0], architectures=["XForCausalLM"])
+    with pytest.raises(ModelError, match="DFlash cannot draft"):
+        check_dflash(cfg)

@@ -1,0 +1,210 @@
+"""Target families: what trtspec knows of each decoder family a user brings, declared in one place.
+
+A family is read from the model's HF config (`model_type`), never typed in a recipe. Each declares:
+  runtime      which path of trtspec's runtime serves it in validate: "native" (runtime/model.py's Llama-style
+               decoder with its native kernels) or "hf" (the model's own forward and cache, runtime/hf_target.py)
+  vllm         how vLLM names the target class and whether it serves an EAGLE-3 draft for it (`SupportsEagle3` in
+               vLLM 0.32's model file), or the one-line reason it does not
+  trtllm       what TensorRT-LLM's sources list for EAGLE-3 on this family (one-model / two-model), or None
+               (read from NVIDIA/TensorRT-LLM's tensorrt_llm/_torch/models: a target that subclasses
+               SpecDecOneEngineForCausalLM serves one-model drafts; a decoder layer that calls
+               spec_metadata.maybe_capture_hidden_states serves two-model ones; docs/families.md has the evidence)
+  dflash       None where Model Optimizer's `dflash` mode converts it under the transformers trtspec runs, else why not
+
+What the draft derives from the target (`draft_dims`: sizes, rope, positions, norms) and the default auxiliary
+layers (`default_aux_layers`) are read from the config the same way for every family; the few per-family facts
+(MLA's head sizes, MoE's widths, nested rope per layer type) live in `draft_dims`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtspec.errors import ModelError
+
+
+@dataclass(frozen=True)
+class TargetFamily:
+    name: str
+    model_types: tuple[str, ...]  # HF config.model_type values of this family
+    runtime: str  # "native" | "hf"
+    vllm: str  # the vLLM model file whose class serves it with an EAGLE-3 draft
+    vllm_eagle3: str | None = None  # None: vLLM 0.32 hands its hidden states to a draft (EAGLE-3, DFlash); else why not
+    vllm_dflash: str | None = None  # None: vLLM 0.32 serves a DFlash draft for it (given the above); else why not
+    vllm_cpu: str | None = None  # None: vLLM's CPU build runs it (measured by scripts/family_matrix.py); else why not
+    trtllm: str | None = None  # TensorRT-LLM's EAGLE-3 support for it (from its sources), None = not served
+    trtllm_dflash: bool = False  # TensorRT-LLM's DFlash (one-model only) lists this target (tests or support matrix)
+    dflash: str | None = None  # None: Model Optimizer's dflash mode converts it; else why not
+    note: str = ""  # what sets the family apart, for reports and the bundle README
+
+
+NO_EAGLE3_IN_VLLM = ("vLLM 0.32's {file} does not implement SupportsEagle3 (the target's hidden states for a draft): it "
+                     "serves no EAGLE-3 or DFlash draft for this target")
+
+ONE_AND_TWO = "one-model and two-model"
+TWO_UNTESTED = "two-model (the hidden-state capture is in its model file; no upstream test)"
+
+FAMILIES: tuple[TargetFamily, ...] = (
+    TargetFamily("llama", ("llama",), "native", "llama.py", trtllm=ONE_AND_TWO,
+                 note="Llama 2/3 (llama3 rope scaling), SmolLM2, TinyLlama"),
+    TargetFamily("mistral", ("mistral",), "native", "mistral.py (a LlamaForCausalLM)", trtllm=TWO_UNTESTED),
+    TargetFamily("qwen2", ("qwen2",), "native", "qwen2.py", trtllm=TWO_UNTESTED, note="q/k/v biases"),
+    TargetFamily("qwen3", ("qwen3",), "native", "qwen3.py", trtllm=ONE_AND_TWO, trtllm_dflash=True, note="q/k norms"),
+    TargetFamily("qwen3_moe", ("qwen3_moe",), "hf", "qwen3_moe.py", trtllm=ONE_AND_TWO, note="mixture of experts"),
+    TargetFamily("qwen2_moe", ("qwen2_moe",), "hf", "qwen2_moe.py", vllm_eagle3=NO_EAGLE3_IN_VLLM.format(file="qwen2_moe.py"),
+                 note="mixture of experts with a shared expert"),
+    TargetFamily("mixtral", ("mixtral",), "hf", "mixtral.py", vllm_eagle3=NO_EAGLE3_IN_VLLM.format(file="mixtral.py"),
+                 note="mixture of experts"),
+    TargetFamily("gemma3", ("gemma3_text",), "hf", "gemma3.py", vllm_eagle3=NO_EAGLE3_IN_VLLM.format(file="gemma3.py"),
+                 note="sliding-window layers, scaled embeddings, GELU"),
+    TargetFamily("gemma4", ("gemma4_text",), "hf", "gemma4.py", note="sliding-window layers, per-layer embeddings"),
+    TargetFamily("phi3", ("phi3",), "hf", "phi3.py (a LlamaForCausalLM)", note="Phi-3, Phi-4: fused qkv and gate_up"),
+    TargetFamily("gpt_oss", ("gpt_oss",), "hf", "gpt_oss.py", trtllm=ONE_AND_TWO, trtllm_dflash=True,
+                 vllm_dflash="vLLM 0.32 asserts that a DFlash draft's layers share one KV cache group, which its "
+                             "sliding-window and full-attention layers do not",
+                 note="mixture of experts, attention sinks, sliding-window layers"),
+    TargetFamily("deepseek_v3", ("deepseek_v3", "deepseek_v2"), "hf", "deepseek_v2.py",
+                 trtllm="one-model for DeepSeek-V3 (code and unit test; its support matrix says no; V2 not served)",
+                 vllm_cpu="vLLM 0.32's CPU build finds no KV block size for an MLA target beside a Llama-layer draft "
+                          "(its MLA attention takes 16, its other attention multiples of 32)",
+                 note="multi-head latent attention (MLA), mixture of experts"),
+    TargetFamily("granite", ("granite",), "hf", "granite.py", note="embedding, residual, attention and logit multipliers"),
+    TargetFamily("olmo2", ("olmo2",), "hf", "transformers/base.py (its Transformers backend)", note="norms after attention and MLP"),
+    TargetFamily("smollm3", ("smollm3",), "hf", "transformers/base.py (its Transformers backend)", note="NoPE layers"),
+)
+
+BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+
+
+def text_config(config: Any) -> Any:
+    """The decoder's config (a multimodal wrapper's text_config, else the config itself)."""
+    return getattr(config, "text_config", None) or config
+
+
+def family_of(config: Any) -> TargetFamily:
+    """The family of an HF config, or one line saying why trtspec cannot draft for this model."""
+    refuse_non_decoder(config)
+    model_type = getattr(text_config(config), "model_type", None)
+    if model_type not in BY_MODEL_TYPE:
+        raise ModelError(f"model_type '{model_type}' is not a decoder family trtspec knows",
+                         f"known: {', '.join(sorted(BY_MODEL_TYPE))} (trtspec.targets.FAMILIES)")
+    return BY_MODEL_TYPE[model_type]
+
+
+def refuse_non_decoder(config: Any) -> None:
+    """Vision-language, encoder-decoder and embedding checkpoints: one line naming the architecture and what to do."""
+    archs = getattr(config, "architectures", None) or []
+    arch = archs[0] if archs else type(config).__name__
+    model_type = getattr(config, "model_type", "?")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelError(f"'{arch}' ({model_type}) is an encoder-decoder model: speculative decoding here drafts for "
+                         "decoder-only causal LMs", "give a decoder-only checkpoint (…ForCausalLM)")
+    if getattr(config, "vision_config", None) is not None or getattr(config, "audio_config", None) is not None:
+        raise ModelError(f"'{arch}' ({model_type}) is a multimodal model: trtspec drafts for text decoders only",
+                         "give the text-only checkpoint of the same family (…ForCausalLM)")
+    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        raise ModelError(f"'{arch}' ({model_type}) is not a causal LM (an embedding or classification model?)",
+                         "give a checkpoint whose architectures name a …ForCausalLM")
+
+
+def check_dflash(config: Any) -> TargetFamily:
+    """The family, where Model Optimizer's dflash mode converts it; else one line naming it and the way out."""
+    family = family_of(config)
+    if family.dflash is not None:
+        raise ModelError(f"DFlash cannot draft for {family.name} targets: {family.dflash}", "use draft.method: eagle3")
+    return family
+
+
+def vllm_refusal(family: TargetFamily, method: str, on_gpu: bool) -> str | None:
+    """Why vLLM cannot serve a `method` draft (its speculative method name: eagle3, dflash, dspark) for this family
+    here, or None."""
+    if family.vllm_eagle3:  # every draft trtspec trains reads the target's hidden states
+        return f"{family.name}: {family.vllm_eagle3}"
+    if method in ("dflash", "dspark") and family.vllm_dflash:
+        return f"{family.name}: {family.vllm_dflash}"
+    if family.vllm_cpu and not on_gpu:
+        return f"{family.name}: {family.vllm_cpu}"
+    return None
+
+
+def family_if_known(model_dir: Path) -> TargetFamily | None:
+    """read_family, or None where the folder's config names no family (an engine then says what it can do)."""
+    try:
+        return read_family(model_dir)
+    except ModelError:
+        return None
+
+
+def read_family(model_dir: Path) -> TargetFamily:
+    """The family of the HF folder `model_dir` from its config.json alone (no transformers import): the preflight's
+    check, before any stage spends time. Models that ship their own code need trust_remote_code, which trtspec
+    does not set: refused by name."""
+    from types import SimpleNamespace
+
+    try:
+        raw = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot read '{Path(model_dir) / 'config.json'}': {e.__class__.__name__}") from None
+    if raw.get("auto_map"):
+        raise ModelError(f"model '{model_dir}' ships its own modelling code (auto_map in config.json), which needs "
+                         "trust_remote_code", "use a checkpoint of a family transformers implements natively")
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else None
+    ns = SimpleNamespace(**raw)
+    if text is not None:
+        ns.text_config = SimpleNamespace(**text)
+    return family_of(ns)
+
+
+def rope_parameters(text: Any) -> dict:
+    """The rope the draft uses: the target's full-attention rope (transformers 5 nests rope per layer type for
+    sliding-window families; 4.x kept rope_theta + rope_scaling apart), rope_type and rope_theta always set."""
+    params = dict(getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {})
+    if isinstance(params.get("full_attention"), dict):
+        params = dict(params["full_attention"])
+    params.setdefault("rope_type", params.pop("type", "default"))
+    params["rope_theta"] = float(params.get("rope_theta", getattr(text, "rope_theta", None) or 10000.0))
+    return params
+
+
+def draft_dims(config: Any) -> dict:
+    """The sizes a draft layer takes from its target: a Llama-style layer as wide as the target's residual stream.
+
+    MLA (DeepSeek) has no single head_dim: the draft's heads are hidden / heads wide. A mixture-of-experts target
+    gives its dense width (intermediate_size) where it has one, else experts_per_token x the expert width."""
+    text = text_config(config)
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None)
+    if getattr(text, "kv_lora_rank", None):  # MLA: qk and v head sizes differ
+        head_dim = None
+    intermediate = getattr(text, "intermediate_size", None)
+    if not intermediate:
+        per_expert = getattr(text, "moe_intermediate_size", None) or 4 * text.hidden_size
+        intermediate = per_expert * (getattr(text, "num_experts_per_tok", None) or 1)
+    return {
+        "hidden_size": text.hidden_size,
+        "num_attention_heads": heads,
+        "num_key_value_heads": getattr(text, "num_key_value_heads", None) or heads,
+        "head_dim": head_dim or text.hidden_size // heads,
+        "intermediate_size": intermediate,
+        "vocab_size": text.vocab_size,
+        "max_position_embeddings": text.max_position_embeddings,
+        "rms_norm_eps": getattr(text, "rms_norm_eps", None) or 1e-6,
+        "rope_parameters": rope_parameters(text),
+    }
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """TensorRT-LLM's default eagle3_layers_to_capture: {1, L//2-1, L-4} (clamped for tiny models)."""
+    return sorted({min(1, num_layers - 1), max(0, num_layers // 2 - 1), max(0, num_layers - 4)})
+
+
+def matrix_rows() -> list[dict]:
+    """Every family as one row of facts (docs, `trtspec families`)."""
+    return [{"family": f.name, "model_types": list(f.model_types), "runtime": f.runtime, "vllm": f.vllm,
+             "vllm_eagle3": f.vllm_eagle3 is None, "vllm_dflash": f.vllm_eagle3 is None and f.vllm_dflash is None,
+             "vllm_cpu": f.vllm_cpu is None, "trtllm_eagle3": f.trtllm, "trtllm_dflash": f.trtllm_dflash,
+             "dflash": f.dflash is None, "note": f.note}
+            for f in FAMILIES]
