@@ -45,6 +45,7 @@ def run_family(family: str, method: str, out: Path, extra: list[str]) -> dict:
         if stage == "engine":
             row["engine_note"] = m.get("reason") if m and m.get("status") == "skipped" else None
             row["vllm_al"] = metrics.get("acceptance_length")
+            row["runtime_al_same_prompts"] = (metrics.get("runtime_agreement") or {}).get("runtime_acceptance_length")
             match = metrics.get("greedy_vs_hf") or {}
             row["vllm_exact"] = f"{match['exact']}/{match['total']}" if match else None
         if stage == "validate" and m:
@@ -57,10 +58,12 @@ def run_family(family: str, method: str, out: Path, extra: list[str]) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = "| family | method | convert | train (AL@3) | export | vLLM (AL, greedy) | runtime (path, AL, greedy) | s |"
+    head = ("| family | method | convert | train (AL@3) | export | vLLM (AL; the runtime's on the same prompts; greedy) "
+            "| runtime (path, AL, greedy) | s |")
     lines = [head, "|" + "---|" * 8]
     for r in rows:
-        engine = r["engine"] if r["engine"] != "done" else f"AL {r['vllm_al']}, {r['vllm_exact']}"
+        engine = r["engine"] if r["engine"] != "done" else (f"AL {r['vllm_al']} (runtime {r.get('runtime_al_same_prompts')}), "
+                                                             f"{r['vllm_exact']}")
         if r.get("engine_note"):
             engine = f"skipped: {r['engine_note']}"
         runtime = r["validate"] if r["validate"] != "done" else f"{r['runtime_path']}, AL {r['runtime_al']:.2f}, {r['runtime_exact']}"

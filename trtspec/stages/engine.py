@@ -183,7 +183,31 @@ def measure_engine(ctx: StageContext, bundle: Path, backend: str) -> dict:
     spec = run(engine.run_bundle, bundle, options, prompts, new, e.batch_sizes, speculative=True)
     ctx.log(f"{engine.NAME} without speculation")
     base = run(engine.run_bundle, bundle, options, prompts, new, e.batch_sizes, speculative=False)
-    return engine_report(ctx, engine, backend, options, spec, base, hf)
+    report = engine_report(ctx, engine, backend, options, spec, base, hf)
+    if ctx.cfg.serve.decoding == "eagle3" and report.get("acceptance_length"):
+        ctx.log("trtspec's runtime on the same prompts, for its acceptance length beside the engine's")
+        report["runtime_agreement"] = runtime_agreement(bundle, prompts, new, options, report["acceptance_length"])
+    return report
+
+
+def runtime_agreement(bundle: Path, prompts: list[list[int]], new: int, options: dict, engine_al: float) -> dict:
+    """trtspec's runtime (eager, greedy chains of the engine's draft length) on the engine's prompts: its acceptance
+    length against the engine's counters (the same draft on the same prompts accepts the same tokens, up to
+    rounding of the two implementations' numbers) -> {runtime AL, engine AL / runtime AL, the runtime's path}."""
+    import torch
+
+    from trtspec.drafting import load_drafter
+    from trtspec.generation import eos_ids
+    from trtspec.models import load_tokenizer
+    from trtspec.runtime import DraftSpec, load_target, speculative_on_prompts
+
+    target, _, path = load_target(bundle / "target", torch.float32)
+    drafter = load_drafter(bundle / "draft", target, weights="float32")
+    k = options["speculative_config"]["max_draft_len"]
+    eos = eos_ids(bundle / "target", load_tokenizer(bundle / "target"))
+    _, stats = speculative_on_prompts(target, drafter, prompts, new, DraftSpec(shape="chain", k=k), eos)
+    al = stats.acceptance_length()
+    return {"runtime_acceptance_length": round(al, 4), "engine_over_runtime": round(engine_al / al, 4), "runtime_path": path}
 
 
 def vllm_patches_transformers(target: Path) -> bool:
