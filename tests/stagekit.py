@@ -154,10 +154,10 @@ def export_random_eagle(target_dir: Path, out: Path, keep_rope: bool = True, **c
     modelopt's default yarn override, so the export and modelopt's own forward agree exactly. convert: more
     ConvertSection fields."""
     import torch
-    from modelopt.torch.export import export_speculative_decoding
     from transformers import AutoModelForCausalLM
 
     from trtspec.config import ConvertSection
+    from trtspec.eagle.export import export_draft
     from trtspec.eagle.head import build_eagle_model, derive_eagle_config
 
     base = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
@@ -172,7 +172,7 @@ def export_random_eagle(target_dir: Path, out: Path, keep_rope: bool = True, **c
             p.add_(torch.randn(p.shape, generator=g) * 0.5)  # a head that proposes varied tokens
         d2t = torch.randperm(5000, generator=g)[:512].sort().values
         model.eagle_module.d2t.copy_(d2t - torch.arange(512))
-    export_speculative_decoding(model, export_dir=str(out))
+    export_draft(model, out, torch.float32)
     return model
 
 

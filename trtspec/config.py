@@ -122,6 +122,10 @@ class ConvertSection(Section):
         False, "start the head from the target's layer after the deepest aux layer, its final norm and lm_head rows "
         "instead of modelopt's random init: exact for Llama/Mistral/Qwen2; Qwen3's q/k norms have no place in the "
         "head (listed in convert's metrics: init_not_copied)")
+    fc_norm: bool = key(False, "EAGLE-3.1: an RMSNorm on each auxiliary hidden state before the fusion layer fc (vLLM's "
+                        "llama_eagle3 reads `fc_norm`); the target's layers differ in scale, the norms even them out")
+    norm_output: bool = key(False, "EAGLE-3.1: a draft step hands the next step its output after the final norm, not "
+                            "before (vLLM's `norm_output`)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="any other eagle_architecture_config field, applied last "
                                     "(e.g. intermediate_size: 1536)")
 
@@ -301,7 +305,8 @@ class BuildConfig(Section):
         eagle_only = {"draft.shape": self.draft.shape != "chain", "convert.aux_layers": self.convert.aux_layers is not None,
                       "convert.draft_vocab_size": self.convert.draft_vocab_size is not None,
                       "convert.num_layers": self.convert.num_layers != 1, "convert.init_from_target": self.convert.init_from_target,
-                      "convert.overrides": bool(self.convert.overrides)}
+                      "convert.overrides": bool(self.convert.overrides), "convert.fc_norm": self.convert.fc_norm,
+                      "convert.norm_output": self.convert.norm_output}
         if bad := [k for k, v in eagle_only.items() if v]:
             raise ValueError(f"{bad[0]} is an EAGLE-3 option, but draft.method is dflash "
                              "(a DFlash block drafts a chain from the target's full vocabulary; see the dflash section)")

@@ -589,12 +589,14 @@ def test_ngram_draft_keeps_greedy_output(target, prompts, hf_greedy):
         assert speculative_decode(target, NgramDrafter(), p, NEW, DraftSpec(k=4), eos={2}).tokens == ref
 
 
-@pytest.mark.parametrize("bias", [False, True], ids=["plain", "attention-bias"])
-def test_eagle3_draft_matches_modelopt(eagle_export, target_dir, tmp_path, bias):
+@pytest.mark.parametrize("variant", ["plain", "attention-bias", "eagle3.1"])
+def test_eagle3_draft_matches_modelopt(eagle_export, target_dir, tmp_path, variant):
     """Same tokens as modelopt's pseudo_speculative_generate (no cache, whole sequence recomputed each step); with
-    attention_bias (q/k/v and o_proj biases, as convert gives a head initialised from a Qwen2 target) too."""
-    if bias:
-        eagle_export = (tmp_path / "draft", *modelopt_draft(export_random_eagle(target_dir, tmp_path / "draft", overrides={"attention_bias": True})))
+    attention_bias (q/k/v and o_proj biases, as convert gives a head initialised from a Qwen2 target) too, and for
+    EAGLE-3.1 (fc_norm, norm_output: trained through trtspec.eagle.head.add_eagle31, exported, read by the runtime)."""
+    convert = {"attention-bias": {"overrides": {"attention_bias": True}}, "eagle3.1": {"fc_norm": True, "norm_output": True}}
+    if variant in convert:
+        eagle_export = (tmp_path / "draft", *modelopt_draft(export_random_eagle(target_dir, tmp_path / "draft", **convert[variant])))
     draft_dir, ids, base_tok, want = eagle_export
     target = load_transformer(target_dir)[0]
     drafter = load_eagle3_drafter(draft_dir, target)

@@ -80,6 +80,7 @@ def write_eagle3_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dic
         "./snippets/speculators.sh # the draft in speculators' format, for vLLM users who keep that",
         "```",
         "",
+        *eagle31_lines(info),
         f"The head reads target layers {info['aux_layers']} (their outputs). Each engine is told so where it looks: "
         "`eagle3_layers_to_capture` in llm_api_options.yaml (TensorRT-LLM), the draft config's top-level "
         "`eagle_aux_hidden_state_layer_ids` in vLLM's numbering (one more: the state entering the next layer), its "
@@ -94,6 +95,17 @@ def write_eagle3_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dic
     versions = ", ".join(f"{k} {v}" for k, v in package_versions().items())
     lines += ["", "## Built with", "", versions, ""]
     (bundle / "README.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def eagle31_lines(info: dict) -> list[str]:
+    """The README's paragraph on an EAGLE-3.1 head (fc_norm, norm_output): which engines read its two switches."""
+    on = [key for key in ("fc_norm", "norm_output") if info.get(key)]
+    if not on:
+        return []
+    return [f"An EAGLE-3.1 head ({' and '.join(f'`{k}`' for k in on)} in draft/config.json): vLLM's llama_eagle3 reads "
+            "both, and snippets/speculators.sh passes them to speculators' converter. trtspec has not found them in "
+            "TensorRT-LLM's or SGLang's EAGLE-3 loaders: there such a head would run as plain EAGLE-3 (outputs stay "
+            "exact, acceptance falls).", ""]
 
 
 def family_lines(target: Path) -> list[str]:

@@ -321,12 +321,15 @@ def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
     return {"method": method, "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
 
 
-def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[str] = frozenset()) -> list[Path]:
-    """vllm.sh, sglang.sh and speculators.sh, less those of the engines in `skip` (which cannot load the draft)."""
+def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[str] = frozenset(),
+                   variant: dict | None = None) -> list[Path]:
+    """vllm.sh, sglang.sh and speculators.sh, less those of the engines in `skip` (which cannot load the draft).
+    `variant`: the draft's EAGLE-3.1 switches (fc_norm, norm_output) that are on, which speculators' converter takes
+    as arguments (vLLM reads them from the draft's config.json)."""
     spec = options["speculative_config"]
     k, tp = spec["max_draft_len"], options.get("tensor_parallel_size", 1)
     aux = spec.get("eagle3_layers_to_capture")
-    kwargs = json.dumps({"eagle_aux_hidden_state_layer_ids": vllm_aux_ids(aux)} if aux else {})
+    kwargs = json.dumps({**({"eagle_aux_hidden_state_layer_ids": vllm_aux_ids(aux)} if aux else {}), **(variant or {})})
     vllm_sh = VLLM_SH.format(tp=tp, dtype=dtype, spec=json.dumps(vllm_speculative_config(options)), checked=ENGINES_CHECKED["vLLM"])
     if spec.get("decoding_type") == "DSpark":
         vllm_sh = vllm_sh.replace("set -euo pipefail", VLLM_DSPARK_NOTE + "set -euo pipefail", 1)
@@ -347,7 +350,8 @@ def write_serving_files(bundle_dir: Path, cfg, info: dict, skip: set[str] = froz
     written = [bundle_dir / OPTIONS_FILE, _script(bundle_dir / "serve.sh", SERVE_SH.format(target="./target", options=OPTIONS_FILE))]
     written += write_model_repo(bundle_dir / "triton", options)
     written.append(_script(bundle_dir / "triton" / "launch.sh", LAUNCH_SH.format(image=TRITON_IMAGE, repo="triton", up="..")))
-    written += write_snippets(bundle_dir / "snippets", options, info.get("target_dtype", "auto"), skip)
+    variant = {key: True for key in ("fc_norm", "norm_output") if info.get(key)}
+    written += write_snippets(bundle_dir / "snippets", options, info.get("target_dtype", "auto"), skip, variant)
     return [p.relative_to(bundle_dir).as_posix() for p in written]
 
 

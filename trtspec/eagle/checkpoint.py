@@ -88,6 +88,8 @@ def expected_keys(cfg: dict) -> dict[str, tuple[tuple[int, ...], bool]]:
             layer_dims = {**dims, "IN": 2 * dims["H"] if i == 0 else dims["H"]}
             # layers after the first normally have input_layernorm too; tolerate its absence
             out[key.format(i=i)] = (_shape(spec, layer_dims), required and (i == 0 or "input_layernorm" not in key))
+    if cfg.get("fc_norm"):  # EAGLE-3.1: an RMSNorm per aux hidden state before fc
+        out.update({f"fc_norm.{j}.weight": ((dims["H"],), True) for j in range(dims["A"])})
     return out
 
 
@@ -201,6 +203,8 @@ def check_draft_checkpoint(draft_dir: str | Path, target_config: Any = None) -> 
         "num_layers": int(cfg.get("num_hidden_layers", 1)),
         "parameters": sum(t.numel() for k, t in tensors.items() if k not in VOCAB_MAPS),
         "tensors": sorted(tensors),
+        "fc_norm": bool(cfg.get("fc_norm")),  # EAGLE-3.1's switches, as vLLM reads them
+        "norm_output": bool(cfg.get("norm_output")),
     }
 
 

@@ -50,12 +50,36 @@ def export_draft(model: Any, out: Path, dtype: Any) -> None:
     from modelopt.torch.export import export_speculative_decoding
 
     model.eagle_module.to(dtype)  # floating tensors only: d2t stays int64
-    export_speculative_decoding(model, export_dir=out)
+    # Model Optimizer's export refuses keys it does not know: EAGLE-3.1's norms go in after it (add_eagle31)
+    fc_norm = model.eagle_module._modules.pop("fc_norm", None)
+    try:
+        export_speculative_decoding(model, export_dir=out)
+    finally:
+        if fc_norm is not None:
+            model.eagle_module.fc_norm = fc_norm
     cfg_path = out / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    add_eagle31(model, out, cfg)
     cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
     add_engine_fields(out)
+
+
+def add_eagle31(model: Any, out: Path, cfg: dict) -> None:
+    """EAGLE-3.1's fields as vLLM's llama_eagle3 reads them: top-level `fc_norm` / `norm_output` in config.json, and the
+    norms' weights (fc_norm.{i}.weight) in model.safetensors where Model Optimizer's export left them out."""
+    from safetensors.torch import load_file, save_file
+
+    eagle = model.eagle_module
+    for key in ("fc_norm", "norm_output"):
+        cfg[key] = bool(getattr(eagle.config, key, False))
+    if not cfg["fc_norm"]:
+        return
+    weights = out / "model.safetensors"
+    tensors = load_file(str(weights))
+    dtype = eagle.fc.weight.dtype
+    tensors.update({f"fc_norm.{i}.weight": norm.weight.detach().to(dtype).contiguous() for i, norm in enumerate(eagle.fc_norm)})
+    save_file(tensors, str(weights), metadata={"format": "pt"})
 
 
 def export_eagle3_draft(base: Any, train_dir: Path, out: Path, dtype: Any, target_path: Path) -> ExportedDraft:
@@ -67,5 +91,6 @@ def export_eagle3_draft(base: Any, train_dir: Path, out: Path, dtype: Any, targe
     export_draft(model, out, dtype)
     draft = check_draft_checkpoint(out, target_path)
     info = {"draft_dtype": draft["dtype"], "aux_layers": draft["aux_layers"],
-            "draft_vocab_size": draft["draft_vocab_size"], "draft_params": draft["parameters"]}
+            "draft_vocab_size": draft["draft_vocab_size"], "draft_params": draft["parameters"],
+            **{key: draft[key] for key in ("fc_norm", "norm_output") if draft.get(key)}}
     return ExportedDraft(info, f"draft ({draft['dtype']})", model, draft["tensors"])

@@ -67,6 +67,8 @@ def derive_eagle_config(base: Any, convert: Any) -> dict:
         rope_theta=rope["rope_theta"],
         num_hidden_layers=convert.num_layers,
         eagle_aux_hidden_state_layer_ids=aux,
+        fc_norm=convert.fc_norm,  # EAGLE-3.1 (add_eagle31 puts them in place; modelopt 0.47 knows neither)
+        norm_output=convert.norm_output,
         use_aux_hidden_state=True,
         use_last_layernorm=True,
         torch_dtype="float32",
@@ -116,11 +118,44 @@ def build_eagle_model(base_model: Any, eagle_cfg: dict) -> Any:
     cfg = copy.deepcopy(eagle_cfg)
     cfg["eagle_use_torch_compile"] = False  # max-autotune spends minutes on a CPU for nothing
     model = mtsp.convert(base_model, [("eagle", cfg)])
+    add_eagle31(model, cfg["eagle_architecture_config"])
     init_rope(model.eagle_module)
     patch_first_layer_norm(model.eagle_module)
     accept_draft_vocab_logits(model)
     cache_ttt_masks_per_length(model)
     return model
+
+
+def add_eagle31(model: Any, arch: dict) -> None:
+    """EAGLE-3.1's two changes to the head, as vLLM's llama_eagle3 runs them:
+
+        fc_norm:      h = fc(cat(norm_1(aux_1), ..., norm_n(aux_n)))   one RMSNorm per auxiliary hidden state
+        norm_output:  a draft step's next input is norm(out), not out  (training-time-test steps included)
+
+    The norms are parameters of the head (eagle_module.fc_norm.{i}.weight, saved and exported with it), applied by a
+    hook on fc so that every caller of fc (training, modelopt's pseudo-generation) gets them."""
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    eagle = model.eagle_module
+    if arch.get("fc_norm"):
+        hidden, n = eagle.fc.weight.shape[0], eagle.fc.weight.shape[1] // eagle.fc.weight.shape[0]
+        eps = arch.get("rms_norm_eps", 1e-6)
+        eagle.fc_norm = torch.nn.ModuleList(LlamaRMSNorm(hidden, eps=eps) for _ in range(n)).to(eagle.fc.weight.device)
+
+        def norm_chunks(_fc: Any, args: tuple) -> tuple:
+            chunks = args[0].chunk(len(eagle.fc_norm), dim=-1)
+            return (torch.cat([norm(c) for norm, c in zip(eagle.fc_norm, chunks, strict=True)], dim=-1), *args[1:])
+
+        eagle.fc.register_forward_pre_hook(norm_chunks)
+    if arch.get("norm_output"):
+        inner = model._eagle_forward
+
+        def post_norm_output(*args: Any, **kwargs: Any) -> tuple:
+            post, _pre, logits, cache = inner(*args, **kwargs)
+            return post, post, logits, cache
+
+        model._eagle_forward = post_norm_output
 
 
 def cache_ttt_masks_per_length(model: Any) -> None:

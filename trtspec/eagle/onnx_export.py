@@ -46,7 +46,7 @@ def draft_step_module(net: Any) -> Any:
             freqs = position_ids[:, None, :, None].float() * self.inv_freq  # [B, 1, S, D/2]
             emb = torch.cat((freqs, freqs), dim=-1)
             cos, sin = emb.cos() * self.rope_scale, emb.sin() * self.rope_scale
-            return self.net.draft_step(input_embeds, self.net.fc(aux_hidden_states), cos, sin, None, 0, "causal")
+            return self.net.draft_step(input_embeds, self.net.project(aux_hidden_states), cos, sin, None, 0, "causal")
 
     return _DraftStep(net).eval()
 

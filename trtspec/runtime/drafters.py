@@ -232,7 +232,7 @@ class Eagle3Drafter(ModelDrafter):
             self.net.setup_cache(max_len)
 
     def _verified_hidden(self, aux: Tensor | None) -> Tensor:
-        return self.net.fc(aux)
+        return self.net.project(aux)
 
     def _forward(self, tokens, hidden, positions, slots, length, mask):
         return self.net.step(self.embed(tokens), hidden, positions, slots, length, mask)

@@ -4,6 +4,7 @@ Draft position t reads the token *after* t and a hidden state of position t:
 
     h_t    = fc(cat(aux_t))            for positions the target has verified (aux = target layer outputs)
            = out_{t-1}                  for positions the draft itself proposed (its own pre-norm output)
+EAGLE-3.1 (config fc_norm, norm_output, as vLLM reads them): fc(cat(norm_i(aux_i))), and norm(out_{t-1}).
     x      = cat(input_layernorm(embed(token_{t+1})), hidden_norm(h_t))     -> layer 0's q/k/v
     out_t  = layer0(x) with residual h_t  (then any further plain layers)
     logits = lm_head(norm(out_t))  predicts token_{t+2};  target id = i + d2t[i] when the vocab is compressed
@@ -43,11 +44,14 @@ class Eagle3Info:
 class Eagle3Draft(Stepper):
     PASSES = ("forward", "chain", "dynamic_tree", "static_tree")
 
-    def __init__(self, args: ModelArgs, num_aux: int, draft_vocab: int, has_norm: bool):
+    def __init__(self, args: ModelArgs, num_aux: int, draft_vocab: int, has_norm: bool, fc_norm: bool = False,
+                 norm_output: bool = False):
         super().__init__()
         H = args.hidden_size
         self.args = args
         self.fc = Linear(num_aux * H, H, bias=False)
+        self.fc_norm = nn.Parameter(torch.ones(num_aux, H)) if fc_norm else None  # EAGLE-3.1: a norm per aux state
+        self.norm_output = norm_output  # EAGLE-3.1: the next step's hidden input is the post-norm output
         self.layers = nn.ModuleList(Block(args, attn_in=2 * H if i == 0 else None) for i in range(args.num_layers))
         self.hidden_norm = nn.Parameter(torch.ones(H))
         self.norm = nn.Parameter(torch.ones(H)) if has_norm else None
@@ -60,13 +64,20 @@ class Eagle3Draft(Stepper):
         logits, out = self.draft_step(embeds[None], h[None], self.cos[positions], self.sin[positions], slots, length, mask)
         return logits[0], out[0]
 
+    def project(self, aux: Tensor) -> Tensor:
+        """The verified positions' hidden input h = fc(cat(aux)) [T, H]; EAGLE-3.1 norms each aux state first."""
+        if self.fc_norm is not None:
+            n, H = self.fc_norm.shape
+            aux = (torch.nn.functional.rms_norm(aux.unflatten(-1, (n, H)), (H,), None, self.args.norm_eps) * self.fc_norm).flatten(-2)
+        return self.fc(aux)
+
     def catch_up(self, tokens: Tensor, aux: Tensor, length: int) -> tuple[Tensor, Tensor]:
         """The m newest verified positions (tokens [m]: the token after each; aux [m, A]: the target's states there)
         join the cache at rows length .. length + m - 1 -> (the last row's logits [1, Vd], pre-norm output [1, H])."""
         m = tokens.shape[0]
         rows = torch.arange(length, length + m)
         mask = None if m == 1 else torch.arange(length + m)[None, :] <= rows[:, None]
-        logits, hidden = self.forward(self.embed_tokens(tokens), self.fc(aux), rows, rows, length + m, mask)
+        logits, hidden = self.forward(self.embed_tokens(tokens), self.project(aux), rows, rows, length + m, mask)
         return logits[-1:], hidden[-1:]
 
     def chain(self, tokens: Tensor, aux: Tensor, length: int, k: int, noise: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -158,7 +169,8 @@ class Eagle3Draft(Stepper):
     def draft_step(self, embeds: Tensor, h: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, length: int,
                    mask) -> tuple[Tensor, Tensor]:
         """The draft step itself (the only implementation: the runtime's passes and the ONNX graph run it):
-        embeds/h [B, T, H] -> (logits [B, T, Vd], pre-norm output [B, T, H]); `slots` None = no KV cache."""
+        embeds/h [B, T, H] -> (logits [B, T, Vd], the output the next step reads [B, T, H]: before the final norm,
+        after it with norm_output); `slots` None = no KV cache."""
         first = self.layers[0]
         eps = self.args.norm_eps
         x = torch.cat((rms_norm(embeds, first.input_layernorm, eps), rms_norm(h, self.hidden_norm, eps)), dim=-1)
@@ -166,7 +178,7 @@ class Eagle3Draft(Stepper):
         for layer in self.layers[1:]:
             out = layer(out, cos, sin, slots, length, mask)
         normed = rms_norm(out, self.norm, eps) if self.norm is not None else out
-        return self.lm_head(normed), out
+        return self.lm_head(normed), normed if self.norm_output else out
 
 
 def load_eagle3(folder: Path, target_lm_head: Tensor | None, target_hidden: int | None,
@@ -202,8 +214,15 @@ def load_eagle3(folder: Path, target_lm_head: Tensor | None, target_hidden: int 
     if fc is None or fc.shape != (args.hidden_size, len(aux) * args.hidden_size):
         raise ArtifactError(f"'{folder}': fc.weight should be [{args.hidden_size}, {len(aux) * args.hidden_size}]"
                             f" for {len(aux)} aux layers, got {None if fc is None else list(fc.shape)}")
+    fc_norm = bool(cfg.get("fc_norm"))
+    if fc_norm:  # EAGLE-3.1: fc_norm.{i}.weight, one per aux state, as one [n, H] table
+        try:
+            state["fc_norm"] = torch.stack([state.pop(f"fc_norm.{i}.weight") for i in range(len(aux))])
+        except KeyError as e:
+            raise ArtifactError(f"'{folder}' says fc_norm but has no {e.args[0]}") from None
     with torch.device("meta"):
-        model = Eagle3Draft(args, len(aux), dvocab, has_norm="norm" in state)
+        model = Eagle3Draft(args, len(aux), dvocab, has_norm="norm" in state, fc_norm=fc_norm,
+                            norm_output=bool(cfg.get("norm_output")))
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:
