@@ -712,3 +712,15 @@ def test_one_token_attention_is_sdpa(cached):
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
     torch.testing.assert_close(one_token_attention(q, k, v), want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(torch.compile(one_token_attention, dynamic=True)(q, k, v), want, atol=1e-5, rtol=1e-5)
+
+
+def test_native_builds_are_keyed_by_the_cpu(monkeypatch):
+    """A build for one CPU is never loaded on another (-march=native: AVX-512 code on a CPU without it is a SIGILL)."""
+    from trtspec.runtime import native
+
+    assert len(native.cpu_key()) == 12
+    keys = []
+    for flags in ("fpu sse avx2", "fpu sse avx2 avx512f", "fpu sse avx2"):
+        monkeypatch.setattr(native.Path, "read_text", lambda self, *a, f=flags, **k: f"model name\t: X\nflags\t\t: {f}\n" * 2)
+        keys.append(native.cpu_key())
+    assert keys[0] != keys[1] and keys[0] == keys[2]

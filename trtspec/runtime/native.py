@@ -29,6 +29,8 @@ the build is paid once per machine; without a working compiler both are simply a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import Tensor
 
@@ -581,9 +583,26 @@ _built: tuple[bool, str] | None = None
 _width: int | None = None  # the built kernels' vector width (8: AVX2 loops, 1: plain C++)
 
 
+def cpu_key() -> str:
+    """A short key of the CPU the kernels are compiled for (`-march=native`): its model name and instruction-set
+    flags. torch's extension cache keys a build by its sources and flags, not by the CPU, so a cache shared by two
+    CPU generations (one home directory, two machines) would load an AVX-512 build on a CPU without it (SIGILL,
+    which no `except` catches); the key in the build's name keeps one build per kind of CPU."""
+    import hashlib
+    import platform
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = [platform.processor(), platform.machine()]
+    wanted = [ln for ln in lines if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+    first = list(dict.fromkeys(wanted))  # every core says the same: once each
+    return hashlib.sha1("\n".join(first).encode()).hexdigest()[:12]
+
+
 def build() -> tuple[bool, str]:
     """(True, "") once torch.ops.trtspec.few_rows exists, or (False, why not). Built at most once per process; torch
-    caches the binary per machine. The op is registered in C++ (no Python on the call path: a decode step makes
+    caches the binary per kind of CPU (`cpu_key`). The op is registered in C++ (no Python on the call path: a decode step makes
     over a hundred of these calls) with a shape-only fake, so torch.compile traces it as one opaque call."""
     global _built
     if _built is None:
@@ -591,7 +610,7 @@ def build() -> tuple[bool, str]:
             from torch.utils.cpp_extension import load_inline
 
             load_inline(
-                "trtspec_few_rows", cpp_sources=SOURCE, extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                f"trtspec_few_rows_{cpu_key()}", cpp_sources=SOURCE, extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False,
             )
             for op in ("trtspec::few_rows", "trtspec::few_rows16"):
