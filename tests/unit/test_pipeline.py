@@ -237,6 +237,15 @@ def test_validate_records_the_export_it_measured_as_deploy_reads_it(tmp_path, ca
     pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
     run = RunDir(tmp_path / "r")
     assert measured_drafting(run)[:2] == ("eagle3_suffix", 8)
+    # a DFlash bundle: "speculative" is its own draft, and suffix matching in front of it is not served
+    report = run.stage_dir("validate") / "report.json"
+    data = {**json.loads(report.read_text()), "draft_method": "dflash"}
+    data["drafting"]["fastest"] = "speculative"
+    report.write_text(json.dumps(data))
+    assert measured_drafting(run)[0] == "dflash"
+    data["drafting"]["fastest"] = "eagle3_suffix"
+    report.write_text(json.dumps(data))
+    assert measured_drafting(run)[0] is None and "do not serve together" in measured_drafting(run)[2]
     pipeline.run_build(config_from_dict(RAW), tmp_path / "r", start="export", until="export")  # validate not redone
     assert "older bundle" in measured_drafting(run)[2]
 

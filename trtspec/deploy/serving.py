@@ -413,11 +413,17 @@ def measured_drafting(run: Any) -> tuple[str | None, int | None, str]:
         return None, None, "no finished validate stage: the bundle's own drafting"
     if m.get("inputs", {}).get("export") != output_fingerprint(export):
         return None, None, "validate measured an older bundle: the bundle's own drafting"
-    drafting = read_json(run.stage_dir("validate") / "report.json").get("drafting")
+    report = read_json(run.stage_dir("validate") / "report.json")
+    drafting = report.get("drafting")
     if not drafting:
         return None, None, "validate compared no drafting methods (draft.suffix_len: 0): the bundle's own drafting"
-    fastest = REPORT_NAMES[drafting["fastest"]]
-    speeds = ", ".join(f"{REPORT_NAMES[k]} {v['tokens_per_s']:.1f}" for k, v in drafting["methods"].items())
+    own = report.get("draft_method", "eagle3")  # "speculative" is the bundle's own draft: EAGLE-3 or DFlash
+    names = {**REPORT_NAMES, "speculative": own}
+    fastest = names[drafting["fastest"]]
+    speeds = ", ".join(f"{names[k]} {v['tokens_per_s']:.1f}" for k, v in drafting["methods"].items())
+    if fastest == "eagle3_suffix" and own != "eagle3":
+        return None, None, (f"validate measured suffix matching in front of the {own} draft fastest ({speeds}), which "
+                            "the engines do not serve together: the bundle's own drafting")
     return fastest, drafting.get("suffix_len"), f"the fastest validate measured (tokens/s: {speeds})"
 
 
