@@ -16,7 +16,7 @@ from typing import Any
 from trtspec.errors import DataError
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-         "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system"}
+         "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system", "developer": "system"}
 
 
 def require_file(path: Path, what: str, hint: str) -> None:
@@ -67,26 +67,40 @@ def read_jsonl(path: Path, skips: Counter) -> list[dict]:
     return rows
 
 
-def to_messages(row: dict) -> list[dict] | None:
-    """OpenAI/HF `messages` or ShareGPT `conversations` -> [{role, content}] ending on an assistant turn (or None)."""
+def to_messages(row: dict) -> tuple[list[dict] | None, str]:
+    """OpenAI/HF `messages` or ShareGPT `conversations` -> ([{role, content}] ending on an assistant turn, "") or
+    (None, why the row cannot be trained on). A `developer` turn is a system turn (OpenAI's newer name); content given
+    as a list of text parts is joined; tool turns, tool calls and other parts (images, audio) are not trained on."""
     turns = row.get("messages")
     if turns is None and isinstance(row.get("conversations"), list):
-        turns = [{"role": ROLES.get(str(t.get("from", "")).lower()), "content": t.get("value")}
+        turns = [{"role": ROLES.get(str(t.get("from", "")).lower(), str(t.get("from", ""))), "content": t.get("value")}
                  for t in row["conversations"] if isinstance(t, dict)]
     if not isinstance(turns, list):
-        return None
+        return None, "no messages list"
     msgs = []
     for t in turns:
-        if not isinstance(t, dict) or not isinstance(t.get("content"), str):
-            return None
-        role = ROLES.get(str(t.get("role", "")).lower())
+        if not isinstance(t, dict):
+            return None, "a turn that is not an object"
+        name = str(t.get("role", "")).lower()
+        if name in ("tool", "function", "ipython") or t.get("tool_calls"):
+            return None, "tool turns"
+        role = ROLES.get(name)
         if role is None:
-            return None
-        msgs.append({"role": role, "content": t["content"]})
+            return None, f"role '{name}'" if name else "a turn without a role"
+        content = t.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+                return None, "non-text content parts"
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            return None, "null content" if content is None else "non-text content"
+        msgs.append({"role": role, "content": content})
     last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=None)
-    if last is None or not msgs[last]["content"].strip():
-        return None
-    return msgs[: last + 1]
+    if last is None:
+        return None, "no assistant turn"
+    if not msgs[last]["content"].strip():
+        return None, "an empty answer"
+    return msgs[: last + 1], ""
 
 
 def conversations_from_rows(rows: list[dict], name: str, skips: Counter) -> list[dict]:
@@ -95,9 +109,9 @@ def conversations_from_rows(rows: list[dict], name: str, skips: Counter) -> list
         if isinstance(row.get("text"), str) and "messages" not in row and "conversations" not in row:
             out.append(text_row(row["text"], f"{name}:{i}"))
             continue
-        msgs = to_messages(row)
+        msgs, why = to_messages(row)
         if msgs is None:
-            skips["no assistant turn"] += 1
+            skips[why] += 1
             continue
         out.append({"id": str(row.get("id", f"{name}:{i}")), "category": str(row.get("category", "chat")), "messages": msgs})
     return out

@@ -233,6 +233,13 @@ def case_data_no_assistant(tmp, model, mp):
     return build(tmp, config(tmp, model, data_rows=rows), "--until", "data")
 
 
+def case_data_tool_and_null_turns(tmp, model, mp):
+    rows = [{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
+                          {"role": "tool", "content": "4"}, {"role": "assistant", "content": "4"}]},
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]}]
+    return build(tmp, config(tmp, model, data_rows=rows), "--until", "data")
+
+
 def case_data_binary(tmp, model, mp):
     p = config(tmp, model)
     (tmp / "data.jsonl").write_bytes(b"\x80\x81\xfe\xff" * 10)
@@ -395,6 +402,7 @@ CASES = [
     Case("data-empty", case_data_empty, 2, r"data file .*data\.jsonl' holds no usable conversation \(empty", "data", before_data=True),
     Case("data-malformed", case_data_malformed, 2, r"data file .*data\.jsonl' holds no usable conversation \(1 unparsable line, 2 not a JSON object\)", "data", before_data=True),
     Case("data-no-assistant-turn", case_data_no_assistant, 2, r"data file .*data\.jsonl' holds no usable conversation \(2 no assistant turn\)", "data", before_data=True),
+    Case("data-tool-and-null-turns", case_data_tool_and_null_turns, 2, r"holds no usable conversation \(1 tool turns, 1 null content\)", "data", before_data=True),
     Case("data-binary", case_data_binary, 2, r"cannot be read as UTF-8", "data", before_data=True),
     Case("prompts-empty", case_regenerate_prompts_empty, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(empty", "data", before_data=True),
     Case("prompts-unparsable", case_regenerate_prompts_unparsable, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(1 unparsable prompt line, 2 prompt row without prompt\)", "data", before_data=True),

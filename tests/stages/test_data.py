@@ -318,3 +318,28 @@ def test_bench_regenerate_reports_each_variant(tiny_model_dir, tiny_prompts_file
     assert [r["variant"] for r in rows] == ["hf-sdpa:2", "hf-matmul:4"]
     assert rows[0]["ratio"] == 1.0 and all(r["tokens_per_s"] > 0 for r in rows)
     assert rows[1]["same_answers_as_first"] == 4  # the same greedy answers, either attention
+
+
+def test_dropped_conversations_are_counted_by_their_real_reason():
+    from collections import Counter
+
+    from trtspec.chat import conversations_from_rows
+
+    user = {"role": "user", "content": "Hi"}
+    answer = {"role": "assistant", "content": "Hello!"}
+    rows = [
+        {"messages": [{"role": "developer", "content": "Be brief."}, user, answer]},  # kept: developer = system
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}, answer]},
+        {"messages": [user, {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+                      {"role": "tool", "content": "42"}, answer]},
+        {"messages": [user, {"role": "assistant", "content": None}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}, answer]},
+        {"messages": [{"role": "narrator", "content": "Once"}, answer]},
+        {"messages": [user]},
+        {"messages": [user, {"role": "assistant", "content": "  "}]},
+    ]
+    skips: Counter = Counter()
+    kept = conversations_from_rows(rows, "t", skips)
+    assert [c["messages"][0] for c in kept] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    assert skips == Counter({"tool turns": 1, "null content": 1, "non-text content parts": 1, "role 'narrator'": 1,
+                             "no assistant turn": 1, "an empty answer": 1})
