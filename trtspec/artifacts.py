@@ -267,13 +267,20 @@ class RunDir:
             return "files do not match the manifest: " + "; ".join(problems[:3])
         return None
 
-    def require(self, stage: str) -> tuple[Path, dict]:
-        """The folder and manifest of a finished upstream stage, or a clear error."""
+    def require(self, stage: str, verify: bool = False) -> tuple[Path, dict]:
+        """The folder and manifest of a finished upstream stage, or a clear error. verify: its files are checked
+        against the manifest's sizes and checksums first (a command that reads them outside a build: an edited file
+        is refused by name, never served)."""
         m = self.manifest(stage)
         if m is None or m.get("status") != "done":
             raise ArtifactError(
                 f"'{self.path}' has no finished '{stage}' stage", f"run `trtspec build CONFIG --out {self.path} --until {stage}`"
             )
+        if verify and (problems := verify_files(self.stage_dir(stage), m)):
+            raise ArtifactError(f"'{self.stage_dir(stage) / problems[0].split(':')[0]}' no longer matches what the {stage} "
+                                f"stage wrote ({problems[0].split(': ', 1)[1]}"
+                                + (f"; {len(problems) - 1} more file(s)" if len(problems) > 1 else "") + ")",
+                                f"redo it: `trtspec build CONFIG --out {self.path}` (it redoes {stage} and what follows)")
         return self.stage_dir(stage), m
 
     @contextlib.contextmanager

@@ -366,6 +366,20 @@ def case_inspect_truncated_manifest(tmp, model, mp):
     return ["inspect", str(run.path)]
 
 
+def case_deploy_edited_bundle(tmp, model, mp):
+    from trtspec.artifacts import RunDir
+
+    run = RunDir(tmp / "run")
+    run.ensure()
+    with run.staging("export") as out:
+        for rel in ("target/config.json", "draft/config.json", "llm_api_options.yaml"):
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (out / rel).write_text("{}\n")
+        run.commit("export", out, {"stage": "export", "status": "done", "fingerprint": "f"})
+    (run.stage_dir("export") / "draft" / "config.json").write_text('{"num_hidden_layers": 2}\n')  # edited by hand
+    return ["deploy", "triton", str(run.path), "--out", str(tmp / "triton")]
+
+
 CLEANUPS: list[Callable[[], object]] = []
 
 
@@ -420,6 +434,7 @@ CASES = [
     Case("rundir-locked", case_locked, 4, r"in use by another trtspec process"),
     Case("rundir-read-only", case_read_only, 2, r"not writable"),
     Case("rundir-disk-full", case_disk_full, 2, r"(?i)no space|free some disk", "data"),
+    Case("deploy-edited-bundle", case_deploy_edited_bundle, 2, r"bundle/draft/config\.json' no longer matches what the export stage wrote \(size"),
     Case("inspect-corrupt-manifest", case_inspect_truncated_manifest, 2, r"stage convert: '.*convert/manifest\.json' is not valid JSON"),
 ]
 

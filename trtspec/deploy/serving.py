@@ -437,7 +437,7 @@ def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto", streamin
     run = RunDir(run_dir)
     if not run.is_run():
         raise ArtifactError(f"'{run_dir}' is not a trtspec run directory", "pass the --out folder of `trtspec build`")
-    bundle, manifest = run.require("export")
+    bundle, manifest = run.require("export", verify=True)  # never serve a hand-edited bundle
     if no_engine := manifest.get("metrics", {}).get("no_engine"):
         raise ArtifactError(no_engine)
     for part in ("target/config.json", "draft/config.json", OPTIONS_FILE):
