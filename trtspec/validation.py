@@ -16,10 +16,13 @@ if TYPE_CHECKING:
     from trtspec.config import BuildConfig
 
 
-def check_context_length(rows: list[dict], prompts: list[list[int]], max_new: int, ctx_len: int) -> None:
-    too_long = [r["id"] for r, p in zip(rows, prompts, strict=True) if len(p) + max_new > ctx_len]
+def check_context_length(rows: list[dict], prompts: list[list[int]], max_new: int, ctx_len: int, source: str = "") -> None:
+    """Every prompt and `max_new` answer tokens fit the target's window, else one line naming the first that does not."""
+    too_long = [(r["id"], len(p)) for r, p in zip(rows, prompts, strict=True) if len(p) + max_new > ctx_len]
     if too_long:
-        raise DataError(f"{len(too_long)} prompt(s) (first: {too_long[0]}) plus {max_new} new tokens exceed the context of {ctx_len}",
+        where = f"{source}: " if source else ""
+        raise DataError(f"{where}{len(too_long)} prompt(s) (first: {too_long[0][0]}, {too_long[0][1]} tokens) plus {max_new} "
+                        f"new tokens exceed the target's context of {ctx_len}",
                         "use shorter prompts or lower eval.max_new_tokens")
 
 

@@ -263,6 +263,11 @@ def case_eval_prompts_empty(tmp, model, mp):
     return build(tmp, config(tmp, model, eval={"prompts": "prompts.jsonl"}))
 
 
+def case_eval_prompts_too_long(tmp, model, mp):
+    write_jsonl(tmp / "prompts.jsonl", [{"prompt": "Name a color."}, {"id": "long", "prompt": "tell me more " * 400}])
+    return build(tmp, config(tmp, model, eval={"prompts": "prompts.jsonl", "num_prompts": 2}))
+
+
 def case_eval_prompts_unparsable(tmp, model, mp):
     write_jsonl(tmp / "prompts.jsonl", ['{"prompt": "cut sh', '["a list"]', '{"messages": []}'])
     return build(tmp, config(tmp, model, eval={"prompts": "prompts.jsonl"}))
@@ -412,6 +417,7 @@ CASES = [
     Case("eval-prompts-missing", case_eval_prompts_missing, 2, r"eval\.prompts file .*no-such-prompts\.jsonl' does not exist", "validate", before_data=True),
     Case("eval-prompts-binary", case_eval_prompts_binary, 2, r"eval\.prompts file .* cannot be read as UTF-8", "validate", before_data=True),
     Case("eval-prompts-empty", case_eval_prompts_empty, 2, r"eval\.prompts file .*prompts\.jsonl' holds no usable prompt \(empty", "validate", before_data=True),
+    Case("eval-prompts-too-long", case_eval_prompts_too_long, 2, r"eval\.prompts file .*prompts\.jsonl': 1 prompt\(s\) \(first: row 2, \d+ tokens\) plus 4 new tokens exceed the target's context of 1024", "validate", before_data=True),
     Case("eval-prompts-unparsable", case_eval_prompts_unparsable, 2, r"eval\.prompts file .*prompts\.jsonl' holds no usable prompt \(2 unparsable prompt line, 1 prompt row without prompt\)", "validate", before_data=True),
     Case("data-empty", case_data_empty, 2, r"data file .*data\.jsonl' holds no usable conversation \(empty", "data", before_data=True),
     Case("data-malformed", case_data_malformed, 2, r"data file .*data\.jsonl' holds no usable conversation \(1 unparsable line, 2 not a JSON object\)", "data", before_data=True),

@@ -49,6 +49,23 @@ def files_read(cfg: BuildConfig) -> list[InputFile]:
     return [InputFile("eval.prompts", "eval.prompts file", cfg.eval.prompts, cfg.resolve_path(cfg.eval.prompts), "prompt", read)]
 
 
+def preflight(cfg: BuildConfig, model_config: Any) -> None:
+    """eval.prompts encoded as the stage will encode them, each with eval.max_new_tokens, against the target's window:
+    a prompt no context holds is refused before any stage spends minutes (held-out prompts come from the data stage,
+    cut to data.seq_len)."""
+    from trtspec.models import load_tokenizer, resolve_model
+    from trtspec.targets import text_config
+
+    if not cfg.eval.prompts:
+        return
+    (f,) = files_read(cfg)
+    rows = [{**r, "id": f"row {i + 1}"} for i, r in enumerate(f.read(f.path, Counter())[: cfg.eval.num_prompts])]
+    tok = load_tokenizer(resolve_model(cfg.model.source))
+    window = text_config(model_config).max_position_embeddings
+    check_context_length(rows, [encode_prompt(tok, r["messages"]) for r in rows], cfg.eval.max_new_tokens, window,
+                         f"eval.prompts file '{f.path}'")
+
+
 def models_read(cfg: BuildConfig) -> list[tuple[str, str]]:
     """HF assisted generation's assistant model, checked before the first stage."""
     v = cfg.validate_
