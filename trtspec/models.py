@@ -24,6 +24,23 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TRTSPEC_CACHE", Path.home() / ".cache" / "trtspec")).expanduser()
 
 
+def check_environment() -> None:
+    """The folders a build writes outside its run directory, checked once before any stage: trtspec's cache
+    ($TRTSPEC_CACHE: models converted from GGUF, tiny models) and the temporary folder ($TMPDIR). One line each."""
+    import tempfile
+
+    from trtspec.errors import ConfigError
+
+    for name, path, var in (("the cache folder", cache_dir(), "TRTSPEC_CACHE"), ("the temporary folder", Path(tempfile.gettempdir()), "TMPDIR")):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"{name} '{path}' cannot be created ({e.strerror or e.__class__.__name__})",
+                              f"set {var} to a writable folder") from None
+        if not path.is_dir() or not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"{name} '{path}' is not a writable folder", f"set {var} to a writable folder")
+
+
 def demo_gguf_path(name: str) -> Path:
     if name not in DEMO_MODELS:
         raise ModelError(f"unknown demo model 'demo:{name}'", f"known: {', '.join('demo:' + k for k in DEMO_MODELS)}")

@@ -371,6 +371,12 @@ def case_inspect_truncated_manifest(tmp, model, mp):
     return ["inspect", str(run.path)]
 
 
+def case_cache_is_a_file(tmp, model, mp):
+    (tmp / "cache-file").write_text("not a folder")
+    mp.setenv("TRTSPEC_CACHE", str(tmp / "cache-file"))
+    return build(tmp, config(tmp, model))
+
+
 def case_deploy_edited_bundle(tmp, model, mp):
     from trtspec.artifacts import RunDir
 
@@ -440,6 +446,7 @@ CASES = [
     Case("rundir-locked", case_locked, 4, r"in use by another trtspec process"),
     Case("rundir-read-only", case_read_only, 2, r"not writable"),
     Case("rundir-disk-full", case_disk_full, 2, r"(?i)no space|free some disk", "data"),
+    Case("env-cache-not-a-folder", case_cache_is_a_file, 2, r"the cache folder '.*cache-file' cannot be created \(File exists\)", "data", before_data=True),
     Case("deploy-edited-bundle", case_deploy_edited_bundle, 2, r"bundle/draft/config\.json' no longer matches what the export stage wrote \(size"),
     Case("inspect-corrupt-manifest", case_inspect_truncated_manifest, 2, r"stage convert: '.*convert/manifest\.json' is not valid JSON"),
 ]

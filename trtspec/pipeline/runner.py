@@ -254,6 +254,9 @@ def preflight(cfg: BuildConfig, run: RunDir, needed: list[str], redo: set[str]) 
     """Before the first stage runs: the files and models the stages will read (check_inputs), and settings that only
     the model's config can judge (convert's aux layers, quantize's lm_head...). A bad one fails in seconds, not after
     the data stage's regeneration."""
+    from trtspec.models import check_environment
+
+    check_environment()
     stages = likely_to_run(cfg, run, needed, redo)
     check_inputs(cfg, stages)
     checks = [f for s in stages if (f := getattr(stage_module(s), "preflight", None))]
