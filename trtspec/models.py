@@ -96,7 +96,7 @@ def gguf_to_hf(gguf: Path, out: Path) -> Path:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except Exception as e:  # transformers raises many types for a bad GGUF
-        raise ModelError(f"cannot read GGUF file '{gguf}': {e.__class__.__name__}: {str(e)[:200]}") from None
+        raise ModelError(f"cannot read GGUF file '{gguf}': {e.__class__.__name__}: {first_words(e, 200)}") from None
     _fix_chatml_tokenizer(tok)
     model = _plain_copy(model)
     model.config.eos_token_id = tok.eos_token_id
@@ -213,13 +213,25 @@ def use_bf16(precision: str) -> bool:
     return precision == "bfloat16"
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def first_words(e: BaseException, limit: int = 160) -> str:
+    """A library's error message as one line for ours: its first line, cut at a word under `limit` characters."""
+    line = (str(e).strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " …"
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
+    if Path(path).is_dir() and not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelError(f"model folder '{path}' has no tokenizer ({', '.join(TOKENIZER_FILES)})",
+                         "copy the tokenizer files of the model's original repository into the folder")
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except Exception as e:
-        raise ModelError(f"cannot load the tokenizer from '{path}': {e.__class__.__name__}: {str(e)[:160]}") from None
+        raise ModelError(f"cannot load the tokenizer from '{path}': {e.__class__.__name__}: {first_words(e)}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -236,12 +248,12 @@ def load_model(path: Path, dtype: str = "auto", device: str | None = None):
     try:
         config = AutoConfig.from_pretrained(path)
     except Exception as e:
-        raise ModelError(f"cannot read the model config in '{path}': {str(e)[:160]}") from None
+        raise ModelError(f"cannot read the model config in '{path}': {first_words(e)}") from None
     check_architecture(config)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
     except Exception as e:
-        raise ModelError(f"cannot load model weights from '{path}': {e.__class__.__name__}: {str(e)[:200]}", "the checkpoint may be corrupted") from None
+        raise ModelError(f"cannot load model weights from '{path}': {e.__class__.__name__}: {first_words(e, 200)}", "the checkpoint may be corrupted") from None
     model.eval().requires_grad_(False)
     contiguous_lm_head_input(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

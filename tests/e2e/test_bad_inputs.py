@@ -151,6 +151,13 @@ def edited_model(tmp: Path, model, **edits) -> Path:
     return folder
 
 
+def case_no_tokenizer(tmp, model, mp):
+    folder = edited_model(tmp, model)
+    for f in [*folder.glob("tokenizer*"), *folder.glob("*.jinja"), *folder.glob("special_tokens_map.json"), *folder.glob("vocab.json")]:
+        f.unlink()
+    return build(tmp, config(tmp, folder))
+
+
 def case_multimodal(tmp, model, mp):
     folder = edited_model(tmp, model, model_type="llava", architectures=["LlavaForConditionalGeneration"],
                           vision_config={"model_type": "clip_vision_model"}, text_config={"model_type": "llama"})
@@ -411,6 +418,7 @@ CASES = [
     Case("model-no-config", case_model_no_config, 2, r"has no config\.json", "data"),
     Case("model-unknown-demo", case_unknown_demo, 2, r"unknown demo model 'demo:gpt-17'", "data"),
     Case("model-unsupported-arch", case_unsupported_arch, 2, r"model_type 'gpt2' is not a decoder family trtspec knows", "convert", before_data=True),
+    Case("model-no-tokenizer", case_no_tokenizer, 2, r"model folder '.*edited-model' has no tokenizer \(tokenizer\.json, ", "data"),
     Case("model-multimodal", case_multimodal, 2, r"'LlavaForConditionalGeneration' \(llava\) is a multimodal model", "data", before_data=True),
     Case("model-encoder-decoder", case_encoder_decoder, 2, r"'T5ForConditionalGeneration' \(t5\) is an encoder-decoder model", "data", before_data=True),
     Case("model-embedding", case_embedding_model, 2, r"'BertModel' \(bert\) is not a causal LM", "data", before_data=True),
