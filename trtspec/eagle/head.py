@@ -141,7 +141,7 @@ def add_eagle31(model: Any, arch: dict) -> None:
     if arch.get("fc_norm"):
         hidden, n = eagle.fc.weight.shape[0], eagle.fc.weight.shape[1] // eagle.fc.weight.shape[0]
         eps = arch.get("rms_norm_eps", 1e-6)
-        eagle.fc_norm = torch.nn.ModuleList(LlamaRMSNorm(hidden, eps=eps) for _ in range(n)).to(eagle.fc.weight.device)
+        eagle.fc_norm = torch.nn.ModuleList(LlamaRMSNorm(hidden, eps=eps) for _ in range(n)).to(eagle.fc.weight)
 
         def norm_chunks(_fc: Any, args: tuple) -> tuple:
             chunks = args[0].chunk(len(eagle.fc_norm), dim=-1)
