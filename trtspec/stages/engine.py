@@ -184,7 +184,7 @@ def measure_engine(ctx: StageContext, bundle: Path, backend: str) -> dict:
     ctx.log(f"{engine.NAME} without speculation")
     base = run(engine.run_bundle, bundle, options, prompts, new, e.batch_sizes, speculative=False)
     report = engine_report(ctx, engine, backend, options, spec, base, hf)
-    if ctx.cfg.serve.decoding == "eagle3" and report.get("acceptance_length"):
+    if backend == "vllm" and ctx.cfg.serve.decoding == "eagle3" and report.get("acceptance_length"):
         ctx.log("trtspec's runtime on the same prompts, for its acceptance length beside the engine's")
         report["runtime_agreement"] = runtime_agreement(bundle, prompts, new, options, report["acceptance_length"])
     return report
