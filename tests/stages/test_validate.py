@@ -158,7 +158,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, run_inputs):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(DataError, match="no usable prompts"):
         validate.run(make_ctx(tmp_path / "e", run_inputs, evaluation={"prompts": str(tmp_path / "empty.jsonl")}))
-    with pytest.raises(DataError, match="exceed the context of 1024"):
+    with pytest.raises(DataError, match="exceed the target's context of 1024"):
         validate.run(make_ctx(tmp_path / "l", run_inputs, evaluation={"max_new_tokens": 5000}))
     root, source, bundle, data = run_inputs
     broken = tmp_path / "bundle"
