@@ -177,15 +177,6 @@ def _download_hub(repo_id: str) -> Path:
         raise ModelError(f"cannot download '{repo_id}' from the hub: {e.__class__.__name__}", "check the id and your network, or pass a local folder") from None
 
 
-def check_architecture(config: Any) -> str:
-    """The architecture of an HF config whose family trtspec declares (trtspec.targets), else one line why not."""
-    from trtspec.targets import family_of
-
-    family_of(config)
-    archs = getattr(config, "architectures", None) or []
-    return archs[0] if archs else type(config).__name__
-
-
 def torch_dtype(name: str):
     import torch
 
@@ -246,10 +237,9 @@ def load_model(path: Path, dtype: str = "auto", device: str | None = None):
 
     read_family(path)  # a model that needs its own code, or no family declares: one line, before transformers reads it
     try:
-        config = AutoConfig.from_pretrained(path)
+        AutoConfig.from_pretrained(path)  # a config transformers cannot read: its own line, before the weights
     except Exception as e:
         raise ModelError(f"cannot read the model config in '{path}': {first_words(e)}") from None
-    check_architecture(config)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
     except Exception as e:

@@ -89,7 +89,7 @@ def refusal(method: str | None, target: Path | None = None) -> str | None:
     family declares (trtspec.targets: vllm_eagle3, vllm_cpu), then DSpark's GPU-only kernels."""
     import torch
 
-    if target is not None and (target / "config.json").is_file() and method is not None:
+    if target is not None and method is not None:
         from trtspec.targets import family_if_known, vllm_refusal
 
         if (family := family_if_known(target)) and (why := vllm_refusal(family, method, torch.cuda.is_available())):

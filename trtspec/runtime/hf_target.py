@@ -59,7 +59,7 @@ class HFTarget(nn.Module):
         """Positions the caller will use at most (the cache itself grows with the rows written)."""
         self.max_len = max_len
 
-    def _pass(self, tokens: Tensor, positions: Tensor, start: int) -> tuple[Tensor, Tensor | None]:
+    def _pass(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor, Tensor | None]:
         out = self.model(input_ids=tokens[None], position_ids=positions[None], past_key_values=self.cache, use_cache=True,
                          output_hidden_states=bool(self.aux_layers))
         self.cache = out.past_key_values
@@ -85,7 +85,7 @@ class HFTarget(nn.Module):
             raise DataError("the HF runtime path verifies chains only", "set draft.shape: chain for this target family")
         if not torch.equal(slots, torch.arange(start, start + slots.numel())):
             raise DataError("the HF runtime path writes rows right after the verified prefix")
-        logits, aux = self._pass(tokens, positions, start)
+        logits, aux = self._pass(tokens, positions)
         return logits[logits_from:], aux
 
     def step(self, *args) -> tuple[Tensor, Tensor | None]:
