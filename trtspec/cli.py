@@ -83,12 +83,17 @@ def _print_summary(results, as_json: bool) -> None:
         click.echo(f"{r.stage:<10} {r.status:<8} {r.seconds:>7.1f}s  {text}")
 
 
-def _build(config, out, overrides, start, until, force, as_json, stage_command: bool = False) -> None:
+def _build(config, out, overrides, start, until, force, as_json, stage_command: bool = False, check: bool = False) -> None:
     from trtspec import ranks
     from trtspec.config import load_config
-    from trtspec.pipeline.runner import follow_build, run_build
+    from trtspec.pipeline.runner import check_build, follow_build, run_build
 
     cfg = load_config(config, overrides)
+    if check:
+        stages = check_build(cfg, out, start=start, until=until, force=force)
+        click.echo(json.dumps({"ok": True, "would_run": stages}) if as_json else
+                   f"config, inputs and model checked; would run: {', '.join(stages) or 'nothing (all finished)'}")
+        return
     if not ranks.is_main():  # a multi-process launch: rank 0 runs the build, this rank joins its training
         follow_build(cfg)
         return
@@ -135,7 +140,9 @@ def _common_build_options(f):
 @_common_build_options
 @click.option("--from", "start", metavar="STAGE", help=f"Redo from this stage on ({', '.join(STAGES)}).")
 @click.option("--until", metavar="STAGE", help="Stop after this stage.")
-def build(config, out, overrides, force, as_json, start, until):
+@click.option("--check", is_flag=True, help="Check the config, the files and model it names and the run directory, "
+              "as the build does before its first stage; run no stage.")
+def build(config, out, overrides, force, as_json, start, until, check):
     """Run the whole pipeline: data, convert, train, quantize, export, engine, validate.
 
     Finished stages whose config and inputs did not change are skipped; a killed run resumes.
@@ -145,8 +152,9 @@ def build(config, out, overrides, force, as_json, start, until):
       trtspec build build_configs/smollm2-135m-eagle3.yaml --out runs/demo
       trtspec build build_configs/smollm2-135m-eagle3.yaml --out runs/demo --set train.epochs=2
       trtspec build build_configs/smollm2-135m-eagle3.yaml --out runs/demo --from train --until export
+      trtspec build build_configs/smollm2-135m-eagle3.yaml --out runs/demo --check --set data.seq_len=512
     """
-    _build(config, out, overrides, start, until, force, as_json)
+    _build(config, out, overrides, start, until, force, as_json, check=check)
 
 
 def _stage_command(stage: str, doc: str):

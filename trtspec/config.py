@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -23,8 +23,14 @@ QUANT_FORMATS = ("none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4")
 DRAFTING = ("eagle3", "suffix", "eagle3_suffix", "dflash")
 
 
+BIG = 10**9  # the bound of counts (rows, steps) that have no natural one: finite, far beyond any real run
+VOCAB_MAX = 1 << 24  # token ids and vocabulary sizes (the largest vocabularies are ~260k)
+LayerId = Annotated[int, Field(ge=0, le=1023)]
+BatchSize = Annotated[int, Field(ge=1, le=1024)]
+
+
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
 
 
 def key(default: Any = ..., description: str = "", **limits: Any) -> Any:
@@ -35,7 +41,7 @@ def key(default: Any = ..., description: str = "", **limits: Any) -> Any:
 class ModelSection(Section):
     source: str = key("demo:smollm2-135m-instruct",
                       "the target: demo:smollm2-135m-instruct, a local HF folder or .gguf file (relative to the YAML), "
-                      "or a hub id (needs a network)")
+                      "or a hub id (needs a network)", min_length=1)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = key(
         "auto", "the target's dtype wherever outputs are compared token by token (quantize, export, engine, "
         "validate) and the exported draft's; auto = float32 on a CPU, bfloat16 on a GPU")
@@ -49,19 +55,19 @@ class DataSource(Section):
     kind: Literal["regenerate", "jsonl", "text", "hf"] = key(
         description="regenerate: the target answers the prompts in `path` itself; jsonl: OpenAI/HF `messages` or "
         "ShareGPT `conversations`; text: one document per line; hf: a datasets name (needs a network)")
-    path: str = key(description="a file relative to the YAML, or the datasets name for kind: hf")
-    split: str = key("train", "the datasets split (kind: hf)")
-    limit: int | None = key(None, "rows taken from this source at most (null = all)", ge=1)
+    path: str = key(description="a file relative to the YAML, or the datasets name for kind: hf", min_length=1)
+    split: str = key("train", "the datasets split (kind: hf)", min_length=1)
+    limit: int | None = key(None, "rows taken from this source at most (null = all)", ge=1, le=BIG)
     regenerate: bool = key(False, "jsonl/hf: drop the rows' own answers and have the target answer their prompts "
                            "(the turns before each last answer), as kind: regenerate does with a prompt file")
 
 
 class EndpointSection(Section):
     url: str = key("http://127.0.0.1:8000", "base URL of an OpenAI-compatible server (vllm serve, trtllm-serve, SGLang); "
-                   "/v1/completions is appended")
-    model: str | None = key(None, "the served model name; null = the only model the server lists")
+                   "/v1/completions is appended", min_length=1)
+    model: str | None = key(None, "the served model name; null = the only model the server lists", min_length=1)
     concurrency: int = key(16, "requests in flight at once (the server batches them)", ge=1, le=1024)
-    timeout_s: float = key(600.0, "seconds one request may take", gt=0)
+    timeout_s: float = key(600.0, "seconds one request may take", gt=0, le=86400)
     retries: int = key(5, "tries of a request that failed on the connection, a timeout, HTTP 429 or 5xx (backoff "
                        "1, 2, 4... s); other HTTP errors stop the run at once", ge=0, le=20)
 
@@ -102,9 +108,9 @@ class DraftSection(Section):
         "step: on a CPU of few cores their arithmetic, not the weights' bytes, sets the step's cost, and a chain is "
         "often faster there (docs/results.md, 'Draft trees')")
     tree_topk: int = key(4, "tree shapes: expansions kept per drafted position (TensorRT-LLM dynamic_tree_max_topK)",
-                         ge=1)
+                         ge=1, le=64)
     tree_total_tokens: int = key(16, "tree shapes: draft tokens verified per step at most (TensorRT-LLM "
-                                 "max_total_draft_tokens, capped at tree_topk x length)", ge=1)
+                                 "max_total_draft_tokens, capped at tree_topk x length)", ge=1, le=1024)
     suffix_len: int = key(0, "suffix drafting: the longest chain a match of the text's own suffix (prompt and answer so far) "
                           "may draft; 0 = off. On, validate also times suffix drafting alone and in front of the head and "
                           "reports which pays on its prompts", ge=0, le=64)
@@ -113,10 +119,10 @@ class DraftSection(Section):
 
 
 class ConvertSection(Section):
-    aux_layers: list[int] | None = key(None, "target layers whose hidden states feed the head; null = "
-                                       "TensorRT-LLM's {1, L//2-1, L-4}")
+    aux_layers: list[LayerId] | None = key(None, "target layers whose hidden states feed the head; null = "
+                                           "TensorRT-LLM's {1, L//2-1, L-4}", min_length=1, max_length=16)
     draft_vocab_size: int | None = key(None, "the head's output vocabulary: the most frequent training tokens, "
-                                       "mapped back by d2t; null = the target's full vocabulary", ge=16)
+                                       "mapped back by d2t; null = the target's full vocabulary", ge=16, le=VOCAB_MAX)
     num_layers: int = key(1, "decoder layers in the head (EAGLE-3 uses 1; engines load only 1)", ge=1, le=8)
     init_from_target: bool = key(
         False, "start the head from the target's layer after the deepest aux layer, its final norm and lm_head rows "
@@ -137,11 +143,12 @@ class DFlashSection(Section):
     block_size: int = key(8, "tokens in a draft block: the last verified token and block_size - 1 guesses (DSpark: "
                           "block_size), all from one pass (DFlash's paper and Model Optimizer use 8 or 16)", ge=2, le=32)
     num_layers: int = key(2, "decoder layers in the draft (one target layer feeds each)", ge=1, le=8)
-    target_layers: list[int] | None = key(None, "target layers whose outputs feed the draft, one per draft layer; "
-                                          "null = Model Optimizer's uniform pick")
-    intermediate_size: int | None = key(None, "the draft's MLP width; null = the target's", ge=16)
+    target_layers: list[LayerId] | None = key(None, "target layers whose outputs feed the draft, one per draft layer; "
+                                              "null = Model Optimizer's uniform pick", min_length=1, max_length=8)
+    intermediate_size: int | None = key(None, "the draft's MLP width; null = the target's", ge=16, le=1 << 20)
     mask_token_id: int | None = key(None, "the token standing for the unknown positions of a block; null = the "
-                                    "tokenizer's mask token, else a special token no training label uses")
+                                    "tokenizer's mask token, else a special token no training label uses",
+                                    ge=0, lt=VOCAB_MAX)
     attention: Literal["bidirectional", "causal"] = key(
         "bidirectional", "attention inside a block: bidirectional (DFlash) or causal (each guess sees earlier "
         "positions only)")
@@ -162,10 +169,10 @@ class DFlashSection(Section):
         "vanilla", "dspark: the Markov head's bias: vanilla = from the previous token alone; gated = its embedding gated "
         "by the backbone's row; rnn = a GRU-like state carried through the block (the whole prefix)")
     ce_weight: float = key(0.1, "dspark: weight of the cross-entropy on the answer's tokens in the loss (DeepSpec: 0.1)",
-                           ge=0)
+                           ge=0, le=100)
     tvd_weight: float = key(0.9, "dspark: weight of the total-variation distance between the draft's and the target's "
                             "next-token distributions, 1 - TVD being a sampled guess's acceptance chance (DeepSpec: 0.9)",
-                            ge=0)
+                            ge=0, le=100)
 
     @property
     def guesses(self) -> int:
@@ -177,38 +184,38 @@ class TrainSection(Section):
     mode: Literal["offline", "online"] = key(
         "offline", "offline: the target's hidden states computed once and read every epoch; online: the target runs "
         "in every step (for data whose states would not fit on disk)")
-    epochs: float = key(3.0, "passes over the training rows", gt=0)
-    max_steps: int | None = key(None, "stop after this many optimizer steps (null = epochs decide)", ge=1)
+    epochs: float = key(3.0, "passes over the training rows", gt=0, le=1000)
+    max_steps: int | None = key(None, "stop after this many optimizer steps (null = epochs decide)", ge=1, le=BIG)
     max_rows: int | None = key(None, "train on the first N training rows only (a random sample: the data stage "
                                "shuffles); the hidden states are still those of every row, so learning curves "
-                               "(scripts/bench_recipe.py) reuse them", ge=1)
-    batch_size: int = key(4, "rows per device per forward pass", ge=1)
+                               "(scripts/bench_recipe.py) reuse them", ge=1, le=BIG)
+    batch_size: int = key(4, "rows per device per forward pass", ge=1, le=4096)
     grad_accum: int = key(1, "forward passes per optimizer step (effective batch = batch_size x grad_accum x "
-                          "processes)", ge=1)
+                          "processes)", ge=1, le=4096)
     lr: float = key(5e-4, "peak learning rate (AdamW, then train.lr_schedule)", gt=0, lt=1)
     lr_schedule: Literal["cosine", "linear"] = key("cosine", "how the learning rate falls after warm-up, to 0 at the "
                                                    "last step")
     warmup_ratio: float = key(0.05, "share of the steps the learning rate warms up over", ge=0, lt=1)
     warmup_steps: int | None = key(None, "warm-up in optimizer steps instead of a share (Model Optimizer's recipes "
-                                   "count steps)", ge=0)
+                                   "count steps)", ge=0, le=BIG)
     loss_on_prompt: bool = key(False, "score the head on prompt tokens too (Model Optimizer's answer_only_loss: "
                                "false); off = on answer tokens only, the text it drafts when serving")
-    save_steps: int = key(100, "optimizer steps between checkpoints (a killed run resumes from the last)", ge=1)
+    save_steps: int = key(100, "optimizer steps between checkpoints (a killed run resumes from the last)", ge=1, le=BIG)
     sharding: Literal["ddp", "fsdp"] = key(
         "ddp", "how the processes of a multi-process launch hold the head: ddp = each a full copy of its weights, "
         "gradients and AdamW state; fsdp = each 1/N of them (torch FSDP2), for heads whose training state does "
         "not fit one device (rank 0 also keeps the weights whole, for evaluation). One process: no effect")
     eval_steps: int = key(0, "optimizer steps between held-out acceptance measurements during training "
-                          "(0 = at the end only)", ge=0)
+                          "(0 = at the end only)", ge=0, le=BIG)
 
 
 class QuantizeSection(Section):
     format: Literal["none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4"] = key(
         "none", "the target's weight (and activation) format, by modelopt; the draft stays unquantized")
     kv_cache: Literal["none", "fp8"] = key("none", "KV-cache format (needs a format other than none)")
-    calib_samples: int = key(32, "training conversations run through the target to calibrate the scales", ge=1)
+    calib_samples: int = key(32, "training conversations run through the target to calibrate the scales", ge=1, le=100_000)
     block_size: int | None = key(None, "int4 block size; null = the largest of 128/64/32 dividing every quantized "
-                                 "layer's input width", ge=8)
+                                 "layer's input width", ge=8, le=8192)
     quantize_lm_head: bool = key(False, "quantize lm_head too (smaller, less accurate)")
 
 
@@ -222,10 +229,10 @@ class ServeSection(Section):
         "TensorRT-LLM's suffix-automaton enhancer in front of it), a small draft model (draft_model), n-gram matches "
         "against the prompt and answer so far, or suffix-automaton drafting alone (TensorRT-LLM SA, vLLM suffix)")
     draft_model: str | None = key(None, "decoding: draft_target: the draft model (HF folder relative to the YAML, "
-                                  "demo:..., or a hub id)")
+                                  "demo:..., or a hub id)", min_length=1)
     ngram_max_matching: int = key(2, "decoding: ngram: the longest suffix matched", ge=1, le=16)
-    tensor_parallel_size: int = key(1, "GPUs the target is split over", ge=1)
-    max_batch_size: int = key(8, "requests an engine runs together at most", ge=1)
+    tensor_parallel_size: int = key(1, "GPUs the target is split over", ge=1, le=1024)
+    max_batch_size: int = key(8, "requests an engine runs together at most", ge=1, le=65536)
     gpu_memory_fraction: float = key(0.8, "share of free GPU memory the KV cache takes (TensorRT-LLM "
                                      "free_gpu_memory_fraction)", gt=0, le=1)
     block_reuse: bool = key(False, "KV-cache block reuse across requests; written off when target and draft run in "
@@ -237,18 +244,20 @@ class EngineSection(Section):
         "pytorch", "where the engine stage runs the bundle: pytorch = TensorRT-LLM's LLM API (needs a GPU); vllm = "
         "vLLM (its CPU build runs here: bash scripts/setup.sh --engines vllm); auto = TensorRT-LLM where it and a GPU "
         "exist, else vLLM where it is installed, else skipped")
-    batch_sizes: list[int] = Field(default_factory=lambda: [1, 8], description="requests submitted together when timing (1 = one at a time; the "
-                                 "first is the headline)")
+    batch_sizes: list[BatchSize] = Field(default_factory=lambda: [1, 8], min_length=1, max_length=16,
+                                         description="requests submitted together when timing (1 = one at a time; "
+                                         "the first is the headline)")
 
 
 class EvalSection(Section):
     prompts: str | None = key(None, "the prompts quantize, engine and validate measure on: a JSONL "
-                              "(prompt|messages) or text file relative to the YAML; null = the held-out split")
+                              "(prompt|messages) or text file relative to the YAML; null = the held-out split",
+                              min_length=1)
     num_prompts: int = key(8, "prompts each of quantize, engine and validate compares and times", ge=1, le=256)
     max_new_tokens: int = key(128, "answer length in those comparisons", ge=1, le=8192)
     acceptance_prompts: int = key(64, "held-out prompts the head's acceptance length is measured on (train, "
-                                  "export); fewer are noisier, each costs one greedy answer from the target", ge=1)
-    repeats: int = key(2, "interleaved timing repetitions per method (validate)", ge=1)
+                                  "export); fewer are noisier, each costs one greedy answer from the target", ge=1, le=100_000)
+    repeats: int = key(2, "interleaved timing repetitions per method (validate)", ge=1, le=100)
 
 
 class ValidateSection(Section):
@@ -256,18 +265,20 @@ class ValidateSection(Section):
                         "report says why)")
     compare_hf: bool = key(True, "also time HF prompt lookup and assisted generation")
     assistant_model: str | None = key(None, "a small model with the target's tokenizer for HF assisted generation; "
-                                      "null = the target's own early exit")
+                                      "null = the target's own early exit", min_length=1)
     sampling_temperature: float | None = key(0.8, "the lossless check at temperature > 0 (a statistical test on the "
                                              "first tokens); null = skipped", gt=0, le=2.0)
     min_acceptance_length: float | None = key(None, "gate: exit 1 below this acceptance length (null = no gate)",
-                                              ge=1.0)
-    min_speedup: float | None = key(None, "gate: exit 1 below this speedup over HF generate (null = no gate)", gt=0)
+                                              ge=1.0, le=65)
+    min_speedup: float | None = key(None, "gate: exit 1 below this speedup over HF generate (null = no gate)",
+                                    gt=0, le=1000)
     require_exact: bool = key(False, "gate: exit 1 unless every greedy output equals the reference")
 
 
 class BuildConfig(Section):
     description: str = key("", "one line on what this recipe is for")
-    seed: int = key(0, "seed of every random choice (shuffles, init, training order, sampling checks)")
+    seed: int = key(0, "seed of every random choice (shuffles, init, training order, sampling checks)", ge=0,
+                    le=2**32 - 1)
     model: ModelSection = Field(default_factory=ModelSection)
     data: DataSection
     draft: DraftSection = Field(default_factory=DraftSection)
@@ -281,7 +292,7 @@ class BuildConfig(Section):
     eval: EvalSection = Field(default_factory=EvalSection)
     validate_: ValidateSection = Field(default_factory=ValidateSection, alias="validate")
 
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True, allow_inf_nan=False)
 
     # where the YAML lives: relative paths inside it are relative to this folder (not a YAML key)
     _base_dir: Path = Path(".")

@@ -304,6 +304,22 @@ def case_dflash_block_too_small(tmp, model, mp):
     return build(tmp, config(tmp, model, draft={"method": "dflash", "length": 7}, dflash={"block_size": 4}))
 
 
+def case_dflash_more_layers_than_target(tmp, model, mp):
+    return build(tmp, config(tmp, model, draft={"method": "dflash"}, dflash={"num_layers": 8}))
+
+
+def case_convert_override_bad_value(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "convert.overrides={intermediate_size: -5}")
+
+
+def case_config_not_finite(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "train.epochs=.inf")
+
+
+def case_config_seed_too_large(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "seed=99999999999")
+
+
 def case_dflash_mask_token_outside_vocab(tmp, model, mp):
     return build(tmp, config(tmp, model, draft={"method": "dflash"}, dflash={"mask_token_id": 10**6, "target_layers": [0, 2]}))
 
@@ -445,6 +461,10 @@ CASES = [
     Case("dflash-option-with-eagle3", case_dflash_option_with_eagle3, 2, r"dflash\.block_size is a DFlash option, but draft\.method is eagle3"),
     Case("eagle3-option-with-dflash", case_eagle3_option_with_dflash, 2, r"convert\.draft_vocab_size is an EAGLE-3 option, but draft\.method is dflash"),
     Case("dflash-block-too-small", case_dflash_block_too_small, 2, r"draft\.length 7 is more than a DFlash block of 4 drafts"),
+    Case("dflash-more-layers-than-target", case_dflash_more_layers_than_target, 2, r"dflash\.num_layers 8: each draft layer reads its own target layer, and this target has 4", "convert", before_data=True),
+    Case("convert-override-bad-value", case_convert_override_bad_value, 2, r"convert\.overrides\.intermediate_size: -5 is not a whole number in 1\.\.1048576", "convert", before_data=True),
+    Case("config-not-finite", case_config_not_finite, 2, r"'train\.epochs': Input should be a finite number"),
+    Case("config-seed-too-large", case_config_seed_too_large, 2, r"'seed': Input should be less than or equal to 4294967295"),
     Case("dflash-mask-token-outside-vocab", case_dflash_mask_token_outside_vocab, 2, r"dflash\.mask_token_id 1000000 is outside the vocabulary", "convert", before_data=True),
     Case("convert-aux-layers", case_aux_layer_out_of_range, 2, r"aux_layers \[0, 40\]: need distinct layer ids in 0\.\.2", "convert", before_data=True),
     Case("convert-init-resized-head", case_init_from_resized_head, 2, r"init_from_target.*resizes the head \(intermediate_size\)", "convert", before_data=True),
@@ -490,4 +510,6 @@ def test_catalogue_is_documented():
     catalogue = Path(__file__).parents[2].joinpath("docs", "bad-inputs.md").read_text()
     missing = [c.id for c in CASES if f"`{c.id}`" not in catalogue]
     assert not missing, f"docs/bad-inputs.md lacks: {missing}"
+    documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", catalogue, re.M))
+    assert not documented - {c.id for c in CASES}, f"documented without a test: {documented - {c.id for c in CASES}}"
     assert len(CASES) >= 25

@@ -43,6 +43,9 @@ def target_layers(base_config: Any, section: DFlashSection) -> list[int]:
 
     text = text_config(base_config)
     n = text.num_hidden_layers
+    if section.num_layers > n - 1:
+        raise ConfigError(f"dflash.num_layers {section.num_layers}: each draft layer reads its own target layer, and "
+                          f"this target has {n} (the last is not read)", f"set dflash.num_layers to at most {n - 1}")
     ids = list(section.target_layers) if section.target_layers is not None else build_target_layer_ids(n, section.num_layers)
     if len(ids) != section.num_layers:
         raise ConfigError(f"dflash.target_layers has {len(ids)} ids for {section.num_layers} draft layers",

@@ -17,10 +17,11 @@ makes training match the formula above.
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from typing import Any
 
-from trtspec.errors import ArtifactError
+from trtspec.errors import ArtifactError, ConfigError
 
 HEAD_FILE = "head.safetensors"
 
@@ -39,7 +40,6 @@ def derive_eagle_config(base: Any, convert: Any) -> dict:
     """
     from modelopt.torch.speculative.config import EAGLE3_DEFAULT_CFG
 
-    from trtspec.errors import ConfigError
     from trtspec.targets import draft_dims, family_of, text_config
 
     text = text_config(base)
@@ -87,11 +87,31 @@ def derive_eagle_config(base: Any, convert: Any) -> dict:
                 f"convert.overrides.{key} is not an eagle_architecture_config field",
                 f"known: {', '.join(sorted(arch))}",
             )
+        check_override(key, value, arch.get(key))
         arch[key] = value
     # modelopt 0.47 writes a yarn rope (factor 32) into the exported draft config whenever training used the
     # default rope; the draft would then be served with a rope it was never trained with. Export what we train.
     cfg.update(eagle_decoder_type="llama", eagle_offline=False, eagle_use_torch_compile=False, eagle_export_rope_scaling={})
     return cfg
+
+
+def check_override(key: str, value: Any, default: Any) -> None:
+    """An override has its field's type, and a size or count is a finite positive number: Model Optimizer would
+    build a head from anything (a negative width fails deep inside torch)."""
+    def refuse(what: str) -> None:
+        raise ConfigError(f"convert.overrides.{key}: {value!r} is not {what}")
+
+    if isinstance(default, bool) or key in ("attention_bias", "mlp_bias"):
+        if not isinstance(value, bool):
+            refuse("true or false")
+    elif isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
+            refuse("a whole number in 1..1048576")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            refuse("a finite number >= 0")
+    elif isinstance(default, str) and not isinstance(value, str):
+        refuse("a string")
 
 
 # eagle_architecture_config fields that init_from_target needs equal to the target's (it copies a target layer)

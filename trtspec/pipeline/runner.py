@@ -153,6 +153,17 @@ def run_build(
     return results
 
 
+def check_build(cfg: BuildConfig, run_dir: str | Path, start: str | None = None, until: str | None = None,
+                force: bool = False) -> list[str]:
+    """Everything a build checks before its first stage (the config, the files and model it reads, the settings only
+    the model's config can judge), running no stage and writing nothing to the run directory. Returns the stages the build would run."""
+    needed, redo = select_stages(start, until)
+    redo = set(needed if force else (redo if start else []))
+    run = RunDir(run_dir)
+    preflight(cfg, run, needed, redo)
+    return likely_to_run(cfg, run, needed, redo)
+
+
 @contextmanager
 def _releasing_followers() -> Iterator[None]:
     """The other ranks of a multi-process launch wait in `follow_build` until rank 0's build ends. Not when it ends
