@@ -22,6 +22,7 @@ import torch
 
 from trtspec.bench import arg_parser
 from trtspec.runtime import compile_steps, generate, load_transformer
+from trtspec.runtime.settings import RuntimeSettings
 
 VARIANTS = {"native": True, "torch": False}
 
@@ -58,7 +59,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=6)
     a = ap.parse_args()
     contexts = [int(x) for x in a.contexts.split(",")]
-    target, _ = load_transformer(a.run_dir / "bundle" / "target")
+    # the target's native pass (native attention inside one call) off: both kinds run inside its compiled forward
+    target, _ = load_transformer(a.run_dir / "bundle" / "target", settings=RuntimeSettings(native_pass=False))
     target.setup_cache(max(contexts) + a.tokens + a.rows + 8)
     if not target.layers[0].self_attn.native:
         raise SystemExit("the native attention kernel is not usable here (no vector build, or not float32 on a CPU)")

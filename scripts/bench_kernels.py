@@ -9,7 +9,7 @@ side by side in one process: plain decode and speculative (EAGLE-3 chain) tokens
 
 The bundle's runtime is loaded twice: once as validate loads it (every candidate timed, the fastest kept per row
 count) and once with the candidates named in --without removed before the choice (`native_pass`: the target's
-decode and verification passes by its compiled `forward` instead of one native call, model.NATIVE_PASS; `tree_rows`:
+decode and verification passes by its compiled `forward` instead of one native call (settings.native_pass); `tree_rows`:
 products of 9-64 rows, a tree's verification, by F.linear instead of the kernel chosen for them; `one_pass_trees`: an
 EAGLE-3 tree drafted level by level, one draft call per depth, instead of one pass). Both are compiled as validate
 compiles them; then each prompt is decoded by every (runtime, method) in turn, for --rounds rounds, so the host's
@@ -25,44 +25,25 @@ import statistics
 import time
 from pathlib import Path
 
-from trtspec.bench import arg_parser
+from trtspec.bench import add_runtime_flags, arg_parser
 
-NATIVE_PASS = "native_pass"  # not a product kernel: the target's whole pass as one native call (--without it)
-TREE_KERNEL = "tree_rows"  # not a kernel: the kernel chosen for 9-64 rows (--without it: F.linear, as before it was timed)
-ONE_PASS_TREES = "one_pass_trees"  # an EAGLE-3 tree drafted in one pass (--without it: one draft call per depth)
-SWITCHES = (NATIVE_PASS, TREE_KERNEL, ONE_PASS_TREES)
+ONE_PASS_TREES = "one_pass_trees"  # a drafter's switch: an EAGLE-3 tree drafted in one pass (--without it: per depth)
 
 
-def load_without(run_dir: Path, without: set[str]):
-    """(bundle, target, drafter) with the kernel candidates in `without` absent from the choice at load."""
+def load_without(run_dir: Path, settings, one_pass_trees: bool = True):
+    """(bundle, target, drafter) loaded as `settings` (runtime/settings.py) say."""
     from trtspec.bench import open_bundle
-    from trtspec.runtime import kernels
 
-    every = kernels.CANDIDATES
-    kernels.CANDIDATES = tuple(c for c in every if c not in without)
-    try:
-        bundle = open_bundle(run_dir)
-        target, drafter = bundle.runtime()
-    finally:
-        kernels.CANDIDATES = every
-    if NATIVE_PASS in without:
-        target.use_native_pass(False)
-    if TREE_KERNEL in without:
-        for net in (target, drafter.net):
-            for m in net.modules():
-                if isinstance(m, kernels.Linear):
-                    m.kernels = (*m.kernels[:-1], "linear")
-            net.kernel_choice["by_rows"][-1] = "linear"
-        target.use_native_pass(target.native_pass)  # forgets the arguments it assembled with the kernels before
-    if ONE_PASS_TREES in without:
-        drafter.one_pass_trees = False
+    bundle = open_bundle(run_dir)
+    target, drafter = bundle.runtime(settings=settings)
+    drafter.one_pass_trees = one_pass_trees
     return bundle, target, drafter
 
 
 def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--without", default="native16", help="kernel candidates to take away, comma separated")
+    add_runtime_flags(ap, without_default="native16")
     ap.add_argument("--k", type=int, default=3, help="draft length")
     ap.add_argument("--spec", help="the draft's shape:depth[:topk:total], e.g. dynamic_tree:4:4:16 (default chain:K)")
     ap.add_argument("--prompts", type=int, default=3)
@@ -73,23 +54,23 @@ def main() -> None:
 
     import torch
 
-    from trtspec.bench import draft_specs, load_prompts
+    from trtspec.bench import draft_specs, load_prompts, runtime_settings
     from trtspec.runtime import compile_steps, generate, speculative_decode
-    from trtspec.runtime.kernels import CANDIDATES, cpu_description
+    from trtspec.runtime.kernels import cpu_description
 
-    unknown = set(a.without.split(",")) - {*CANDIDATES, *SWITCHES}
-    if unknown:
-        raise SystemExit(f"--without: unknown kernel(s) {', '.join(sorted(unknown))}; expected {', '.join((*CANDIDATES, *SWITCHES))}")
+    without = [n for n in a.without.split(",") if n != ONE_PASS_TREES]
     (label, spec), = draft_specs(a.spec or f"chain:{a.k}", a.k).items()
-    variants = {"chosen": set(), f"without {a.without}": set(a.without.split(","))}
-    loaded = {name: load_without(a.run_dir, w) for name, w in variants.items()}
+    variants = {"chosen": (runtime_settings(a, without=""), True),
+                f"without {a.without}": (runtime_settings(a, without=",".join(without)), ONE_PASS_TREES not in a.without)}
+    loaded = {name: load_without(a.run_dir, *v) for name, v in variants.items()}
     bundle = next(iter(loaded.values()))[0]
     prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
     eos, new = bundle.eos, a.max_new_tokens
-    compile_s = {}
+    compile_s, note = dict.fromkeys(loaded, 0.0), "eager (--no-compile)"
     for name, (_, target, drafter) in loaded.items():
-        compile_s[name], note = compile_steps([target, drafter.net], lambda t=target, d=drafter: [
-            (generate(t, p, new, eos), speculative_decode(t, d, p, new, spec, eos)) for p in prompts])
+        if target.settings.compile:
+            compile_s[name], note = compile_steps([target, drafter.net], lambda t=target, d=drafter: [
+                (generate(t, p, new, eos), speculative_decode(t, d, p, new, spec, eos)) for p in prompts])
     steps: dict[tuple[str, str], list[float]] = {(n, m): [] for n in loaded for m in ("no_draft", "speculative")}
     outputs: dict[tuple[str, str], list[list[int]]] = {key: [] for key in steps}
     al: dict[str, list[float]] = {n: [] for n in loaded}

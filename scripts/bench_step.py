@@ -27,7 +27,7 @@ from collections import defaultdict
 from contextlib import nullcontext
 from pathlib import Path
 
-from trtspec.bench import arg_parser, draft_specs
+from trtspec.bench import add_runtime_flags, arg_parser, draft_specs
 
 
 class PassTimer:
@@ -66,10 +66,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every configuration")
-    ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--guards-too", action="store_true", help="also time every run without dynamo's guard evaluation")
-    ap.add_argument("--torch-attention", action="store_true", help="attend with torch's attention, not the native "
-                    "kernel (runtime/model.py NATIVE_ATTENTION)")
+    add_runtime_flags(ap)
     ap.add_argument("--draft-weights", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="how the draft's weights are stored (kernels.store_bf16)")
     ap.add_argument("--json", action="store_true")
@@ -78,21 +76,18 @@ def main() -> None:
 
     import torch
 
-    from trtspec.bench import load_prompts, open_bundle
+    from trtspec.bench import load_prompts, open_bundle, runtime_settings
     from trtspec.runtime import compile_steps, generate, speculative_decode
     from trtspec.runtime.kernels import cpu_description, row_labels, step_cost_by_bytes, weight_mb
 
-    if a.torch_attention:
-        import trtspec.runtime.model
-
-        trtspec.runtime.model.NATIVE_ATTENTION = False
+    settings = runtime_settings(a)
     bundle = open_bundle(a.run_dir)
     prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
-    target, drafter = bundle.runtime(draft_weights=a.draft_weights)
+    target, drafter = bundle.runtime(draft_weights=a.draft_weights, settings=settings)
     net = drafter.net
     eos, new = bundle.eos, a.max_new_tokens
     note, compile_s = "eager (--no-compile)", 0.0
-    if not a.no_compile:
+    if settings.compile:
         compile_s, note = compile_steps([target, net], lambda: [
             (generate(target, p, new, eos), *(speculative_decode(target, drafter, p, new, s, eos) for s in specs.values()))
             for p in prompts])

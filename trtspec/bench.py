@@ -25,6 +25,38 @@ def arg_parser(doc: str) -> argparse.ArgumentParser:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+# --without names that are switches of the runtime settings, not product kernels
+SWITCHES = {"native_pass": "native_pass", "tree_rows": "tree_kernel", "native_attention": "native_attention"}
+
+
+def add_runtime_flags(ap: argparse.ArgumentParser, without_default: str = "") -> None:
+    """The runtime settings (runtime/settings.py) as the flags every script that loads a bundle shares."""
+    from trtspec.runtime.kernels import CANDIDATES
+
+    ap.add_argument("--no-compile", action="store_true", help="run the passes eager, not torch.compile'd")
+    ap.add_argument("--torch-attention", action="store_true",
+                    help="attend over the KV cache with torch's attention, not the native kernel (the target's native "
+                    "pass, which is native attention inside one call, goes with it)")
+    ap.add_argument("--without", default=without_default, metavar="NAME,...",
+                    help=f"product kernels left out of the load-time choice ({', '.join(CANDIDATES[1:])}) and "
+                    f"switches turned off ({', '.join(SWITCHES)})")
+
+
+def runtime_settings(a: argparse.Namespace, without: str | None = None) -> Any:
+    """The RuntimeSettings the flags of `add_runtime_flags` ask for (`without`: instead of a.without)."""
+    from dataclasses import replace
+
+    from trtspec.runtime.kernels import CANDIDATES
+    from trtspec.runtime.settings import RuntimeSettings
+
+    names = {n for n in (a.without if without is None else without).split(",") if n}
+    if unknown := names - {*CANDIDATES, *SWITCHES}:
+        raise SystemExit(f"--without: unknown name(s) {', '.join(sorted(unknown))}; expected "
+                         f"{', '.join((*CANDIDATES[1:], *SWITCHES))}")
+    settings = RuntimeSettings(compile=not a.no_compile, native_attention=not a.torch_attention).without(names)
+    return replace(settings, **{SWITCHES[n]: False for n in names & set(SWITCHES)})
+
+
 def draft_specs(text: str, k: int) -> dict[str, Any]:
     """"chain:3,dynamic_tree:4:3:8" (shape:depth[:topk:total], comma-separated) -> {label: DraftSpec}; a missing
     depth is k, topk 4, total 16."""
@@ -75,13 +107,15 @@ class Bundle:
     tok: Any
     eos: set[int]
 
-    def runtime(self, draft: bool = True, draft_weights: str = "auto") -> tuple[Any, Any]:
-        """(the runtime's target, its drafter (EAGLE-3 or DFlash) or None): loading the target times the product kernels;
-        draft_weights: how the draft's weights are stored (drafting.load_drafter)."""
+    def runtime(self, draft: bool = True, draft_weights: str = "auto", settings: Any = None) -> tuple[Any, Any]:
+        """(the runtime's target, its drafter (EAGLE-3 or DFlash) or None), run as `settings` (RuntimeSettings) say:
+        loading the target times the product kernels; draft_weights: how the draft's weights are stored
+        (drafting.load_drafter)."""
         from trtspec.drafting import load_drafter
         from trtspec.runtime import load_transformer
+        from trtspec.runtime.settings import DEFAULT
 
-        target, _ = load_transformer(self.path / "target")
+        target, _ = load_transformer(self.path / "target", settings=settings or DEFAULT)
         return target, load_drafter(self.path / "draft", target, draft_weights) if draft else None
 
 

@@ -109,13 +109,14 @@ def family_of_draft(draft_dir: Path) -> str:
     return "dflash" if "DFlashDraftModel" in (read_config(draft_dir).get("architectures") or []) else "eagle3"
 
 
-def load_drafter(draft_dir: Path, target: Any, weights: str = "auto") -> Any:
+def load_drafter(draft_dir: Path, target: Any, weights: str = "auto", settings: Any = None) -> Any:
     """The runtime drafter for an exported draft (EAGLE-3 or DFlash), sharing the target's embedding and lm_head.
-    weights: how the draft's product weights are stored, auto (bfloat16 where timed faster) | float32 | bfloat16."""
+    weights: how the draft's product weights are stored, auto (bfloat16 where timed faster) | float32 | bfloat16;
+    settings: runtime.settings.RuntimeSettings (default: as the target runs)."""
     if family_of_draft(draft_dir) == "dflash":
         from trtspec.runtime.dflash import load_dflash_drafter
 
-        return load_dflash_drafter(draft_dir, target, weights=weights)
+        return load_dflash_drafter(draft_dir, target, weights=weights, settings=settings)
     from trtspec.runtime.drafters import load_eagle3_drafter
 
-    return load_eagle3_drafter(draft_dir, target, weights=weights)
+    return load_eagle3_drafter(draft_dir, target, weights=weights, settings=settings)

@@ -433,7 +433,7 @@ def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts,
     from torch._dynamo.utils import counters
 
     target = load_transformer(target_dir)[0]
-    target.use_native_pass(False)  # the compiled forward: where the native pass cannot run (or NATIVE_PASS is off)
+    target.use_native_pass(False)  # the compiled forward: where the native pass cannot run (or settings.native_pass is off)
     drafter = load_eagle3_drafter(eagle_export[0], target)
     specs = [DraftSpec(shape=s, k=3, topk=3, total=8) for s in SHAPES]
     torch._dynamo.reset()  # graphs compiled by an earlier test (same code, same shapes) would be reused silently

@@ -46,6 +46,8 @@ from trtspec.runtime.model import (
     rms_norm,
     rope_tables,
 )
+from trtspec.runtime.settings import DEFAULT as DEFAULT_SETTINGS
+from trtspec.runtime.settings import RuntimeSettings
 from trtspec.runtime.tree import Tree
 
 
@@ -325,16 +327,19 @@ def load_weights(module: nn.Module, state: dict[str, Tensor], folder: Path) -> N
         raise ArtifactError(f"weights in '{folder}' do not fit its config.json: {str(e)[:300]}") from None
 
 
-def load_dflash_drafter(draft_dir: Path, target, dtype=torch.float32, weights: str = "auto") -> DFlashDrafter:
+def load_dflash_drafter(draft_dir: Path, target, dtype=torch.float32, weights: str = "auto",
+                        settings: RuntimeSettings | None = None) -> DFlashDrafter:
     """The exported DFlash (or DSpark) draft, sharing the target's embedding and lm_head (the draft's products,
     its use of the lm_head included, in bfloat16 where `kernels.store_bf16` finds that faster: `weights`); the
-    target is set to hand out the states of the layers the draft reads."""
+    target is set to hand out the states of the layers the draft reads. Run as `settings` say (default: as the
+    target runs)."""
     from trtspec.runtime.kernels import Linear, choose_kernels, store_bf16
 
     net, info, markov = load_dflash(draft_dir, target.args.hidden_size, target.args.num_layers, dtype)
     if not 0 <= info.mask_token_id < target.args.vocab_size:
         raise ArtifactError(f"the draft's mask token {info.mask_token_id} is outside the target's vocabulary")
-    net.kernel_choice = choose_kernels(net)
+    net.settings = settings or getattr(target, "settings", DEFAULT_SETTINGS)
+    net.kernel_choice = choose_kernels(net, settings=net.settings)
     with torch.device("meta"):
         lm_head = Linear(*reversed(target.lm_head.weight.shape), bias=False)
     # shared unless stored in bf16

@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 
 from trtspec.errors import ModelError
+from trtspec.runtime.settings import DEFAULT as DEFAULT_SETTINGS
+from trtspec.runtime.settings import RuntimeSettings
 from trtspec.runtime.tree import Tree, static_tree, tree_levels
 
 
@@ -354,7 +356,8 @@ def same_tokenizer(a: Path, b: Path) -> bool:
     return ta.get_vocab() == tb.get_vocab() and ta.eos_token_id == tb.eos_token_id
 
 
-def load_draft_target(draft_dir: Path, target_dir: Path, dtype=torch.float32) -> LMDrafter:
+def load_draft_target(draft_dir: Path, target_dir: Path, dtype=torch.float32,
+                      settings: RuntimeSettings = DEFAULT_SETTINGS) -> LMDrafter:
     """A draft LM for draft-target decoding; refuses a model with another tokenizer."""
     from trtspec.runtime.model import load_transformer
 
@@ -363,19 +366,22 @@ def load_draft_target(draft_dir: Path, target_dir: Path, dtype=torch.float32) ->
             f"draft model '{draft_dir}' has a different tokenizer than the target '{target_dir}'",
             "draft-target decoding needs the same vocabulary; pick a draft from the target's model family",
         )
-    model, _ = load_transformer(draft_dir, dtype)
+    model, _ = load_transformer(draft_dir, dtype, settings=settings)
     return LMDrafter(model)
 
 
-def load_eagle3_drafter(draft_dir: Path, target, dtype=torch.float32, weights: str = "auto") -> Eagle3Drafter:
+def load_eagle3_drafter(draft_dir: Path, target, dtype=torch.float32, weights: str = "auto",
+                        settings: RuntimeSettings | None = None) -> Eagle3Drafter:
     """The exported EAGLE-3 draft, sharing the target's embedding (and lm_head when the draft has none); its
-    products in bfloat16 where `kernels.store_bf16` finds that faster (`weights`)."""
+    products in bfloat16 where `kernels.store_bf16` finds that faster (`weights`); run as `settings` say (default:
+    as the target runs)."""
     from trtspec.errors import ArtifactError
     from trtspec.runtime.eagle3 import load_eagle3
     from trtspec.runtime.kernels import choose_kernels, store_bf16
 
     net, info = load_eagle3(draft_dir, target.lm_head.weight, target.args.hidden_size, dtype)
-    net.kernel_choice = choose_kernels(net)
+    net.settings = settings or getattr(target, "settings", DEFAULT_SETTINGS)
+    net.kernel_choice = choose_kernels(net, settings=net.settings)
     net.kernel_choice["draft_weights"] = store_bf16(net, choice=weights)
     net.embed_tokens = target.embed_tokens
     if tuple(target.aux_layers) != info.aux_layers:

@@ -23,6 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from trtspec.errors import ArtifactError, DataError
+from trtspec.runtime.settings import DEFAULT as DEFAULT_SETTINGS
+from trtspec.runtime.settings import RuntimeSettings
 
 
 @dataclass
@@ -139,14 +141,16 @@ def load_hf_target(folder: Path, aux_layers: tuple[int, ...] = (), dtype: torch.
     return target, notes
 
 
-def load_target(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, list[str], str]:
+def load_target(folder: Path, dtype: torch.dtype = torch.float32, settings: RuntimeSettings = DEFAULT_SETTINGS
+                ) -> tuple[Any, list[str], str]:
     """The bundle's target on the path its family declares (trtspec.targets): the native runtime for the families
-    it serves, else the model's own HF forward -> (target, dequantization notes, path: "native" | "hf")."""
+    it serves (run as `settings` say), else the model's own HF forward -> (target, dequantization notes, path:
+    "native" | "hf")."""
     from trtspec.runtime.model import load_transformer
     from trtspec.targets import read_family
 
     if read_family(folder).runtime == "native":
-        target, notes = load_transformer(folder, dtype)
+        target, notes = load_transformer(folder, dtype, settings=settings)
         return target, notes, "native"
     target, notes = load_hf_target(folder, dtype=dtype)
     return target, notes, "hf"

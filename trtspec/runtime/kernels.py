@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from trtspec.runtime.settings import RuntimeSettings
 
 FEW_ROWS = 8  # row counts timed one by one: decode (1 row), chain verification up to k = 7, the drafts' own passes
 MANY_ROWS = 64  # FEW_ROWS + 1 .. MANY_ROWS rows (a draft tree's verification) share one kernel, timed at TREE_ROWS
@@ -224,33 +228,36 @@ def timed_weights(weights: list[Tensor]) -> list[Tensor]:
     return out + weights[-1:]
 
 
-def available_candidates() -> tuple[str, ...]:
-    """The CANDIDATES this machine can run: the native kernel where it was built, its 16-lane and packed forms
-    where AVX-512 is."""
+def available_candidates(allowed: Sequence[str] = CANDIDATES) -> tuple[str, ...]:
+    """The CANDIDATES of `allowed` this machine can run: the native kernel where it was built, its 16-lane and packed
+    forms where AVX-512 is."""
     from trtspec.runtime.native import build, wide_loops
 
     absent = set() if build()[0] else {"native", "native16", "packed"}
     if not absent and not wide_loops():
         absent |= {"native16", "packed"}
-    return tuple(c for c in CANDIDATES if c not in absent)
+    return tuple(c for c in CANDIDATES if c not in absent and (c in allowed or c == "linear"))
 
 
-def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
-    """Time every candidate for each of TIMED_ROWS over `model`'s runtime Linear weights (`timed_weights`), and set
-    the fastest for each row count on every layer. Returns what was measured and chosen: `by_rows`, the kernel for
-    1, 2, ..., FEW_ROWS rows and last the one for FEW_ROWS + 1 .. MANY_ROWS (timed at TREE_ROWS).
+def choose_kernels(model: nn.Module, repeats: int = 2, settings: RuntimeSettings | None = None) -> dict:
+    """Time every candidate the settings allow for each of TIMED_ROWS over `model`'s runtime Linear weights
+    (`timed_weights`), and set the fastest for each row count on every layer. Returns what was measured and chosen:
+    `by_rows`, the kernel for 1, 2, ..., FEW_ROWS rows and last the one for FEW_ROWS + 1 .. MANY_ROWS (timed at
+    TREE_ROWS; F.linear untimed where settings.tree_kernel is off).
 
     Rounds are interleaved (each round runs every candidate once) and the best is kept, so noise on a busy machine
     hits all candidates alike. Off a CPU, or for weights that are not float32, F.linear is kept.
     """
     from trtspec.runtime.native import build, pack_panels
+    from trtspec.runtime.settings import RuntimeSettings
 
     layers = [m for m in model.modules() if isinstance(m, Linear)]
     weights = [m.weight for m in layers]
     if not weights or weights[0].device.type != "cpu" or weights[0].dtype != torch.float32:
         return {"by_rows": list(DEFAULT), "one_row": "linear", "note": "not a float32 CPU model: F.linear"}
     native, why_not = build()
-    candidates = available_candidates()
+    settings = settings or RuntimeSettings()
+    candidates = available_candidates(settings.kernels)
     fits, no_packing = packed_fits(weights) if "packed" in candidates else (True, "")
     if not fits:
         candidates = tuple(c for c in candidates if c != "packed")
@@ -261,7 +268,7 @@ def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
     gen = torch.Generator().manual_seed(0)
     ms: dict[int, dict[str, float]] = {}
     with torch.inference_mode():
-        for rows in TIMED_ROWS:
+        for rows in TIMED_ROWS if settings.tree_kernel else TIMED_ROWS[:-1]:
             inputs = [torch.randn(rows, w.shape[1], generator=gen) for w in timed]
             _time_pass(timed, inputs, "linear", packed)  # first touch of the inputs
             best = dict.fromkeys(candidates, float("inf"))
@@ -269,7 +276,7 @@ def choose_kernels(model: nn.Module, repeats: int = 2) -> dict:
                 for c in candidates:
                     best[c] = min(best[c], _time_pass(timed, inputs, c, packed) * 1e3)
             ms[rows] = best
-    by_rows = tuple(min(candidates, key=ms[rows].get) for rows in ms)
+    by_rows = tuple(min(candidates, key=ms[rows].get) for rows in ms) + (() if settings.tree_kernel else ("linear",))
     for m in layers:
         m.kernels = by_rows
         m.packed = None

@@ -29,6 +29,8 @@ from trtspec.errors import ArtifactError, ModelError
 from trtspec.runtime.kernels import FEW_ROWS, MANY_ROWS, Linear, choose_kernels, kernel_for
 from trtspec.runtime.native import KERNEL_CODES, attention_usable, decoder_step
 from trtspec.runtime.native import attention as native_attention
+from trtspec.runtime.settings import DEFAULT as DEFAULT_SETTINGS
+from trtspec.runtime.settings import RuntimeSettings
 
 
 @dataclass
@@ -131,6 +133,7 @@ class Stepper(nn.Module):
 
     PASSES: tuple[str, ...] = ("forward",)
     compiled: dict[str, Callable] | None = None  # pass name -> its compiled function, after `compile_steps`
+    settings: RuntimeSettings = DEFAULT_SETTINGS  # how the loader was told to run it (runtime/settings.py)
     kernel_choice: dict | None = None  # what `choose_kernels` measured on this machine when the network was loaded
 
     max_len = 0  # positions the KV cache and rope tables hold
@@ -144,7 +147,7 @@ class Stepper(nn.Module):
         """(Re)allocate every layer's KV cache and the rope tables for max_len positions."""
         p = self.activation_like()
         for layer in self.layers:
-            layer.self_attn.setup_cache(max_len, p.dtype, p.device)
+            layer.self_attn.setup_cache(max_len, p.dtype, p.device, self.settings.native_attention)
         cos, sin = rope_tables(self.args, max_len)
         self.cos, self.sin = cos.to(p), sin.to(p)
         self.max_len = max_len
@@ -158,11 +161,6 @@ class Stepper(nn.Module):
         if self.compiled is not None and not isinstance(args[-1], str):
             return self.compiled[name](*args)
         return getattr(self, name)(*args)
-
-
-# Passes over a KV cache (decode, verification, drafting) attend with runtime/native.py's kernel where it is usable
-# (float32 on a CPU with its vector loops built); False keeps torch's attention (scripts/bench_attention.py compares).
-NATIVE_ATTENTION = True
 
 
 class Attention(nn.Module):
@@ -179,11 +177,13 @@ class Attention(nn.Module):
         self.v_cache: Tensor | None = None
         self.native = False  # attention over the cache by the native kernel (set with the cache)
 
-    def setup_cache(self, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
+    def setup_cache(self, max_len: int, dtype: torch.dtype, device: torch.device, native: bool = True) -> None:
+        """native: passes over the cache (decode, verification, drafting) attend with runtime/native.py's kernel
+        where it is usable (float32 on a CPU with its vector loops built); False keeps torch's attention."""
         shape = (1, self.args.num_kv_heads, max_len, self.args.head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
-        self.native = NATIVE_ATTENTION and attention_usable(dtype, device, self.args.head_dim)
+        self.native = native and attention_usable(dtype, device, self.args.head_dim)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor | None, length: int, mask: Tensor | None) -> Tensor:
         """x [B, T, in]; cos/sin broadcast against [B, heads, T, D]. With `slots`, k/v go into the KV cache at those
@@ -236,12 +236,6 @@ class Block(nn.Module):
         return x + self.mlp(rms_norm(x, self.post_attention_layernorm, self.eps))
 
 
-# The target's decode and verification passes as one call of runtime/native.py's decoder_step where it can run them
-# (float32 on a CPU, the native kernels built with their vector loops): the operations of `forward` with no Python,
-# dynamo guard or dispatcher between them. False keeps the compiled `forward` (scripts/bench_kernels.py compares).
-NATIVE_PASS = True
-
-
 class Transformer(Stepper):
     """A Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3 dense) with a static KV cache."""
 
@@ -271,11 +265,13 @@ class Transformer(Stepper):
         return self.lm_head(x)[0], torch.cat(aux, dim=-1)[0] if aux else None
 
     def use_native_pass(self, on: bool = True) -> bool:
-        """Run `step` (decode, verification) as one native call from now on, where it can (`NATIVE_PASS`: float32
-        weights and activations on a CPU, the native attention usable) -> whether it does."""
+        """Run `step` (decode, verification) as one call of runtime/native.py's decoder_step from now on, where it
+        can: the operations of `forward` with no Python, dynamo guard or dispatcher between them (settings.native_pass
+        and native_attention on, float32 weights and activations on a CPU, the native attention usable) -> whether
+        it does. Off, `step` runs the compiled `forward`."""
         p = self.activation_like()
         linears = [m for m in self.modules() if isinstance(m, Linear)]
-        self.native_pass = (on and NATIVE_PASS and attention_usable(p.dtype, p.device, self.args.head_dim)
+        self.native_pass = (on and self.settings.uses_native_pass and attention_usable(p.dtype, p.device, self.args.head_dim)
                             and all(m.weight.dtype == torch.float32 for m in linears))
         self._native_args: dict[int, tuple] = {}
         return self.native_pass
@@ -476,9 +472,10 @@ def hf_to_runtime_keys(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return fuse_projections(out)
 
 
-def load_transformer(folder: Path, dtype: torch.dtype = torch.float32, aux_layers=(), device: str = "cpu") -> tuple[Transformer, list[str]]:
+def load_transformer(folder: Path, dtype: torch.dtype = torch.float32, aux_layers=(), device: str = "cpu",
+                     settings: RuntimeSettings = DEFAULT_SETTINGS) -> tuple[Transformer, list[str]]:
     """Load an HF folder of a family the native runtime serves (trtspec.targets: runtime "native") into the runtime
-    model. Returns (model, dequantization notes)."""
+    model, run as `settings` say. Returns (model, dequantization notes)."""
     from trtspec.targets import FAMILIES, read_family
 
     cfg = read_config(folder)
@@ -501,6 +498,7 @@ def load_transformer(folder: Path, dtype: torch.dtype = torch.float32, aux_layer
     except RuntimeError as e:
         raise ArtifactError(f"weights in '{folder}' do not fit its config.json: {str(e)[:300]}") from None
     model = model.to(device).eval().requires_grad_(False)
-    model.kernel_choice = choose_kernels(model)
+    model.settings = settings
+    model.kernel_choice = choose_kernels(model, settings=settings)
     model.kernel_choice["native_pass"] = model.use_native_pass()
     return model, notes

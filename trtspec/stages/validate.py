@@ -7,6 +7,7 @@ raise ValidationFailed after the report is written (a copy is kept in RUN_DIR/va
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections import Counter
@@ -102,6 +103,7 @@ class Bench:
     spec: Any  # the runtime's DraftSpec from the draft section
     drafters: dict[str, Any] = field(default_factory=dict)  # timed method -> its drafter
     family: str = ""  # the target's family (trtspec.targets), which decides the runtime path
+    settings: Any = None  # runtime.settings.RuntimeSettings the bundle was loaded with
 
 
 def load_bench(ctx: StageContext) -> Bench:
@@ -111,6 +113,7 @@ def load_bench(ctx: StageContext) -> Bench:
     from trtspec.drafting import load_drafter
     from trtspec.models import load_tokenizer
     from trtspec.runtime import DraftSpec, load_target
+    from trtspec.runtime.settings import RuntimeSettings
     from trtspec.targets import read_family
 
     d, bundle = ctx.cfg.draft, ctx.inputs["export"]
@@ -120,12 +123,13 @@ def load_bench(ctx: StageContext) -> Bench:
     rows = load_prompt_rows(ctx)
     prompts = [encode_prompt(tok, r["messages"]) for r in rows]
     eos = eos_ids(target_dir, tok)
-    target, dq_notes, _ = load_target(target_dir, torch.float32)
+    settings = RuntimeSettings(compile=ctx.cfg.validate_.compile)
+    target, dq_notes, _ = load_target(target_dir, torch.float32, settings)
     target_family = read_family(target_dir).name
     check_context_length(rows, prompts, ctx.cfg.eval.max_new_tokens, target.args.max_positions)
-    drafter = load_drafter(bundle / "draft", target)
+    drafter = load_drafter(bundle / "draft", target, settings=settings)
     spec = DraftSpec(shape=d.shape, k=d.length, topk=d.tree_topk, total=d.tree_total_tokens, suffix_len=d.suffix_len)
-    return Bench(rows, prompts, eos, target, dq_notes, drafter, spec, family=target_family)
+    return Bench(rows, prompts, eos, target, dq_notes, drafter, spec, family=target_family, settings=settings)
 
 
 def timed_methods(ctx: StageContext, b: Bench, hf: Any) -> tuple[dict[str, Any], list[str], dict, dict]:
@@ -159,7 +163,7 @@ def compile_runtime(ctx: StageContext, b: Bench, methods: dict[str, Any], drafti
     from trtspec.runtime import HFTarget, compile_steps
     from trtspec.runtime.decode import warm_up_row_counts
 
-    if not ctx.cfg.validate_.compile:
+    if not b.settings.compile:
         return 0.0, "off (validate.compile: false)"
     if isinstance(b.target, HFTarget):
         ctx.log("compiling the draft's passes (torch.compile; ~1 min on a CPU the first time; the target runs its own "
@@ -238,6 +242,7 @@ def run(ctx: StageContext) -> dict:
         "target_path": "native" if native else "hf",  # which runtime path served the target (trtspec.targets)
         "runtime_compiled": drafter.net.compiled is not None,
         "compile": {"seconds": compile_s, "note": compile_note},
+        "runtime_settings": dataclasses.asdict(b.settings),
         "bundle": str(ctx.inputs["export"]),
         "prompts": len(prompts),
         "prompt_source": ctx.cfg.eval.prompts or "data/heldout.jsonl",
