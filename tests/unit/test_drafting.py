@@ -1,0 +1,40 @@
+"""The draft-family registry: an exported draft is loaded by the family that declares its architecture, and a draft
+no family declares is refused by name, never loaded as another."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trtspec.drafting import FAMILIES, family, family_of_draft
+from trtspec.errors import ArtifactError
+
+
+def draft(tmp_path, **cfg):
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+@pytest.mark.parametrize("archs, method", [
+    (["LlamaForCausalLMEagle3"], "eagle3"),
+    (["DFlashDraftModel"], "dflash"),
+    (["Qwen3DSparkModel", "DFlashDraftModel"], "dflash"),  # a DSpark export names vLLM's and SGLang's class first
+])
+def test_each_declared_architecture_loads_as_its_family(tmp_path, archs, method):
+    assert family_of_draft(draft(tmp_path, architectures=archs)) == method
+
+
+def test_an_eagle3_checkpoint_as_its_authors_publish_it_is_eagle3(tmp_path):
+    cfg = {"architectures": ["LlamaForCausalLM"], "draft_vocab_size": 32000, "eagle_config": {}}
+    assert family_of_draft(draft(tmp_path, **cfg)) == "eagle3"
+
+
+@pytest.mark.parametrize("archs", [["MedusaModel"], ["LlamaForCausalLM"], []])
+def test_an_undeclared_draft_is_refused_by_name(tmp_path, archs):
+    with pytest.raises(ArtifactError, match="which no draft family loads"):
+        family_of_draft(draft(tmp_path, architectures=archs))
+
+
+def test_every_family_declares_its_architectures():
+    assert all(family(name).architectures for name in FAMILIES)
