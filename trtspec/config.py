@@ -273,6 +273,11 @@ class ValidateSection(Section):
     min_speedup: float | None = key(None, "gate: exit 1 below this speedup over HF generate (null = no gate)",
                                     gt=0, le=1000)
     require_exact: bool = key(False, "gate: exit 1 unless every greedy output equals the reference")
+    baseline: str | None = key(None, "gate: a report.json of an earlier validate (relative to the YAML) on the same "
+                               "target and draft length: exit 1 when a category's AL falls more than "
+                               "validate.baseline_tolerance below its AL there; null = no gate", min_length=1)
+    baseline_tolerance: float = key(0.02, "gate: the relative AL drop per category validate.baseline allows (vLLM's "
+                                    "MT-Bench acceptance gate: 2%)", ge=0, le=1)
 
 
 class BuildConfig(Section):

@@ -116,10 +116,12 @@ def _markdown(r: dict, plots: list[str]) -> str:
         "",
         "Per-position acceptance: " + ", ".join(f"{i + 1}: {p:.2f}" for i, p in enumerate(r["per_position_acceptance"])),
         "",
-        "| category | AL | steps |",
-        "|---|---|---|",
+        "| category | prompts | AL | 95% interval | per position | greedy identical | steps |",
+        "|---|---|---|---|---|---|---|",
     ]
-    lines += [f"| {c} | {v['acceptance_length']:.2f} | {v['steps']} |" for c, v in r["per_category"].items()]
+    lines += [f"| {c} | {v['prompts']} | {v['acceptance_length']:.2f} | {v['ci95'][0]:.2f}-{v['ci95'][1]:.2f} | "
+              f"{', '.join(f'{x:.2f}' for x in v['per_position'])} | {v.get('exact', '–')}/{v['prompts']} | {v['steps']} |"
+              for c, v in r["per_category"].items()]
     lines += ["", "## Speed (batch 1, interleaved repetitions, median)", "", "| method | tokens/s | |", "|---|---|---|"]
     notes = r.get("method_notes", {})
     lines += [f"| {m} | {t:.1f} | {notes.get(m, '')} |" for m, t in r["tokens_per_s"].items()]

@@ -155,7 +155,62 @@ def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temp
             "context": "the shortest prompt and its last 16 tokens again" if repeat else "the shortest prompt"}
 
 
-def check_gates(v: Any, report: dict) -> list[dict]:
+def target_identity(model_config: Any) -> dict:
+    """What makes two reports' acceptance comparable on the target's side: its family and shape."""
+    from trtspec.targets import text_config
+
+    t = text_config(model_config)
+    return {"model_type": t.model_type, "hidden_size": t.hidden_size, "layers": t.num_hidden_layers,
+            "vocab_size": t.vocab_size}
+
+
+def read_baseline(path: Path, identity: dict, draft_len: int) -> dict[str, float]:
+    """validate.baseline: {category: AL} from an earlier validate report.json (or any JSON with its per_category),
+    refused in one line when it is no such file, or measured on another target or draft length."""
+    import json
+
+    from trtspec.errors import ConfigError
+
+    where = f"validate.baseline '{path}'"
+    if not path.is_file():
+        raise ConfigError(f"{where} does not exist", "name an earlier run's validate/report.json")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{where} is not JSON ({e.__class__.__name__})", "name an earlier run's validate/report.json") from None
+    cats = data.get("per_category") if isinstance(data, dict) else None
+    if not isinstance(cats, dict) or not cats or not all(
+            isinstance(v, dict) and isinstance(v.get("acceptance_length"), (int, float)) for v in cats.values()):
+        raise ConfigError(f"{where} has no per_category acceptance lengths",
+                          "a validate report.json has them: {\"per_category\": {\"math\": {\"acceptance_length\": 2.1}}}")
+    if (other := data.get("target")) and other != identity:
+        raise ConfigError(f"{where} was measured on another target ({describe(other)}; this build: {describe(identity)})",
+                          "compare with a report of the same model")
+    if data.get("draft_len") not in (None, draft_len):
+        raise ConfigError(f"{where} was measured at draft length {data['draft_len']}, this build drafts {draft_len}",
+                          "AL depends on the draft length: compare like with like")
+    return {c: float(v["acceptance_length"]) for c, v in cats.items()}
+
+
+def describe(identity: dict) -> str:
+    return (f"{identity.get('model_type')} {identity.get('hidden_size')} wide, {identity.get('layers')} layers, "
+            f"vocab {identity.get('vocab_size')}")
+
+
+def baseline_gate(report: dict, baseline: dict[str, float], tolerance: float) -> dict:
+    """Per category measured in both: AL may fall at most `tolerance` (relative) below the baseline's."""
+    now = {c: v["acceptance_length"] for c, v in report["per_category"].items()}
+    dropped = {c: (now[c], base) for c, base in baseline.items() if c in now and now[c] < base * (1 - tolerance)}
+    worst = min(dropped, key=lambda c: dropped[c][0] / dropped[c][1]) if dropped else None
+    message = (f"category '{worst}': AL {dropped[worst][0]:.2f} is {1 - dropped[worst][0] / dropped[worst][1]:.1%} below "
+               f"the baseline's {dropped[worst][1]:.2f} (tolerance {tolerance:.0%})" if worst else
+               f"per-category AL within {tolerance:.0%} of the baseline")
+    return {"gate": "baseline", "passed": not dropped, "message": message,
+            "compared": sorted(set(now) & set(baseline)), "not_measured": sorted(set(baseline) - set(now)),
+            "dropped": {c: {"now": a, "baseline": b} for c, (a, b) in dropped.items()}}
+
+
+def check_gates(v: Any, report: dict, baseline: dict[str, float] | None = None) -> list[dict]:
     gates = []
     if v.require_exact:
         m = report["greedy_match"]
@@ -167,6 +222,8 @@ def check_gates(v: Any, report: dict) -> list[dict]:
     if v.min_speedup is not None:
         gates.append({"gate": "min_speedup", "passed": report["speedup_vs_hf"] >= v.min_speedup,
                       "message": f"speedup {report['speedup_vs_hf']:.2f}x over HF generate < required {v.min_speedup}x"})
+    if baseline is not None:
+        gates.append(baseline_gate(report, baseline, v.baseline_tolerance))
     return gates
 
 
@@ -184,20 +241,43 @@ def greedy_match(rows: list[dict], outputs: dict[str, list], reference: list[lis
             "runtime_no_draft_matched": sum(a == b for a, b in zip(nodraft, reference, strict=True))}
 
 
-def acceptance_summary(rows: list[dict], generations: list, k: int) -> dict:
-    """AL = tokens per target forward in the decode phase; its histogram, per-position rate and per-category AL."""
+def acceptance_summary(rows: list[dict], generations: list, k: int, reference: list[list[int]] | None = None) -> dict:
+    """AL = tokens per target forward in the decode phase; its histogram, per-position rate, and per category of the
+    prompts (their `category`): AL with its 95% bootstrap interval over the category's prompts, per-position
+    acceptance, and how many greedy outputs equal the reference."""
     from trtspec.runtime import Stats
 
-    total, per_cat = Stats(), defaultdict(Stats)
-    for r, g in zip(rows, generations, strict=True):
+    total, groups = Stats(), defaultdict(list)
+    for i, (r, g) in enumerate(zip(rows, generations, strict=True)):
         total.merge(g.stats)
-        per_cat[r["category"]].merge(g.stats)
+        groups[r["category"]].append(i)
     return {
         "acceptance_length": round(total.acceptance_length(), 3),
         "acceptance_histogram": total.histogram(k),
         "per_position_acceptance": [round(x, 4) for x in total.per_position(k)],
-        "per_category": {c: {"acceptance_length": round(s.acceptance_length(), 3), "steps": s.steps} for c, s in sorted(per_cat.items())},
+        "per_category": {c: category_summary([generations[i] for i in idx], k,
+                                             None if reference is None else [reference[i] for i in idx])
+                         for c, idx in sorted(groups.items())},
     }
+
+
+def category_summary(generations: list, k: int, reference: list[list[int]] | None) -> dict:
+    """One category's acceptance: AL (tokens per target forward) pooled over its prompts, its interval from
+    resampling those prompts (runtime.decode.al_interval), P(draft position j accepted | proposed), exact outputs."""
+    from trtspec.runtime import Stats
+    from trtspec.runtime.decode import al_interval
+
+    stats = Stats()
+    for g in generations:
+        stats.merge(g.stats)
+    # per prompt: (tokens, target forwards) = (steps + accepted drafts, steps)
+    per_prompt = [(g.stats.steps + sum(g.stats.accepted), g.stats.steps) for g in generations]
+    out = {"prompts": len(generations), "acceptance_length": round(stats.acceptance_length(), 3),
+           "ci95": al_interval(per_prompt), "per_position": [round(x, 4) for x in stats.per_position(k)],
+           "steps": stats.steps}
+    if reference is not None:
+        out["exact"] = sum(g.tokens == r for g, r in zip(generations, reference, strict=True))
+    return out
 
 
 def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: dict | None,

@@ -320,6 +320,18 @@ def case_config_seed_too_large(tmp, model, mp):
     return build(tmp, config(tmp, model), "--set", "seed=99999999999")
 
 
+def case_baseline_other_model(tmp, model, mp):
+    other = {"target": {"model_type": "qwen3", "hidden_size": 1024, "layers": 28, "vocab_size": 151936},
+             "draft_len": 3, "per_category": {"chat": {"acceptance_length": 2.0}}}
+    (tmp / "base.json").write_text(json.dumps(other))
+    return build(tmp, config(tmp, model, validate={"baseline": "base.json"}))
+
+
+def case_baseline_not_a_report(tmp, model, mp):
+    (tmp / "base.json").write_text(json.dumps({"acceptance_length": 2.0}))
+    return build(tmp, config(tmp, model, validate={"baseline": "base.json"}))
+
+
 def case_dflash_mask_token_outside_vocab(tmp, model, mp):
     return build(tmp, config(tmp, model, draft={"method": "dflash"}, dflash={"mask_token_id": 10**6, "target_layers": [0, 2]}))
 
@@ -465,6 +477,8 @@ CASES = [
     Case("convert-override-bad-value", case_convert_override_bad_value, 2, r"convert\.overrides\.intermediate_size: -5 is not a whole number in 1\.\.1048576", "convert", before_data=True),
     Case("config-not-finite", case_config_not_finite, 2, r"'train\.epochs': Input should be a finite number"),
     Case("config-seed-too-large", case_config_seed_too_large, 2, r"'seed': Input should be less than or equal to 4294967295"),
+    Case("baseline-other-model", case_baseline_other_model, 2, r"validate\.baseline '.*base\.json' was measured on another target \(qwen3 1024 wide, 28 layers, vocab 151936; this build: llama", "validate", before_data=True),
+    Case("baseline-not-a-report", case_baseline_not_a_report, 2, r"validate\.baseline '.*base\.json' has no per_category acceptance lengths", "validate", before_data=True),
     Case("dflash-mask-token-outside-vocab", case_dflash_mask_token_outside_vocab, 2, r"dflash\.mask_token_id 1000000 is outside the vocabulary", "convert", before_data=True),
     Case("convert-aux-layers", case_aux_layer_out_of_range, 2, r"aux_layers \[0, 40\]: need distinct layer ids in 0\.\.2", "convert", before_data=True),
     Case("convert-init-resized-head", case_init_from_resized_head, 2, r"init_from_target.*resizes the head \(intermediate_size\)", "convert", before_data=True),

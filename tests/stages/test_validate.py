@@ -71,6 +71,11 @@ def test_validate_writes_report(tmp_path, run_inputs):
     dec = r["decode_tokens_per_s"]
     assert r["step_cost_vs_decode"] == pytest.approx(r["acceptance_length"] * dec["runtime_no_draft"] / dec["speculative"], rel=0.01)
     assert set(r["per_category"]) == {"math", "chat"}
+    for c in r["per_category"].values():  # each category: AL within its interval, a rate per draft position, exactness
+        assert c["ci95"][0] <= c["acceptance_length"] <= c["ci95"][1] and len(c["per_position"]) == 3
+        assert c["exact"] == c["prompts"]
+    assert sum(c["prompts"] for c in r["per_category"].values()) == 2
+    assert r["target"]["model_type"] == "llama" and r["target"]["layers"] == 4
     assert set(r["sampling_check"]) == {"speculative"} and r["sampling_check"]["speculative"]["passed"], r["sampling_check"]
     assert r["sampling_check"]["speculative"]["drafted"] == 200  # the head drafts every time
     for f in ("report.md", "acceptance_histogram.png", "per_position_acceptance.png", "speed.png"):

@@ -10,6 +10,7 @@ from trtspec.chat import encode_prompt
 from trtspec.eagle.head import chain_drafts
 from trtspec.eagle.states import base_states, row_lengths
 from trtspec.generation import hf_greedy
+from trtspec.runtime.decode import al_interval
 
 
 def greedy_acceptance(drafts: Any, seq: Any, start: int, k: int) -> tuple[int, int, list[int]]:
@@ -31,18 +32,6 @@ def greedy_acceptance(drafts: Any, seq: Any, start: int, k: int) -> tuple[int, i
         forwards += 1
         q += 1 + a
     return tokens, forwards, per_pos
-
-
-def al_interval(per_prompt: list[tuple[int, int]], resamples: int = 1000, seed: int = 0) -> list[float]:
-    """95% bootstrap interval of AL = sum(tokens) / sum(forwards) over prompts drawn again with replacement: how
-    much the figure would move on another draw of held-out prompts (not on another training run)."""
-    import torch
-
-    counts = torch.tensor(per_prompt, dtype=torch.float64)  # [prompts, (tokens, forwards)]
-    idx = torch.randint(len(counts), (resamples, len(counts)), generator=torch.Generator().manual_seed(seed))
-    sums = counts[idx].sum(1)
-    al = sums[:, 0] / sums[:, 1].clamp_min(1)
-    return [round(float(q), 3) for q in torch.quantile(al, torch.tensor([0.025, 0.975], dtype=torch.float64))]
 
 
 def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int, drafts_fn: Any = chain_drafts) -> dict:

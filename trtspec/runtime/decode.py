@@ -63,6 +63,18 @@ class Stats:
         return out
 
 
+def al_interval(per_prompt: list[tuple[int, int]], resamples: int = 1000, seed: int = 0) -> list[float]:
+    """95% bootstrap interval of AL = sum(tokens) / sum(forwards) over prompts drawn again with replacement: how
+    much the figure would move on another draw of held-out prompts (not on another training run)."""
+    import torch
+
+    counts = torch.tensor(per_prompt, dtype=torch.float64)  # [prompts, (tokens, forwards)]
+    idx = torch.randint(len(counts), (resamples, len(counts)), generator=torch.Generator().manual_seed(seed))
+    sums = counts[idx].sum(1)
+    al = sums[:, 0] / sums[:, 1].clamp_min(1)
+    return [round(float(q), 3) for q in torch.quantile(al, torch.tensor([0.025, 0.975], dtype=torch.float64))]
+
+
 @dataclass
 class Generation:
     tokens: list[int]

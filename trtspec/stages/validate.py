@@ -28,8 +28,10 @@ from trtspec.validation import (
     hf_assisted_methods,
     median_speeds,
     quantized_reference,
+    read_baseline,
     sampling_check,
     speed_summary,
+    target_identity,
     time_methods,
 )
 
@@ -51,12 +53,14 @@ def files_read(cfg: BuildConfig) -> list[InputFile]:
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
-    """eval.prompts encoded as the stage will encode them, each with eval.max_new_tokens, against the target's window:
-    a prompt no context holds is refused before any stage spends minutes (held-out prompts come from the data stage,
-    cut to data.seq_len)."""
+    """validate.baseline read and matched to this target and draft length; eval.prompts encoded as the stage will
+    encode them, each with eval.max_new_tokens, against the target's window: a prompt no context holds is refused
+    before any stage spends minutes (held-out prompts come from the data stage, cut to data.seq_len)."""
     from trtspec.models import load_tokenizer, resolve_model
     from trtspec.targets import text_config
 
+    if cfg.validate_.baseline:
+        read_baseline(cfg.resolve_path(cfg.validate_.baseline), target_identity(model_config), cfg.draft.length)
     if not cfg.eval.prompts:
         return
     (f,) = files_read(cfg)
@@ -206,6 +210,7 @@ def sampling_checks(ctx: StageContext, b: Bench) -> dict | None:
 
 def run(ctx: StageContext) -> dict:
     import torch
+    from transformers import AutoConfig
 
     from trtspec.drafting import family
     from trtspec.models import load_model
@@ -232,13 +237,14 @@ def run(ctx: StageContext) -> dict:
     tps, outputs = median_speeds(timed), {m: timed[m]["outputs"] for m in methods}
     decode_tps = median_speeds(timed, "decode_tokens_per_s")  # after each answer's prefill
     reference, reference_name, quant_report = reference_outputs(ctx, b, outputs["hf_generate"])
-    acceptance = acceptance_summary(b.rows, outputs["speculative"], d.length)
+    acceptance = acceptance_summary(b.rows, outputs["speculative"], d.length, reference)
     sampling = sampling_checks(ctx, b)
 
     report = {
         "runtime": f"trtspec PyTorch speculative runtime ({family(drafter.name).title} from bundle/draft), CPU float32",
         "draft_method": drafter.name,
         "target_family": b.family,
+        "target": target_identity(AutoConfig.from_pretrained(ctx.inputs["export"] / "target")),
         "target_path": "native" if native else "hf",  # which runtime path served the target (trtspec.targets)
         "runtime_compiled": drafter.net.compiled is not None,
         "compile": {"seconds": compile_s, "note": compile_note},
@@ -270,7 +276,8 @@ def run(ctx: StageContext) -> dict:
         "machine": cpu_description(),
         "kernels": {"target": kernels, "draft": drafter.net.kernel_choice},
     }
-    report["gates"] = check_gates(v, report)
+    baseline = read_baseline(ctx.cfg.resolve_path(v.baseline), report["target"], d.length) if v.baseline else None
+    report["gates"] = check_gates(v, report, baseline)
     write_report(ctx.out, report)
     return finish(ctx, report)
 

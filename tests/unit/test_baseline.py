@@ -1,0 +1,55 @@
+"""validate.baseline, the per-category acceptance regression gate: a category whose AL falls more than the tolerance
+below an earlier report's fails the gate by name; a baseline from another target or draft length, or no report at
+all, is refused in one line."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from trtspec.errors import ConfigError
+from trtspec.validation import baseline_gate, check_gates, read_baseline
+
+TARGET = {"model_type": "llama", "hidden_size": 576, "layers": 30, "vocab_size": 49152}
+
+
+def report(**al: float) -> dict:
+    return {"target": TARGET, "draft_len": 3, "per_category": {c: {"acceptance_length": a} for c, a in al.items()}}
+
+
+def write(tmp_path, data) -> object:
+    p = tmp_path / "baseline.json"
+    p.write_text(data if isinstance(data, str) else json.dumps(data))
+    return p
+
+
+def test_a_category_that_dropped_past_the_tolerance_fails_by_name():
+    gate = baseline_gate(report(math=2.0, code=1.5), {"math": 2.0, "code": 1.6, "rag": 1.9}, 0.02)
+    assert not gate["passed"] and gate["message"].startswith("category 'code': AL 1.50 is 6.2% below the baseline's 1.60")
+    assert gate["compared"] == ["code", "math"] and gate["not_measured"] == ["rag"]
+    assert baseline_gate(report(math=1.97), {"math": 2.0}, 0.02)["passed"]  # 1.5% down: within 2%
+    v = SimpleNamespace(require_exact=False, min_acceptance_length=None, min_speedup=None, baseline_tolerance=0.1)
+    assert check_gates(v, report(code=1.5), {"code": 1.6})[0]["passed"]
+    assert check_gates(v, report(code=1.5), None) == []
+
+
+def test_an_earlier_report_is_read(tmp_path):
+    assert read_baseline(write(tmp_path, report(math=2.1, chat=1.8)), TARGET, 3) == {"math": 2.1, "chat": 1.8}
+    # a file the user writes by hand needs only per_category
+    assert read_baseline(write(tmp_path, {"per_category": {"math": {"acceptance_length": 2}}}), TARGET, 3) == {"math": 2.0}
+
+
+@pytest.mark.parametrize("data, message", [
+    ("not json", "is not JSON"),
+    ({"per_category": {}}, "has no per_category acceptance lengths"),
+    ({"per_category": {"math": {"acceptance_length": "2"}}}, "has no per_category acceptance lengths"),
+    ({**report(math=2.0), "target": {**TARGET, "layers": 16}}, "was measured on another target .*16 layers"),
+    ({**report(math=2.0), "draft_len": 5}, "at draft length 5, this build drafts 3"),
+])
+def test_a_baseline_that_cannot_be_compared_is_refused(tmp_path, data, message):
+    with pytest.raises(ConfigError, match=message):
+        read_baseline(write(tmp_path, data), TARGET, 3)
+    with pytest.raises(ConfigError, match="does not exist"):
+        read_baseline(tmp_path / "missing.json", TARGET, 3)
