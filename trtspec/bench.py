@@ -88,15 +88,22 @@ def model_source(run: Path) -> Path:
     return resolve_model(json.loads((run / "data" / "manifest.json").read_text())["config"]["model"]["source"])
 
 
-def load_prompts(run: Path, tok: Any, n: int, split: str = "heldout") -> list[list[int]]:
-    """The first n prompts of the data stage's split (heldout | train), chat-templated."""
-    from trtspec.chat import encode_prompt, prompt_rows, read_rows
+def load_prompt_rows(run: Path, n: int, split: str = "heldout") -> list[dict]:
+    """The first n prompt rows {id, category, messages} of the data stage's split (heldout | train)."""
+    from trtspec.chat import prompt_rows, read_rows
 
     path = run / "data" / f"{split}.jsonl"
     rows = prompt_rows(read_rows(path))[:n]
     if not rows:
         raise DataError(f"no prompts in {path}")
-    return [encode_prompt(tok, r["messages"]) for r in rows]
+    return rows
+
+
+def load_prompts(run: Path, tok: Any, n: int, split: str = "heldout") -> list[list[int]]:
+    """The first n prompts of the data stage's split (heldout | train), chat-templated."""
+    from trtspec.chat import encode_prompt
+
+    return [encode_prompt(tok, r["messages"]) for r in load_prompt_rows(run, n, split)]
 
 
 @dataclass

@@ -417,6 +417,10 @@ def test_train_few_steps_writes_head_and_log(upstream, tiny_model_dir, tmp_path,
     assert m["steps"] == 4 and m["headline"].startswith("AL@3 ") and 1.0 <= m["AL@3"] <= 4.0
     assert 1.0 <= m["fit"]["AL@3"] <= 4.0 and len(m["fit"]["accept_rate_by_position"]) == 3  # draft.length
     assert m["AL@1"] <= m["AL@2"] + 1e-9 or m["AL@1"] <= 2.0
+    # held-out acceptance per category of the prompts, pooled the same way: the prompts add up, AL within its interval
+    cats = m["per_category"]
+    assert sum(c["prompts"] for c in cats.values()) == m["eval_prompts"] and "per_category" not in m["fit"]
+    assert all(c["AL@3_ci95"][0] <= c["AL@3"] <= c["AL@3_ci95"][1] for c in cats.values())
     assert (ctx.out / "head.safetensors").is_file()
     seqs = torch.load(ctx.out / head_eval.EVAL_SEQS, weights_only=True)  # the held-out greedy answers, for export
     assert len(seqs) == m["eval_prompts"] and all(s["input_ids"].numel() > s["start"] for s in seqs)

@@ -56,6 +56,12 @@ def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int, drafts_fn:
     for k, counts in per_prompt.items():
         out[f"AL@{k}"] = round(sum(t for t, _ in counts) / max(sum(f for _, f in counts), 1), 3)
         out[f"AL@{k}_ci95"] = al_interval(counts) if counts else None
+    # per category of the prompts (their `category`), at k_max: AL and its interval over that category's prompts
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for ex, counts in zip(eval_set, per_prompt[k_max], strict=True):
+        groups.setdefault(ex.get("category", "chat"), []).append(counts)
+    out["per_category"] = {c: {"prompts": len(v), f"AL@{k_max}": round(sum(t for t, _ in v) / max(sum(f for _, f in v), 1), 3),
+                               f"AL@{k_max}_ci95": al_interval(v)} for c, v in sorted(groups.items())}
     # acceptance of draft position i = share of verification steps whose first i+1 drafts were all accepted
     return {**out, "accept_rate_by_position": [round(a / max(steps, 1), 3) for a in per_pos]}
 
@@ -68,7 +74,8 @@ def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, b
     for i in range(0, len(rows), batch_size):
         prompts = [encode_prompt(tok, r["messages"][:-1]) for r in rows[i : i + batch_size]]
         answers = hf_greedy(base, prompts, max_new_tokens, {tok.eos_token_id}, tok.pad_token_id)
-        out += [{"input_ids": torch.tensor(p + a), "start": len(p)} for p, a in zip(prompts, answers, strict=True)]
+        out += [{"input_ids": torch.tensor(p + a), "start": len(p), "category": str(r.get("category", "chat"))}
+                for p, a, r in zip(prompts, answers, rows[i : i + batch_size], strict=True)]
     return out
 
 
@@ -97,7 +104,8 @@ def with_states(base: Any, seqs: list[dict], aux_layers: list[int]) -> list[dict
     for s in seqs:
         ids = s["input_ids"].to(next(base.parameters()).device)[None]
         aux, last = base_states(base, ids, torch.ones_like(ids), aux_layers)
-        out.append({"input_ids": ids[0], "start": int(s["start"]), "aux": aux[0], "last": last[0]})
+        out.append({"input_ids": ids[0], "start": int(s["start"]), "aux": aux[0], "last": last[0],
+                    "category": s.get("category", "chat")})
     return out
 
 

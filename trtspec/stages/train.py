@@ -279,7 +279,7 @@ def train_metrics(ctx: StageContext, method: str, tokens: dict, trained: dict, c
         "eval_prompts": eval_prompts,
         **acc,
         # the same measure on training rows: far above the held-out AL = short of data, close to it = short of fit
-        "fit": {k: v for k, v in fit.items() if "ci95" not in k},
+        "fit": {k: v for k, v in fit.items() if "ci95" not in k and k != "per_category"},
         "headline": f"AL@{k} {acc[f'AL@{k}']:.2f} held-out ({eval_prompts} prompts"
         + (", 95% CI {:.2f}-{:.2f}".format(*acc[f"AL@{k}_ci95"]) if acc[f"AL@{k}_ci95"] else "")
         + f"), {steps} steps {t.mode}" + (f", {ranks.size()} processes" if ranks.size() > 1 else ""),

@@ -1,0 +1,81 @@
+#!/usr/bin/env python
+"""The draft's acceptance per category of a finished run's held-out prompts, in the runtime: AL with its bootstrap
+interval over the category's prompts, per-position acceptance, greedy outputs identical to the runtime without a
+draft, and tokens/s against it (each prompt decoded without and with the draft back to back, so drift hits both).
+
+    python scripts/bench_categories.py runs/demo                        # every held-out prompt, 128 new tokens
+    python scripts/bench_categories.py runs/demo --prompts 32 --max-new-tokens 64 --json
+
+The same per-category summary validate writes into report.json (validation.acceptance_summary), on more prompts than
+validate times (eval.num_prompts), with the no-draft runtime as the greedy reference instead of HF generate.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from trtspec.bench import add_runtime_flags, arg_parser
+
+
+def main() -> None:
+    ap = arg_parser(__doc__)
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--prompts", type=int, default=1000, help="held-out prompts at most")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--json", action="store_true")
+    add_runtime_flags(ap)
+    a = ap.parse_args()
+
+    from collections import defaultdict
+
+    import torch
+
+    from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings
+    from trtspec.chat import encode_prompt
+    from trtspec.drafting import family_of_draft
+    from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
+    from trtspec.validation import acceptance_summary
+
+    settings = runtime_settings(a)
+    bundle = open_bundle(a.run_dir)
+    rows = load_prompt_rows(a.run_dir, a.prompts)
+    prompts = [torch.tensor(encode_prompt(bundle.tok, r["messages"])) for r in rows]
+    target, drafter = bundle.runtime(settings=settings)
+    k = json.loads((a.run_dir / "bundle" / "manifest.json").read_text())["config"]["draft"]["length"]
+    spec, eos, new = DraftSpec(shape="chain", k=k), bundle.eos, a.max_new_tokens
+    if settings.compile:
+        compile_steps([target, drafter.net], lambda: [(generate(target, p, 8, eos), speculative_decode(target, drafter, p, 8, spec, eos))
+                                                      for p in prompts[:2]])
+    plain, spec_runs, seconds = [], [], defaultdict(lambda: [0.0, 0.0, 0, 0])  # category -> s plain, s draft, tokens
+    for r, p in zip(rows, prompts, strict=True):
+        t0 = time.perf_counter()
+        g0 = generate(target, p, new, eos)
+        t1 = time.perf_counter()
+        g1 = speculative_decode(target, drafter, p, new, spec, eos)
+        t2 = time.perf_counter()
+        plain.append(g0.tokens)
+        spec_runs.append(g1)
+        s = seconds[r["category"]]
+        s[0], s[1], s[2], s[3] = s[0] + t1 - t0, s[1] + t2 - t1, s[2] + len(g0.tokens), s[3] + len(g1.tokens)
+    summary = acceptance_summary(rows, spec_runs, k, plain)
+    for c, v in summary["per_category"].items():
+        s = seconds[c]
+        v["speedup_vs_no_draft"] = round((s[3] / s[1]) / (s[2] / s[0]), 3)
+    result = {"run": str(a.run_dir), "draft": family_of_draft(a.run_dir / "bundle" / "draft"), "k": k, "prompts": len(rows),
+              "max_new_tokens": new, **summary}
+    if a.json:
+        print(json.dumps(result))
+        return
+    print(f"{result['draft']} k={k}, {len(rows)} held-out prompts, {new} new tokens; AL {summary['acceptance_length']:.2f} "
+          f"over all; per position {summary['per_position_acceptance']}")
+    print(f"{'category':<12} {'prompts':>7} {'AL':>5} {'95% interval':>13} {'per position':>20} {'identical':>9} {'vs no draft':>11}")
+    for c, v in summary["per_category"].items():
+        pos = " ".join(f"{x:.2f}" for x in v["per_position"])
+        print(f"{c:<12} {v['prompts']:>7} {v['acceptance_length']:>5.2f} {v['ci95'][0]:>6.2f}-{v['ci95'][1]:<6.2f} {pos:>20} "
+              f"{v['exact']:>4}/{v['prompts']:<4} {v['speedup_vs_no_draft']:>10.2f}x")
+
+
+if __name__ == "__main__":
+    main()
