@@ -283,3 +283,19 @@ def token_counts(tokens_file: Path, vocab: int) -> Any:
     data = torch.load(tokens_file, weights_only=True)
     ids, mask = data["input_ids"], data["loss_mask"].bool()
     return torch.bincount(ids[mask].flatten(), minlength=vocab)[:vocab]
+
+
+def with_history(prompt: dict, history: list[dict], tok: Any, tokens: int) -> tuple[dict, int]:
+    """A long-context prompt with no hub: `prompt`'s turns after earlier whole conversations (`history`, rows with
+    answers, in order) as a chat's prior turns, as many as keep the encoded prompt within `tokens` tokens ->
+    (the row, its prompt's length in tokens). Where drafts fail users is long context: a draft trained on short rows
+    meets a target whose states were shaped by thousands of tokens before the answer."""
+    turns: list[dict] = []
+    length = len(encode_prompt(tok, prompt["messages"]))
+    for row in history:
+        longer = turns + row["messages"]
+        n = len(encode_prompt(tok, longer + prompt["messages"]))
+        if n > tokens:
+            break
+        turns, length = longer, n
+    return {**prompt, "messages": turns + prompt["messages"]}, length
