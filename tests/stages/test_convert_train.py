@@ -28,12 +28,6 @@ def base_config(tiny_model_dir):
     return AutoConfig.from_pretrained(tiny_model_dir)
 
 
-def test_default_aux_layers():
-    assert eagle.default_aux_layers(30) == [1, 14, 26]
-    assert eagle.default_aux_layers(32) == [1, 15, 28]
-    assert eagle.default_aux_layers(4) == [0, 1]
-
-
 def test_convert_derives_arch_from_base(base_config):
     cfg = eagle.derive_eagle_config(base_config, ConvertSection(overrides={"intermediate_size": 96}))
     arch = cfg["eagle_architecture_config"]

@@ -49,7 +49,7 @@ def test_draft_dims_of_special_layouts():
 
 
 def test_default_aux_layers_follow_tensorrt_llm():
-    assert default_aux_layers(32) == [1, 15, 28]
+    assert default_aux_layers(30) == [1, 14, 26] and default_aux_layers(32) == [1, 15, 28]
     assert default_aux_layers(4) == [0, 1]
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtspec.dflash import head as dflash
+from trtspec.targets import text_config
 
 if TYPE_CHECKING:
     from trtspec.config import BuildConfig
@@ -29,7 +30,7 @@ def convert_drafter(base_config: Any, model_path: Path, cfg: BuildConfig, tokens
     tok = load_tokenizer(model_path)
     mask, why = section.mask_token_id, "dflash.mask_token_id"
     if mask is None:
-        counts = token_counts(tokens_file, dflash.text_config(base_config).vocab_size)
+        counts = token_counts(tokens_file, text_config(base_config).vocab_size)
         mask, why = dflash.choose_mask_token(tok, counts)
     draft_cfg = dflash.derive_dflash_config(base_config, section, mask)
     arch = draft_cfg["dflash_architecture_config"]

@@ -24,17 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtspec.errors import ArtifactError, ConfigError
+from trtspec.targets import text_config
 
 if TYPE_CHECKING:
     from trtspec.config import DFlashSection
 
 HEAD_FILE = "head.safetensors"
-
-
-def text_config(base_config: Any) -> Any:
-    from trtspec.targets import text_config as text
-
-    return text(base_config)
 
 
 def target_layers(base_config: Any, section: DFlashSection) -> list[int]:

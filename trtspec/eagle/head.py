@@ -26,13 +26,6 @@ from trtspec.errors import ArtifactError, ConfigError
 HEAD_FILE = "head.safetensors"
 
 
-def default_aux_layers(num_layers: int) -> list[int]:
-    """TensorRT-LLM's default eagle3_layers_to_capture (trtspec.targets.default_aux_layers)."""
-    from trtspec.targets import default_aux_layers as aux
-
-    return aux(num_layers)
-
-
 def derive_eagle_config(base: Any, convert: Any) -> dict:
     """The mtsp.convert config for `base` (an HF config): modelopt's EAGLE-3 defaults, sized like the base.
 
@@ -40,7 +33,7 @@ def derive_eagle_config(base: Any, convert: Any) -> dict:
     """
     from modelopt.torch.speculative.config import EAGLE3_DEFAULT_CFG
 
-    from trtspec.targets import draft_dims, family_of, text_config
+    from trtspec.targets import default_aux_layers, draft_dims, family_of, text_config
 
     text = text_config(base)
     family_of(base)  # one line for a model no family declares
