@@ -56,7 +56,7 @@ def test_hf_path_accepts_a_perfect_draft_and_recovers_from_wrong_ones(name, tiny
     from transformers import AutoModelForCausalLM
 
     folder = tiny_family(name)
-    target, _, _ = load_target(folder)
+    target, _ = load_target(folder)
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     prompt = repeating_prompt(7)
     with torch.inference_mode():
@@ -72,8 +72,8 @@ def test_hf_path_is_exact_with_and_without_an_ngram_draft(name, tiny_family, one
     from transformers import AutoModelForCausalLM
 
     folder = tiny_family(name)
-    target, _, path = load_target(folder)
-    assert path == "hf"
+    target, _ = load_target(folder)
+    assert target.path == "hf"
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     for seed in range(3):
         prompt = repeating_prompt(seed)
@@ -85,7 +85,7 @@ def test_hf_path_is_exact_with_and_without_an_ngram_draft(name, tiny_family, one
 
 
 def test_hf_path_refuses_trees(tiny_family):
-    target, _, _ = load_target(tiny_family("qwen3_moe"))
+    target, _ = load_target(tiny_family("qwen3_moe"))
     prompt = torch.arange(1, 9)
     target(prompt, torch.arange(8), torch.arange(8), 8, "causal", logits_from=7)
     tree = Tree([5, 6, 7], [-1, 0, 0], [0, 1, 1])  # two children of the root: not a chain

@@ -53,7 +53,7 @@ class HFTarget(nn.Module):
         self.aux_layers = tuple(aux_layers)
         self.embed_tokens = model.get_input_embeddings()  # the drafters embed with the target's own module
         self.lm_head = model.get_output_embeddings()
-        self.kernel_choice = {"by_rows": [], "path": "hf", "note": "the model's own HF forward (no native kernels)"}
+        self.kernel_choice = {"by_rows": [], "note": "the model's own HF forward (no native kernels)"}
         self.cache = None
         self.max_len = 0
 
@@ -142,15 +142,13 @@ def load_hf_target(folder: Path, aux_layers: tuple[int, ...] = (), dtype: torch.
 
 
 def load_target(folder: Path, dtype: torch.dtype = torch.float32, settings: RuntimeSettings = DEFAULT_SETTINGS
-                ) -> tuple[Any, list[str], str]:
+                ) -> tuple[Any, list[str]]:
     """The bundle's target on the path its family declares (trtspec.targets): the native runtime for the families
-    it serves (run as `settings` say), else the model's own HF forward -> (target, dequantization notes, path:
-    "native" | "hf")."""
+    it serves (run as `settings` say), else the model's own HF forward -> (target, dequantization notes); the
+    target's `path` says which ("native" | "hf")."""
     from trtspec.runtime.model import load_transformer
     from trtspec.targets import read_family
 
     if read_family(folder).runtime == "native":
-        target, notes = load_transformer(folder, dtype, settings=settings)
-        return target, notes, "native"
-    target, notes = load_hf_target(folder, dtype=dtype)
-    return target, notes, "hf"
+        return load_transformer(folder, dtype, settings=settings)
+    return load_hf_target(folder, dtype=dtype)

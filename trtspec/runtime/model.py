@@ -240,6 +240,7 @@ class Transformer(Stepper):
     """A Llama-family causal LM (Llama, Mistral, Qwen2, Qwen3 dense) with a static KV cache."""
 
     native_pass = False  # whether `step` runs as native.decoder_step (`use_native_pass`)
+    path = "native"  # the runtime path serving the target (trtspec.targets; HFTarget's is "hf")
 
     def __init__(self, args: ModelArgs, aux_layers: tuple[int, ...] = ()):
         super().__init__()

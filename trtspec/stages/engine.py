@@ -201,13 +201,13 @@ def runtime_agreement(bundle: Path, prompts: list[list[int]], new: int, options:
     from trtspec.models import load_tokenizer
     from trtspec.runtime import DraftSpec, load_target, speculative_on_prompts
 
-    target, _, path = load_target(bundle / "target", torch.float32)
+    target, _ = load_target(bundle / "target", torch.float32)
     drafter = load_drafter(bundle / "draft", target, weights="float32")
     k = options["speculative_config"]["max_draft_len"]
     eos = eos_ids(bundle / "target", load_tokenizer(bundle / "target"))
     _, stats = speculative_on_prompts(target, drafter, prompts, new, DraftSpec(shape="chain", k=k), eos)
     al = stats.acceptance_length()
-    return {"runtime_acceptance_length": round(al, 4), "engine_over_runtime": round(engine_al / al, 4), "runtime_path": path}
+    return {"runtime_acceptance_length": round(al, 4), "engine_over_runtime": round(engine_al / al, 4), "runtime_path": target.path}
 
 
 def vllm_patches_transformers(target: Path) -> bool:

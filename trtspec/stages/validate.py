@@ -128,7 +128,7 @@ def load_bench(ctx: StageContext) -> Bench:
     prompts = [encode_prompt(tok, r["messages"]) for r in rows]
     eos = eos_ids(target_dir, tok)
     settings = RuntimeSettings(compile=ctx.cfg.validate_.compile)
-    target, dq_notes, _ = load_target(target_dir, torch.float32, settings)
+    target, dq_notes = load_target(target_dir, torch.float32, settings)
     target_family = read_family(target_dir).name
     check_context_length(rows, prompts, ctx.cfg.eval.max_new_tokens, target.args.max_positions)
     drafter = load_drafter(bundle / "draft", target, settings=settings)
@@ -222,7 +222,7 @@ def run(ctx: StageContext) -> dict:
     target, drafter, spec, prompts = b.target, b.drafter, b.spec, b.prompts
     kernels = target.kernel_choice
     ctx.log(f"{len(prompts)} prompts, {n_new} new tokens, draft {d.shape} k={d.length}, threads {torch.get_num_threads()}")
-    native = kernels.get("path") != "hf"
+    native = target.path == "native"
     if native:
         ctx.log("kernels chosen on this machine, by rows: " + ", ".join(f"{n} {c}" for n, c in zip(row_labels(), kernels["by_rows"], strict=True)))
     else:
