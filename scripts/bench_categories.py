@@ -34,8 +34,8 @@ def main() -> None:
 
     from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings
     from trtspec.chat import encode_prompt
-    from trtspec.drafting import family_of_draft
     from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
+    from trtspec.runtime.families import draft_family
     from trtspec.validation import acceptance_summary
 
     settings = runtime_settings(a)
@@ -63,7 +63,7 @@ def main() -> None:
     for c, v in summary["per_category"].items():
         s = seconds[c]
         v["speedup_vs_no_draft"] = round((s[3] / s[1]) / (s[2] / s[0]), 3)
-    result = {"run": str(a.run_dir), "draft": family_of_draft(a.run_dir / "bundle" / "draft"), "k": k, "prompts": len(rows),
+    result = {"run": str(a.run_dir), "draft": draft_family(a.run_dir / "bundle" / "draft"), "k": k, "prompts": len(rows),
               "max_new_tokens": new, **summary}
     if a.json:
         print(json.dumps(result))

@@ -34,9 +34,9 @@ def main() -> None:
 
     from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings
     from trtspec.chat import encode_prompt, read_rows, with_history
-    from trtspec.drafting import family_of_draft
     from trtspec.runtime import DraftSpec, generate, speculative_decode
     from trtspec.runtime.decode import Stats, al_interval
+    from trtspec.runtime.families import draft_family
 
     bundle = open_bundle(a.run_dir)
     target, drafter = bundle.runtime(settings=runtime_settings(a))
@@ -70,7 +70,7 @@ def main() -> None:
     for r in rows:
         r["vs_shortest"] = round(r["acceptance_length"] / rows[0]["acceptance_length"], 3)
     if a.json:
-        print(json.dumps({"run": str(a.run_dir), "draft": family_of_draft(a.run_dir / "bundle" / "draft"), "k": k,
+        print(json.dumps({"run": str(a.run_dir), "draft": draft_family(a.run_dir / "bundle" / "draft"), "k": k,
                           "window": window, "max_new_tokens": a.max_new_tokens, "bins": rows}))
 
 

@@ -41,7 +41,6 @@ class DraftFamily:
     export_onnx: Callable[[Path, Path], dict] | None = None  # (draft dir, onnx dir) -> the check against PyTorch
     check_export: Callable[[Any], None] | None = None  # (build config): export settings, before any stage
     no_launcher: frozenset[str] = frozenset()  # engines that load no draft of this family: the bundle has no launcher
-    architectures: tuple[str, ...] = ()  # what its exported config.json's `architectures` names (family_of_draft)
 
     def read_config(self, folder: Path) -> dict:
         return json.loads((Path(folder) / self.config_file).read_text())
@@ -61,10 +60,10 @@ class DraftFamily:
 
 
 def _eagle3() -> DraftFamily:
-    from trtspec.deploy.bundle import write_eagle3_readme
     from trtspec.eagle import convert, head
     from trtspec.eagle.export import check_export_config, export_eagle3_draft
     from trtspec.eagle.onnx_export import export_onnx
+    from trtspec.eagle.readme import write_eagle3_readme
     from trtspec.eagle.trainer import head_forward
 
     return DraftFamily(
@@ -74,14 +73,13 @@ def _eagle3() -> DraftFamily:
         drafts=head.chain_drafts, shift_labels=True, offline_key="eagle_offline", module=lambda m: m.eagle_module,
         check_convert=convert.check_convert_config, convert=convert.convert_head, export_draft=export_eagle3_draft, write_readme=write_eagle3_readme,
         length_key="eagle_ttt_steps", export_onnx=export_onnx, check_export=check_export_config,
-        architectures=("LlamaForCausalLMEagle3",),
     )
 
 
 def _dflash() -> DraftFamily:
-    from trtspec.deploy.bundle import write_dflash_readme
     from trtspec.dflash import convert, head
     from trtspec.dflash.export import export_dflash_draft
+    from trtspec.dflash.readme import write_dflash_readme
 
     def drafts(model: Any, ids: Any, aux: Any, last: Any, k: int) -> Any:
         return head.block_drafts(model, ids[0], aux[0], k)[None]
@@ -92,7 +90,7 @@ def _dflash() -> DraftFamily:
         state_layers=lambda cfg: cfg["dflash_architecture_config"]["target_layer_ids"],
         drafts=drafts, shift_labels=False, offline_key="dflash_offline", module=lambda m: m.dflash_module,
         check_convert=convert.check_convert_config, convert=convert.convert_drafter, export_draft=export_dflash_draft, write_readme=write_dflash_readme,
-        no_launcher=frozenset({"speculators"}), architectures=("DFlashDraftModel", "Qwen3DSparkModel"),
+        no_launcher=frozenset({"speculators"}),
     )
 
 
@@ -104,29 +102,13 @@ def family(method: str) -> DraftFamily:
     return FAMILIES[method]()
 
 
-def family_of_draft(draft_dir: Path) -> str:
-    """Which family an exported draft folder holds, from its config.json's architectures (each family declares its
-    own); an EAGLE-3 checkpoint as its authors publish it (LlamaForCausalLM with a draft_vocab_size) is EAGLE-3. A
-    draft no family declares is refused by name, never loaded as another."""
-    from trtspec.errors import ArtifactError
-    from trtspec.runtime.model import read_config
-
-    cfg = read_config(draft_dir)
-    archs = cfg.get("architectures") or []
-    declared = {a: name for name in FAMILIES for a in family(name).architectures}
-    if known := [declared[a] for a in archs if a in declared]:
-        return known[0]
-    if "draft_vocab_size" in cfg and "eagle_config" in cfg:
-        return "eagle3"
-    raise ArtifactError(f"'{draft_dir}' holds a draft of architectures {archs}, which no draft family loads",
-                        f"trtspec loads {', '.join(sorted(declared))} (draft.method: {', '.join(FAMILIES)})")
-
-
 def load_drafter(draft_dir: Path, target: Any, weights: str = "auto", settings: Any = None) -> Any:
     """The runtime drafter for an exported draft (EAGLE-3 or DFlash), sharing the target's embedding and lm_head.
     weights: how the draft's product weights are stored, auto (bfloat16 where timed faster) | float32 | bfloat16;
     settings: runtime.settings.RuntimeSettings (default: as the target runs)."""
-    if family_of_draft(draft_dir) == "dflash":
+    from trtspec.runtime.families import draft_family
+
+    if draft_family(draft_dir) == "dflash":
         from trtspec.runtime.dflash import load_dflash_drafter
 
         return load_dflash_drafter(draft_dir, target, weights=weights, settings=settings)

@@ -1,4 +1,4 @@
-"""The draft-family registry: an exported draft is loaded by the family that declares its architecture, and a draft
+"""The draft families' runtime loaders (runtime.drafters.draft_family): an exported draft is loaded by the family that declares its architecture, and a draft
 no family declares is refused by name, never loaded as another."""
 
 from __future__ import annotations
@@ -7,8 +7,10 @@ import json
 
 import pytest
 
-from trtspec.drafting import FAMILIES, family, family_of_draft
+from trtspec.drafting import FAMILIES
 from trtspec.errors import ArtifactError
+from trtspec.runtime import dflash, eagle3
+from trtspec.runtime.families import draft_family
 
 
 def draft(tmp_path, **cfg):
@@ -22,19 +24,19 @@ def draft(tmp_path, **cfg):
     (["Qwen3DSparkModel", "DFlashDraftModel"], "dflash"),  # a DSpark export names vLLM's and SGLang's class first
 ])
 def test_each_declared_architecture_loads_as_its_family(tmp_path, archs, method):
-    assert family_of_draft(draft(tmp_path, architectures=archs)) == method
+    assert draft_family(draft(tmp_path, architectures=archs)) == method
 
 
 def test_an_eagle3_checkpoint_as_its_authors_publish_it_is_eagle3(tmp_path):
     cfg = {"architectures": ["LlamaForCausalLM"], "draft_vocab_size": 32000, "eagle_config": {}}
-    assert family_of_draft(draft(tmp_path, **cfg)) == "eagle3"
+    assert draft_family(draft(tmp_path, **cfg)) == "eagle3"
 
 
 @pytest.mark.parametrize("archs", [["MedusaModel"], ["LlamaForCausalLM"], []])
 def test_an_undeclared_draft_is_refused_by_name(tmp_path, archs):
     with pytest.raises(ArtifactError, match="which no draft family loads"):
-        family_of_draft(draft(tmp_path, architectures=archs))
+        draft_family(draft(tmp_path, architectures=archs))
 
 
-def test_every_family_declares_its_architectures():
-    assert all(family(name).architectures for name in FAMILIES)
+def test_every_family_has_a_loader_that_declares_its_architectures():
+    assert eagle3.ARCHITECTURES and dflash.ARCHITECTURES and set(FAMILIES) == {"eagle3", "dflash"}

@@ -78,10 +78,10 @@ def target_dtype(target: Path) -> str:
 def speculative_method(draft: Path) -> str:
     """vLLM's speculative method for an exported draft: eagle3, dflash, or dspark (a DFlash backbone with a Markov head,
     dflash_config.projector_type dspark)."""
-    from trtspec.drafting import family_of_draft
+    from trtspec.runtime.families import draft_family
 
     cfg = json.loads((Path(draft) / "config.json").read_text())
-    return "dspark" if (cfg.get("dflash_config") or {}).get("projector_type") == "dspark" else family_of_draft(draft)
+    return "dspark" if (cfg.get("dflash_config") or {}).get("projector_type") == "dspark" else draft_family(draft)
 
 
 def refusal(method: str | None, target: Path | None = None) -> str | None:

@@ -262,6 +262,9 @@ def choose(logits: Tensor, temperature: float, generator=None) -> tuple[list[int
     return torch.multinomial(q, 1, generator=generator)[:, 0].tolist(), q
 
 
+# an exported DFlash draft's config.json names (families.draft_family); a DSpark export names vLLM's and SGLang's
+# class first, then Model Optimizer's
+ARCHITECTURES = ("DFlashDraftModel", "Qwen3DSparkModel")
 MARKOV_KEYS = ("markov_w1.", "markov_w2.", "gate_proj.", "joint_proj.")  # DSpark's head, beside the backbone's weights
 NESTED_MARKOV = "markov_head."  # the same head as the engines name it (trtspec's export writes markov_head.markov_w1 ...)
 # DSpark's optional confidence head predicts each guess's acceptance for a serving-side scheduler; every draft here

@@ -32,6 +32,8 @@ from trtspec.runtime.model import (
     rms_norm,
 )
 
+ARCHITECTURES = ("LlamaForCausalLMEagle3",)  # an exported EAGLE-3 draft's config.json names (families.draft_family)
+
 
 @dataclass
 class Eagle3Info:
@@ -188,7 +190,7 @@ def load_eagle3(folder: Path, target_lm_head: Tensor | None, target_hidden: int 
     folder = Path(folder)
     cfg = read_config(folder)
     archs = cfg.get("architectures") or []
-    if "LlamaForCausalLMEagle3" not in archs and "draft_vocab_size" not in cfg:
+    if not set(ARCHITECTURES) & set(archs) and "draft_vocab_size" not in cfg:
         raise ArtifactError(f"'{folder}' is not an EAGLE-3 draft (architectures {archs})", "expected LlamaForCausalLMEagle3")
     aux = tuple((cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or ())
     if not aux:

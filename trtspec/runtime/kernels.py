@@ -24,21 +24,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from trtspec.runtime.settings import RuntimeSettings
+from trtspec.runtime.settings import KERNELS, RuntimeSettings
 
 FEW_ROWS = 8  # row counts timed one by one: decode (1 row), chain verification up to k = 7, the drafts' own passes
 MANY_ROWS = 64  # FEW_ROWS + 1 .. MANY_ROWS rows (a draft tree's verification) share one kernel, timed at TREE_ROWS
 TREE_ROWS = 16
 TIMED_ROWS = (*range(1, FEW_ROWS + 1), TREE_ROWS)  # what `choose_kernels` times; more rows (prefills) take F.linear
-BLOCKS = (2, 4, 8)
-CANDIDATES = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS), "native", "native16", "packed")
+CANDIDATES = KERNELS
 DEFAULT = ("linear",) * len(TIMED_ROWS)  # the kernel for each of TIMED_ROWS' buckets, until a choice is made
 
 TIMED_MB = 256  # weights timed per candidate and row count (the lm_head always among them): enough to stream from memory
@@ -249,7 +246,6 @@ def choose_kernels(model: nn.Module, repeats: int = 2, settings: RuntimeSettings
     hits all candidates alike. Off a CPU, or for weights that are not float32, F.linear is kept.
     """
     from trtspec.runtime.native import build, pack_panels
-    from trtspec.runtime.settings import RuntimeSettings
 
     layers = [m for m in model.modules() if isinstance(m, Linear)]
     weights = [m.weight for m in layers]

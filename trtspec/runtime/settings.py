@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from trtspec.runtime.kernels import CANDIDATES as KERNELS  # the product kernels choose_kernels times
+# the product kernels the load-time timing may pick among (runtime/kernels.py implements them): F.linear, the
+# transposed product, BLAS over c column blocks, the native few-row kernel, its 16-lane form, over packed panels
+BLOCKS = (2, 4, 8)
+KERNELS = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS), "native", "native16", "packed")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,26 @@
+"""The draft families the runtime loads, told apart by the architectures an exported draft's config.json names: each
+family's loader declares its own (eagle3.ARCHITECTURES, dflash.ARCHITECTURES)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trtspec.errors import ArtifactError
+from trtspec.runtime import dflash, eagle3
+from trtspec.runtime.model import read_config
+
+
+def draft_family(draft_dir: Path) -> str:
+    """Which draft family ("eagle3" | "dflash", the draft.method) an exported draft folder holds, from the
+    architectures its config.json names (each family's loader declares its own: eagle3.ARCHITECTURES,
+    dflash.ARCHITECTURES); an EAGLE-3 checkpoint as its authors publish it (LlamaForCausalLM with a draft_vocab_size
+    and an eagle_config) is EAGLE-3. A draft no family declares is refused by name, never loaded as another."""
+    cfg = read_config(draft_dir)
+    archs = cfg.get("architectures") or []
+    declared = {**dict.fromkeys(eagle3.ARCHITECTURES, "eagle3"), **dict.fromkeys(dflash.ARCHITECTURES, "dflash")}
+    if known := [declared[a] for a in archs if a in declared]:
+        return known[0]
+    if "draft_vocab_size" in cfg and "eagle_config" in cfg:
+        return "eagle3"
+    raise ArtifactError(f"'{draft_dir}' holds a draft of architectures {archs}, which no draft family loads",
+                        f"trtspec loads {', '.join(sorted(declared))}")
