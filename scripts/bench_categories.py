@@ -43,7 +43,7 @@ def main() -> None:
     rows = load_prompt_rows(a.run_dir, a.prompts)
     prompts = [torch.tensor(encode_prompt(bundle.tok, r["messages"])) for r in rows]
     target, drafter = bundle.runtime(settings=settings)
-    k = json.loads((a.run_dir / "bundle" / "manifest.json").read_text())["config"]["draft"]["length"]
+    k = bundle.draft_length
     spec, eos, new = DraftSpec(shape="chain", k=k), bundle.eos, a.max_new_tokens
     if settings.compile:
         compile_steps([target, drafter.net], lambda: [(generate(target, p, 8, eos), speculative_decode(target, drafter, p, 8, spec, eos))

@@ -35,8 +35,8 @@ def main() -> None:
     from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings
     from trtspec.chat import encode_prompt, read_rows, with_history
     from trtspec.runtime import DraftSpec, generate, speculative_decode
-    from trtspec.runtime.decode import Stats, al_interval
     from trtspec.runtime.families import draft_family
+    from trtspec.validation import category_summary
 
     bundle = open_bundle(a.run_dir)
     target, drafter = bundle.runtime(settings=runtime_settings(a))
@@ -44,29 +44,24 @@ def main() -> None:
     bins = sorted({min(int(b), window - a.max_new_tokens - 1) for b in a.bins.split(",")})
     prompts = load_prompt_rows(a.run_dir, a.prompts)
     history = read_rows(a.run_dir / "data" / "train.jsonl")
-    k = json.loads((a.run_dir / "bundle" / "manifest.json").read_text())["config"]["draft"]["length"]
+    k = bundle.draft_length
     spec, eos = DraftSpec(shape="chain", k=k), bundle.eos
     rows = []
     for b in bins:
-        stats, per_prompt, lengths, identical = Stats(), [], [], 0
+        runs, plains, lengths = [], [], []
         for i, p in enumerate(prompts):
             start = (i * 97) % max(1, len(history))  # each prompt its own history
             row, n = with_history(p, history[start:] + history[:start], bundle.tok, b)
             ids = torch.tensor(encode_prompt(bundle.tok, row["messages"]))
-            plain = generate(target, ids, a.max_new_tokens, eos)
-            g = speculative_decode(target, drafter, ids, a.max_new_tokens, spec, eos)
-            identical += g.tokens == plain.tokens
-            stats.merge(g.stats)
-            per_prompt.append((g.stats.steps + sum(g.stats.accepted), g.stats.steps))
+            plains.append(generate(target, ids, a.max_new_tokens, eos).tokens)
+            runs.append(speculative_decode(target, drafter, ids, a.max_new_tokens, spec, eos))
             lengths.append(n)
-        rows.append({"bin": b, "context_tokens": round(sum(lengths) / len(lengths)), "prompts": len(prompts),
-                     "acceptance_length": round(stats.acceptance_length(), 3), "ci95": al_interval(per_prompt),
-                     "per_position": [round(x, 3) for x in stats.per_position(k)], "identical": identical})
+        rows.append({"bin": b, "context_tokens": round(sum(lengths) / len(lengths)), **category_summary(runs, k, plains)})
         if not a.json:
             r = rows[-1]
             print(f"bin {b:>5}: context {r['context_tokens']:>5} tokens, AL {r['acceptance_length']:.2f} "
                   f"({r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}), per position {r['per_position']}, identical "
-                  f"{identical}/{len(prompts)}, vs shortest {r['acceptance_length'] / rows[0]['acceptance_length']:.2f}", flush=True)
+                  f"{r['exact']}/{r['prompts']}, vs shortest {r['acceptance_length'] / rows[0]['acceptance_length']:.2f}", flush=True)
     for r in rows:
         r["vs_shortest"] = round(r["acceptance_length"] / rows[0]["acceptance_length"], 3)
     if a.json:

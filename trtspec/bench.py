@@ -114,15 +114,20 @@ class Bundle:
     tok: Any
     eos: set[int]
 
+    @property
+    def draft_length(self) -> int:
+        """The draft.length the bundle was exported for (its manifest's config): what the engines draft."""
+        return json.loads((self.path / "manifest.json").read_text())["config"]["draft"]["length"]
+
     def runtime(self, draft: bool = True, draft_weights: str = "auto", settings: Any = None) -> tuple[Any, Any]:
         """(the runtime's target, its drafter (EAGLE-3 or DFlash) or None), run as `settings` (RuntimeSettings) say:
         loading the target times the product kernels; draft_weights: how the draft's weights are stored
         (drafting.load_drafter)."""
         from trtspec.drafting import load_drafter
-        from trtspec.runtime import load_transformer
+        from trtspec.runtime import load_target
         from trtspec.runtime.settings import DEFAULT
 
-        target, _ = load_transformer(self.path / "target", settings=settings or DEFAULT)
+        target, _ = load_target(self.path / "target", settings=settings or DEFAULT)  # native or HF path, by family
         return target, load_drafter(self.path / "draft", target, draft_weights) if draft else None
 
 
