@@ -1,15 +1,17 @@
 #!/usr/bin/env python
-"""A bundle served by vLLM's OpenAI server with and without its EAGLE-3 draft, loaded by NVIDIA's load generator
-aiperf at each concurrency: output tokens/s, time to first token and inter-token latency side by side, the
-acceptance length vLLM counted at each level, and where speculation stops paying.
+"""A bundle served by vLLM's OpenAI server at each draft length (0 = no draft), loaded by NVIDIA's load generator
+aiperf at each concurrency: output tokens/s, time to first token, inter-token latency and the acceptance length vLLM
+counted, side by side; the draft length per batch size the sweep implies, measured against the best fixed length and
+against no draft at each level, and saved for `trtspec deploy triton RUN --drafting auto` (RUN/bench/sweep.json).
 
     bash scripts/setup.sh --engines vllm --bench     # aiperf in .venv-bench: its pins clash with vLLM's
-    python scripts/bench_serving.py runs/demo --concurrency 1 4 16 32 --json bench.json
+    python scripts/bench_serving.py runs/demo --concurrency 1 4 16 32 --draft-lengths 0 1 2 3
 
 The prompts are the run's held-out conversations (data/heldout.jsonl, their user turn, chat endpoint, greedy, up to
 --max-tokens): text the head was not trained on, as a user's would be. Each level sends max(2 x concurrency,
---min-requests) requests after a warm-up of min(concurrency, 4). Greedy answers are the same with and without the
-draft (lossless), so both servers generate the same tokens and tokens/s compare directly. Servers bind 127.0.0.1.
+--min-requests) requests after a warm-up of min(concurrency, 4). Greedy answers are the same at every draft length
+(lossless), so the servers generate the same tokens and tokens/s compare directly. Servers bind 127.0.0.1.
+Default --draft-lengths: 0 and the bundle's draft length (with and without the draft).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 from trtspec.bench import arg_parser
+from trtspec.draft_schedule import best_lengths, schedule_from_sweep, with_schedule_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "accepted": "vllm:spec_decode_num_accepted_tokens"}
@@ -55,23 +58,29 @@ def write_prompts(run: Path, out: Path) -> int:
     return len(texts)
 
 
-def vllm_command(bundle: Path, port: int, draft: bool, max_seqs: int) -> list[str]:
+def vllm_command(bundle: Path, port: int, spec: dict | None, max_seqs: int) -> list[str]:
+    """vLLM's OpenAI server over bundle/target; spec: its speculative_config (None: no draft)."""
     from trtspec.deploy.vllm_engine import target_dtype
 
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(bundle / "target"),
            "--served-model-name", "bundle", "--dtype", target_dtype(bundle / "target"), "--max-model-len", "1024",
            "--max-num-seqs", str(max_seqs), "--host", "127.0.0.1", "--port", str(port)]
-    if draft:
-        from trtspec.deploy.serving import read_options
-
-        k = read_options(bundle)["speculative_config"]["max_draft_len"]
-        cmd += ["--speculative-config", json.dumps({"method": "eagle3", "model": str(bundle / "draft"),
-                                                    "num_speculative_tokens": k})]
-    return cmd
+    return cmd + (["--speculative-config", json.dumps(spec)] if spec else [])
 
 
-def start_vllm(bundle: Path, draft: bool, max_seqs: int, log: Path, timeout_s: float) -> tuple[subprocess.Popen, int]:
-    """vLLM's OpenAI server on a free loopback port; returns once /v1/models answers."""
+def speculative_configs(bundle: Path, lengths: list[int]) -> dict[int, dict | None]:
+    """{k: vLLM's speculative_config drafting k tokens with the bundle's draft} (k = 0: None, no draft)."""
+    from trtspec.deploy.serving import read_options, vllm_speculative_config
+
+    spec = vllm_speculative_config(read_options(bundle), str(bundle / "draft"))
+    spec.pop("num_speculative_tokens_per_batch_size", None)  # a fixed length per server here
+    return {k: {**spec, "num_speculative_tokens": k} if k else None for k in lengths}
+
+
+def start_vllm(bundle: Path, spec: dict | None, max_seqs: int, log: Path, timeout_s: float,
+               preload_iomp: bool = True) -> tuple[subprocess.Popen, int]:
+    """vLLM's OpenAI server on a free loopback port; returns once /v1/models answers. preload_iomp: the CPU build
+    with Intel OpenMP preloaded, as vLLM's CPU docs ask (it warns of slow speculative decoding without)."""
     import torch
 
     from trtspec.deploy.vllm_engine import cpu_environment
@@ -81,9 +90,12 @@ def start_vllm(bundle: Path, draft: bool, max_seqs: int, log: Path, timeout_s: f
     if not torch.cuda.is_available():  # the CPU build's KV cache and thread binding; the server keeps its engine process
         cpu = {k: v for k, v in cpu_environment(kv_cache_gib=2).items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
         env = {**cpu, **env}
+        iomp = Path(sys.prefix) / "lib" / "libiomp5.so"  # vLLM's CPU docs: Intel OpenMP preloaded (installed with it)
+        if preload_iomp and iomp.is_file() and "libiomp" not in env.get("LD_PRELOAD", ""):
+            env["LD_PRELOAD"] = ":".join(filter(None, [env.get("LD_PRELOAD"), str(iomp)]))
     extra = [] if torch.cuda.is_available() else ["--enforce-eager"]
     with log.open("w") as out:
-        proc = subprocess.Popen(vllm_command(bundle, port, draft, max_seqs) + extra, env=env, stdout=out,
+        proc = subprocess.Popen(vllm_command(bundle, port, spec, max_seqs) + extra, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + timeout_s
     while True:
@@ -140,16 +152,17 @@ def stat(summary: dict, name: str, field: str = "avg") -> float | None:
     return entry.get(field) if isinstance(entry, dict) else None
 
 
-def measure(bundle: Path, draft: bool, args, aiperf: str, prompts: Path, work: Path) -> dict[int, dict]:
-    label = "draft" if draft else "base"
-    proc, port = start_vllm(bundle, draft, max(args.concurrency), work / f"vllm-{label}.log", args.server_timeout)
+def measure(bundle: Path, spec: dict | None, label: str, args, aiperf: str, prompts: Path, work: Path) -> dict[int, dict]:
+    """One server (spec: its speculative_config, None = no draft) under aiperf at each concurrency."""
+    proc, port = start_vllm(bundle, spec, max(args.concurrency), work / f"vllm-{label}.log", args.server_timeout,
+                             not args.no_iomp)
     rows = {}
     try:
         for c in args.concurrency:
-            before = spec_counters(port) if draft else {}
+            before = spec_counters(port) if spec else {}
             summary = run_aiperf(aiperf, port, bundle / "target", prompts, c, max(2 * c, args.min_requests),
                                  args.max_tokens, work / f"aiperf-{label}-c{c}", args.level_timeout)
-            after = spec_counters(port) if draft else {}
+            after = spec_counters(port) if spec else {}
             drafts = after.get("drafts", 0) - before.get("drafts", 0)
             rows[c] = {
                 "tokens_per_s": stat(summary, "output_token_throughput"),
@@ -164,30 +177,51 @@ def measure(bundle: Path, draft: bool, args, aiperf: str, prompts: Path, work: P
     return rows
 
 
-def table(spec: dict[int, dict], base: dict[int, dict]) -> tuple[str, str]:
-    """The side-by-side table (markdown) and where speculation stops paying."""
-    def f(v, fmt="{:.1f}"):
-        return "n/a" if v is None else fmt.format(v)
+def fmt(v, f="{:.1f}") -> str:
+    return "n/a" if v is None else f.format(v)
 
-    lines = ["| concurrency | tok/s draft | tok/s base | speedup | TTFT ms draft / base | ITL ms draft / base | AL |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def sweep_table(rows: dict[int, dict[int, dict]], scheduled: dict[int, dict] | None) -> tuple[str, str]:
+    """The side-by-side table (markdown: tokens/s at each draft length, the fastest, the schedule against it and
+    against no draft, AL at the longest draft) and where speculation stops paying at the longest draft."""
+    lengths = sorted(rows)
+    levels = sorted({c for r in rows.values() for c in r})
+    tps = {k: {c: rows[k][c]["tokens_per_s"] for c in rows[k]} for k in lengths}
+    best = best_lengths(tps)
+    head = "| concurrency | " + " | ".join(f"k={k} tok/s" for k in lengths) + " | fastest k |"
+    if scheduled:
+        head += " schedule tok/s | vs fastest k | vs no draft |"
+    head += f" AL k={lengths[-1]} |"
+    lines = [head, "|" + "---:|" * (head.count("|") - 1)]
     pays, costs = [], []
-    for c in spec:
-        s, b = spec[c], base[c]
-        ratio = s["tokens_per_s"] / b["tokens_per_s"] if s["tokens_per_s"] and b["tokens_per_s"] else None
-        (pays if ratio and ratio >= 1 else costs).append(f"{c}" + ("" if ratio is None or ratio >= 1 else f" ({ratio:.2f}x)"))
-        lines.append(f"| {c} | {f(s['tokens_per_s'])} | {f(b['tokens_per_s'])} | {f(ratio, '{:.2f}x')} | "
-                     f"{f(s['ttft_ms'], '{:.0f}')} / {f(b['ttft_ms'], '{:.0f}')} | {f(s['itl_ms'])} / {f(b['itl_ms'])} | "
-                     f"{f(s['acceptance_length'], '{:.2f}')} |")
-    where = "; ".join(([f"speculation pays at concurrency {', '.join(pays)}"] if pays else [])
+    for c in levels:
+        r = ratio(tps[lengths[-1]].get(c), tps.get(0, {}).get(c))
+        if 0 in tps and r is not None:
+            (pays if r >= 1 else costs).append(f"{c}" + ("" if r >= 1 else f" ({r:.2f}x)"))
+        line = f"| {c} | " + " | ".join(fmt(tps[k].get(c)) for k in lengths) + f" | {best.get(c, 'n/a')} |"
+        if scheduled:
+            s = scheduled.get(c, {}).get("tokens_per_s")
+            line += (f" {fmt(s)} | {fmt(ratio(s, tps[best[c]][c]) if c in best else None, '{:.2f}x')} |"
+                     f" {fmt(ratio(s, tps.get(0, {}).get(c)), '{:.2f}x')} |")
+        lines.append(line + f" {fmt(rows[lengths[-1]].get(c, {}).get('acceptance_length'), '{:.2f}')} |")
+    where = "; ".join(([f"k={lengths[-1]} pays at concurrency {', '.join(pays)}"] if pays else [])
                       + ([f"costs at {', '.join(costs)}"] if costs else []))
     return "\n".join(lines), where
 
 
 def main() -> int:
+    from trtspec.artifacts import RunDir, output_fingerprint
+    from trtspec.deploy.serving import SWEEP_FILE, read_options
+
     ap = arg_parser(__doc__)
     ap.add_argument("run", type=Path, help="a trtspec run directory with a finished export (its bundle/)")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 32])
+    ap.add_argument("--draft-lengths", type=int, nargs="+", default=None,
+                    help="draft lengths to serve, 0 = no draft (default: 0 and the bundle's)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--min-requests", type=int, default=8, help="requests per level at least (else 2 x concurrency)")
     ap.add_argument("--aiperf", default=None, help="the aiperf executable (default: PATH, then .venv-bench)")
@@ -195,23 +229,40 @@ def main() -> int:
     ap.add_argument("--server-timeout", type=float, default=600, help="seconds for vLLM to come up")
     ap.add_argument("--level-timeout", type=float, default=900, help="seconds for one concurrency level")
     ap.add_argument("--json", type=Path, default=None, help="write the rows here too")
+    ap.add_argument("--no-iomp", action="store_true", help="vLLM's CPU build without Intel OpenMP preloaded")
     args = ap.parse_args()
     bundle = args.run / "bundle"
     if not (bundle / "target" / "config.json").is_file() or not (bundle / "draft" / "config.json").is_file():
         sys.exit(f"Error: '{args.run}' has no exported bundle (target/ and draft/)")
+    k_max = read_options(bundle)["speculative_config"]["max_draft_len"]
+    lengths = sorted(set(args.draft_lengths if args.draft_lengths is not None else [0, k_max]))
+    if bad := [k for k in lengths if not 0 <= k <= k_max]:
+        sys.exit(f"Error: --draft-lengths {bad[0]}: the bundle drafts 0..{k_max} tokens")
+    if bad := [c for c in args.concurrency if c < 1]:
+        sys.exit(f"Error: --concurrency {bad[0]}: at least 1")
     aiperf = find_aiperf(args.aiperf)
     work = args.work or args.run / "bench"
     work.mkdir(parents=True, exist_ok=True)
     prompts = work / "prompts.jsonl"
     n = write_prompts(args.run, prompts)
-    print(f"{n} held-out prompts, concurrency {args.concurrency}, up to {args.max_tokens} tokens, aiperf {aiperf}",
-          file=sys.stderr)
-    spec = measure(bundle, True, args, aiperf, prompts, work)
-    base = measure(bundle, False, args, aiperf, prompts, work)
-    text, where = table(spec, base)
-    print(text + "\n\n" + where)
+    print(f"{n} held-out prompts, concurrency {args.concurrency}, draft lengths {lengths}, up to {args.max_tokens} "
+          f"tokens, aiperf {aiperf}", file=sys.stderr)
+    specs = speculative_configs(bundle, lengths)
+    rows = {k: measure(bundle, specs[k], f"k{k}", args, aiperf, prompts, work) for k in lengths}
+    schedule, decided = schedule_from_sweep({k: {c: r["tokens_per_s"] for c, r in rows[k].items()} for k in lengths})
+    scheduled = None
+    if schedule and len(set(schedule.values())) > 1:  # a schedule that is one fixed k was measured above
+        spec = with_schedule_vllm({**specs[max(lengths)], "num_speculative_tokens": schedule[1]}, schedule)
+        scheduled = measure(bundle, spec, "schedule", args, aiperf, prompts, work)
+    text, where = sweep_table(rows, scheduled)
+    print(text + "\n\n" + (where + "\n" if where else "") + f"schedule: {schedule} ({decided})")
+    export = RunDir(args.run).manifest("export")
+    result = {"kind": "trtspec/serving-sweep", "engine": "vllm", "bundle": output_fingerprint(export) if export else None,
+              "concurrency": args.concurrency, "draft_lengths": lengths, "max_tokens": args.max_tokens,
+              "rows": rows, "schedule": schedule, "decided": decided, "scheduled": scheduled, "crossover": where}
+    (work / SWEEP_FILE).write_text(json.dumps(result, indent=2) + "\n")
     if args.json:
-        args.json.write_text(json.dumps({"draft": spec, "base": base, "crossover": where}, indent=2))
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -27,6 +27,8 @@ BIG = 10**9  # the bound of counts (rows, steps) that have no natural one: finit
 VOCAB_MAX = 1 << 24  # token ids and vocabulary sizes (the largest vocabularies are ~260k)
 LayerId = Annotated[int, Field(ge=0, le=1023)]
 BatchSize = Annotated[int, Field(ge=1, le=1024)]
+Requests = Annotated[int, Field(ge=1, le=65536)]  # a batch size an engine serves (serve.max_batch_size's range)
+DraftLen = Annotated[int, Field(ge=0, le=16)]  # tokens drafted per step; 0 = no speculation (draft.length's range)
 
 
 class Section(BaseModel):
@@ -237,6 +239,11 @@ class ServeSection(Section):
                                      "free_gpu_memory_fraction)", gt=0, le=1)
     block_reuse: bool = key(False, "KV-cache block reuse across requests; written off when target and draft run in "
                             "different dtypes (a quantized target counts), as TensorRT-LLM advises")
+    draft_len_schedule: dict[Requests, DraftLen] | None = key(
+        None, "the draft length per batch size the bundle is served with, {from batch size: draft length}, e.g. "
+        "{1: 3, 16: 0} = 3 tokens up to 15 requests, no speculation from 16 (TensorRT-LLM draft_len_schedule; vLLM "
+        "num_speculative_tokens_per_batch_size is derived from it); batch size 1 drafts draft.length; "
+        "scripts/bench_serving.py --draft-lengths measures one; null = draft.length at every batch size")
 
 
 class EngineSection(Section):
@@ -309,7 +316,23 @@ class BuildConfig(Section):
         if self.serve.decoding == "draft_target" and not self.serve.draft_model:
             raise ValueError("serve.decoding=draft_target needs serve.draft_model")
         self._check_draft_method()
+        self._check_schedule()
         return self
+
+    def _check_schedule(self) -> None:
+        """serve.draft_len_schedule as both engines' configs will take it (trtspec.draft_schedule)."""
+        from trtspec.draft_schedule import schedule_problem
+
+        if self.serve.draft_len_schedule is None:
+            return
+        if self.draft.method != "eagle3" or self.serve.decoding != "eagle3":
+            raise ValueError("serve.draft_len_schedule is written for an EAGLE-3 head served as decoding eagle3 (the "
+                             "schedule of a block drafter or another decoding is not checked against the engines)")
+        if self.draft.shape != "chain":
+            raise ValueError(f"serve.draft_len_schedule schedules a chain's length; draft.shape is {self.draft.shape} "
+                             "(set draft.shape: chain, or drop the schedule)")
+        if why := schedule_problem(self.serve.draft_len_schedule, self.draft.length):
+            raise ValueError(f"serve.draft_len_schedule {self.serve.draft_len_schedule} cannot be served: {why}")
 
     def _check_draft_method(self) -> None:
         """Options that belong to the other draft method are refused, naming the key, before anything runs."""

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from trtspec.deploy.compat import ENGINES_CHECKED, SGLANG_MIN, vllm_aux_ids
+from trtspec.draft_schedule import schedule_problem, with_schedule_trtllm, with_schedule_vllm
 from trtspec.errors import ArtifactError
 
 OPTIONS_FILE = "llm_api_options.yaml"
@@ -97,6 +98,8 @@ def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = 
         # SAEnhancerConfig: a suffix match of >= threshold tokens overrides the head's draft (one-model, linear
         # EAGLE-3 only: TensorRT-LLM wires no suffix automaton into its dynamic-tree path)
         spec["sa_config"] = {"threshold": d.suffix_min_match}
+    if s.draft_len_schedule:  # the draft length per batch size (trtspec.draft_schedule)
+        spec = with_schedule_trtllm(spec, s.draft_len_schedule)
     if d.shape == "dynamic_tree":
         # EAGLE-2 style tree: top-K expansions per draft layer, at most max_total_draft_tokens nodes
         # (TensorRT-LLM checks max_draft_len <= max_total_draft_tokens <= topK * max_draft_len)
@@ -318,7 +321,8 @@ def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
     if spec.get("decoding_type") == "SA":
         return {"method": "suffix", "num_speculative_tokens": spec["max_draft_len"]}
     method = VLLM_METHODS.get(spec.get("decoding_type"), "eagle3")
-    return {"method": method, "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
+    vllm = {"method": method, "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
+    return with_schedule_vllm(vllm, spec["draft_len_schedule"]) if spec.get("draft_len_schedule") else vllm
 
 
 def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[str] = frozenset(),
@@ -427,6 +431,31 @@ def measured_drafting(run: Any) -> tuple[str | None, int | None, str]:
     return fastest, drafting.get("suffix_len"), f"the fastest validate measured (tokens/s: {speeds})"
 
 
+SWEEP_FILE = "sweep.json"  # RUN/bench/sweep.json: scripts/bench_serving.py's draft lengths by concurrency
+
+
+def measured_schedule(run: Any, options: dict) -> tuple[dict[int, int] | None, str]:
+    """(the draft length per batch size a serving sweep measured on this very bundle, why) -- (None, why) when
+    there is none, it measured another bundle, the bundle has a schedule of its own, or it does not draft EAGLE-3."""
+    from trtspec.artifacts import output_fingerprint, read_json
+
+    path = run.path / "bench" / SWEEP_FILE
+    spec = options["speculative_config"]
+    if not path.is_file():
+        return None, ""
+    if spec.get("decoding_type") != "Eagle3" or spec.get("draft_len_schedule"):
+        return None, ""
+    sweep = read_json(path)
+    if sweep.get("bundle") != output_fingerprint(run.manifest("export")):
+        return None, f"; {path} measured an older bundle: no schedule"
+    if not sweep.get("schedule"):
+        return None, f"; {path}: {sweep.get('decided', 'no schedule')}"
+    schedule = {int(b): int(k) for b, k in sweep["schedule"].items()}
+    if why := schedule_problem(schedule, schedule.get(1, 0)):
+        raise ArtifactError(f"'{path}' holds a schedule the engines refuse: {why}", "re-run scripts/bench_serving.py")
+    return schedule, f"; draft length by batch size {schedule} from {path} ({sweep.get('decided', '')})"
+
+
 def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto", streaming: bool = False) -> dict:
     """A self-contained Triton deployment of RUN_DIR's bundle: weights, model_repo/, launch.sh.
 
@@ -449,6 +478,11 @@ def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto", streamin
         method, why = drafting, "--drafting"
     if method:
         options = drafting_options(options, method, suffix_len)
+    if drafting == "auto" and method in (None, "eagle3"):
+        schedule, sweep_why = measured_schedule(run, options)
+        why += sweep_why
+        if schedule:
+            options = {**options, "speculative_config": with_schedule_trtllm(options["speculative_config"], schedule)}
     out = Path(out)
     _check_out(out)
     for name in ("target", "draft", "model_repo"):
@@ -471,6 +505,7 @@ def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto", streamin
         "files": [str(p) for p in [out / "target", out / "draft", *files, out / TRITON_MARKER]],
         "image": TRITON_IMAGE,
         "drafting": {"method": method or "bundle", "decoding_type": served.get("decoding_type"),
-                     "sa_config": "sa_config" in served, "why": why},
+                     "sa_config": "sa_config" in served, "draft_len_schedule": served.get("draft_len_schedule"),
+                     "why": why},
         "usage": usage,
     }

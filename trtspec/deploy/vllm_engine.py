@@ -97,9 +97,11 @@ def refusal(method: str | None, target: Path | None = None) -> str | None:
     return DSPARK_ON_CPU if method == "dspark" and not torch.cuda.is_available() else None
 
 
-def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_seqs: int, dtype: str | None = None) -> Any:
+def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_seqs: int, dtype: str | None = None,
+         schedule: dict[int, int] | None = None) -> Any:
     """vLLM's LLM over the bundle's target, in the target's dtype (or `dtype`); with `draft`, speculation of k tokens
-    by that draft (speculative_method: vLLM's method for the draft)."""
+    by that draft (speculative_method: vLLM's method for the draft), or of schedule's length per batch size
+    (trtspec.draft_schedule)."""
     import torch
 
     method = speculative_method(draft) if draft else None
@@ -112,6 +114,10 @@ def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_s
     from vllm import LLM
 
     spec = {"speculative_config": {"method": method, "model": str(draft), "num_speculative_tokens": k}} if draft else {}
+    if draft and schedule:
+        from trtspec.draft_schedule import with_schedule_vllm
+
+        spec["speculative_config"] = with_schedule_vllm(spec["speculative_config"], schedule)
     return LLM(model=str(target), dtype=dtype or target_dtype(target), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                enforce_eager=not torch.cuda.is_available(), disable_log_stats=False, seed=0, **spec)
 
@@ -209,11 +215,11 @@ def acceptance(before: dict, after: dict) -> dict:
 
 
 def measure(target: Path, draft: Path | None, k: int, prompts: list[list[int]], max_new: int,
-            batch_sizes: list[int]) -> dict:
+            batch_sizes: list[int], schedule: dict[int, int] | None = None) -> dict:
     """Load vLLM (with the draft or without), answer every prompt alone (greedy outputs, counters), then time
     each batch size: that many requests submitted together (tokens/s, time to first token, inter-token latency)."""
     t0 = time.perf_counter()
-    llm = load(target, draft, k, max(map(len, prompts)) + max_new + k + 8, max(batch_sizes))
+    llm = load(target, draft, k, max(map(len, prompts)) + max_new + k + 8, max(batch_sizes), schedule=schedule)
     load_s = time.perf_counter() - t0
     generate(llm, prompts[:1], 8)  # warm-up
     before = spec_counters(llm)
@@ -243,5 +249,6 @@ def describe(options: dict) -> str:
 def run_bundle(bundle: Path, options: dict, prompts: list[list[int]], max_new: int, batch_sizes: list[int],
                speculative: bool = True) -> dict:
     """measure() on bundle/target with the bundle's draft (its family picks vLLM's method) or without one."""
-    k = options["speculative_config"]["max_draft_len"]
-    return measure(bundle / "target", bundle / "draft" if speculative else None, k, prompts, max_new, batch_sizes)
+    spec = options["speculative_config"]
+    return measure(bundle / "target", bundle / "draft" if speculative else None, spec["max_draft_len"], prompts, max_new,
+                   batch_sizes, spec.get("draft_len_schedule"))

@@ -29,6 +29,23 @@ if newer():
         speculative_model: str | Path | None = Field(
             default=None, validation_alias=AliasChoices("speculative_model", "speculative_model_dir"))
         max_concurrency: int | None = None
+        draft_len_schedule: dict[int, int] | None = None
+
+        @model_validator(mode="after")
+        def _check_schedule(self):
+            # as the real validate_draft_len_schedule_and_sort: thresholds >= 1, lengths >= 0, batch size 1
+            # present, schedule[1] == max_draft_len, no length above it; sorted by threshold
+            v = self.draft_len_schedule
+            if v is None:
+                return self
+            if any(b < 1 for b in v) or any(k < 0 for k in v.values()):
+                raise ValueError("draft_len_schedule: batch size threshold must be >= 1, draft length >= 0")
+            if 1 not in v:
+                raise ValueError("draft_len_schedule must include batch_size=1.")
+            if self.max_draft_len is not None and (v[1] != self.max_draft_len or max(v.values()) > self.max_draft_len):
+                raise ValueError("draft_len_schedule[1] must equal max_draft_len; all draft lengths <= max_draft_len")
+            self.draft_len_schedule = dict(sorted(v.items()))
+            return self
 
 else:
 

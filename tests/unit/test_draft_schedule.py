@@ -1,0 +1,113 @@
+"""The draft length per batch size: chosen from a sweep, refused where an engine's config would refuse it, written in
+TensorRT-LLM's form (llm_api_options.yaml, Triton model.yaml) and vLLM's (vllm.sh), served by deploy --drafting auto."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from trtllm_helpers import fake_trtllm, make_bundle, make_cfg  # noqa: F401 - fixture
+
+from trtspec.artifacts import RunDir, output_fingerprint
+from trtspec.config import config_from_dict
+from trtspec.deploy.serving import SWEEP_FILE, llm_api_options, vllm_speculative_config, write_triton_repo
+from trtspec.draft_schedule import best_lengths, schedule_from_sweep, schedule_problem, vllm_ranges
+from trtspec.errors import ConfigError
+
+
+def test_the_fastest_length_at_each_level_becomes_the_schedule():
+    # the shape measured on 2 cores: drafting pays at 1 and 4 requests, costs from 16
+    tps = {0: {1: 4.9, 4: 18.4, 16: 46.3, 32: 68.5}, 1: {1: 6.0, 4: 19.0, 16: 44.0, 32: 60.0},
+           3: {1: 7.3, 4: 19.5, 16: 35.3, 32: 51.7}}
+    assert best_lengths(tps) == {1: 3, 4: 3, 16: 0, 32: 0}
+    schedule, note = schedule_from_sweep(tps)
+    assert schedule == {1: 3, 16: 0} and note == "k=3 from 1, k=0 from 16"
+    assert vllm_ranges(schedule) == [[1, 15, 3], [16, 16, 0]]  # vLLM carries the last k on to max_num_seqs
+
+
+def test_ties_go_to_the_shorter_draft_and_longer_drafts_are_capped_at_batch_size_one():
+    assert best_lengths({0: {1: 5.0}, 2: {1: 5.0}}) == {1: 0}
+    schedule, note = schedule_from_sweep({0: {1: 5.0, 8: 10.0}, 1: {1: 6.0, 8: 9.0}, 3: {1: 5.5, 8: 12.0}})
+    assert schedule == {1: 1} and "capped at batch size 1's k: 8 (3 -> 1)" in note
+    assert schedule_from_sweep({0: {1: 8.0}, 3: {1: 7.0}}) == (None, "no draft is fastest at concurrency 1: serve without speculation")
+
+
+@pytest.mark.parametrize(("schedule", "why"), [
+    ({}, "it is empty"),
+    ({4: 3}, "no entry for batch size 1"),
+    ({1: 2, 8: 0}, "batch size 1 drafts 2 tokens, not draft.length 3"),
+    ({1: 3, 8: 4}, "batch size 8 drafts 4 tokens, more than draft.length 3"),
+    ({0: 3}, "batch size 0 is below 1"),
+    ({1: 3, 8: -1}, "draft length -1 is negative"),
+])
+def test_what_the_engines_refuse(schedule, why):
+    assert why in schedule_problem(schedule, 3)
+
+
+def test_a_refused_schedule_is_a_config_error_naming_the_key(tmp_path):
+    raw = {"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}}
+    with pytest.raises(ConfigError, match=r"serve\.draft_len_schedule \{4: 3\} cannot be served: it has no entry for batch size 1"):
+        config_from_dict({**raw, "serve": {"draft_len_schedule": {4: 3}}})
+    with pytest.raises(ConfigError, match="draft.shape is dynamic_tree"):
+        config_from_dict({**raw, "draft": {"shape": "dynamic_tree"}, "serve": {"draft_len_schedule": {1: 3}}})
+    with pytest.raises(ConfigError, match="decoding eagle3"):
+        config_from_dict({**raw, "draft": {"method": "dflash"}, "serve": {"draft_len_schedule": {1: 3}}})
+    assert config_from_dict({**raw, "serve": {"draft_len_schedule": {1: 3, 16: 0}}}).serve.draft_len_schedule == {1: 3, 16: 0}
+
+
+def test_the_bundle_serves_the_schedule_in_each_engines_form(tmp_path, fake_trtllm):  # noqa: F811
+    fake_trtllm("1.3.0.dev")
+    from trtspec.deploy import trtllm
+
+    cfg = make_cfg(tmp_path, serve={"draft_len_schedule": {16: 0, 1: 3}})
+    spec = llm_api_options(cfg)["speculative_config"]
+    assert spec["draft_len_schedule"] == {1: 3, 16: 0} and spec["max_draft_len"] == 3
+    bundle = make_bundle(tmp_path / "b", cfg)
+    opts = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())
+    built = trtllm.llm_kwargs(opts, bundle / "target", bundle)["speculative_config"]  # the strict config class takes it
+    assert built.draft_len_schedule == {1: 3, 16: 0}
+    model_yaml = yaml.safe_load((bundle / "triton" / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert model_yaml["speculative_config"]["draft_len_schedule"] == {1: 3, 16: 0}
+    vllm = vllm_speculative_config(opts)
+    assert vllm["num_speculative_tokens"] == 3 and vllm["num_speculative_tokens_per_batch_size"] == [[1, 15, 3], [16, 16, 0]]
+    assert '"num_speculative_tokens_per_batch_size": [[1, 15, 3], [16, 16, 0]]' in (bundle / "snippets" / "vllm.sh").read_text()
+
+
+def test_the_vllm_form_is_what_vllm_validates():
+    utils = pytest.importorskip("vllm.v1.spec_decode.dynamic.utils")
+    ranges = vllm_ranges({1: 3, 4: 2, 16: 0})
+    assert utils.validate_and_normalize_dynamic_sd_schedule(ranges) == [(1, 3, 3), (4, 15, 2), (16, 16, 0)]
+    lookup = utils.build_dynamic_sd_schedule_lookup(ranges, vllm_max_batch_size=32, vllm_num_speculative_tokens=3)
+    assert lookup[1:] == [3] * 3 + [2] * 12 + [0] * 17
+
+
+def finished_run(tmp_path, sweep: dict | None, of_export: str | None = None):
+    run = RunDir(tmp_path / "run")
+    with run.locked(), run.staging("export") as tmp:
+        make_bundle(tmp, make_cfg(tmp_path))
+        run.commit("export", tmp, {"stage": "export", "status": "done", "fingerprint": "e1"})
+    if sweep is not None:
+        (run.path / "bench").mkdir()
+        bundle = of_export or output_fingerprint(run.manifest("export"))
+        (run.path / "bench" / SWEEP_FILE).write_text(json.dumps({"bundle": bundle, **sweep}))
+    return run.path
+
+
+def served(out):
+    return yaml.safe_load((out / "model_repo" / "tensorrt_llm" / "1" / "model.yaml").read_text())["speculative_config"]
+
+
+def test_deploy_auto_serves_the_schedule_the_sweep_measured_on_this_bundle(tmp_path):
+    measured = {"schedule": {"1": 2, "16": 0}, "decided": "k=2 from 1, k=0 from 16"}
+    info = write_triton_repo(finished_run(tmp_path / "a", measured), tmp_path / "a" / "out")
+    spec = served(tmp_path / "a" / "out")
+    assert spec["draft_len_schedule"] == {1: 2, 16: 0} and spec["max_draft_len"] == 2
+    assert info["drafting"]["draft_len_schedule"] == {1: 2, 16: 0} and "k=2 from 1" in info["drafting"]["why"]
+    # another bundle's sweep, no sweep, or a method named: the bundle's own fixed length
+    info = write_triton_repo(finished_run(tmp_path / "b", measured, of_export="older"), tmp_path / "b" / "out")
+    assert "draft_len_schedule" not in served(tmp_path / "b" / "out") and "older bundle" in info["drafting"]["why"]
+    write_triton_repo(finished_run(tmp_path / "c", None), tmp_path / "c" / "out")
+    assert "draft_len_schedule" not in served(tmp_path / "c" / "out")
+    write_triton_repo(finished_run(tmp_path / "d", measured), tmp_path / "d" / "out", "eagle3")
+    assert "draft_len_schedule" not in served(tmp_path / "d" / "out")

@@ -1,0 +1,105 @@
+"""The draft length per batch size: chosen from a concurrency sweep, written in each engine's own form.
+
+Speculation pays at one request and costs at many (the target's pass is memory-bound alone and compute-bound in a
+full batch, so the drafted tokens that get rejected stop being free). Both engines take a draft length per batch size:
+
+    TensorRT-LLM  speculative_config.draft_len_schedule: {batch size threshold: draft length}, e.g. {1: 3, 16: 0}
+                  = from 1 request on draft 3, from 16 on draft nothing. It must hold batch size 1, schedule[1] must
+                  equal max_draft_len and no value may exceed it (llmapi/llm_args.py,
+                  DecodingBaseConfig.validate_draft_len_schedule_and_sort).
+    vLLM 0.32     speculative_config.num_speculative_tokens_per_batch_size: [[first, last, k], ...] inclusive,
+                  sorted, non-overlapping ranges starting at 1; k >= 0, capped at num_speculative_tokens; batch sizes
+                  past the last range keep its k (v1/spec_decode/dynamic/utils.py).
+
+trtspec keeps a schedule in TensorRT-LLM's form (`serve.draft_len_schedule`, the sweep's choice) and derives vLLM's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trtspec.errors import ConfigError
+
+Schedule = dict[int, int]  # batch size threshold -> draft length from there on (TensorRT-LLM's form)
+
+
+def schedule_problem(schedule: Schedule, max_draft_len: int) -> str | None:
+    """Why TensorRT-LLM's or vLLM's config would refuse this schedule (None: both take it)."""
+    if not schedule:
+        return "it is empty"
+    if bad := [b for b in schedule if b < 1]:
+        return f"batch size {bad[0]} is below 1"
+    if bad := [k for k in schedule.values() if k < 0]:
+        return f"draft length {bad[0]} is negative"
+    if 1 not in schedule:
+        return "it has no entry for batch size 1 (both engines need every batch size covered from 1)"
+    if schedule[1] != max_draft_len:
+        return (f"batch size 1 drafts {schedule[1]} tokens, not draft.length {max_draft_len} (TensorRT-LLM: "
+                "schedule[1] must equal max_draft_len)")
+    if bad := [(b, k) for b, k in schedule.items() if k > max_draft_len]:
+        return f"batch size {bad[0][0]} drafts {bad[0][1]} tokens, more than draft.length {max_draft_len}"
+    return None
+
+
+def check_schedule(schedule: Schedule, max_draft_len: int, key: str = "serve.draft_len_schedule") -> Schedule:
+    """The schedule sorted by batch size, or one line naming the key and what an engine would refuse."""
+    if why := schedule_problem(schedule, max_draft_len):
+        raise ConfigError(f"{key} {schedule} cannot be served: {why}",
+                          f"write it as {{batch size: draft length}} with 1: {max_draft_len} first, e.g. "
+                          f"{{1: {max_draft_len}, 16: 0}}")
+    return dict(sorted(schedule.items()))
+
+
+def vllm_ranges(schedule: Schedule) -> list[list[int]]:
+    """vLLM's num_speculative_tokens_per_batch_size: each threshold's k up to the next threshold - 1; the last
+    range ends at the threshold itself, and vLLM carries its k on to max_num_seqs."""
+    sizes = sorted(schedule)
+    ends = [nxt - 1 for nxt in sizes[1:]] + [sizes[-1]]
+    return [[start, end, schedule[start]] for start, end in zip(sizes, ends, strict=True)]
+
+
+def best_lengths(tokens_per_s: dict[int, dict[int, float | None]]) -> dict[int, int]:
+    """{concurrency: the draft length with the most output tokens/s there}; tokens_per_s is {k: {concurrency:
+    tokens/s}} with k = 0 meaning no draft. A level no k measured is left out."""
+    levels = sorted({c for row in tokens_per_s.values() for c in row})
+    best = {}
+    for c in levels:
+        measured = {k: row[c] for k, row in tokens_per_s.items() if row.get(c)}
+        if measured:
+            best[c] = max(measured, key=lambda k: (measured[k], -k))  # a tie goes to the shorter draft
+    return best
+
+
+def schedule_from_sweep(tokens_per_s: dict[int, dict[int, float | None]]) -> tuple[Schedule | None, str]:
+    """The schedule a sweep implies, and what was decided: the fastest k at each measured concurrency applies from
+    that batch size up to the next measured one (the first from batch size 1). TensorRT-LLM takes no k above the
+    one at batch size 1, so a longer draft measured fastest further up (noise, or a draft that pays more under
+    load) is capped there, said in the note. None when no draft is fastest even at the lowest concurrency."""
+    best = best_lengths(tokens_per_s)
+    if not best:
+        return None, "the sweep measured nothing"
+    levels = sorted(best)
+    first = best[levels[0]]
+    if first == 0:
+        return None, f"no draft is fastest at concurrency {levels[0]}: serve without speculation"
+    schedule: Schedule = {}
+    capped = []
+    for i, c in enumerate(levels):
+        k = min(best[c], first)
+        if best[c] > first:
+            capped.append(f"{c} ({best[c]} -> {first})")
+        if not schedule or schedule[max(schedule)] != k:
+            schedule[1 if i == 0 else c] = k
+    note = ", ".join(f"k={k} from {b}" for b, k in schedule.items())
+    return schedule, note + (f"; capped at batch size 1's k: {', '.join(capped)}" if capped else "")
+
+
+def with_schedule_trtllm(spec: dict[str, Any], schedule: Schedule) -> dict[str, Any]:
+    """TensorRT-LLM's speculative_config with the schedule (max_draft_len = the length at batch size 1)."""
+    return {**spec, "max_draft_len": schedule[1], "draft_len_schedule": dict(sorted(schedule.items()))}
+
+
+def with_schedule_vllm(spec: dict[str, Any], schedule: Schedule) -> dict[str, Any]:
+    """vLLM's speculative_config with the schedule (num_speculative_tokens = the longest it drafts)."""
+    return {**spec, "num_speculative_tokens": max(schedule.values()),
+            "num_speculative_tokens_per_batch_size": vllm_ranges(schedule)}
