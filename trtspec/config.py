@@ -256,10 +256,39 @@ class EngineSection(Section):
                                          "the first is the headline)")
 
 
+BUILTIN_SUITE_CATEGORIES = ("explanation", "lists", "code", "writing", "chat", "math")  # trtspec.demo_prompts.CATEGORIES
+Column = Annotated[str, Field(min_length=1, max_length=200)]  # a column (field) name, or a category
+
+
+class EvalSuite(Section):
+    kind: Literal["jsonl", "hf", "builtin"] = key(
+        description="jsonl: a JSONL file of yours; hf: a `datasets` dataset (a hub id, which needs a network, or a "
+        "local copy: a .parquet/.json/.jsonl/.csv data file or a folder written by save_to_disk); builtin: the "
+        "project's own prompt generator (trtspec.demo_prompts), no file, no hub")
+    path: str | None = key(None, "jsonl: the file, relative to the YAML; hf: the dataset id or local copy (relative "
+                           "to the YAML); builtin: none", min_length=1)
+    split: str = key("train", "hf: the split read", min_length=1, max_length=200)
+    subset: str | None = key(None, "hf: the dataset's config (subset) name; null = its default", min_length=1,
+                             max_length=200)
+    prompt_field: Column = key("prompt", "jsonl/hf: the column holding a prompt's text (a list of texts: the first "
+                               "turn, as MT-Bench writes its turns)")
+    messages_field: Column = key("messages", "jsonl/hf: the column holding a prompt as chat turns [{role, content}], "
+                                 "read where a row has no prompt_field (a last assistant turn is dropped)")
+    category_field: Column = key("category", "jsonl/hf: the column holding a row's category (validate reports per "
+                                 "category); set, every row needs it; left at its default, a row without it is 'chat'")
+    categories: list[Column] | None = key(
+        None, "only the rows of these categories (builtin: of " + ", ".join(BUILTIN_SUITE_CATEGORIES) + "); null = "
+        "all", min_length=1, max_length=64)
+
+
 class EvalSection(Section):
-    prompts: str | None = key(None, "the prompts quantize, engine and validate measure on: a JSONL "
-                              "(prompt|messages) or text file relative to the YAML; null = the held-out split",
-                              min_length=1)
+    prompts: str | None = key(None, "the prompts validate measures on: a JSONL (prompt|messages, optional category) "
+                              "or text file relative to the YAML, read before eval.suites; null with no eval.suites "
+                              "= the held-out split", min_length=1)
+    suites: list[EvalSuite] = Field(
+        default_factory=list, max_length=16, description="evaluation suites validate measures on, by category: each a "
+        "JSONL file, a `datasets` dataset or the builtin suite; their prompts taken in turn, suite by suite and category "
+        "by category, up to eval.num_prompts; [] = eval.prompts alone, else the held-out split")
     num_prompts: int = key(8, "prompts each of quantize, engine and validate compares and times", ge=1, le=256)
     max_new_tokens: int = key(128, "answer length in those comparisons", ge=1, le=8192)
     acceptance_prompts: int = key(64, "held-out prompts the head's acceptance length is measured on (train, "
@@ -317,7 +346,27 @@ class BuildConfig(Section):
             raise ValueError("serve.decoding=draft_target needs serve.draft_model")
         self._check_draft_method()
         self._check_schedule()
+        self._check_suites()
         return self
+
+    def _check_suites(self) -> None:
+        """Each eval.suites entry has what its kind reads and nothing another kind reads, naming the entry."""
+        hf_only, file_only = ("split", "subset"), ("prompt_field", "messages_field", "category_field")
+        for i, s in enumerate(self.eval.suites):
+            name = f"eval.suites[{i}]"
+            if s.kind == "builtin":
+                if s.path is not None or (bad := sorted(set(hf_only + file_only) & s.model_fields_set)):
+                    what = "path" if s.path is not None else bad[0]
+                    raise ValueError(f"{name}.{what}: a builtin suite reads no file (drop it, or set kind: jsonl or hf)")
+                if unknown := [c for c in s.categories or () if c not in BUILTIN_SUITE_CATEGORIES]:
+                    raise ValueError(f"{name}.categories: unknown builtin category '{unknown[0]}' (builtin categories: "
+                                     f"{', '.join(BUILTIN_SUITE_CATEGORIES)})")
+                continue
+            if s.path is None:
+                raise ValueError(f"{name}.path: {'an hf' if s.kind == 'hf' else 'a jsonl'} suite needs a path (" +
+                                 ("the dataset id or its local copy)" if s.kind == "hf" else "the JSONL file)"))
+            if s.kind == "jsonl" and (bad := sorted(set(hf_only) & s.model_fields_set)):
+                raise ValueError(f"{name}.{bad[0]}: a datasets option, but the suite is kind jsonl (set kind: hf)")
 
     def _check_schedule(self) -> None:
         """serve.draft_len_schedule as both engines' configs will take it (trtspec.draft_schedule)."""

@@ -43,32 +43,76 @@ READS = ("validate", "draft", "eval", "seed")
 
 
 def files_read(cfg: BuildConfig) -> list[InputFile]:
-    """eval.prompts, read as load_prompt_rows reads it."""
+    """eval.prompts and the jsonl files of eval.suites, read as load_prompt_rows reads them."""
     from functools import partial
 
-    if not cfg.eval.prompts:
-        return []
-    read = partial(read_prompt_file, what="eval.prompts file", hint="check eval.prompts (relative to the YAML)")
-    return [InputFile("eval.prompts", "eval.prompts file", cfg.eval.prompts, cfg.resolve_path(cfg.eval.prompts), "prompt", read)]
+    from trtspec.suites import read_suite_file
+
+    files = []
+    if cfg.eval.prompts:
+        read = partial(read_prompt_file, what="eval.prompts file", hint="check eval.prompts (relative to the YAML)")
+        files.append(InputFile("eval.prompts", "eval.prompts file", cfg.eval.prompts, cfg.resolve_path(cfg.eval.prompts),
+                               "prompt", read))
+    for i, s in enumerate(cfg.eval.suites):
+        if s.kind == "jsonl" and s.path:
+            name, what = f"eval.suites[{i}].path", f"eval.suites[{i}] file"
+            read = partial(read_suite_file, s=s, what=what, hint=f"check {name} (relative to the YAML)")
+            files.append(InputFile(name, what, s.path, cfg.resolve_path(s.path), "prompt", read))
+    return files
+
+
+def prompt_sources(cfg: BuildConfig, trained: set[str] | None = None) -> list[tuple[str, str, list[dict]]]:
+    """(name, how errors name it, rows) of each source of prompts: eval.prompts (in file order), then each of
+    eval.suites (its categories in turn); the builtin suite's rows less any whose prompt is in `trained`."""
+    from trtspec.suites import suite_label, suite_rows
+
+    readers = {f.name: f for f in files_read(cfg)}
+    out = []
+    if cfg.eval.prompts:
+        f = readers["eval.prompts"]
+        out.append((cfg.eval.prompts, f"eval.prompts file '{f.path}'", f.read(f.path, Counter())))
+    for i, s in enumerate(cfg.eval.suites):
+        f = readers.get(f"eval.suites[{i}].path")
+        rows = suite_rows(cfg, i, f.read if f else None)
+        if s.kind == "builtin" and trained:
+            rows = [r for r in rows if prompt_key(r["messages"]) not in trained]
+        out.append((suite_label(s), f"eval.suites[{i}] ({suite_label(s)})", rows))
+    return out
+
+
+def prompt_key(messages: list[dict]) -> str:
+    return json.dumps([(m["role"], m["content"]) for m in messages])
+
+
+def taken_rows(sources: list[tuple[str, str, list[dict]]], n: int) -> list[dict]:
+    """The first `n` prompts, the sources in turn (each row tagged with its source's name: `suite`)."""
+    from trtspec.suites import interleave
+
+    return interleave([{**r, "suite": name} for r in rows] for name, _, rows in sources)[:n]
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
-    """validate.baseline read and matched to this target and draft length; eval.prompts encoded as the stage will
-    encode them, each with eval.max_new_tokens, against the target's window: a prompt no context holds is refused
-    before any stage spends minutes (held-out prompts come from the data stage, cut to data.seq_len)."""
+    """validate.baseline read and matched to this target and draft length; eval.prompts and eval.suites read (an hf
+    suite loaded: with no network, one line) and the prompts the stage will take encoded as it will encode them,
+    each with eval.max_new_tokens, against the target's window: a prompt no context holds is refused before any
+    stage spends minutes (held-out prompts come from the data stage, cut to data.seq_len)."""
     from trtspec.models import load_tokenizer, resolve_model
     from trtspec.targets import text_config
 
     if cfg.validate_.baseline:
         read_baseline(cfg.resolve_path(cfg.validate_.baseline), target_identity(model_config), cfg.draft.length)
-    if not cfg.eval.prompts:
+    if not (cfg.eval.prompts or cfg.eval.suites):
         return
-    (f,) = files_read(cfg)
-    rows = [{**r, "id": f"row {i + 1}"} for i, r in enumerate(f.read(f.path, Counter())[: cfg.eval.num_prompts])]
+    sources = prompt_sources(cfg)
+    taken = taken_rows(sources, cfg.eval.num_prompts)
     tok = load_tokenizer(resolve_model(cfg.model.source))
     window = text_config(model_config).max_position_embeddings
-    check_context_length(rows, [encode_prompt(tok, r["messages"]) for r in rows], cfg.eval.max_new_tokens, window,
-                         f"eval.prompts file '{f.path}'")
+    for k, (name, label, _) in enumerate(sources):
+        rows = [r for r in taken if r["suite"] == name]
+        if k == 0 and cfg.eval.prompts:  # a file's prompts named by their place in it
+            rows = [{**r, "id": f"row {j + 1}"} for j, r in enumerate(rows)]
+        check_context_length(rows, [encode_prompt(tok, r["messages"]) for r in rows], cfg.eval.max_new_tokens, window,
+                             label)
 
 
 def models_read(cfg: BuildConfig) -> list[tuple[str, str]]:
@@ -78,20 +122,37 @@ def models_read(cfg: BuildConfig) -> list[tuple[str, str]]:
 
 
 def load_prompt_rows(ctx: StageContext) -> list[dict]:
-    """{"id", "category", "messages"} rows: eval.prompts (JSONL prompt|messages, or text lines), else held-out data."""
-    if ctx.cfg.eval.prompts:
-        (f,) = files_read(ctx.cfg)
-        rows, source = f.read(f.path, Counter()), str(f.path)
+    """{"id", "category", "messages", "suite"} rows: eval.prompts (JSONL prompt|messages, or text lines) and
+    eval.suites in turn, else held-out data. The builtin suite leaves out any prompt the run's training split holds."""
+    cfg = ctx.cfg
+    if cfg.eval.prompts or cfg.eval.suites:
+        trained = trained_prompts(ctx) if any(s.kind == "builtin" for s in cfg.eval.suites) else set()
+        sources = prompt_sources(cfg, trained)
+        rows, source = taken_rows(sources, cfg.eval.num_prompts), "; ".join(label for _, label, _ in sources)
     else:
         if "data" not in ctx.inputs:
-            raise DataError("no prompts: the data stage was skipped and eval.prompts is not set")
+            raise DataError("no prompts: the data stage was skipped and neither eval.prompts nor eval.suites is set")
         path = ctx.inputs["data"] / "heldout.jsonl"
         if not path.is_file():
             raise ArtifactError(f"'{path}' is missing", "re-run the data stage")
-        rows, source = prompt_rows(read_rows(path)), str(path)
+        rows, source = prompt_rows(read_rows(path))[: cfg.eval.num_prompts], str(path)
     if not rows:
-        raise DataError(f"no usable prompts in '{source}'", "give a JSONL with `prompt` or `messages`, or one prompt per line")
-    return rows[: ctx.cfg.eval.num_prompts]
+        raise DataError(f"no usable prompts in {source}", "give a JSONL with `prompt` or `messages`, or one prompt per line")
+    return rows
+
+
+def trained_prompts(ctx: StageContext) -> set[str]:
+    """The prompts (prompt_key) of the run's training split, data/train.jsonl."""
+    path = ctx.inputs["data"] / "train.jsonl" if "data" in ctx.inputs else None
+    return {prompt_key(r["messages"]) for r in prompt_rows(read_rows(path))} if path and path.is_file() else set()
+
+
+def prompt_source(cfg: BuildConfig) -> str:
+    """The report's name for where the prompts came from: eval.prompts and each suite, else the held-out split."""
+    from trtspec.suites import suite_label
+
+    names = ([cfg.eval.prompts] if cfg.eval.prompts else []) + [suite_label(s) for s in cfg.eval.suites]
+    return "; ".join(names) or "data/heldout.jsonl"
 
 
 @dataclass
@@ -251,7 +312,8 @@ def run(ctx: StageContext) -> dict:
         "runtime_settings": dataclasses.asdict(b.settings),
         "bundle": str(ctx.inputs["export"]),
         "prompts": len(prompts),
-        "prompt_source": ctx.cfg.eval.prompts or "data/heldout.jsonl",
+        "prompt_source": prompt_source(ctx.cfg),
+        "prompts_per_source": dict(Counter(r.get("suite", prompt_source(ctx.cfg)) for r in b.rows)),
         "max_new_tokens": n_new,
         "draft_len": d.length,
         "draft_shape": d.shape,

@@ -1,0 +1,185 @@
+"""The project's prompt generator: varied tasks from templates x topics, each with its category (explanation,
+lists, code, writing, chat, math). It writes the demo prompt set the demo recipe trains on
+(build_configs/prompts/demo_prompts.jsonl, by scripts/make_demo_prompts.py) and gives the builtin evaluation suite
+its prompts (trtspec.suites.builtin_rows). Deterministic: the same seed gives the same prompts.
+"""
+
+from __future__ import annotations
+
+import random
+from itertools import product
+
+SUBJECTS = """photosynthesis, gravity, electricity, magnetism, volcanoes, earthquakes, plate tectonics, the water cycle,
+rainbows, tides, the seasons, black holes, the solar system, the moon, stars, comets, the immune system, vaccines,
+the heart, the brain, sleep, digestion, DNA, evolution, climate change, the greenhouse effect, recycling, inflation,
+interest rates, the stock market, supply and demand, taxes, democracy, the Roman Empire, ancient Egypt, the printing
+press, the industrial revolution, the internet, email, Wi-Fi, GPS, a compiler, an operating system, a database,
+machine learning, neural networks, encryption, passwords, cloud computing, blockchain, batteries, solar panels,
+wind turbines, nuclear power, airplanes, rockets, bridges, electric cars, refrigerators, microwaves, music theory,
+jazz, the Olympic Games, chess, soccer, coffee, bread baking, fermentation, bees, ants, dolphins, wolves, coral reefs,
+rainforests, deserts, glaciers, hurricanes, lightning, clouds, ocean currents, the human eye, muscles, bones,
+antibiotics, nutrition, meditation, memory, habits, time zones, calendars, maps, languages, writing systems,
+money, banks, credit cards, insurance, elections, the United Nations, libraries, museums, photography, painting,
+poetry, theater, film making, video games, robots, 3D printing, satellites, telescopes, microscopes""".split(",")
+
+ACTIVITIES = """getting better sleep, learning a new language, saving money, starting to run, cooking rice, writing a
+resume, preparing for a job interview, keeping houseplants alive, staying focused while studying, making friends in a
+new city, public speaking, time management, drinking more water, reading more books, learning to draw, planning a road
+trip, packing for a weekend trip, organizing a small kitchen, cleaning a laptop keyboard, learning to swim, baking
+bread, growing tomatoes, training a puppy, writing a blog, learning guitar, meal planning, reducing screen time,
+moving to a new apartment, hosting a dinner party, studying for an exam, starting a small business, taking better
+photos, learning to code, keeping a journal, camping for the first time, running a meeting, budgeting for a trip,
+staying healthy at a desk job, learning to meditate, decluttering a closet""".split(",")
+
+PAIRS = """tea and coffee; books and movies; trains and planes; cats and dogs; summer and winter; RAM and storage;
+a laptop and a desktop; Python and JavaScript; a virus and a bacterium; speed and velocity; renting and buying a home;
+city life and country life; email and chat; paper books and e-books; running and swimming; solar and wind power;
+weather and climate; a lake and a sea; a planet and a star; frogs and toads; butter and margarine; SQL and NoSQL
+databases; public and private schools; working from home and working in an office; bikes and scooters; a loan and a
+lease; a crocodile and an alligator; hardware and software; a democracy and a monarchy; cash and credit cards""".split(";")
+
+THINGS = """vegetables that grow fast, things to pack for camping, animals that live in the ocean, planets in the
+solar system, healthy snacks, board games, breakfast ideas, musical instruments, programming languages, renewable
+energy sources, sports played with a ball, countries in Europe, countries in Asia, types of clouds, birds, fruits,
+famous scientists, famous painters, rivers in Africa, kitchen tools, hobbies you can do at home, things to do on a
+rainy day, ways to reduce waste, indoor plants, dog breeds, cat breeds, parts of a computer, parts of a flower,
+winter sports, desserts, spices, jobs in a hospital, tools for woodworking, things to see in Paris, free time
+activities for kids, ways to be kind, ideas for a birthday party, things that use electricity, noisy animals,
+shapes, units of measurement, famous inventions, common English idioms, types of bread, root vegetables, herbs for
+cooking, reptiles, insects, mammals that live in cold places, national parks, space missions, Greek gods, ancient
+wonders of the world, card games, outdoor games for children, classic novels, types of pasta, cheeses, flowers that
+bloom in spring, trees that lose their leaves, gemstones, metals, musical genres, dance styles""".split(",")
+
+LANGS = ["Python", "JavaScript", "Java", "C", "C++", "Go", "Rust", "TypeScript", "Ruby", "Bash", "SQL"]
+CODE_TASKS = """reverses a string, checks if a number is prime, computes the nth Fibonacci number, counts words in a
+sentence, checks if a year is a leap year, finds the largest number in a list, removes duplicates from a list,
+checks if a string is a palindrome, sorts a list of numbers, computes the factorial of a number, converts Celsius to
+Fahrenheit, merges two sorted lists, counts the vowels in a string, computes the average of a list, finds the second
+largest number in a list, checks if two strings are anagrams, flattens a nested list, computes the greatest common
+divisor of two numbers, capitalizes every word in a sentence, sums the digits of a number, counts how often each word
+appears in a text, converts a binary string to a number, finds the smallest number in a list, reverses the words in a
+sentence, checks if a list is sorted, computes the power of a number, returns the even numbers of a list, counts the
+lines in a file, checks if a number is a perfect square, joins a list of strings with commas, removes spaces from a
+string, computes the length of a list without a built-in function""".split(",")
+CODE_QUESTIONS = """What is a variable in programming?; What is recursion?; What does a for loop do?; What is an API?;
+What is the difference between a list and a tuple in Python?; What is a class in object-oriented programming?;
+Explain what Git is used for.; What is a hash table?; What does Big O notation mean?; What is a unit test?;
+Explain the difference between a compiler and an interpreter.; What is a race condition?; What does JSON look like?;
+What is a pointer in C?; What is the difference between == and === in JavaScript?; What is a function?;
+What is a loop?; What is an array?; What is a string in programming?; What does an if statement do?; What is a
+bug?; What is open source software?; What is a library in programming?; What is the difference between a bit and a
+byte?; What is version control?""".split(";")
+
+WRITING_FORMS = ["Write a short poem about {}.", "Write a haiku about {}.", "Write a limerick about {}.",
+                 "Write a two-sentence story about {}.", "Write a short diary entry about {}.",
+                 "Write a paragraph describing {}.", "Describe {} using vivid language.",
+                 "Write a short story about {}.", "Write a tweet about {}."]
+WRITING_SUBJECTS = """dogs, snow, the stars, a train journey, a rainy morning, coffee, friendship, the ocean, a garden,
+autumn, a lighthouse, mountains, cats, an old library, a busy market, a quiet forest, a city at night, the first day
+of school, a lost key, a robot learning to paint, a summer festival, a thunderstorm, a small bakery, an empty beach,
+a bicycle ride, a grandmother's kitchen, a broken clock, the last day of winter, a paper boat, a street musician,
+a snowy village, a sleepy cat, the smell of rain, a hot air balloon, a forgotten umbrella, the first snow, a
+spring morning, a crowded train station, a sunflower field, an old bookshop, a night sky full of stars, a birthday
+cake, a walk in the park, a campfire, a rainy Sunday afternoon""".split(",")
+WRITING_TASKS = """Write an email asking a colleague for a meeting tomorrow.; Write a polite message declining an
+invitation.; Write a short thank-you note to a teacher.; Write an apology message for missing a meeting.; Write a
+birthday message for a friend.; Write a short speech welcoming new students.; Write a short bio for a software
+engineer.; Write a product description for a reusable water bottle.; Write a short advertisement for a bakery.;
+Write a motivational quote about hard work.; Give a title for a blog post about healthy breakfasts.; Write a short
+review of a coffee shop.; Summarize the plot of Cinderella in three sentences.; Write a cover letter opening for a
+nurse.; Write a toast for a wedding.; Write a short note to a neighbor about a noisy party.; Write a welcome message
+for a new team member.; Write a short complaint about a late delivery.; Write an out-of-office reply.; Write a
+short product review of headphones.""".split(";")
+
+CHAT = """Hi! How are you today?; What can you help me with?; Tell me a fun fact.; Tell me a joke.; Can you give me
+a riddle?; What should I cook for dinner tonight?; Suggest a fun weekend activity.; I'm bored. What should I do?;
+What's a good name for a cat?; I feel tired today. Any tips?; Can you help me plan my day?; Recommend a movie for a
+family night.; Can you recommend a good book?; What is a good hobby for relaxing?; Good morning!; Hello, who are you?;
+What is the capital of France?; What is the tallest mountain in the world?; Why is the sky blue?; Which is heavier, a
+kilogram of feathers or a kilogram of steel?; How many continents are there?; What is the largest ocean?; Who wrote
+Romeo and Juliet?; How do I say thank you in Spanish?; What rhymes with cat?; What is the opposite of happy?; What
+should I name my new plant?; What is a good gift for a friend who likes music?; How far is the moon from Earth?;
+What language is spoken in Brazil?""".split(";")
+CHAT_FORMS = ["I need help with {}. Where do I start?", "Any advice on {}?", "Can you talk me through {}?",
+              "Do you have any tips for {}?", "I want to get better at {}. What should I do first?",
+              "I'm a beginner at {}. Any advice?", "How do I get started with {}?", "What helps most with {}?"]
+
+EXPLAIN_FORMS = ["Explain {} in simple terms.", "How does {} work?", "What is {}? Give a short explanation.",
+                 "Explain {} to a ten-year-old.", "Can you describe {} in a few sentences?", "Why is {} important?",
+                 "Tell me three facts about {}."]
+LIST_FORMS = ["List some {}.", "Give me a list of {}.", "What are some {}?", "Name five {}.", "Name three {}.",
+              "Can you list a few {}?", "Which {} are the most popular?"]
+ACTIVITY_LIST_FORMS = ["Give me five tips for {}.", "Make a short checklist for {}.", "List some simple steps for {}.",
+                       "What are three common mistakes with {}?"]
+
+
+def clean(items: list[str]) -> list[str]:
+    return [" ".join(x.split()) for x in items if x.strip()]
+
+
+def math_prompts(rng: random.Random, n: int) -> list[str]:
+    """Arithmetic and word problems with random numbers (the target's answers vary with the numbers)."""
+    forms = [
+        lambda: f"What is {rng.randint(11, 99)} times {rng.randint(11, 99)}?",
+        lambda: f"What is {rng.randint(5, 60)}% of {rng.randint(2, 99) * 10}?",
+        lambda: f"What is {rng.randint(100, 999)} plus {rng.randint(100, 999)}?",
+        lambda: f"What is {rng.randint(500, 999)} minus {rng.randint(100, 499)}?",
+        lambda: f"Divide {rng.randint(2, 30) * 12} by 12.",
+        lambda: f"Solve for x: {rng.randint(2, 9)}x + {rng.randint(1, 20)} = {rng.randint(21, 99)}.",
+        lambda: f"A shirt costs ${rng.randint(10, 80)} and is on sale for {rng.choice([10, 20, 25, 30, 50])}% off. What is the sale price?",
+        lambda: f"If a car travels at {rng.randint(30, 120)} km per hour, how far does it go in {rng.randint(2, 6)} hours?",
+        lambda: f"What is the area of a rectangle {rng.randint(2, 30)} meters long and {rng.randint(2, 30)} meters wide?",
+        lambda: f"What is the perimeter of a square with sides of {rng.randint(2, 50)} cm?",
+        lambda: f"I have {rng.randint(10, 99)} apples and give away {rng.randint(1, 9)}. How many are left?",
+        lambda: f"Convert {rng.randint(1, 50)} kilometers to meters.",
+        lambda: f"Is {rng.randint(20, 300)} a prime number?",
+        lambda: f"What is the square root of {rng.randint(2, 30) ** 2}?",
+        lambda: f"How many minutes are in {rng.randint(2, 12)} hours?",
+        lambda: f"Round {rng.randint(100, 9999) / 100} to the nearest whole number.",
+    ]
+    fixed = ["How do you find the area of a circle?", "What is a prime number?", "Explain what a fraction is.",
+             "What is the Pythagorean theorem?", "How do you calculate an average?", "What is a percentage?",
+             "Explain long division step by step.", "What is the difference between mean and median?",
+             "What is an equation?", "How do you add fractions with different denominators?"]
+    out = list(fixed)
+    while len(out) < n:
+        out.append(rng.choice(forms)())
+    return out
+
+
+DEMO_N, DEMO_SEED = 2400, 0  # build_configs/prompts/demo_prompts.jsonl: build(DEMO_N, DEMO_SEED)
+# each kind of task and its share of the demo set
+SHARE = {"explanation": 0.25, "lists": 0.2, "code": 0.15, "writing": 0.15, "chat": 0.1, "math": 0.15}
+CATEGORIES = tuple(SHARE)
+
+
+def pools(rng: random.Random, n_math: int) -> dict[str, list[str]]:
+    """Every prompt the templates make, by category (math: `n_math` drawn with `rng`, the numbers random)."""
+    subjects, acts, things = clean(SUBJECTS), clean(ACTIVITIES), clean(THINGS)
+    return {
+        "explanation": [f.format(s) for f, s in product(EXPLAIN_FORMS, subjects)]
+        + [f"What is the difference between {p}?" for p in clean(PAIRS)],
+        "lists": [f.format(t) for f, t in product(LIST_FORMS, things)]
+        + [f.format(a) for f, a in product(ACTIVITY_LIST_FORMS, acts)]
+        + [f"Compare {p} in a short list of pros and cons." for p in clean(PAIRS)],
+        "code": [f"Write a {lang} function that {task}." for lang, task in product(LANGS, clean(CODE_TASKS))]
+        + clean(CODE_QUESTIONS),
+        "writing": [f.format(s) for f, s in product(WRITING_FORMS, clean(WRITING_SUBJECTS))] + clean(WRITING_TASKS),
+        "chat": clean(CHAT) + [f.format(a) for f, a in product(CHAT_FORMS, acts)],
+        "math": math_prompts(rng, n_math),
+    }
+
+
+def build(n: int, seed: int) -> list[dict]:
+    """The demo set: n prompts, each category its SHARE of them, shuffled ({"prompt", "category"} rows)."""
+    rng = random.Random(seed)
+    by_category = pools(rng, 10 * n)
+    rows, seen = [], set()
+    for cat, frac in SHARE.items():
+        pool = list(dict.fromkeys(by_category[cat]))
+        rng.shuffle(pool)
+        picked = [p for p in pool if p not in seen][: round(frac * n)]
+        seen.update(picked)
+        rows += [{"prompt": p, "category": cat} for p in picked]
+    rng.shuffle(rows)
+    return rows

@@ -1,0 +1,225 @@
+"""Evaluation suites (eval.suites): where the prompts validate measures on come from, each with its category.
+
+A suite is one of
+  jsonl    a JSONL file of the user's; its columns named by prompt_field (text), messages_field (chat turns) and
+           category_field, read by read_suite_file
+  hf       a `datasets` dataset read with the same mapping (hf_suite_rows): a hub id through datasets.load_dataset
+           (with no network: one line naming the id and the local copies that need none), or a local copy: a data
+           file (.parquet/.json/.jsonl/.csv/.arrow, load_dataset's data_files) or a folder written by save_to_disk
+           (load_from_disk)
+  builtin  the project's prompt generator (trtspec.demo_prompts), no file, no hub (builtin_rows)
+Rows are {id, category, messages}, as validate reads them. A problem is a DataError naming the suite, the file or
+dataset, the column and the first row lacking it; the build's preflight reads every suite before the first stage.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtspec.chat import ROLES, read_lines
+from trtspec.errors import DataError
+
+if TYPE_CHECKING:
+    from trtspec.config import BuildConfig, EvalSuite
+
+# prompts per builtin category at most (eval.num_prompts is at most 256: 6 x 64 covers it)
+BUILTIN_PER_CATEGORY = 64
+DATA_FILE_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}
+LOCAL_COPY = ("a local copy needs no network: a JSONL file (kind: jsonl), a .parquet/.json/.csv data file or a folder "
+              "written by Dataset.save_to_disk (kind: hf, path: the file or folder)")
+
+
+def suite_label(s: EvalSuite) -> str:
+    """How the report's prompt_source names a suite."""
+    if s.kind == "builtin":
+        return "builtin" + (f" ({', '.join(s.categories)})" if s.categories else "")
+    if s.kind == "jsonl":
+        return f"jsonl:{s.path}"
+    return f"hf:{s.path}" + (f"[{s.subset}]" if s.subset else "") + f":{s.split}"
+
+
+def prompt_turns(turns: Any) -> list[dict] | None:
+    """Chat turns [{role, content}] as a prompt (a last assistant turn dropped), or None where they are no prompt."""
+    if not isinstance(turns, list):
+        return None
+    msgs = []
+    for t in turns:
+        role = ROLES.get(str(t.get("role", "")).lower()) if isinstance(t, dict) else None
+        if role is None or not isinstance(t.get("content"), str):
+            return None
+        msgs.append({"role": role, "content": t["content"]})
+    if msgs and msgs[-1]["role"] == "assistant":
+        msgs = msgs[:-1]
+    return msgs if msgs and any(m["content"].strip() for m in msgs) else None
+
+
+def mapped_row(rec: dict, s: EvalSuite, where: str, at: str, row_id: str) -> dict:
+    """One record of a jsonl or hf suite as {id, category, messages}, through the suite's column mapping."""
+    pf, mf, cf = s.prompt_field, s.messages_field, s.category_field
+    text = rec.get(pf)
+    if isinstance(text, list) and text and all(isinstance(x, str) for x in text):
+        text = text[0]  # a list of turns (MT-Bench's `prompt`): the first
+    if pf in rec and rec[pf] is not None:
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"{where}: {at}'s '{pf}' is not a non-empty text", "set the suite's prompt_field to the "
+                            "column that holds the prompt")
+        msgs = [{"role": "user", "content": text}]
+    elif mf in rec and rec[mf] is not None:
+        msgs = prompt_turns(rec[mf])
+        if msgs is None:
+            raise DataError(f"{where}: {at}'s '{mf}' is not a list of {{role, content}} turns with a prompt",
+                            "set the suite's messages_field to the column that holds the chat turns")
+    else:
+        raise DataError(f"{where}: {at} has no '{pf}' (text) or '{mf}' (messages) column",
+                        "set the suite's prompt_field or messages_field to the column that holds the prompt")
+    category = rec.get(cf)
+    if category is None or (isinstance(category, str) and not category.strip()):
+        if "category_field" in s.model_fields_set:
+            raise DataError(f"{where}: {at} has no '{cf}' column (the suite's category_field)",
+                            "give every row a category, or drop category_field (rows without one are 'chat')")
+        category = "chat"
+    rid = rec.get("id")
+    return {"id": str(rid) if isinstance(rid, (str, int)) else row_id, "category": str(category), "messages": msgs}
+
+
+def only_categories(rows: list[dict], s: EvalSuite, where: str) -> list[dict]:
+    """The rows of the suite's `categories` (all with none named); a named category with no row is an error."""
+    if not s.categories:
+        return rows
+    have = list(dict.fromkeys(r["category"] for r in rows))
+    if missing := [c for c in s.categories if c not in have]:
+        raise DataError(f"{where} has no row of category '{missing[0]}' (its categories: {', '.join(have) or 'none'})",
+                        "check the suite's categories and category_field")
+    return [r for r in rows if r["category"] in s.categories]
+
+
+def read_suite_file(path: Path, skips: Counter, s: EvalSuite, what: str = "eval.suites file",
+                    hint: str = "check eval.suites[*].path (relative to the YAML)") -> list[dict]:
+    """A jsonl suite's rows (the reader the build's preflight and validate share: trtspec.pipeline.stage.InputFile).
+    Every non-blank line must be a JSON object with the prompt column: a suite measures what it holds, no row is
+    silently dropped."""
+    where = f"{what} '{path}'"
+    rows = []
+    for n, line in enumerate(read_lines(path, what, hint), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            raise DataError(f"{where}: line {n} is not valid JSON", "one JSON object per line") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{where}: line {n} is not a JSON object", "one JSON object per line")
+        rows.append(mapped_row(rec, s, where, f"line {n}", f"{path.stem}:{n}"))
+    return only_categories(rows, s, where) if rows else rows
+
+
+def load_hf_dataset(s: EvalSuite, resolve: Callable[[str], Path], where: str) -> Any:
+    """The suite's split, by the real `datasets` code: a saved folder (load_from_disk), a local data file or folder
+    of them (load_dataset with data_files), else a hub id (load_dataset; with no network, one line)."""
+    assert s.path is not None
+    local = resolve(s.path)
+    looks_local = s.path.startswith((".", "/", "~")) or local.exists()
+    if looks_local and not local.exists():
+        raise DataError(f"{where}: '{local}' does not exist", "check the suite's path (relative to the YAML)")
+    try:
+        import datasets
+
+        if local.is_dir() and any((local / f).is_file() for f in ("state.json", "dataset_dict.json")):
+            ds = datasets.load_from_disk(str(local))
+            if isinstance(ds, datasets.DatasetDict):
+                if s.split not in ds:
+                    raise DataError(f"{where}: the saved dataset has no split '{s.split}' (its splits: {', '.join(ds)})",
+                                    "set the suite's split")
+                ds = ds[s.split]
+        elif local.is_file():
+            builder = DATA_FILE_BUILDERS.get(local.suffix.lower())
+            if builder is None:
+                raise DataError(f"{where}: '{local.name}' is no data file datasets reads by its name "
+                                f"({', '.join(DATA_FILE_BUILDERS)})", "or give a JSONL file as kind: jsonl")
+            ds = datasets.load_dataset(builder, data_files={s.split: str(local)}, split=s.split)
+        elif looks_local:
+            ds = datasets.load_dataset(str(local), s.subset, split=s.split)
+        else:
+            ds = datasets.load_dataset(s.path, s.subset, split=s.split)
+    except DataError:
+        raise
+    except Exception as e:  # datasets raises many kinds (network, missing split, bad name, bad file)
+        why = " ".join(f"{type(e).__name__}: {e}".split())[:200]
+        if not looks_local and isinstance(e, (ConnectionError, TimeoutError)):
+            raise DataError(f"{where}: the hub cannot be reached ({why}); {LOCAL_COPY}") from None
+        raise DataError(f"{where} cannot be loaded ({why})" + ("" if looks_local else f"; {LOCAL_COPY}")) from None
+    return ds
+
+
+def hf_suite_rows(s: EvalSuite, resolve: Callable[[str], Path], where: str) -> list[dict]:
+    """An hf suite's rows through its column mapping; a column the dataset lacks is named with those it has."""
+    ds = load_hf_dataset(s, resolve, where)
+    cols = list(ds.column_names)
+    if s.prompt_field not in cols and s.messages_field not in cols:
+        raise DataError(f"{where}: row 1 has no '{s.prompt_field}' (text) or '{s.messages_field}' (messages) column "
+                        f"(its columns: {', '.join(cols)})", "set the suite's prompt_field or messages_field")
+    if "category_field" in s.model_fields_set and s.category_field not in cols:
+        raise DataError(f"{where}: row 1 has no '{s.category_field}' column (the suite's category_field; its columns: "
+                        f"{', '.join(cols)})", "set category_field to the column that holds the category, or drop it")
+    keep = [c for c in dict.fromkeys((s.prompt_field, s.messages_field, s.category_field, "id")) if c in cols]
+    records = ds.select_columns(keep).to_list()
+    rows = [mapped_row(r, s, where, f"row {n}", f"{s.path}:{n}") for n, r in enumerate(records, 1)]
+    if not rows:
+        raise DataError(f"{where} holds no row", "check the suite's split")
+    return only_categories(rows, s, where)
+
+
+def builtin_rows(seed: int, categories: Iterable[str] | None = None) -> list[dict]:
+    """The builtin suite: up to BUILTIN_PER_CATEGORY prompts of each category from the project's generator,
+    the categories in turn. Deterministic in `seed` (build.seed), each category from a seed stream of its own (so
+    picking categories changes none of their prompts), and held out from training: no prompt of the demo set the
+    demo recipe trains on (demo_prompts.build at its defaults, build_configs/prompts/demo_prompts.jsonl) is taken,
+    and validate also drops any the run's own training split holds."""
+    from trtspec.demo_prompts import CATEGORIES, DEMO_N, DEMO_SEED, build, pools
+
+    trained = {r["prompt"] for r in build(DEMO_N, DEMO_SEED)}
+    by_category = pools(random.Random(f"trtspec eval.suites builtin {seed} math"), 4 * BUILTIN_PER_CATEGORY)
+    groups = []
+    for cat in categories or CATEGORIES:
+        pool = [p for p in dict.fromkeys(by_category[cat]) if p not in trained]
+        random.Random(f"trtspec eval.suites builtin {seed} {cat}").shuffle(pool)
+        groups.append([{"id": f"builtin:{cat}:{j}", "category": cat, "messages": [{"role": "user", "content": p}]}
+                       for j, p in enumerate(pool[:BUILTIN_PER_CATEGORY])])
+    return interleave(groups)
+
+
+def interleave(groups: Iterable[list]) -> list:
+    """The groups' items in turn: the first of each, then the second of each... (a group that runs out is passed)."""
+    groups = [list(g) for g in groups]
+    return [g[j] for j in range(max(map(len, groups), default=0)) for g in groups if j < len(g)]
+
+
+def by_category(rows: list[dict]) -> list[dict]:
+    """A suite's rows with its categories in turn (each category's rows in their order): the first
+    eval.num_prompts rows of a file sorted by category span its categories."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["category"], []).append(r)
+    return interleave(groups.values())
+
+
+def suite_rows(cfg: BuildConfig, i: int, read_file: Callable[[Path, Counter], list[dict]] | None = None) -> list[dict]:
+    """eval.suites[i]'s rows, its categories in turn; `read_file` reads a jsonl suite (validate's files_read reader)."""
+    s = cfg.eval.suites[i]
+    name = f"eval.suites[{i}]"
+    if s.kind == "builtin":
+        return builtin_rows(cfg.seed, s.categories)
+    if s.kind == "hf":
+        return by_category(hf_suite_rows(s, cfg.resolve_path, f"{name} dataset '{s.path}' split '{s.split}'"))
+    assert s.path is not None
+    path = cfg.resolve_path(s.path)
+    rows = (read_file or (lambda p, k: read_suite_file(p, k, s, f"{name} file")))(path, Counter())
+    if not rows:
+        raise DataError(f"{name} file '{path}' holds no usable prompt (empty, or blank lines only)",
+                        "one JSON object per line with the suite's prompt or messages column")
+    return by_category(rows)
