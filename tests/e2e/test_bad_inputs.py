@@ -280,6 +280,48 @@ def case_eval_prompts_unparsable(tmp, model, mp):
     return build(tmp, config(tmp, model, eval={"prompts": "prompts.jsonl"}))
 
 
+SUITE_ROWS = [{"question": "Name a color.", "topic": "chat"}, {"prompt": "Say hi.", "topic": "chat"},
+              {"question": "What is 2 + 2?"}]
+
+
+def case_eval_suite_missing(tmp, model, mp):
+    return build(tmp, config(tmp, model, eval={"suites": [{"kind": "jsonl", "path": "no-such-suite.jsonl"}]}))
+
+
+def case_eval_suite_no_prompt_column(tmp, model, mp):
+    write_jsonl(tmp / "suite.jsonl", SUITE_ROWS)
+    suite = {"kind": "jsonl", "path": "suite.jsonl", "prompt_field": "question"}
+    return build(tmp, config(tmp, model, eval={"suites": [{"kind": "builtin"}, suite]}))
+
+
+def case_eval_suite_no_category_column(tmp, model, mp):
+    write_jsonl(tmp / "suite.jsonl", [{"prompt": r.get("question") or r["prompt"], **r} for r in SUITE_ROWS])
+    suite = {"kind": "jsonl", "path": "suite.jsonl", "category_field": "topic"}
+    return build(tmp, config(tmp, model, eval={"suites": [suite]}))
+
+
+def case_eval_suite_hf_offline(tmp, model, mp):
+    import datasets
+    import huggingface_hub.constants
+
+    # no hub here (tests run with HF_HUB_OFFLINE=1, which datasets and huggingface_hub read at their import)
+    mp.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    suite = {"kind": "hf", "path": "nobody-here/no-such-suite", "split": "test"}
+    return build(tmp, config(tmp, model, eval={"suites": [suite]}))
+
+
+def case_eval_suite_hf_no_column(tmp, model, mp):
+    import datasets
+
+    datasets.Dataset.from_dict({"question": ["Name a color."], "topic": ["chat"]}).save_to_disk(str(tmp / "saved"))
+    return build(tmp, config(tmp, model, eval={"suites": [{"kind": "hf", "path": "saved", "category_field": "topic"}]}))
+
+
+def case_eval_suite_unknown_category(tmp, model, mp):
+    return build(tmp, config(tmp, model, eval={"suites": [{"kind": "builtin", "categories": ["code", "poetry"]}]}))
+
+
 def case_nvfp4_on_cpu(tmp, model, mp):
     return build(tmp, config(tmp, model, quantize={"format": "nvfp4"}), "--until", "quantize")
 
@@ -461,6 +503,12 @@ CASES = [
     Case("eval-prompts-empty", case_eval_prompts_empty, 2, r"eval\.prompts file .*prompts\.jsonl' holds no usable prompt \(empty", "validate", before_data=True),
     Case("eval-prompts-too-long", case_eval_prompts_too_long, 2, r"eval\.prompts file .*prompts\.jsonl': 1 prompt\(s\) \(first: row 2, \d+ tokens\) plus 4 new tokens exceed the target's context of 1024", "validate", before_data=True),
     Case("eval-prompts-unparsable", case_eval_prompts_unparsable, 2, r"eval\.prompts file .*prompts\.jsonl' holds no usable prompt \(2 unparsable prompt line, 1 prompt row without prompt\)", "validate", before_data=True),
+    Case("eval-suite-missing", case_eval_suite_missing, 2, r"eval\.suites\[0\] file .*no-such-suite\.jsonl' does not exist", "validate", before_data=True),
+    Case("eval-suite-no-prompt-column", case_eval_suite_no_prompt_column, 2, r"eval\.suites\[1\] file .*suite\.jsonl': line 2 has no 'question' \(text\) or 'messages' \(messages\) column", "validate", before_data=True),
+    Case("eval-suite-no-category-column", case_eval_suite_no_category_column, 2, r"eval\.suites\[0\] file .*suite\.jsonl': line 3 has no 'topic' column \(the suite's category_field\)", "validate", before_data=True),
+    Case("eval-suite-hf-offline", case_eval_suite_hf_offline, 2, r"eval\.suites\[0\] dataset 'nobody-here/no-such-suite' split 'test': the hub cannot be reached \(.*\); a local copy needs no network: a JSONL file \(kind: jsonl\), .*save_to_disk", "validate", before_data=True),
+    Case("eval-suite-hf-no-column", case_eval_suite_hf_no_column, 2, r"eval\.suites\[0\] dataset 'saved' split 'train': row 1 has no 'prompt' \(text\) or 'messages' \(messages\) column \(its columns: question, topic\)", "validate", before_data=True),
+    Case("eval-suite-unknown-category", case_eval_suite_unknown_category, 2, r"eval\.suites\[0\]\.categories: unknown builtin category 'poetry' \(builtin categories: explanation, lists, code, writing, chat, math\)"),
     Case("data-empty", case_data_empty, 2, r"data file .*data\.jsonl' holds no usable conversation \(empty", "data", before_data=True),
     Case("data-malformed", case_data_malformed, 2, r"data file .*data\.jsonl' holds no usable conversation \(1 unparsable line, 2 not a JSON object\)", "data", before_data=True),
     Case("data-no-assistant-turn", case_data_no_assistant, 2, r"data file .*data\.jsonl' holds no usable conversation \(2 no assistant turn\)", "data", before_data=True),

@@ -84,9 +84,12 @@ HOSTILE = {
 }
 
 
+LISTS = ("data.sources.", "eval.suites.")  # lists of sections: their keys walked as whole lists below
+
+
 def hostile_values(key: str, annotation, metadata) -> list[str]:
-    if key.startswith("data.sources."):
-        return []  # walked through data.sources below
+    if key.startswith(LISTS):
+        return []  # walked through data.sources and eval.suites below
     values = [v for v in HOSTILE[kind(annotation)] if not (key in FREE_TEXT and v == "''")]
     low, high, low_inc, _ = bounds(metadata)
     if kind(annotation) in ("int", "float") and low is not None and (low > 0 or not low_inc):
@@ -114,8 +117,16 @@ SOURCE_HOSTILE = ["x", "[]", "[{}]", "[{kind: jsonl}]", "[{kind: jsonl, path: ''
                   "[{kind: jsonl, path: d.jsonl, limit: 0}]", "[{kind: jsonl, path: d.jsonl, limit: .inf}]",
                   "[{kind: jsonl, path: d.jsonl, limit: 10000000000}]", "[{kind: jsonl, path: d.jsonl, split: ''}]",
                   "[{kind: jsonl, path: d.jsonl, regenerate: 3}]"]
+SUITE_HOSTILE = ["x", "null", "[{}]", "[1]", "[{kind: csv}]", "[{kind: jsonl}]", "[{kind: hf}]", "[{kind: jsonl, path: ''}]",
+                 "[{kind: builtin, path: d.jsonl}]", "[{kind: builtin, categories: []}]", "[{kind: builtin, categories: [nope]}]",
+                 "[{kind: builtin, categories: ['']}]", "[{kind: builtin, categories: [1]}]", "[{kind: builtin, split: test}]",
+                 "[{kind: jsonl, path: d.jsonl, prompt_field: ''}]", "[{kind: jsonl, path: d.jsonl, messages_field: 5}]",
+                 "[{kind: jsonl, path: d.jsonl, category_field: null}]", "[{kind: jsonl, path: d.jsonl, split: test}]",
+                 "[{kind: hf, path: d.jsonl, subset: ''}]", "[{kind: hf, path: d.jsonl, split: ''}]",
+                 "[{kind: jsonl, path: d.jsonl, nope: 1}]", "[" + ", ".join(["{kind: builtin}"] * 17) + "]"]
 KEYS = leaf_keys()
-WALK = [(k, v) for k, ann, meta in KEYS for v in hostile_values(k, ann, meta)] + [("data.sources", v) for v in SOURCE_HOSTILE]
+WALK = ([(k, v) for k, ann, meta in KEYS for v in hostile_values(k, ann, meta)] + [("data.sources", v) for v in SOURCE_HOSTILE]
+        + [("eval.suites", v) for v in SUITE_HOSTILE])
 EDGES = [(k, v) for k, ann, meta in KEYS for v in boundary_values(ann, meta)]
 
 
@@ -142,7 +153,7 @@ def check(cfg: Path, key: str, value: str) -> tuple[int, list[str], str]:
 
 def test_the_walk_covers_the_schema():
     walked = {k for k, _ in WALK}
-    assert {k for k, *_ in KEYS if not k.startswith("data.sources.")} <= walked
+    assert {k for k, *_ in KEYS if not k.startswith(LISTS)} <= walked
     assert len(KEYS) >= 80 and len(WALK) >= 500
     unbounded = [k for k, ann, meta in KEYS if kind(ann) in ("int", "float") and None in bounds(meta)[:2]]
     assert not unbounded, f"numeric keys without a lower and an upper bound: {unbounded}"
@@ -154,6 +165,7 @@ def test_every_hostile_value_is_refused_at_load(key, walk_config):
         code, errors, out = check(walk_config, key, value)
         assert code == 2 and len(errors) == 1 and "Traceback" not in out, f"{key}={value}: exit {code}\n{out}"
         assert key.split(".")[-1] in errors[0] or key == "data.sources", f"{key}={value}: {errors[0]}"
+        assert not key.startswith("eval.suites") or "eval.suites" in errors[0], f"{key}={value}: {errors[0]}"
         assert not (walk_config.parent / "run").exists(), f"{key}={value} created the run directory"
 
 
@@ -165,7 +177,7 @@ def test_values_at_the_bounds_never_reach_an_internal_error(key, walk_config):
         assert code == 0 or len(errors) == 1, f"{key}={value}: {out}"
 
 
-NUMERIC = [(k, ann, meta) for k, ann, meta in KEYS if kind(ann) in ("int", "float") and not k.startswith("data.sources.")]
+NUMERIC = [(k, ann, meta) for k, ann, meta in KEYS if kind(ann) in ("int", "float") and not k.startswith(LISTS)]
 
 
 def nested(key: str, value) -> dict:
