@@ -147,6 +147,18 @@ def test_validate_compares_suffix_drafting(tmp_path, run_inputs):
     assert "Drafting methods side by side" in md and "| suffix |" in md.split("## Sampling check")[1]
 
 
+def test_suite_categories_reach_the_report(tmp_path, run_inputs):
+    """eval.suites: the builtin suite's categories are the report's per_category, prompt_source names the suite."""
+    from trtspec.stages import validate
+
+    suites = [{"kind": "builtin", "categories": ["code", "math"]}]
+    validate.run(make_ctx(tmp_path, run_inputs, evaluation={"suites": suites, "max_new_tokens": 4}, compile=False,
+                          compare_hf=False, sampling_temperature=None))
+    r = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert r["prompt_source"] == "builtin (code, math)" and r["prompts_per_source"] == {"builtin (code, math)": 2}
+    assert set(r["per_category"]) == {"code", "math"} and all(c["prompts"] == 1 for c in r["per_category"].values())
+
+
 def test_gate_fails_after_writing_the_report(tmp_path, run_inputs):
     from trtspec.stages import validate
 
