@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import sys
+import types
 import typing
 from pathlib import Path
 
@@ -23,11 +24,25 @@ def section_of(annotation: typing.Any) -> type[BaseModel] | None:
     return next((s for a in typing.get_args(annotation) if (s := section_of(a)) is not None), None)
 
 
+def bounds_text(info: typing.Any) -> str:
+    """'1..1024' from an Annotated element's Field(ge=1, le=1024)."""
+    low = next((str(getattr(m, "ge", None)) for m in info.metadata if getattr(m, "ge", None) is not None), "")
+    high = next((str(getattr(m, "le", None)) for m in info.metadata if getattr(m, "le", None) is not None), "")
+    return f"{low}..{high}" if low or high else ""
+
+
 def type_text(annotation: typing.Any) -> str:
-    if typing.get_origin(annotation) is typing.Literal:
-        return " \\| ".join(str(v) for v in typing.get_args(annotation))
-    text = getattr(annotation, "__name__", None) if not typing.get_args(annotation) else None
-    return text or str(annotation).replace("typing.", "").replace("None", "null").replace("|", "\\|")
+    """A key's type as a reader writes it: `list[int 1..1024] \\| null`, `dict[int 1..65536, int 0..16]`."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(str(v) for v in args)
+    if origin is typing.Annotated:
+        return f"{type_text(args[0])} {bounds_text(args[1])}".strip()
+    if origin in (typing.Union, types.UnionType):
+        return " \\| ".join("null" if a is type(None) else type_text(a) for a in args)
+    if origin in (list, dict):
+        return f"{origin.__name__}[{', '.join(type_text(a) for a in args)}]"
+    return getattr(annotation, "__name__", str(annotation))
 
 
 def default_text(field: typing.Any) -> str:

@@ -4,7 +4,7 @@
 # the interop tests.   bash scripts/test.sh [extra pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --engines vllm
+bash scripts/setup.sh --engines vllm --bench
 . "${TRTSPEC_VENV:-.venv}/bin/activate"
 export TRTSPEC_TRANSFORMERS4=${TRTSPEC_TRANSFORMERS4:-$(cd "${TRTSPEC_VENV:-.venv}" && pwd)/transformers4}
 ruff check trtspec tests scripts notebooks

@@ -254,6 +254,15 @@ class EngineSection(Section):
     batch_sizes: list[BatchSize] = Field(default_factory=lambda: [1, 8], min_length=1, max_length=16,
                                          description="requests submitted together when timing (1 = one at a time; "
                                          "the first is the headline)")
+    sweep: list[BatchSize] | None = Field(None, min_length=1, max_length=16,
+                                   description="a serving sweep's concurrency levels, e.g. [1, 4, 16, 32]: vLLM's "
+                                   "OpenAI server under NVIDIA's aiperf (bash scripts/setup.sh --bench) at each draft "
+                                   "length, its table in the manifest and the draft length per batch size it implies "
+                                   "(deploy triton --drafting auto serves it); minutes a length on a CPU; null = none")
+    sweep_draft_lengths: list[DraftLen] | None = Field(None, min_length=1, max_length=17,
+                                                       description="the draft lengths the sweep serves (0 = no draft); "
+                                                       "null = 0 to draft.length")
+    sweep_max_tokens: int = key(64, "answer length of the sweep's requests", ge=1, le=8192)
 
 
 BUILTIN_SUITE_CATEGORIES = ("explanation", "lists", "code", "writing", "chat", "math")  # trtspec.demo_prompts.CATEGORIES
@@ -369,9 +378,13 @@ class BuildConfig(Section):
                 raise ValueError(f"{name}.{bad[0]}: a datasets option, but the suite is kind jsonl (set kind: hf)")
 
     def _check_schedule(self) -> None:
-        """serve.draft_len_schedule as both engines' configs will take it (trtspec.draft_schedule)."""
+        """serve.draft_len_schedule as both engines' configs will take it (trtspec.draft_schedule); the engine
+        stage's sweep within the bundle's draft length."""
         from trtspec.draft_schedule import schedule_problem
 
+        if (lengths := self.engine.sweep_draft_lengths) and max(lengths) > self.draft.length:
+            raise ValueError(f"engine.sweep_draft_lengths {max(lengths)} is more than draft.length {self.draft.length} "
+                             "(the bundle drafts at most draft.length tokens)")
         if self.serve.draft_len_schedule is None:
             return
         if self.draft.method != "eagle3" or self.serve.decoding != "eagle3":

@@ -21,6 +21,7 @@ from typing import Any
 from trtspec.errors import ConfigError
 
 Schedule = dict[int, int]  # batch size threshold -> draft length from there on (TensorRT-LLM's form)
+SWEEP_FILE = "sweep.json"  # a serving sweep's rows and schedule (RUN/engine/, RUN/bench/): trtspec.deploy.sweep
 
 
 def schedule_problem(schedule: Schedule, max_draft_len: int) -> str | None:

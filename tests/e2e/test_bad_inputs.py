@@ -300,6 +300,26 @@ def case_eval_suite_no_category_column(tmp, model, mp):
     return build(tmp, config(tmp, model, eval={"suites": [suite]}))
 
 
+def case_schedule_refused(tmp, model, mp):
+    return build(tmp, config(tmp, model, serve={"draft_len_schedule": {4: 3}}))
+
+
+def case_sweep_needs_vllm(tmp, model, mp):
+    return build(tmp, config(tmp, model, engine={"backend": "pytorch", "sweep": [1, 4]}))
+
+
+def case_sweep_longer_than_draft(tmp, model, mp):
+    return build(tmp, config(tmp, model, engine={"backend": "vllm", "sweep": [1, 4], "sweep_draft_lengths": [0, 5]}))
+
+
+def case_sweep_without_aiperf(tmp, model, mp):
+    import trtspec.deploy.sweep as sweep
+
+    mp.setattr(sweep, "ROOT", tmp)  # no .venv-bench here
+    mp.setenv("PATH", str(tmp))
+    return build(tmp, config(tmp, model, engine={"backend": "auto", "sweep": [1, 4]}))
+
+
 def case_eval_suite_hf_offline(tmp, model, mp):
     import datasets
     import huggingface_hub.constants
@@ -506,6 +526,10 @@ CASES = [
     Case("eval-suite-missing", case_eval_suite_missing, 2, r"eval\.suites\[0\] file .*no-such-suite\.jsonl' does not exist", "validate", before_data=True),
     Case("eval-suite-no-prompt-column", case_eval_suite_no_prompt_column, 2, r"eval\.suites\[1\] file .*suite\.jsonl': line 2 has no 'question' \(text\) or 'messages' \(messages\) column", "validate", before_data=True),
     Case("eval-suite-no-category-column", case_eval_suite_no_category_column, 2, r"eval\.suites\[0\] file .*suite\.jsonl': line 3 has no 'topic' column \(the suite's category_field\)", "validate", before_data=True),
+    Case("serve-schedule-refused", case_schedule_refused, 2, r"serve\.draft_len_schedule \{4: 3\} cannot be served: it has no entry for batch size 1"),
+    Case("engine-sweep-needs-vllm", case_sweep_needs_vllm, 2, r"engine\.sweep drives vLLM's OpenAI server .*here engine\.backend is pytorch", "engine", before_data=True),
+    Case("engine-sweep-longer-than-draft", case_sweep_longer_than_draft, 2, r"engine\.sweep_draft_lengths 5 is more than draft\.length 3"),
+    Case("engine-sweep-without-aiperf", case_sweep_without_aiperf, 3, r"aiperf \(NVIDIA's load generator\) is not installed", "engine", before_data=True),
     Case("eval-suite-hf-offline", case_eval_suite_hf_offline, 2, r"eval\.suites\[0\] dataset 'nobody-here/no-such-suite' split 'test': the hub cannot be reached \(.*\); a local copy needs no network: a JSONL file \(kind: jsonl\), .*save_to_disk", "validate", before_data=True),
     Case("eval-suite-hf-no-column", case_eval_suite_hf_no_column, 2, r"eval\.suites\[0\] dataset 'saved' split 'train': row 1 has no 'prompt' \(text\) or 'messages' \(messages\) column \(its columns: question, topic\)", "validate", before_data=True),
     Case("eval-suite-unknown-category", case_eval_suite_unknown_category, 2, r"eval\.suites\[0\]\.categories: unknown builtin category 'poetry' \(builtin categories: explanation, lists, code, writing, chat, math\)"),

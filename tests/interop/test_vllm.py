@@ -176,3 +176,46 @@ def test_engine_stage_runs_the_bundle_in_vllm(ci_run, ci_config, tmp_path):
     for row in m["speed"].values():  # vLLM's own per-request stats: first token, then the later ones' spacing
         assert min(row["ttft_ms"], row["itl_ms"], row["vllm_base_ttft_ms"], row["vllm_base_itl_ms"]) > 0
     assert m["crossover"] and "vLLM" in m["headline"]
+
+
+def test_vllm_serves_a_draft_length_schedule_losslessly(ci_bundle, prompts, hf_outputs):
+    """serve.draft_len_schedule in vLLM's form (num_speculative_tokens_per_batch_size): greedy answers are HF's, one
+    request drafts K (acceptance counted), four together draft nothing."""
+    from trtspec.deploy import vllm_engine
+
+    got = vllm_engine.measure(ci_bundle / "target", ci_bundle / "draft", K, prompts[:2], MAX_NEW, [1, 4],
+                              schedule={1: K, 4: 0})
+    assert got["outputs"] == hf_outputs[:2]
+    assert got["acceptance"]["drafts"] > 0 and got["acceptance"]["acceptance_length"] > 1
+
+
+def test_engine_stage_sweeps_draft_lengths_and_deploy_serves_the_schedule(ci_run, ci_config, tmp_path):
+    """engine.sweep: vLLM's server under aiperf at each draft length and concurrency; the manifest keeps the table,
+    engine/sweep.json the schedule, and deploy triton --drafting auto serves exactly that schedule."""
+    import yaml
+
+    from trtspec.artifacts import read_json
+    from trtspec.config import load_config
+    from trtspec.deploy.serving import write_triton_repo
+    from trtspec.deploy.sweep import find_aiperf
+    from trtspec.pipeline import runner as pipeline
+
+    find_aiperf()  # bash scripts/setup.sh --bench (scripts/test.sh installs it)
+    run = tmp_path / "run"
+    shutil.copytree(ci_run, run)
+    config, overrides = ci_config
+    cfg = load_config(config, [*overrides, "engine.backend=vllm", "engine.batch_sizes=[1]", "eval.num_prompts=1",
+                               "eval.max_new_tokens=8", "engine.sweep=[1, 2]", "engine.sweep_draft_lengths=[0, 1]",
+                               "engine.sweep_max_tokens=8"])
+    results = pipeline.run_build(cfg, run, until="engine")
+    assert [r.status for r in results if r.stage == "engine"] == ["done"], results
+    sweep = read_json(run / "engine" / "sweep.json")
+    assert set(sweep["rows"]) == {"0", "1"} and all(set(r) == {"1", "2"} for r in sweep["rows"].values())
+    assert all(row["tokens_per_s"] > 0 for r in sweep["rows"].values() for row in r.values())
+    assert all(row["acceptance_length"] >= 1 for row in sweep["rows"]["1"].values())
+    m = read_json(run / "engine" / "manifest.json")["metrics"]["sweep"]
+    assert m["table"].startswith("| concurrency | k=0 tok/s | k=1 tok/s | fastest k |") and m["decided"]
+    info = write_triton_repo(run, tmp_path / "deploy")
+    spec = yaml.safe_load((tmp_path / "deploy" / "model_repo" / "tensorrt_llm" / "1" / "model.yaml").read_text())["speculative_config"]
+    want = {int(b): k for b, k in sweep["schedule"].items()} if sweep["schedule"] else None
+    assert spec.get("draft_len_schedule") == want and info["drafting"]["draft_len_schedule"] == want

@@ -1,18 +1,9 @@
-"""scripts/bench_serving.py's table: aiperf's summary fields read, speedups and where speculation stops paying."""
+"""The serving sweep's table (trtspec.deploy.sweep): aiperf's summary fields read, speedups, the schedule against the
+best fixed length and no draft, where speculation stops paying."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_serving.py"
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("bench_serving", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from trtspec.deploy import sweep
 
 
 def row(tps, ttft=100.0, itl=20.0, al=None):
@@ -20,7 +11,7 @@ def row(tps, ttft=100.0, itl=20.0, al=None):
 
 
 def test_sweep_table_and_crossover():
-    b = load()
+    b = sweep
     rows = {0: {1: row(20.0), 4: row(60.0), 32: row(120.0)},
             3: {1: row(30.0, al=2.1), 4: row(60.0, al=2.0), 32: row(90.0, al=1.9)}}
     text, where = b.sweep_table(rows, None)
@@ -31,7 +22,7 @@ def test_sweep_table_and_crossover():
 
 
 def test_sweep_table_with_the_schedule_against_the_best_fixed_length_and_no_draft():
-    b = load()
+    b = sweep
     rows = {0: {1: row(20.0), 16: row(100.0)}, 3: {1: row(30.0, al=2.0), 16: row(80.0, al=2.0)}}
     text, _ = b.sweep_table(rows, {1: row(29.0), 16: row(95.0)})
     lines = text.splitlines()
@@ -41,7 +32,7 @@ def test_sweep_table_with_the_schedule_against_the_best_fixed_length_and_no_draf
 
 
 def test_stat_reads_aiperf_exports():
-    b = load()
+    b = sweep
     assert b.stat({"output_token_throughput": {"unit": "tokens/sec", "avg": 12.5}}, "output_token_throughput") == 12.5
     assert b.stat({"records": {"time_to_first_token": {"avg": 3.0}}}, "time_to_first_token") == 3.0
     assert b.stat({}, "inter_token_latency") is None

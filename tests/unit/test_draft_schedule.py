@@ -11,8 +11,14 @@ from trtllm_helpers import fake_trtllm, make_bundle, make_cfg  # noqa: F401 - fi
 
 from trtspec.artifacts import RunDir, output_fingerprint
 from trtspec.config import config_from_dict
-from trtspec.deploy.serving import SWEEP_FILE, llm_api_options, vllm_speculative_config, write_triton_repo
-from trtspec.draft_schedule import best_lengths, schedule_from_sweep, schedule_problem, vllm_ranges
+from trtspec.deploy.serving import llm_api_options, vllm_speculative_config, write_triton_repo
+from trtspec.draft_schedule import (
+    SWEEP_FILE,
+    best_lengths,
+    schedule_from_sweep,
+    schedule_problem,
+    vllm_ranges,
+)
 from trtspec.errors import ConfigError
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from trtspec.deploy.compat import ENGINES_CHECKED, SGLANG_MIN, vllm_aux_ids
-from trtspec.draft_schedule import schedule_problem, with_schedule_trtllm, with_schedule_vllm
+from trtspec.draft_schedule import SWEEP_FILE, schedule_problem, with_schedule_trtllm, with_schedule_vllm
 from trtspec.errors import ArtifactError
 
 OPTIONS_FILE = "llm_api_options.yaml"
@@ -431,28 +431,28 @@ def measured_drafting(run: Any) -> tuple[str | None, int | None, str]:
     return fastest, drafting.get("suffix_len"), f"the fastest validate measured (tokens/s: {speeds})"
 
 
-SWEEP_FILE = "sweep.json"  # RUN/bench/sweep.json: scripts/bench_serving.py's draft lengths by concurrency
-
-
 def measured_schedule(run: Any, options: dict) -> tuple[dict[int, int] | None, str]:
-    """(the draft length per batch size a serving sweep measured on this very bundle, why) -- (None, why) when
-    there is none, it measured another bundle, the bundle has a schedule of its own, or it does not draft EAGLE-3."""
+    """(the draft length per batch size a serving sweep measured on this very bundle, why): the engine stage's
+    (engine.sweep) or scripts/bench_serving.py's (RUN/bench), the newer of those that measured this export. (None,
+    why) when there is none, only of another bundle, the bundle has a schedule of its own, or it does not draft
+    EAGLE-3."""
     from trtspec.artifacts import output_fingerprint, read_json
 
-    path = run.path / "bench" / SWEEP_FILE
     spec = options["speculative_config"]
-    if not path.is_file():
+    paths = [p for p in (run.stage_dir("engine") / SWEEP_FILE, run.path / "bench" / SWEEP_FILE) if p.is_file()]
+    if not paths or spec.get("decoding_type") != "Eagle3" or spec.get("draft_len_schedule"):
         return None, ""
-    if spec.get("decoding_type") != "Eagle3" or spec.get("draft_len_schedule"):
-        return None, ""
-    sweep = read_json(path)
-    if sweep.get("bundle") != output_fingerprint(run.manifest("export")):
-        return None, f"; {path} measured an older bundle: no schedule"
+    bundle = output_fingerprint(run.manifest("export"))
+    sweeps = sorted(((p.stat().st_mtime, p, read_json(p)) for p in paths), key=lambda t: t[0], reverse=True)
+    current = [(p, s) for _, p, s in sweeps if s.get("bundle") == bundle]
+    if not current:
+        return None, f"; {sweeps[0][1]} measured an older bundle: no schedule"
+    path, sweep = current[0]
     if not sweep.get("schedule"):
         return None, f"; {path}: {sweep.get('decided', 'no schedule')}"
     schedule = {int(b): int(k) for b, k in sweep["schedule"].items()}
     if why := schedule_problem(schedule, schedule.get(1, 0)):
-        raise ArtifactError(f"'{path}' holds a schedule the engines refuse: {why}", "re-run scripts/bench_serving.py")
+        raise ArtifactError(f"'{path}' holds a schedule the engines refuse: {why}", "measure the sweep again")
     return schedule, f"; draft length by batch size {schedule} from {path} ({sweep.get('decided', '')})"
 
 

@@ -59,13 +59,16 @@ PROMPTS = [
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
-    """engine.backend: vllm with a target family vLLM cannot serve the draft for (trtspec.targets): one line before
-    any stage spends minutes (backend auto skips the stage with the same reason and goes on)."""
+    """engine.backend: vllm with a target family vLLM cannot serve the draft for (trtspec.targets), engine.sweep
+    without what it drives (check_sweep): one line before any stage spends minutes (backend auto skips the stage
+    with the same reason and goes on)."""
     import torch
 
     from trtspec.errors import ConfigError
     from trtspec.targets import family_of, vllm_refusal
 
+    if cfg.engine.sweep:
+        check_sweep(cfg)
     if cfg.engine.backend != "vllm" or cfg.serve.decoding != "eagle3":
         return
     method = "dspark" if cfg.draft.method == "dflash" and cfg.dflash.projector == "dspark" else cfg.draft.method
@@ -73,6 +76,19 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
         raise ConfigError(f"engine.backend vllm cannot serve this build: {why}",
                           "set engine.backend: auto (the engine stage is then skipped with this reason) or stop the build "
                           "before the engine (--until export)")
+
+
+def check_sweep(cfg: BuildConfig) -> None:
+    """engine.sweep needs vLLM's server (backend vllm or auto), an EAGLE-3 bundle served as such, and aiperf."""
+    from trtspec.deploy.sweep import find_aiperf
+    from trtspec.errors import ConfigError
+
+    if cfg.engine.backend == "pytorch" or cfg.serve.decoding != "eagle3" or cfg.draft.method != "eagle3":
+        raise ConfigError("engine.sweep drives vLLM's OpenAI server with the bundle's EAGLE-3 head (engine.backend vllm "
+                          f"or auto, serve.decoding eagle3); here engine.backend is {cfg.engine.backend}, "
+                          f"serve.decoding {cfg.serve.decoding}, draft.method {cfg.draft.method}",
+                          "set engine.backend: vllm, or engine.sweep: []")
+    find_aiperf()
 
 
 def environment_key() -> dict:
@@ -187,7 +203,31 @@ def measure_engine(ctx: StageContext, bundle: Path, backend: str) -> dict:
     if backend == "vllm" and ctx.cfg.serve.decoding == "eagle3" and report.get("acceptance_length"):
         ctx.log("trtspec's runtime on the same prompts, for its acceptance length beside the engine's")
         report["runtime_agreement"] = runtime_agreement(bundle, prompts, new, options, report["acceptance_length"])
+    if e.sweep:
+        report["sweep"] = serving_sweep(ctx, bundle, backend)
+        report["headline"] += f"; sweep: {report['sweep'].get('decided') or report['sweep'].get('skipped')}"
     return report
+
+
+def serving_sweep(ctx: StageContext, bundle: Path, backend: str) -> dict:
+    """engine.sweep: the bundle in vLLM's OpenAI server at each draft length and concurrency under aiperf
+    (trtspec.deploy.sweep); engine/sweep.json keeps the rows and the schedule they imply, for deploy --drafting auto."""
+    from trtspec.artifacts import output_fingerprint, write_json
+    from trtspec.deploy.sweep import SweepPlan, find_aiperf, run_sweep, write_prompts
+    from trtspec.draft_schedule import SWEEP_FILE
+
+    e, k = ctx.cfg.engine, ctx.cfg.draft.length
+    if backend != "vllm" or ctx.cfg.serve.decoding != "eagle3":
+        return {"skipped": f"engine.sweep drives vLLM's OpenAI server with the bundle's draft; here the engine is "
+                           f"{backend} and decoding {ctx.cfg.serve.decoding}"}
+    plan = SweepPlan(sorted(set(e.sweep)), sorted(set(e.sweep_draft_lengths or range(k + 1))), e.sweep_max_tokens)
+    ctx.log(f"serving sweep: concurrency {plan.concurrency} x draft lengths {plan.draft_lengths}, aiperf")
+    write_prompts(PROMPTS, ctx.out / "sweep_prompts.jsonl")
+    result = run_sweep(bundle, ctx.out / "sweep_prompts.jsonl", plan, ctx.work / "sweep", find_aiperf(), log=ctx.log)
+    result["bundle"] = output_fingerprint(ctx.manifests["export"])
+    write_json(ctx.out / SWEEP_FILE, result)
+    ctx.log("serving sweep:\n" + result["table"] + f"\nschedule: {result['schedule']} ({result['decided']})")
+    return {key: result[key] for key in ("schedule", "decided", "crossover", "table")}
 
 
 def runtime_agreement(bundle: Path, prompts: list[list[int]], new: int, options: dict, engine_al: float) -> dict:

@@ -1,0 +1,244 @@
+"""A serving sweep: the bundle in vLLM's OpenAI server at each draft length (0 = no draft), loaded by NVIDIA's load
+generator aiperf at each concurrency; the draft length per batch size it implies (trtspec.draft_schedule), measured
+against the best fixed length and against no draft.
+
+Greedy answers are the same at every draft length (lossless), so the servers generate the same tokens and output
+tokens/s compare directly. Each level sends max(2 x concurrency, min_requests) requests after a warm-up of
+min(concurrency, 4). Servers bind 127.0.0.1. aiperf lives in a venv of its own (its pins clash with vLLM's):
+`bash scripts/setup.sh --bench` puts it in .venv-bench.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtspec.draft_schedule import best_lengths, schedule_from_sweep, with_schedule_vllm
+from trtspec.errors import MissingDependency, TrtspecError
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "accepted": "vllm:spec_decode_num_accepted_tokens"}
+
+
+class SweepFailed(TrtspecError):
+    """A server or the load generator failed during the sweep (its log named)."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    concurrency: list[int]
+    draft_lengths: list[int]  # 0 = no draft
+    max_tokens: int = 64
+    min_requests: int = 8
+    server_timeout_s: float = 600
+    level_timeout_s: float = 900
+    preload_iomp: bool = True  # vLLM's CPU docs: Intel OpenMP preloaded (it warns of slow speculation without)
+
+
+def find_aiperf(given: str | None = None) -> str:
+    for candidate in (given, shutil.which("aiperf"), str(ROOT / ".venv-bench" / "bin" / "aiperf")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise MissingDependency("aiperf (NVIDIA's load generator) is not installed",
+                            "bash scripts/setup.sh --bench installs it in .venv-bench")
+
+
+def write_prompts(texts: list[str], out: Path) -> int:
+    """aiperf's single_turn JSONL: one user prompt a line."""
+    out.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return len(texts)
+
+
+def speculative_configs(bundle: Path, lengths: list[int]) -> dict[int, dict | None]:
+    """{k: vLLM's speculative_config drafting k tokens with the bundle's draft} (k = 0: None, no draft)."""
+    from trtspec.deploy.serving import read_options, vllm_speculative_config
+
+    spec = vllm_speculative_config(read_options(bundle), str(bundle / "draft"))
+    spec.pop("num_speculative_tokens_per_batch_size", None)  # one fixed length per server
+    return {k: {**spec, "num_speculative_tokens": k} if k else None for k in lengths}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vllm_command(bundle: Path, port: int, spec: dict | None, max_seqs: int) -> list[str]:
+    """vLLM's OpenAI server over bundle/target; spec: its speculative_config (None: no draft)."""
+    from trtspec.deploy.vllm_engine import target_dtype
+
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(bundle / "target"),
+           "--served-model-name", "bundle", "--dtype", target_dtype(bundle / "target"), "--max-model-len", "1024",
+           "--max-num-seqs", str(max_seqs), "--host", "127.0.0.1", "--port", str(port)]
+    return cmd + (["--speculative-config", json.dumps(spec)] if spec else [])
+
+
+def server_environment(preload_iomp: bool) -> tuple[dict[str, str], list[str]]:
+    """The server's environment and extra flags: on a CPU the build's KV cache, thread binding and Intel OpenMP."""
+    import torch
+
+    from trtspec.deploy.vllm_engine import cpu_environment
+
+    env = dict(os.environ)
+    if torch.cuda.is_available():
+        return env, []
+    cpu = {k: v for k, v in cpu_environment(kv_cache_gib=2).items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env = {**cpu, **env}
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"  # installed with vLLM's CPU build
+    if preload_iomp and iomp.is_file() and "libiomp" not in env.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = ":".join(filter(None, [env.get("LD_PRELOAD"), str(iomp)]))
+    return env, ["--enforce-eager"]
+
+
+def start_vllm(bundle: Path, spec: dict | None, max_seqs: int, log: Path, plan: SweepPlan) -> tuple[subprocess.Popen, int]:
+    """vLLM's OpenAI server on a free loopback port; returns once /v1/models answers."""
+    port = free_port()
+    env, extra = server_environment(plan.preload_iomp)
+    with log.open("w") as out:
+        proc = subprocess.Popen(vllm_command(bundle, port, spec, max_seqs) + extra, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + plan.server_timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise SweepFailed(f"vLLM's server exited ({proc.returncode}) before answering", f"see {log}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5).read()
+            return proc, port
+        except OSError:
+            if time.time() > deadline:
+                stop(proc)
+                raise SweepFailed(f"vLLM's server was not ready within {plan.server_timeout_s:.0f} s", f"see {log}") from None
+            time.sleep(2)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def spec_counters(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    return {key: sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:_total)?{{[^}}]*}} (\S+)$", text, re.M))
+            for key, name in SPEC_COUNTERS.items()}
+
+
+def run_aiperf(aiperf: str, port: int, tokenizer: Path, prompts: Path, concurrency: int, requests: int,
+               plan: SweepPlan, out: Path) -> dict:
+    """One aiperf profile at a fixed concurrency -> its summary metrics (profile_export_aiperf.json)."""
+    cmd = [aiperf, "profile", "--model", "bundle", "--url", f"http://127.0.0.1:{port}", "--endpoint-type", "chat",
+           "--streaming", "--tokenizer", str(tokenizer), "--input-file", str(prompts),
+           "--custom-dataset-type", "single_turn", "--concurrency", str(concurrency), "--request-count", str(requests),
+           "--warmup-request-count", str(min(concurrency, 4)), "--extra-inputs",
+           json.dumps({"temperature": 0, "max_tokens": plan.max_tokens}), "--output-artifact-dir", str(out),
+           "--ui-type", "none", "--random-seed", "0"]
+    log = out.with_suffix(".log")
+    with log.open("w") as f:
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=plan.level_timeout_s)
+    exports = sorted(out.rglob("profile_export_aiperf.json"))
+    if done.returncode != 0 or not exports:
+        raise SweepFailed(f"aiperf failed at concurrency {concurrency} (exit {done.returncode})", f"see {log}")
+    return json.loads(exports[-1].read_text())
+
+
+def stat(summary: dict, name: str, field: str = "avg") -> float | None:
+    """A metric from aiperf's JSON export: {"name": {"avg": ..., "p50": ..., "unit": ...}} (top level or under
+    "records", depending on the release)."""
+    entry = summary.get(name) or summary.get("records", {}).get(name) or {}
+    return entry.get(field) if isinstance(entry, dict) else None
+
+
+def measure_server(bundle: Path, spec: dict | None, label: str, plan: SweepPlan, aiperf: str, prompts: Path,
+                   work: Path, log: Any = print) -> dict[int, dict]:
+    """One server (spec: its speculative_config, None = no draft) under aiperf at each concurrency."""
+    proc, port = start_vllm(bundle, spec, max(plan.concurrency), work / f"vllm-{label}.log", plan)
+    rows = {}
+    try:
+        for c in plan.concurrency:
+            before = spec_counters(port) if spec else {}
+            summary = run_aiperf(aiperf, port, bundle / "target", prompts, c, max(2 * c, plan.min_requests), plan,
+                                 work / f"aiperf-{label}-c{c}")
+            after = spec_counters(port) if spec else {}
+            drafts = after.get("drafts", 0) - before.get("drafts", 0)
+            rows[c] = {
+                "tokens_per_s": stat(summary, "output_token_throughput"),
+                "ttft_ms": stat(summary, "time_to_first_token"),
+                "itl_ms": stat(summary, "inter_token_latency"),
+                "requests_per_s": stat(summary, "request_throughput"),
+                "acceptance_length": round(1 + (after["accepted"] - before["accepted"]) / drafts, 3) if drafts else None,
+            }
+            log(f"{label} at concurrency {c}: {fmt(rows[c]['tokens_per_s'])} tok/s")
+    finally:
+        stop(proc)
+    return rows
+
+
+def run_sweep(bundle: Path, prompts: Path, plan: SweepPlan, work: Path, aiperf: str, log: Any = print) -> dict:
+    """Every draft length at every concurrency, then the schedule they imply (when it is not one fixed length):
+    {rows: {k: {c: row}}, schedule, decided, scheduled: {c: row} | None, table (markdown), crossover}."""
+    work.mkdir(parents=True, exist_ok=True)
+    specs = speculative_configs(bundle, plan.draft_lengths)
+    rows = {k: measure_server(bundle, specs[k], f"k{k}", plan, aiperf, prompts, work, log) for k in plan.draft_lengths}
+    schedule, decided = schedule_from_sweep({k: {c: r["tokens_per_s"] for c, r in rows[k].items()} for k in rows})
+    scheduled = None
+    if schedule and len(set(schedule.values())) > 1:  # a schedule that is one fixed k was measured above
+        spec = with_schedule_vllm({**specs[max(plan.draft_lengths)], "num_speculative_tokens": schedule[1]}, schedule)
+        scheduled = measure_server(bundle, spec, "schedule", plan, aiperf, prompts, work, log)
+    table, where = sweep_table(rows, scheduled)
+    return {"kind": "trtspec/serving-sweep", "engine": "vllm", "concurrency": plan.concurrency,
+            "draft_lengths": plan.draft_lengths, "max_tokens": plan.max_tokens, "rows": rows, "schedule": schedule,
+            "decided": decided, "scheduled": scheduled, "table": table, "crossover": where}
+
+
+def fmt(v: float | None, f: str = "{:.1f}") -> str:
+    return "n/a" if v is None else f.format(v)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def sweep_table(rows: dict[int, dict[int, dict]], scheduled: dict[int, dict] | None) -> tuple[str, str]:
+    """The side-by-side table (markdown: tokens/s at each draft length, the fastest, the schedule against it and
+    against no draft, AL at the longest draft) and where speculation stops paying at the longest draft."""
+    lengths = sorted(rows)
+    levels = sorted({c for r in rows.values() for c in r})
+    tps = {k: {c: rows[k][c]["tokens_per_s"] for c in rows[k]} for k in lengths}
+    best = best_lengths(tps)
+    head = "| concurrency | " + " | ".join(f"k={k} tok/s" for k in lengths) + " | fastest k |"
+    if scheduled:
+        head += " schedule tok/s | vs fastest k | vs no draft |"
+    head += f" AL k={lengths[-1]} |"
+    lines = [head, "|" + "---:|" * (head.count("|") - 1)]
+    pays, costs = [], []
+    for c in levels:
+        r = ratio(tps[lengths[-1]].get(c), tps.get(0, {}).get(c))
+        if 0 in tps and r is not None:
+            (pays if r >= 1 else costs).append(f"{c}" + ("" if r >= 1 else f" ({r:.2f}x)"))
+        line = f"| {c} | " + " | ".join(fmt(tps[k].get(c)) for k in lengths) + f" | {best.get(c, 'n/a')} |"
+        if scheduled:
+            s = scheduled.get(c, {}).get("tokens_per_s")
+            line += (f" {fmt(s)} | {fmt(ratio(s, tps[best[c]][c]) if c in best else None, '{:.2f}x')} |"
+                     f" {fmt(ratio(s, tps.get(0, {}).get(c)), '{:.2f}x')} |")
+        lines.append(line + f" {fmt(rows[lengths[-1]].get(c, {}).get('acceptance_length'), '{:.2f}')} |")
+    where = "; ".join(([f"k={lengths[-1]} pays at concurrency {', '.join(pays)}"] if pays else [])
+                      + ([f"costs at {', '.join(costs)}"] if costs else []))
+    return "\n".join(lines), where
