@@ -22,9 +22,10 @@ def training_step(cfg, run_dir: Path, mode: str):
     import torch
 
     from trtspec.eagle import head as eagle
-    from trtspec.eagle.states import base_states
-    from trtspec.eagle.trainer import HeadDataset, head_forward
+    from trtspec.eagle.train_step import head_forward
     from trtspec.models import load_model, resolve_model, use_bf16
+    from trtspec.training.states import base_states
+    from trtspec.training.trainer import HeadDataset
 
     tokens = torch.load(run_dir / "data" / "train_tokens.pt", weights_only=True)
     eagle_cfg = json.loads((run_dir / "convert" / "eagle_config.json").read_text())

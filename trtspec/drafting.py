@@ -7,6 +7,11 @@ every position of a target answer, for the acceptance count), exported and loade
     eagle3   EAGLE-3 head: one token per pass, chained k times           trtspec.eagle
     dflash   DFlash block drafter: block_size - 1 tokens in one pass      trtspec.dflash
              (dflash.projector: dspark: DSpark, block_size tokens, each biased by a Markov head from the one before)
+
+A family is one package of what is its own. What every family shares is trtspec.training, which knows no family (it
+imports neither trtspec.eagle nor trtspec.dflash: what it needs of one comes in through DraftFamily): the HF Trainer
+(training.trainer), the frozen target's states (training.states), FSDP for the draft (training.sharding) and the
+acceptance measure (training.acceptance). The bundle's own checks are trtspec.deploy's (deploy.bundle.check_bundle).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ class DraftFamily:
     drafts: Callable[[Any, Any, Any, Any, int], Any]  # (model, ids [1,T], aux [1,T,A], last [1,T,H], k) -> [1,T,k]
     shift_labels: bool  # the loss mask scores position t against token t + 1 (EAGLE-3) or token t itself (DFlash, DSpark)
     offline_key: str  # the config key saying the draft reads cached target states (Model Optimizer's name)
-    module: Callable[[Any], Any]  # the draft's own network inside the converted model
+    module_attr: str  # the converted model's attribute holding the draft's own network (eagle_module, dflash_module)
     check_convert: Callable[[Any, Any], None]  # (build config, model config): the convert settings, before any stage
     convert: Callable[..., Any]  # (base config, model path, build config, train_tokens.pt, log) -> (config, model, metrics)
     export_draft: Callable[..., Any]  # (base, train dir, out dir, dtype, target path) -> deploy.bundle.ExportedDraft
@@ -41,6 +46,10 @@ class DraftFamily:
     export_onnx: Callable[[Path, Path], dict] | None = None  # (draft dir, onnx dir) -> the check against PyTorch
     check_export: Callable[[Any], None] | None = None  # (build config): export settings, before any stage
     no_launcher: frozenset[str] = frozenset()  # engines that load no draft of this family: the bundle has no launcher
+
+    def module(self, model: Any) -> Any:
+        """The draft's own network inside the converted model."""
+        return getattr(model, self.module_attr)
 
     def read_config(self, folder: Path) -> dict:
         return json.loads((Path(folder) / self.config_file).read_text())
@@ -64,13 +73,13 @@ def _eagle3() -> DraftFamily:
     from trtspec.eagle.export import check_export_config, export_eagle3_draft
     from trtspec.eagle.onnx_export import export_onnx
     from trtspec.eagle.readme import write_eagle3_readme
-    from trtspec.eagle.trainer import head_forward
+    from trtspec.eagle.train_step import head_forward
 
     return DraftFamily(
         name="eagle3", title="EAGLE-3 head", config_file="eagle_config.json", head_file=head.HEAD_FILE,
         build=head.build_eagle_model, save_head=head.save_head, load_head=head.load_head, train_forward=head_forward,
         state_layers=lambda cfg: cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"],
-        drafts=head.chain_drafts, shift_labels=True, offline_key="eagle_offline", module=lambda m: m.eagle_module,
+        drafts=head.chain_drafts, shift_labels=True, offline_key="eagle_offline", module_attr="eagle_module",
         check_convert=convert.check_convert_config, convert=convert.convert_head, export_draft=export_eagle3_draft, write_readme=write_eagle3_readme,
         length_key="eagle_ttt_steps", export_onnx=export_onnx, check_export=check_export_config,
     )
@@ -88,7 +97,7 @@ def _dflash() -> DraftFamily:
         name="dflash", title="DFlash block drafter", config_file="dflash_config.json", head_file=head.HEAD_FILE,
         build=head.build_dflash_model, save_head=head.save_head, load_head=head.load_head, train_forward=head.train_forward,
         state_layers=lambda cfg: cfg["dflash_architecture_config"]["target_layer_ids"],
-        drafts=drafts, shift_labels=False, offline_key="dflash_offline", module=lambda m: m.dflash_module,
+        drafts=drafts, shift_labels=False, offline_key="dflash_offline", module_attr="dflash_module",
         check_convert=convert.check_convert_config, convert=convert.convert_drafter, export_draft=export_dflash_draft, write_readme=write_dflash_readme,
         no_launcher=frozenset({"speculators"}),
     )

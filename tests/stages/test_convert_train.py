@@ -13,12 +13,13 @@ from stagekit import BareCtx
 from trtllm_helpers import fake_trtllm  # noqa: F401 - fixture
 
 from trtspec.config import ConvertSection, config_from_dict
-from trtspec.eagle import acceptance as head_eval
 from trtspec.eagle import head as eagle
-from trtspec.eagle import states as target_states
-from trtspec.eagle import trainer as head_training
+from trtspec.eagle import train_step
 from trtspec.errors import ConfigError, ModelError
 from trtspec.stages import convert, train
+from trtspec.training import acceptance as head_eval
+from trtspec.training import states as target_states
+from trtspec.training import trainer as head_training
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +302,7 @@ def test_logits_only_where_scored_leave_loss_and_gradients_unchanged(tiny_model_
     calls = []
     # positions with logits (non-zero rows) in each TTT step's lm_head output
     model.eagle_module.lm_head.register_forward_hook(lambda m, args, out: calls.append(int((out != 0).any(-1).sum())))
-    loss, grads = loss_and_grads(lambda: head_training.head_forward(model, batch))
+    loss, grads = loss_and_grads(lambda: train_step.head_forward(model, batch))
     assert calls == [int(batch["loss_mask"][:, 1:].sum())] * 3  # the scored positions only, in each TTT step
     calls.clear()
     ref_loss, ref_grads = loss_and_grads(everywhere)
@@ -323,7 +324,7 @@ def test_head_forward_under_a_wrapper(tiny_model_dir):
     wrapped = torch.nn.DataParallel(model)
     with pytest.raises(AttributeError):
         wrapped.eagle_module  # noqa: B018  (why the unwrapped model is passed)
-    out = head_training.head_forward(wrapped, batch, wrapped.module)
+    out = train_step.head_forward(wrapped, batch, wrapped.module)
     out.loss.backward()
     assert torch.isfinite(out.loss) and model.eagle_module.fc.weight.grad.abs().sum() > 0
 
@@ -761,8 +762,8 @@ def test_offline_states_the_disk_cannot_hold_are_refused_before_any_is_computed(
     import shutil
     from collections import namedtuple
 
-    from trtspec.eagle.states import states_bytes
     from trtspec.errors import ConfigError
+    from trtspec.training.states import states_bytes
 
     _, inputs = upstream
     ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", inputs, mode="offline")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from stagekit import make_data, make_train, stage_ctx, tiny_config
 
-from trtspec.eagle.acceptance import EVAL_SEQS
 from trtspec.eagle.checkpoint import check_draft_checkpoint, expected_keys
 from trtspec.errors import ArtifactError, ConfigError
 from trtspec.stages import export, quantize
+from trtspec.training.acceptance import EVAL_SEQS
 
 TEXT_SUFFIXES = {".json", ".yaml", ".yml", ".md", ".sh", ".txt", ".pbtxt", ".jinja", ".py", ""}
 

@@ -54,7 +54,7 @@ def test_teacher_forced_block_drafts_match_modelopt(dflash_export, target_dir):
     """block_drafts (the train stage's acceptance measure, every anchor at once) agrees with modelopt's own draft
     at the anchor modelopt drafts from."""
     from trtspec.dflash.head import block_drafts
-    from trtspec.eagle.states import base_states
+    from trtspec.training.states import base_states
 
     draft_dir, ids, base_tok, want = dflash_export
     model = export_random_dflash(target_dir, draft_dir.parent / "again")
@@ -80,7 +80,7 @@ def test_dspark_block_drafts_match_modelopt(dspark_export):
     the tokens of modelopt's DSpark pseudo_speculative_generate at the anchor it drafts from; without the head's
     bias they are not (the head is applied)."""
     from trtspec.dflash.head import block_drafts
-    from trtspec.eagle.states import base_states
+    from trtspec.training.states import base_states
 
     _, model, ids, base_tok, want = dspark_export
     seq = torch.cat((ids, torch.tensor([base_tok])))

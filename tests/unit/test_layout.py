@@ -48,6 +48,19 @@ def test_scripts_use_the_library_only():
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
+def test_training_imports_no_draft_family_and_no_family_another():
+    """trtspec.training is every family's (what it needs of one comes in through drafting.DraftFamily); a family's
+    package may import trtspec.training, never another family's package."""
+    families = ("trtspec.eagle", "trtspec.dflash")
+    for path in sorted((ROOT / "trtspec").rglob("*.py")):
+        me = module_name(path)
+        own = [f for f in families if me == f or me.startswith(f + ".")]
+        if not own and not me.startswith("trtspec.training"):
+            continue
+        bad = {m for m in imported_modules(path) for f in families if f not in own and (m == f or m.startswith(f + "."))}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
 def test_no_script_imports_another():
     """What the scripts share lives in the library (trtspec.bench), not in each other reached through sys.path;
     code a script runs in a child process (a string) counts too."""

@@ -1,4 +1,4 @@
-"""The HF Trainer's private methods the head's trainer overrides or calls (trtspec/eagle/trainer.py TRAINER_PRIVATE):
+"""The HF Trainer's private methods the head's trainer overrides or calls (trtspec/training/trainer.py TRAINER_PRIVATE):
 each still there with the parameters relied on, and a changed one refused in one line before any stage runs."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from transformers import Trainer
 
-from trtspec.eagle import trainer
 from trtspec.errors import MissingDependency
+from trtspec.training import trainer
 
 
 @pytest.mark.parametrize("name", sorted(trainer.TRAINER_PRIVATE))

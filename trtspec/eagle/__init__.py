@@ -1,3 +1,3 @@
-"""The EAGLE-3 head: modelopt's model and every private touch of it (head), the frozen target's hidden states
-(states), the train-time-test trainer (trainer), the acceptance measure (acceptance), the checkpoint engines read
-(checkpoint) and the ONNX draft step (onnx_export)."""
+"""The EAGLE-3 head: modelopt's model and every private touch of it (head), its training step (train_step), the
+checkpoint engines read (checkpoint), convert, export, the ONNX draft step (onnx_export) and its README (readme).
+Training itself, the target's states and the acceptance measure are family-neutral: trtspec.training."""

@@ -286,7 +286,7 @@ def load_head(model: Any, path: str | Path) -> Any:
             f"'{path}' does not fit this head: missing {missing[:3]}, unexpected {unexpected[:3]}, wrong shape {wrong[:3]}",
             "the head was built with another eagle_config; re-run convert and train",
         )
-    from trtspec.eagle.sharding import is_sharded, load_full_state
+    from trtspec.training.sharding import is_sharded, load_full_state
 
     if is_sharded(model.eagle_module):  # FSDP (train.sharding): every rank reads the file and keeps its shard
         load_full_state(model.eagle_module, state)
@@ -356,13 +356,6 @@ def init_head_from_target(model: Any) -> tuple[int, list[str]]:
         head.fc.weight.zero_()
         head.fc.weight[:, (len(aux) - 1) * hidden :] = torch.eye(hidden)  # aux states are concatenated in order
     return first, sorted(dropped)
-
-
-def drop_collected_states(model: Any) -> None:
-    """Forget the aux hidden states modelopt's hooks collect on every forward of a converted base (a forward run
-    for its states alone, outside modelopt's own training step, would otherwise leave them to pile up)."""
-    if hasattr(model, "_aux_hidden_states"):
-        model._aux_hidden_states.clear()
 
 
 def draft_to_target_ids(model: Any, draft_ids: Any) -> Any:

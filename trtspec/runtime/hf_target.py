@@ -66,7 +66,7 @@ class HFTarget(nn.Module):
                          output_hidden_states=bool(self.aux_layers))
         self.cache = out.past_key_values
         # hidden_states[0] is the embeddings' output, hidden_states[i + 1] layer i's (the residual stream before the
-        # final norm): the states EAGLE-3 and DFlash drafts read, as trtspec.eagle.states takes them in training
+        # final norm): the states EAGLE-3 and DFlash drafts read, as trtspec.training.states takes them in training
         aux = torch.cat([out.hidden_states[i + 1][0] for i in self.aux_layers], dim=-1) if self.aux_layers else None
         return out.logits[0].float(), None if aux is None else aux.float()
 

@@ -44,9 +44,9 @@ def quantized_acceptance(ctx: StageContext, draft_model: Any, quant: dict) -> di
     was trained on the first), on the train stage's held-out prompts; a warning when it falls by more than 10%.
     {} where there is nothing to compare (no quantization, no draft model kept, no held-out prompt)."""
     from trtspec.chat import read_rows
-    from trtspec.eagle.acceptance import EVAL_SEQS, acceptance_by_target
     from trtspec.models import load_model, load_tokenizer
     from trtspec.quant import fold_weights, restore_quantized
+    from trtspec.training.acceptance import EVAL_SEQS, acceptance_by_target
 
     fmt = quant["format"]
     if draft_model is None or fmt == "none":
@@ -60,8 +60,10 @@ def quantized_acceptance(ctx: StageContext, draft_model: Any, quant: dict) -> di
     # the unquantized target's answers are the train stage's (same prompts, model and dtype): read, not regenerated
     targets = {"unquantized": (lambda: load_model(path, dtype), ctx.inputs["train"] / EVAL_SEQS),
                fmt: (lambda: fold_weights(restore_quantized(load_model(path, dtype), quant_dir)), None)}
+    fam = family(ctx.cfg.draft.method)
     al = acceptance_by_target(draft_model, targets, load_tokenizer(path), rows, ctx.cfg.data.max_new_tokens, ctx.work,
-                              ctx.cfg.draft.length, ctx.log)
+                              ctx.cfg.draft.length, ctx.log, fam.state_layers(fam.read_config(ctx.inputs["train"])),
+                              fam.drafts)
     before, after = al["unquantized"], al[fmt]
     change = round(100 * (after / before - 1), 1)
     if after < 0.9 * before:

@@ -1,13 +1,14 @@
-"""The train stage: fine-tune the EAGLE-3 head with the base frozen (HF Trainer, modelopt's EAGLE-3 loss with
-train-time-test steps), then measure acceptance on the held-out split.
+"""The train stage: fine-tune the draft with the base frozen (trtspec.training's HF Trainer, the family's loss:
+modelopt's EAGLE-3 loss with train-time-test steps, DFlash's block loss), then measure acceptance on the held-out
+split.
 
 offline mode: the target's aux-layer hidden states (and its last, post-norm hidden state) are computed once into
 ctx.work (fp16 memmaps) and every epoch reads them; the target's decoder layers are dropped from memory.
 online mode: the target runs on every step (what multi-GPU users with large data sets want).
 
-Writes train/head.safetensors, train/eagle_config.json, train/train_log.jsonl (per optimizer step: loss,
-per-TTT-step accuracy, lr) and acceptance metrics. Checkpoints (head + optimizer) live in ctx.work; a killed
-run resumes from the last one.
+Writes train/head.safetensors, the family's config (train/eagle_config.json, train/dflash_config.json),
+train/train_log.jsonl (per optimizer step: loss, per-TTT-step accuracy, lr) and acceptance metrics. Checkpoints
+(head + optimizer) live in ctx.work; a killed run resumes from the last one.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 from trtspec import ranks
 from trtspec.artifacts import peak_rss_gib
 from trtspec.chat import read_rows
-from trtspec.eagle import sharding
-from trtspec.eagle.acceptance import EVAL_SEQS, build_eval_set, evaluate_acceptance, training_rows_set
-from trtspec.eagle.states import cache_states, check_states_fit
-from trtspec.eagle.trainer import HeadDataset, check_trainer_api, make_trainer, resume_point
 from trtspec.errors import ArtifactError, DataError
 from trtspec.pipeline.stage import StageContext
+from trtspec.training import sharding
+from trtspec.training.acceptance import EVAL_SEQS, build_eval_set, evaluate_acceptance, training_rows_set
+from trtspec.training.states import cache_states, check_states_fit
+from trtspec.training.trainer import HeadDataset, check_trainer_api, make_trainer, resume_point
 
 if TYPE_CHECKING:
     from trtspec.config import BuildConfig, TrainSection
@@ -230,7 +231,7 @@ def run(ctx: StageContext) -> dict:
     cache_s = time.time() - t0
     model = fam.build(base, draft_cfg)
     fam.load_head(model, conv_dir / "head_init.safetensors")
-    head = sharding.shard_head(model) if t_cfg.sharding == "fsdp" and ranks.size() > 1 else None
+    head = sharding.shard_head(model, fam.module_attr) if t_cfg.sharding == "fsdp" and ranks.size() > 1 else None
     gc.collect()
 
     tokens, trained = train_head(ctx, fam, model, head, tokens, states, eval_set)

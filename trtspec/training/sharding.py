@@ -1,5 +1,7 @@
-"""FSDP for the head (`train.sharding: fsdp` in a multi-process launch): each process holds 1/N of the head's
-weights, gradients and AdamW state (torch FSDP2, `fully_shard`) instead of DDP's full copy of all three.
+"""FSDP for the draft (`train.sharding: fsdp` in a multi-process launch): each process holds 1/N of the draft's
+weights, gradients and AdamW state (torch FSDP2, `fully_shard`) instead of DDP's full copy of all three. The draft is
+the converted model's attribute its family names (DraftFamily.module_attr: eagle_module for EAGLE-3; config refuses
+fsdp for a DFlash draft so far).
 
 The HF Trainer takes a model that is already sharded as one "sharded at load time" (transformers'
 `is_distributed_loading_by_transformers`): it neither wraps it in DDP nor moves it, and clips the DTensor gradients.
@@ -31,33 +33,34 @@ SCHEDULER_FILE = "scheduler.pt"
 
 @dataclass
 class ShardedHead:
-    sharded: Any  # the eagle_module the model trains with: FSDP2 parameters (DTensors)
-    plain: Any  # rank 0: an unsharded eagle_module for evaluation and saving; None elsewhere
+    attr: str  # the draft's attribute in the converted model (DraftFamily.module_attr)
+    sharded: Any  # the draft module the model trains with: FSDP2 parameters (DTensors)
+    plain: Any  # rank 0: an unsharded draft module for evaluation and saving; None elsewhere
 
 
-def shard_head(model: Any) -> ShardedHead:
-    """Replace model.eagle_module by an FSDP2-sharded copy over all processes of the launch (gloo on CPUs, nccl on
-    GPUs); rank 0 keeps the unsharded original for evaluation."""
+def shard_head(model: Any, attr: str) -> ShardedHead:
+    """Replace the draft (model.<attr>) by an FSDP2-sharded copy over all processes of the launch (gloo on CPUs, nccl
+    on GPUs); rank 0 keeps the unsharded original for evaluation."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    plain = model.eagle_module
+    plain = getattr(model, attr)
     sharded = copy.deepcopy(plain)  # hooks that refer to the module (first-layer input patch) follow the copy
     mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (ranks.size(),))
-    model.eagle_module = sharded
-    # a unit per decoder layer (gathered one at a time), one for each part Model Optimizer's EAGLE model calls
-    # outside the head's own forward (fc on the target's states, lm_head on the head's output), one for the rest
+    setattr(model, attr, sharded)
+    # a unit per decoder layer (gathered one at a time), one for each part Model Optimizer's model calls outside the
+    # draft's own forward (EAGLE-3: fc on the target's states, lm_head on the head's output), one for the rest
     # (norms); the whole model is the root FSDP wants a forward to enter by, its target's (frozen) weights left whole
-    units = [*sharded.layers, sharded.fc, *([sharded.lm_head] if hasattr(sharded, "lm_head") else []), sharded]
+    units = [*sharded.layers, *(getattr(sharded, n) for n in ("fc", "lm_head") if hasattr(sharded, n)), sharded]
     for unit in units:
         fully_shard(unit, mesh=mesh)
-    target = {p for name, p in model.named_parameters() if not name.startswith("eagle_module.")}
+    target = {p for name, p in model.named_parameters() if not name.startswith(f"{attr}.")}
     fully_shard(model, mesh=mesh, ignored_params=target)
     model._is_distributed_loading_by_transformers = True  # transformers: the Trainer leaves placement and reduction to FSDP
     if ranks.is_main():
         plain.requires_grad_(False)
-    return ShardedHead(sharded, plain if ranks.is_main() else None)
+    return ShardedHead(attr, sharded, plain if ranks.is_main() else None)
 
 
 def local_parameters(module: Any) -> int:
@@ -90,7 +93,7 @@ def load_full_state(module: Any, state: dict) -> None:
 
 @contextmanager
 def full_head(model: Any, head: ShardedHead | None) -> Iterator[None]:
-    """Within: on rank 0, model.eagle_module is the unsharded head holding the trained weights. Every rank must enter
+    """Within: on rank 0, the model's draft is the unsharded one holding the trained weights. Every rank must enter
     (the weights are gathered from all). Nothing to do without sharding."""
     if head is None:
         yield
@@ -99,7 +102,7 @@ def full_head(model: Any, head: ShardedHead | None) -> Iterator[None]:
     try:
         yield
     finally:
-        model.eagle_module = head.sharded
+        setattr(model, head.attr, head.sharded)
 
 
 def save_optimizer(model: Any, optimizer: Any, folder: Path) -> None:
@@ -126,4 +129,4 @@ def keep_full_head(model: Any, head: ShardedHead) -> None:
     state = full_state(head.sharded)
     if head.plain is not None:
         head.plain.load_state_dict(state)
-        model.eagle_module = head.plain
+        setattr(model, head.attr, head.plain)

@@ -1,5 +1,6 @@
-"""How well an EAGLE-3 head drafts for its target: acceptance of greedy chain drafts, simulated exactly on the
-target's own greedy answers (teacher-forced, every draft position at once), with a bootstrap interval over prompts."""
+"""How well a draft drafts for its target, whatever its family: acceptance of greedy drafts, simulated exactly on the
+target's own greedy answers (teacher-forced, every draft position at once, by the family's DraftFamily.drafts), with a
+bootstrap interval over prompts."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.chat import encode_prompt
-from trtspec.eagle.head import chain_drafts
-from trtspec.eagle.states import base_states, row_lengths
 from trtspec.generation import hf_greedy
 from trtspec.runtime.decode import al_interval
+from trtspec.training.states import base_states, row_lengths
 
 
 def greedy_acceptance(drafts: Any, seq: Any, start: int, k: int) -> tuple[int, int, list[int]]:
@@ -34,10 +34,10 @@ def greedy_acceptance(drafts: Any, seq: Any, start: int, k: int) -> tuple[int, i
     return tokens, forwards, per_pos
 
 
-def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int, drafts_fn: Any = chain_drafts) -> dict:
+def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int, drafts_fn: Any) -> dict:
     """AL (tokens per target forward) for chain drafts of length 1..k_max with its 95% bootstrap interval over the
     prompts, and per-position acceptance at k_max. `drafts_fn`: the family's drafts from every position
-    (DraftFamily.drafts; default the EAGLE-3 head's chains)."""
+    (DraftFamily.drafts)."""
     per_prompt: dict[int, list[tuple[int, int]]] = {k: [] for k in range(1, k_max + 1)}
     per_pos = [0] * k_max
     was_training = model.training
@@ -134,21 +134,22 @@ def training_rows_set(tokens: dict, states: dict | None, base: Any, aux_layers: 
 
 
 def acceptance_by_target(draft_model: Any, targets: dict[str, tuple[Any, Path | None]], tok: Any, rows: list[dict],
-                         max_new_tokens: int, scratch: Path, k: int, log: Any) -> dict[str, float]:
-    """AL@k of a trained head with each target: targets[name] = (load, answers), where load() loads the target
+                         max_new_tokens: int, scratch: Path, k: int, log: Any, aux_layers: list[int],
+                         drafts_fn: Any) -> dict[str, float]:
+    """AL@k of a trained draft with each target: targets[name] = (load, answers), where load() loads the target
     and `answers` is a file of its greedy answers written before (None, or missing: generated here, into scratch).
+    aux_layers, drafts_fn: the target layers the draft reads and its drafts (DraftFamily.state_layers, .drafts).
 
     Each target writes its own greedy answers to the same held-out prompts `rows` (the train stage's evaluation),
     and the head drafts from that target's hidden states (the train stage's exact greedy simulation): AL = tokens
     per target forward (1 = the draft never helps).
     """
-    aux = draft_model.eagle_config.eagle_aux_hidden_state_layer_ids
     out = {}
     for name, (load, answers) in targets.items():
         base = load()  # one target in memory at a time
         log(f"acceptance with the {name} target ({len(rows)} held-out prompts)")
         cache = answers if answers and answers.is_file() else scratch / f"eval_{name}.pt"
-        eval_set = build_eval_set(base, tok, rows, aux, max_new_tokens, cache, log)
-        out[name] = evaluate_acceptance(draft_model, eval_set, k)[f"AL@{k}"]
+        eval_set = build_eval_set(base, tok, rows, aux_layers, max_new_tokens, cache, log)
+        out[name] = evaluate_acceptance(draft_model, eval_set, k, drafts_fn)[f"AL@{k}"]
         del base, eval_set
     return out

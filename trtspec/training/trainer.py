@@ -1,20 +1,19 @@
-"""Training an EAGLE-3 head with HF Trainer: the dataset over the data stage's tensors (and cached target states),
-length-grouped batches that resume mid-epoch, modelopt's EAGLE-3 loss with the draft logits computed only where
-scored, a callback logging each step, and resuming from the last complete checkpoint."""
+"""Training a draft with HF Trainer, for every family: the dataset over the data stage's tensors (and cached target
+states), length-grouped batches that resume mid-epoch, the family's own training forward (DraftFamily.train_forward:
+EAGLE-3's is trtspec.eagle.train_step.head_forward), a callback logging each step, and resuming from the last complete
+checkpoint."""
 
 from __future__ import annotations
 
 import json
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from trtspec import ranks
-from trtspec.eagle.head import draft_target_logits, rows_at
-from trtspec.eagle.sharding import ShardedHead
-from trtspec.eagle.states import row_lengths
 from trtspec.errors import MissingDependency
+from trtspec.training.sharding import ShardedHead
+from trtspec.training.states import row_lengths
 
 # The HF Trainer's private methods the head's trainer overrides or calls (all in make_trainer), with the parameters
 # it relies on, as in transformers 5.0-5.19 (pyproject pins <5.20; tests/unit/test_trainer_private.py checks each).
@@ -115,49 +114,6 @@ class LengthGroupedEpochSampler:
         return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=g))
 
 
-@contextmanager
-def draft_logits_where_scored(model: Any, loss_mask: Any):
-    """Within: the head's lm_head computes logits only where modelopt's loss reads them, zeros elsewhere.
-
-    modelopt's TTT step s scores the draft logits at position p against the target's prediction at p + 1,
-    weighted by loss_mask[p + 1] (for p >= s). Zero logits elsewhere change neither the loss (their weight is 0)
-    nor the gradients, and skip the lm_head's matmuls (a third of a step's FLOPs) on prompt tokens and padding,
-    a quarter of the positions in the demo's batches. Only a head with its own lm_head (a draft vocab): the
-    target's lm_head also makes the target's logits when training online."""
-    lm_head = getattr(model.eagle_module, "lm_head", None)
-    if lm_head is None:
-        yield
-        return
-    import torch
-
-    keep = torch.nn.functional.pad(loss_mask[:, 1:], (0, 1)).bool()
-    full = lm_head.forward
-    lm_head.forward = lambda h: rows_at(keep, h, full)
-    try:
-        yield
-    finally:
-        del lm_head.forward  # back to the class's own forward
-
-
-def head_forward(model: Any, batch: dict, unwrapped: Any = None) -> Any:
-    """One training forward of the head on a batch of HeadDataset.collate: modelopt's EAGLE-3 loss (TTT steps).
-    Offline batches carry the target's cached states; the target's logits are computed here, where scored.
-    `unwrapped`: the EAGLE model inside `model` when a DDP/FSDP wrapper runs the forward (multi-GPU)."""
-    eagle_model = unwrapped or model
-    batch = dict(batch)
-    kwargs = {}
-    if "aux_hidden_states" in batch:
-        dtype = eagle_model.eagle_module.fc.weight.dtype
-        last = batch.pop("base_model_hidden_states").to(dtype)
-        kwargs["base_model_outputs"] = {
-            "aux_hidden_states": batch.pop("aux_hidden_states").to(dtype),
-            "base_model_hidden_states": last,
-            "base_model_logits": draft_target_logits(eagle_model, last, batch["loss_mask"].bool()),
-        }
-    with draft_logits_where_scored(eagle_model, batch["loss_mask"]):
-        return model(**batch, **kwargs)
-
-
 def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: Any, eval_steps: int,
                  head: ShardedHead | None, family: Any):
     """The HF Trainer of the head. `eval_fn` is called on every rank at eval steps (gathering a sharded head is
@@ -167,15 +123,16 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
     import torch
     from transformers import Trainer, TrainerCallback
 
-    from trtspec.eagle import sharding
+    from trtspec.training import sharding
 
     check_trainer_api()
 
     class StepLog(TrainerCallback):
-        """One JSON line per optimizer step: loss and per-TTT-step accuracy averaged over its micro-batches."""
+        """One JSON line per optimizer step: loss and the forward's accuracies (EAGLE-3: one per TTT step) averaged
+        over its micro-batches."""
 
         def __init__(self):
-            self.buf: list[tuple[float, ...]] = []  # (loss, accuracy of each TTT step) per micro-batch
+            self.buf: list[tuple[float, ...]] = []  # (loss, each accuracy the forward reports) per micro-batch
 
         def on_step_end(self, args, state, control, **kw):
             if not self.buf:
@@ -196,7 +153,7 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
 
     step_log = StepLog()
 
-    class EagleTrainer(Trainer):
+    class HeadTrainer(Trainer):
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             out = family.train_forward(model, inputs, self.accelerator.unwrap_model(model))
             step_log.buf.append((float(out.loss.detach()), *(float(a) for a in out.train_acc[0])))
@@ -237,7 +194,7 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
             sharding.load_optimizer(self.model, inner_optimizer(self.optimizer), Path(checkpoint))
             self.lr_scheduler.load_state_dict(torch.load(Path(checkpoint) / sharding.SCHEDULER_FILE, weights_only=True))
 
-    return EagleTrainer(model=model, args=args, train_dataset=dataset, data_collator=HeadDataset.collate, callbacks=[step_log])
+    return HeadTrainer(model=model, args=args, train_dataset=dataset, data_collator=HeadDataset.collate, callbacks=[step_log])
 
 
 def inner_optimizer(optimizer: Any) -> Any:

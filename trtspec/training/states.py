@@ -1,5 +1,6 @@
-"""What the frozen target computes for the head: its aux-layer hidden states and its last (post-norm) hidden state,
-for a batch (`base_states`) or for every training row once, into fp16 memmaps that resume after a kill."""
+"""What the frozen target computes for the draft (whatever its family): the hidden states of the layers the draft
+reads and its last (post-norm) hidden state, for a batch (`base_states`) or for every training row once, into fp16
+memmaps that resume after a kill."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trtspec.eagle.head import drop_collected_states
+
+def drop_collected_states(model: Any) -> None:
+    """Forget the aux hidden states Model Optimizer's hooks collect on every forward of a converted base (a forward
+    run for its states alone, outside modelopt's own training step, would otherwise leave them to pile up); nothing
+    to do for a plain target."""
+    if hasattr(model, "_aux_hidden_states"):
+        model._aux_hidden_states.clear()
 
 
 def base_states(base: Any, input_ids: Any, attention_mask: Any, aux_layers: list[int], bf16: bool = False) -> tuple[Any, Any]:
