@@ -133,7 +133,7 @@ class Bundle:
 
 def open_bundle(run: Path) -> Bundle:
     """RUN/bundle checked (every file the export stage writes), with its target's tokenizer and eos ids."""
-    from trtspec.eagle.checkpoint import check_bundle
+    from trtspec.deploy.bundle import check_bundle
     from trtspec.generation import eos_ids
     from trtspec.models import load_tokenizer
 

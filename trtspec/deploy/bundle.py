@@ -1,6 +1,6 @@
-"""The deployment bundle's family-neutral parts: what a draft family's export hands back (ExportedDraft), the target
-as an HF folder, and the README's shared paragraphs (each draft family writes its README with them: eagle.readme,
-dflash.readme).
+"""The deployment bundle's family-neutral parts: what a draft family's export hands back (ExportedDraft), the files
+every bundle holds (check_bundle), the target as an HF folder, and the README's shared paragraphs (each draft family
+writes its README with them: eagle.readme, dflash.readme).
 
 Every path written into the bundle is relative to it; the README names a local model by its folder name only.
 """
@@ -27,6 +27,19 @@ class ExportedDraft:
     model: Any = None  # the draft model, kept where the family measures acceptance with a quantized target
     tensors: list[str] | None = None  # the checkpoint's tensor names, where the engines' loaders are checked
     no_engine: str | None = None  # why no serving engine loads this draft: the bundle then has no launcher
+
+
+BUNDLE_FILES = ("target/config.json", "draft/config.json", "draft/model.safetensors")  # whatever the draft's family
+
+
+def check_bundle(bundle: Path) -> None:
+    """The files every exported bundle holds (BUNDLE_FILES and the target's weights), else one ArtifactError naming
+    each missing one: what validate and bench read before loading anything."""
+    missing = [f for f in BUNDLE_FILES if not (bundle / f).is_file()]
+    if not list((bundle / "target").glob("*.safetensors")):
+        missing.append("target/*.safetensors")
+    if missing:
+        raise ArtifactError(f"bundle '{bundle}' is missing {', '.join(missing)}", "re-run the export stage (trtspec export --force)")
 
 
 def export_target(model: Any, tok: Any, out: Path, dtype: Any, quantized: bool) -> None:

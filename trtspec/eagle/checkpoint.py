@@ -207,13 +207,3 @@ def check_draft_checkpoint(draft_dir: str | Path, target_config: Any = None) -> 
         "norm_output": bool(cfg.get("norm_output")),
     }
 
-
-BUNDLE_FILES = ("target/config.json", "draft/config.json", "draft/model.safetensors")
-
-
-def check_bundle(bundle: Path) -> None:
-    missing = [f for f in BUNDLE_FILES if not (bundle / f).is_file()]
-    if not list((bundle / "target").glob("*.safetensors")):
-        missing.append("target/*.safetensors")
-    if missing:
-        raise ArtifactError(f"bundle '{bundle}' is missing {', '.join(missing)}", "re-run the export stage (trtspec export --force)")

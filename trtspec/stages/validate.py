@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
-from trtspec.eagle.checkpoint import check_bundle
+from trtspec.deploy.bundle import check_bundle
 from trtspec.errors import ArtifactError, DataError, ValidationFailed
 from trtspec.generation import eos_ids, hf_answer
 from trtspec.pipeline.stage import InputFile, StageContext
