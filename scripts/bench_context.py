@@ -30,13 +30,10 @@ def main() -> None:
     add_runtime_flags(ap)
     a = ap.parse_args()
 
-    import torch
-
     from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings
-    from trtspec.chat import encode_prompt, read_rows, with_history
-    from trtspec.runtime import DraftSpec, generate, speculative_decode
+    from trtspec.chat import read_rows
     from trtspec.runtime.families import draft_family
-    from trtspec.validation import category_summary
+    from trtspec.validation import context_curve
 
     bundle = open_bundle(a.run_dir)
     target, drafter = bundle.runtime(settings=runtime_settings(a))
@@ -45,25 +42,8 @@ def main() -> None:
     prompts = load_prompt_rows(a.run_dir, a.prompts)
     history = read_rows(a.run_dir / "data" / "train.jsonl")
     k = bundle.draft_length
-    spec, eos = DraftSpec(shape="chain", k=k), bundle.eos
-    rows = []
-    for b in bins:
-        runs, plains, lengths = [], [], []
-        for i, p in enumerate(prompts):
-            start = (i * 97) % max(1, len(history))  # each prompt its own history
-            row, n = with_history(p, history[start:] + history[:start], bundle.tok, b)
-            ids = torch.tensor(encode_prompt(bundle.tok, row["messages"]))
-            plains.append(generate(target, ids, a.max_new_tokens, eos).tokens)
-            runs.append(speculative_decode(target, drafter, ids, a.max_new_tokens, spec, eos))
-            lengths.append(n)
-        rows.append({"bin": b, "context_tokens": round(sum(lengths) / len(lengths)), **category_summary(runs, k, plains)})
-        if not a.json:
-            r = rows[-1]
-            print(f"bin {b:>5}: context {r['context_tokens']:>5} tokens, AL {r['acceptance_length']:.2f} "
-                  f"({r['ci95'][0]:.2f}-{r['ci95'][1]:.2f}), per position {r['per_position']}, identical "
-                  f"{r['exact']}/{r['prompts']}, vs shortest {r['acceptance_length'] / rows[0]['acceptance_length']:.2f}", flush=True)
-    for r in rows:
-        r["vs_shortest"] = round(r["acceptance_length"] / rows[0]["acceptance_length"], 3)
+    rows = context_curve(target, drafter, prompts, history, bundle.tok, bins, k, a.max_new_tokens, bundle.eos,
+                         log=None if a.json else lambda m: print(m, flush=True))
     if a.json:
         print(json.dumps({"run": str(a.run_dir), "draft": draft_family(a.run_dir / "bundle" / "draft"), "k": k,
                           "window": window, "max_new_tokens": a.max_new_tokens, "bins": rows}))

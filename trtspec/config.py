@@ -28,6 +28,7 @@ VOCAB_MAX = 1 << 24  # token ids and vocabulary sizes (the largest vocabularies 
 LayerId = Annotated[int, Field(ge=0, le=1023)]
 BatchSize = Annotated[int, Field(ge=1, le=1024)]
 Requests = Annotated[int, Field(ge=1, le=65536)]  # a batch size an engine serves (serve.max_batch_size's range)
+ContextLen = Annotated[int, Field(ge=16, le=1_048_576)]  # tokens of context before an answer
 DraftLen = Annotated[int, Field(ge=0, le=16)]  # tokens drafted per step; 0 = no speculation (draft.length's range)
 
 
@@ -303,6 +304,12 @@ class EvalSection(Section):
     acceptance_prompts: int = key(64, "held-out prompts the head's acceptance length is measured on (train, "
                                   "export); fewer are noisier, each costs one greedy answer from the target", ge=1, le=100_000)
     repeats: int = key(2, "interleaved timing repetitions per method (validate)", ge=1, le=100)
+    context_bins: list[ContextLen] | None = Field(
+        None, min_length=1, max_length=8, description="validate's acceptance by context length, e.g. [256, 1024, 4096, "
+        "8192]: eval.context_prompts prompts each after earlier conversations of the run's training data filling that "
+        "many tokens of context (plus eval.max_new_tokens within the target's window); null = none")
+    context_prompts: int = key(4, "prompts per eval.context_bins bin (each costs a greedy answer with and without the "
+                               "draft at that context)", ge=1, le=64)
 
 
 class ValidateSection(Section):

@@ -122,6 +122,12 @@ def _markdown(r: dict, plots: list[str]) -> str:
     lines += [f"| {c} | {v['prompts']} | {v['acceptance_length']:.2f} | {v['ci95'][0]:.2f}-{v['ci95'][1]:.2f} | "
               f"{', '.join(f'{x:.2f}' for x in v['per_position'])} | {v.get('exact', '–')}/{v['prompts']} | {v['steps']} |"
               for c, v in r["per_category"].items()]
+    if r.get("per_context"):
+        lines += ["", "| context (tokens) | prompts | AL | 95% interval | per position | greedy identical | vs shortest |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {c['context_tokens']} (bin {c['bin']}) | {c['prompts']} | {c['acceptance_length']:.2f} | "
+                  f"{c['ci95'][0]:.2f}-{c['ci95'][1]:.2f} | {', '.join(f'{x:.2f}' for x in c['per_position'])} | "
+                  f"{c['exact']}/{c['prompts']} | {c['vs_shortest']:.2f}x |" for c in r["per_context"]]
     lines += ["", "## Speed (batch 1, interleaved repetitions, median)", "", "| method | tokens/s | |", "|---|---|---|"]
     notes = r.get("method_notes", {})
     lines += [f"| {m} | {t:.1f} | {notes.get(m, '')} |" for m, t in r["tokens_per_s"].items()]

@@ -280,6 +280,37 @@ def category_summary(generations: list, k: int, reference: list[list[int]] | Non
     return out
 
 
+def context_curve(target: Any, drafter: Any, prompts: list[dict], history: list[dict], tok: Any, bins: list[int],
+                  k: int, max_new: int, eos: Any, log: Any = None) -> list[dict]:
+    """Acceptance by context length: each prompt after earlier conversations (chat.with_history: `history`, rows
+    with answers, as a chat's prior turns) filling each bin's tokens of context before the answer; greedy chains of
+    k checked against the target without a draft -> per bin {bin, context_tokens (mean), category_summary's AL,
+    interval, per position, exact, vs_shortest (AL over the first bin's)}. Each prompt starts its history at its
+    own place, so the bins differ in length only."""
+    import torch
+
+    from trtspec.chat import encode_prompt, with_history
+    from trtspec.runtime import DraftSpec, generate, speculative_decode
+
+    spec, rows = DraftSpec(shape="chain", k=k), []
+    for b in bins:
+        runs, plains, lengths = [], [], []
+        for i, p in enumerate(prompts):
+            start = (i * 97) % max(1, len(history))
+            row, n = with_history(p, history[start:] + history[:start], tok, b)
+            ids = torch.tensor(encode_prompt(tok, row["messages"]))
+            plains.append(generate(target, ids, max_new, eos).tokens)
+            runs.append(speculative_decode(target, drafter, ids, max_new, spec, eos))
+            lengths.append(n)
+        rows.append({"bin": b, "context_tokens": round(sum(lengths) / len(lengths)), **category_summary(runs, k, plains)})
+        rows[-1]["vs_shortest"] = round(rows[-1]["acceptance_length"] / rows[0]["acceptance_length"], 3)
+        if log:
+            r = rows[-1]
+            log(f"context {b}: {r['context_tokens']} tokens, AL {r['acceptance_length']:.2f} ({r['ci95'][0]:.2f}-"
+                f"{r['ci95'][1]:.2f}), identical {r['exact']}/{r['prompts']}, {r['vs_shortest']:.2f}x the shortest bin's")
+    return rows
+
+
 def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: dict | None,
                   decode_tps: dict[str, float] | None = None, decode_runs: list | None = None,
                   step_cost_ideal: float | None = None, step_cost_products: float | None = None) -> dict:

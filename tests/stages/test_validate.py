@@ -159,6 +159,41 @@ def test_suite_categories_reach_the_report(tmp_path, run_inputs):
     assert set(r["per_category"]) == {"code", "math"} and all(c["prompts"] == 1 for c in r["per_category"].values())
 
 
+def test_context_bins_measure_acceptance_by_context_length(tmp_path, run_inputs):
+    """eval.context_bins: each prompt after earlier training conversations filling the bin, speculative output equal
+    to the target's own at every length; the report and report.md carry the curve."""
+    from trtspec.stages import validate
+
+    root, source, bundle, data = run_inputs
+    mine = tmp_path / "data"
+    shutil.copytree(data, mine)
+    talk = [{"messages": [{"role": "user", "content": f"Tell me fact {i} about rivers."},
+                          {"role": "assistant", "content": f"Fact {i}: rivers carry water and silt to the sea."}]} for i in range(40)]
+    (mine / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in talk))
+    ctx = make_ctx(tmp_path, (root, source, bundle, mine), evaluation={"max_new_tokens": 6, "context_bins": [256, 64],
+                   "context_prompts": 2}, compile=False, compare_hf=False, sampling_temperature=None)
+    validate.run(ctx)
+    r = json.loads((tmp_path / "out" / "report.json").read_text())
+    short, long = r["per_context"]
+    assert (short["bin"], long["bin"]) == (64, 256) and short["context_tokens"] < long["context_tokens"] <= 256
+    assert short["exact"] == long["exact"] == 2 and short["vs_shortest"] == 1.0 and short["prompts"] == 2
+    assert "| context (tokens) |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_a_context_bin_past_the_window_is_refused_before_any_stage(tmp_path, run_inputs):
+    from transformers import AutoConfig
+
+    from trtspec.errors import ConfigError
+    from trtspec.stages import validate
+
+    ctx = make_ctx(tmp_path, run_inputs, evaluation={"max_new_tokens": 8, "context_bins": [64, 4096]})
+    model_config = AutoConfig.from_pretrained(run_inputs[1])
+    window = model_config.max_position_embeddings
+    ctx.cfg.eval.context_bins = [64, window]
+    with pytest.raises(ConfigError, match=rf"eval.context_bins {window}: with eval.max_new_tokens 8 it needs {window + 8} tokens"):
+        validate.preflight(ctx.cfg, model_config)
+
+
 def test_gate_fails_after_writing_the_report(tmp_path, run_inputs):
     from trtspec.stages import validate
 

@@ -151,8 +151,11 @@ def run_aiperf(aiperf: str, port: int, tokenizer: Path, prompts: Path, concurren
            json.dumps({"temperature": 0, "max_tokens": plan.max_tokens}), "--output-artifact-dir", str(out),
            "--ui-type", "none", "--random-seed", "0"]
     log = out.with_suffix(".log")
+    # aiperf 0.13 under HF_HUB_OFFLINE loads every tokenizer as a cached hub snapshot, which a local folder is not
+    # (HFValidationError); the tokenizer here is always the bundle's folder, so nothing is fetched without it
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     with log.open("w") as f:
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=plan.level_timeout_s)
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=plan.level_timeout_s, env=env)
     exports = sorted(out.rglob("profile_export_aiperf.json"))
     if done.returncode != 0 or not exports:
         raise SweepFailed(f"aiperf failed at concurrency {concurrency} (exit {done.returncode})", f"see {log}")

@@ -23,6 +23,7 @@ from trtspec.validation import (
     acceptance_summary,
     check_context_length,
     check_gates,
+    context_curve,
     drafting_summary,
     greedy_match,
     hf_assisted_methods,
@@ -101,6 +102,7 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
 
     if cfg.validate_.baseline:
         read_baseline(cfg.resolve_path(cfg.validate_.baseline), target_identity(model_config), cfg.draft.length)
+    check_context_bins(cfg, text_config(model_config).max_position_embeddings)
     if not (cfg.eval.prompts or cfg.eval.suites):
         return
     sources = prompt_sources(cfg)
@@ -113,6 +115,17 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
             rows = [{**r, "id": f"row {j + 1}"} for j, r in enumerate(rows)]
         check_context_length(rows, [encode_prompt(tok, r["messages"]) for r in rows], cfg.eval.max_new_tokens, window,
                              label)
+
+
+def check_context_bins(cfg: BuildConfig, window: int) -> None:
+    """eval.context_bins: each bin and its answer within the target's window, one line naming the bin."""
+    from trtspec.errors import ConfigError
+
+    new = cfg.eval.max_new_tokens
+    if too_long := [b for b in cfg.eval.context_bins or [] if b + new > window]:
+        raise ConfigError(f"eval.context_bins {too_long[0]}: with eval.max_new_tokens {new} it needs {too_long[0] + new} "
+                          f"tokens, more than the target's window of {window}",
+                          f"keep every bin at most {window - new}")
 
 
 def models_read(cfg: BuildConfig) -> list[tuple[str, str]]:
@@ -169,6 +182,7 @@ class Bench:
     drafters: dict[str, Any] = field(default_factory=dict)  # timed method -> its drafter
     family: str = ""  # the target's family (trtspec.targets), which decides the runtime path
     settings: Any = None  # runtime.settings.RuntimeSettings the bundle was loaded with
+    tok: Any = None  # the bundle's tokenizer
 
 
 def load_bench(ctx: StageContext) -> Bench:
@@ -194,7 +208,7 @@ def load_bench(ctx: StageContext) -> Bench:
     check_context_length(rows, prompts, ctx.cfg.eval.max_new_tokens, target.args.max_positions)
     drafter = load_drafter(bundle / "draft", target, settings=settings)
     spec = DraftSpec(shape=d.shape, k=d.length, topk=d.tree_topk, total=d.tree_total_tokens, suffix_len=d.suffix_len)
-    return Bench(rows, prompts, eos, target, dq_notes, drafter, spec, family=target_family, settings=settings)
+    return Bench(rows, prompts, eos, target, dq_notes, drafter, spec, family=target_family, settings=settings, tok=tok)
 
 
 def timed_methods(ctx: StageContext, b: Bench, hf: Any) -> tuple[dict[str, Any], list[str], dict, dict]:
@@ -269,6 +283,24 @@ def sampling_checks(ctx: StageContext, b: Bench) -> dict | None:
                               repeat=m != "speculative") for m, dr in b.drafters.items()}
 
 
+def context_acceptance(ctx: StageContext, b: Bench) -> list[dict] | None:
+    """eval.context_bins: the draft's acceptance at each context length (validation.context_curve), the history
+    from the run's training conversations."""
+    from trtspec.chat import read_rows
+
+    e = ctx.cfg.eval
+    if not e.context_bins:
+        return None
+    if "data" not in ctx.inputs:
+        raise DataError("eval.context_bins fills contexts with the run's training conversations: the data stage was "
+                        "skipped", "run the data stage, or set eval.context_bins: null")
+    ctx.log(f"acceptance by context length: bins {e.context_bins}, {e.context_prompts} prompts each")
+    prompts = [{"id": r["id"], "messages": r["messages"]} for r in b.rows[: e.context_prompts]]
+    history = read_rows(ctx.inputs["data"] / "train.jsonl")
+    return context_curve(b.target, b.drafter, prompts, history, b.tok, sorted(e.context_bins), ctx.cfg.draft.length,
+                         e.max_new_tokens, b.eos, log=ctx.log)
+
+
 def run(ctx: StageContext) -> dict:
     import torch
     from transformers import AutoConfig
@@ -300,6 +332,7 @@ def run(ctx: StageContext) -> dict:
     reference, reference_name, quant_report = reference_outputs(ctx, b, outputs["hf_generate"])
     acceptance = acceptance_summary(b.rows, outputs["speculative"], d.length, reference)
     sampling = sampling_checks(ctx, b)
+    per_context = context_acceptance(ctx, b)
 
     report = {
         "runtime": f"trtspec PyTorch speculative runtime ({family(drafter.name).title} from bundle/draft), CPU float32",
@@ -335,6 +368,7 @@ def run(ctx: StageContext) -> dict:
                         step_cost_by_products(target, drafter, spec) if native else None),
         "drafting": drafting_summary(outputs, reference, tps, drafting, d.suffix_len) if len(drafting) > 1 else None,
         "sampling_check": sampling,
+        "per_context": per_context,
         "machine": cpu_description(),
         "kernels": {"target": kernels, "draft": drafter.net.kernel_choice},
     }
