@@ -4,8 +4,8 @@ A family says how its draft is converted from the base (Model Optimizer's mode a
 batch, which target layers' states it reads, whether labels are shifted), saved, measured (its greedy drafts from
 every position of a target answer, for the acceptance count), exported and loaded by the runtime.
 
-    eagle3   EAGLE-3 head: one token per pass, chained k times           trtspec.eagle
-    dflash   DFlash block drafter: block_size - 1 tokens in one pass      trtspec.dflash
+    eagle3   EAGLE-3 head: one token per pass, chained k times           trtspec.eagle.family.EAGLE3
+    dflash   DFlash block drafter: block_size - 1 tokens in one pass      trtspec.dflash.family.DFLASH
              (dflash.projector: dspark: DSpark, block_size tokens, each biased by a Markov head from the one before)
 
 A family is one package of what is its own. What every family shares is trtspec.training, which knows no family (it
@@ -16,37 +16,69 @@ acceptance measure (training.acceptance). The bundle's own checks are trtspec.de
 
 from __future__ import annotations
 
+import importlib
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 
-@dataclass(frozen=True)
-class DraftFamily:
-    name: str
-    title: str  # how reports and logs name it
-    config_file: str  # the mtsp.convert config, in convert/ and train/
-    head_file: str  # the draft's weights in convert/ (head_init.safetensors) and train/
-    build: Callable[[Any, dict], Any]  # (base model, config) -> the base with the draft attached (mtsp.convert)
-    save_head: Callable[[Any, Path], Any]
-    load_head: Callable[[Any, Path], Any]
-    train_forward: Callable[..., Any]  # (model, batch, unwrapped model) -> output with .loss and .train_acc
-    state_layers: Callable[[dict], list[int]]  # the target layers whose outputs the draft reads
-    drafts: Callable[[Any, Any, Any, Any, int], Any]  # (model, ids [1,T], aux [1,T,A], last [1,T,H], k) -> [1,T,k]
-    shift_labels: bool  # the loss mask scores position t against token t + 1 (EAGLE-3) or token t itself (DFlash, DSpark)
-    offline_key: str  # the config key saying the draft reads cached target states (Model Optimizer's name)
-    module_attr: str  # the converted model's attribute holding the draft's own network (eagle_module, dflash_module)
-    check_convert: Callable[[Any, Any], None]  # (build config, model config): the convert settings, before any stage
-    convert: Callable[..., Any]  # (base config, model path, build config, train_tokens.pt, log) -> (config, model, metrics)
-    export_draft: Callable[..., Any]  # (base, train dir, out dir, dtype, target path) -> deploy.bundle.ExportedDraft
-    write_readme: Callable[[Path, Any, dict, dict], None]  # (bundle, build config, info, metrics): bundle/README.md
-    length_key: str | None = None  # the config key draft.length trains (EAGLE-3's train-time-test steps), if any
-    export_onnx: Callable[[Path, Path], dict] | None = None  # (draft dir, onnx dir) -> the check against PyTorch
-    check_export: Callable[[Any], None] | None = None  # (build config): export settings, before any stage
-    no_launcher: frozenset[str] = frozenset()  # engines that load no draft of this family: the bundle has no launcher
+class DraftFamily(Protocol):
+    """What a draft family provides, one object in its own package (trtspec/<package>/family.py). The stages, the
+    trainer and the runtime reach a family through this interface only; the methods with bodies are shared."""
 
+    name: ClassVar[str]  # draft.method
+    title: ClassVar[str]  # how reports and logs name it
+    config_file: ClassVar[str]  # the mtsp.convert config, in convert/ and train/
+    head_file: ClassVar[str]  # the draft's weights in convert/ (head_init.safetensors) and train/
+    shift_labels: ClassVar[bool]  # the loss scores position t against token t + 1 (EAGLE-3) or token t (DFlash, DSpark)
+    offline_key: ClassVar[str]  # the config key saying the draft reads cached target states (Model Optimizer's name)
+    module_attr: ClassVar[str]  # the converted model's attribute holding the draft's own network
+    length_key: ClassVar[str | None] = None  # the config key draft.length trains (EAGLE-3's train-time-test steps)
+    exports_onnx: ClassVar[bool] = False  # export_onnx writes the draft as ONNX, checked against PyTorch
+    no_launcher: ClassVar[frozenset[str]] = frozenset()  # engines that load no draft of this family: no launcher
+
+    # --- convert and train ---
+    def check_convert(self, cfg: Any, model_config: Any) -> None:
+        """The convert settings against the target, before any stage (one line per problem)."""
+
+    def convert(self, base_config: Any, model_path: Path, cfg: Any, tokens: Path, log: Any) -> Any:
+        """(draft config, converted model, metrics): mtsp.convert with this family's mode and config."""
+
+    def build(self, base_model: Any, cfg: dict) -> Any:
+        """The base with the draft attached (mtsp.convert), from a saved config."""
+
+    def save_head(self, model: Any, path: Path) -> Any: ...
+
+    def load_head(self, model: Any, path: Path) -> Any: ...
+
+    def train_forward(self, model: Any, batch: dict, unwrapped: Any = None) -> Any:
+        """The training forward on a batch: an output with .loss and .train_acc."""
+
+    def state_layers(self, cfg: dict) -> list[int]:
+        """The target layers whose outputs the draft reads."""
+
+    def drafts(self, model: Any, ids: Any, aux: Any, last: Any, k: int) -> Any:
+        """Greedy drafts of k tokens from every position: (ids [1,T], aux [1,T,A], last [1,T,H]) -> [1,T,k]."""
+
+    # --- export and serve ---
+    def check_export(self, cfg: Any) -> None:
+        """The export settings, before any stage."""
+
+    def export_draft(self, base: Any, train_dir: Path, out: Path, dtype: Any, target_path: Path) -> Any:
+        """The trained draft written for the engines -> deploy.bundle.ExportedDraft."""
+
+    def export_onnx(self, draft_dir: Path, onnx_dir: Path) -> dict:
+        """The draft as ONNX and the check against PyTorch (where exports_onnx)."""
+        raise NotImplementedError(f"{self.title}: no ONNX export")
+
+    def write_readme(self, bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
+        """bundle/README.md: what the draft is and how each engine serves it."""
+
+    # --- the runtime ---
+    def load_drafter(self, draft_dir: Path, target: Any, weights: str = "auto", settings: Any = None) -> Any:
+        """The runtime's drafter for an exported draft, sharing the target's embedding and lm_head."""
+
+    # --- shared ---
     def module(self, model: Any) -> Any:
         """The draft's own network inside the converted model."""
         return getattr(model, self.module_attr)
@@ -68,59 +100,21 @@ class DraftFamily:
             cfg[self.length_key] = k
 
 
-def _eagle3() -> DraftFamily:
-    from trtspec.eagle import convert, head
-    from trtspec.eagle.export import check_export_config, export_eagle3_draft
-    from trtspec.eagle.onnx_export import export_onnx
-    from trtspec.eagle.readme import write_eagle3_readme
-    from trtspec.eagle.train_step import head_forward
-
-    return DraftFamily(
-        name="eagle3", title="EAGLE-3 head", config_file="eagle_config.json", head_file=head.HEAD_FILE,
-        build=head.build_eagle_model, save_head=head.save_head, load_head=head.load_head, train_forward=head_forward,
-        state_layers=lambda cfg: cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"],
-        drafts=head.chain_drafts, shift_labels=True, offline_key="eagle_offline", module_attr="eagle_module",
-        check_convert=convert.check_convert_config, convert=convert.convert_head, export_draft=export_eagle3_draft, write_readme=write_eagle3_readme,
-        length_key="eagle_ttt_steps", export_onnx=export_onnx, check_export=check_export_config,
-    )
-
-
-def _dflash() -> DraftFamily:
-    from trtspec.dflash import convert, head
-    from trtspec.dflash.export import export_dflash_draft
-    from trtspec.dflash.readme import write_dflash_readme
-
-    def drafts(model: Any, ids: Any, aux: Any, last: Any, k: int) -> Any:
-        return head.block_drafts(model, ids[0], aux[0], k)[None]
-
-    return DraftFamily(
-        name="dflash", title="DFlash block drafter", config_file="dflash_config.json", head_file=head.HEAD_FILE,
-        build=head.build_dflash_model, save_head=head.save_head, load_head=head.load_head, train_forward=head.train_forward,
-        state_layers=lambda cfg: cfg["dflash_architecture_config"]["target_layer_ids"],
-        drafts=drafts, shift_labels=False, offline_key="dflash_offline", module_attr="dflash_module",
-        check_convert=convert.check_convert_config, convert=convert.convert_drafter, export_draft=export_dflash_draft, write_readme=write_dflash_readme,
-        no_launcher=frozenset({"speculators"}),
-    )
-
-
-FAMILIES: dict[str, Callable[[], DraftFamily]] = {"eagle3": _eagle3, "dflash": _dflash}
+# draft.method -> the module and object of its family (imported when first asked for)
+FAMILIES: dict[str, str] = {"eagle3": "trtspec.eagle.family:EAGLE3", "dflash": "trtspec.dflash.family:DFLASH"}
 
 
 def family(method: str) -> DraftFamily:
     """The family of draft.method."""
-    return FAMILIES[method]()
+    module, name = FAMILIES[method].split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def load_drafter(draft_dir: Path, target: Any, weights: str = "auto", settings: Any = None) -> Any:
-    """The runtime drafter for an exported draft (EAGLE-3 or DFlash), sharing the target's embedding and lm_head.
-    weights: how the draft's product weights are stored, auto (bfloat16 where timed faster) | float32 | bfloat16;
-    settings: runtime.settings.RuntimeSettings (default: as the target runs)."""
+    """The runtime drafter for an exported draft, by the family that declares its architecture (an unknown one is
+    refused by name: runtime.families.draft_family). weights: how the draft's product weights are stored, auto
+    (bfloat16 where timed faster) | float32 | bfloat16; settings: runtime.settings.RuntimeSettings (default: as the
+    target runs)."""
     from trtspec.runtime.families import draft_family
 
-    if draft_family(draft_dir) == "dflash":
-        from trtspec.runtime.dflash import load_dflash_drafter
-
-        return load_dflash_drafter(draft_dir, target, weights=weights, settings=settings)
-    from trtspec.runtime.drafters import load_eagle3_drafter
-
-    return load_eagle3_drafter(draft_dir, target, weights=weights, settings=settings)
+    return family(draft_family(draft_dir)).load_drafter(draft_dir, target, weights=weights, settings=settings)

@@ -34,9 +34,7 @@ READS = ("export", "serve", "draft", "engine.backend", "eval.acceptance_prompts"
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
     """The family's export settings (DraftFamily.check_export), refused before any stage spends minutes."""
-    fam = family(cfg.draft.method)
-    if fam.check_export:
-        fam.check_export(cfg)
+    family(cfg.draft.method).check_export(cfg)
 
 
 def quantized_acceptance(ctx: StageContext, draft_model: Any, quant: dict) -> dict:
@@ -120,7 +118,7 @@ def run(ctx: StageContext) -> dict:
     export_s += write_target(ctx, quant, dtype)
 
     not_served = engines_not_served(ctx, draft)
-    if cfg.export.onnx and fam.export_onnx:
+    if cfg.export.onnx and fam.exports_onnx:
         from trtspec.eagle.onnx_export import format_onnx_check
 
         metrics["onnx"] = fam.export_onnx(out / "draft", out / "onnx")
