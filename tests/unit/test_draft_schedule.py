@@ -28,14 +28,15 @@ def test_the_fastest_length_at_each_level_becomes_the_schedule():
            3: {1: 7.3, 4: 19.5, 16: 35.3, 32: 51.7}}
     assert best_lengths(tps) == {1: 3, 4: 3, 16: 0, 32: 0}
     schedule, note = schedule_from_sweep(tps)
-    assert schedule == {1: 3, 16: 0} and note == "k=3 from 1, k=0 from 16"
-    assert vllm_ranges(schedule) == [[1, 15, 3], [16, 16, 0]]  # vLLM carries the last k on to max_num_seqs
+    assert schedule == {1: 3, 8: 0} and note == "k=3 from 1, k=0 from 8"  # switched midway between 4 and 16
+    assert vllm_ranges(schedule) == [[1, 7, 3], [8, 8, 0]]  # vLLM carries the last k on to max_num_seqs
 
 
 def test_ties_go_to_the_shorter_draft_and_longer_drafts_are_capped_at_batch_size_one():
     assert best_lengths({0: {1: 5.0}, 2: {1: 5.0}}) == {1: 0}
     schedule, note = schedule_from_sweep({0: {1: 5.0, 8: 10.0}, 1: {1: 6.0, 8: 9.0}, 3: {1: 5.5, 8: 12.0}})
     assert schedule == {1: 1} and "capped at batch size 1's k: 8 (3 -> 1)" in note
+    assert schedule_from_sweep({0: {1: 5.0, 2: 9.0}, 3: {1: 6.0, 2: 8.0}})[0] == {1: 3, 2: 0}  # next levels: the next size
     assert schedule_from_sweep({0: {1: 8.0}, 3: {1: 7.0}}) == (None, "no draft is fastest at concurrency 1: serve without speculation")
 
 
