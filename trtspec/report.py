@@ -6,6 +6,10 @@ import json
 from pathlib import Path
 
 
+def speedup_text(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2f}x"
+
+
 def _save(out: Path, name: str, fig) -> str:
     fig.tight_layout()
     fig.savefig(out / name, dpi=100)
@@ -116,12 +120,12 @@ def _markdown(r: dict, plots: list[str]) -> str:
         "",
         "Per-position acceptance: " + ", ".join(f"{i + 1}: {p:.2f}" for i, p in enumerate(r["per_position_acceptance"])),
         "",
-        "| category | prompts | AL | 95% interval | per position | greedy identical | steps |",
-        "|---|---|---|---|---|---|---|",
+        "| category | prompts | AL | 95% interval | per position | greedy identical | steps | speedup vs no draft |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     lines += [f"| {c} | {v['prompts']} | {v['acceptance_length']:.2f} | {v['ci95'][0]:.2f}-{v['ci95'][1]:.2f} | "
-              f"{', '.join(f'{x:.2f}' for x in v['per_position'])} | {v.get('exact', '–')}/{v['prompts']} | {v['steps']} |"
-              for c, v in r["per_category"].items()]
+              f"{', '.join(f'{x:.2f}' for x in v['per_position'])} | {v.get('exact', '–')}/{v['prompts']} | {v['steps']} | "
+              f"{speedup_text(v.get('speedup_vs_no_draft'))} |" for c, v in r["per_category"].items()]
     if r.get("per_context"):
         lines += ["", "| context (tokens) | prompts | AL | 95% interval | per position | greedy identical | vs shortest |",
                   "|---|---|---|---|---|---|---|"]

@@ -261,6 +261,24 @@ def acceptance_summary(rows: list[dict], generations: list, k: int, reference: l
     }
 
 
+def category_speeds(rows: list[dict], timed: dict[str, dict], methods: tuple[str, ...] = ("speculative", "runtime_no_draft")) -> dict:
+    """Per prompt category: each method's tokens/s over the category's prompts in every repetition (interleaved's
+    run_seconds, run i of a repetition = prompt i), and the draft's speedup over the runtime without it there."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        groups[r["category"]].append(i)
+    out = {}
+    for c, idx in sorted(groups.items()):
+        tps = {}
+        for m in methods:
+            secs, n = timed[m]["run_seconds"], len(rows)
+            tokens = sum(len(o if isinstance(o, list) else o.tokens) for o in (timed[m]["outputs"][i] for i in idx))
+            seconds = sum(secs[rep * n + i] for rep in range(len(secs) // n) for i in idx)
+            tps[m] = round(tokens * (len(secs) // n) / seconds, 1)
+        out[c] = {"tokens_per_s": tps, "speedup_vs_no_draft": round(tps[methods[0]] / tps[methods[1]], 3)}
+    return out
+
+
 def category_summary(generations: list, k: int, reference: list[list[int]] | None) -> dict:
     """One category's acceptance: AL (tokens per target forward) pooled over its prompts, its interval from
     resampling those prompts (runtime.decode.al_interval), P(draft position j accepted | proposed), exact outputs."""

@@ -157,6 +157,11 @@ def test_suite_categories_reach_the_report(tmp_path, run_inputs):
     r = json.loads((tmp_path / "out" / "report.json").read_text())
     assert r["prompt_source"] == "builtin (code, math)" and r["prompts_per_source"] == {"builtin (code, math)": 2}
     assert set(r["per_category"]) == {"code", "math"} and all(c["prompts"] == 1 for c in r["per_category"].values())
+    for c in r["per_category"].values():  # each category's own speed, with and without the draft
+        tps = c["tokens_per_s"]
+        assert tps["speculative"] > 0 and tps["runtime_no_draft"] > 0
+        assert c["speedup_vs_no_draft"] == round(tps["speculative"] / tps["runtime_no_draft"], 3)
+    assert "speedup vs no draft |" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_context_bins_measure_acceptance_by_context_length(tmp_path, run_inputs):

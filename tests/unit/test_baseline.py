@@ -53,3 +53,15 @@ def test_a_baseline_that_cannot_be_compared_is_refused(tmp_path, data, message):
         read_baseline(write(tmp_path, data), TARGET, 3)
     with pytest.raises(ConfigError, match="does not exist"):
         read_baseline(tmp_path / "missing.json", TARGET, 3)
+
+
+def test_category_speeds_sum_each_categorys_runs_over_repetitions():
+    """run i of a repetition is prompt i: a category's tokens over its runs' seconds, every repetition."""
+    from trtspec.validation import category_speeds
+
+    rows = [{"category": "a"}, {"category": "b"}, {"category": "a"}]
+    timed = {"speculative": {"outputs": [[1] * 10, [1] * 4, [1] * 6], "run_seconds": [1.0, 1.0, 1.0, 1.0, 1.0, 3.0]},
+             "runtime_no_draft": {"outputs": [[1] * 10, [1] * 4, [1] * 6], "run_seconds": [2.0, 1.0, 2.0, 2.0, 1.0, 2.0]}}
+    got = category_speeds(rows, timed)
+    assert got["a"]["tokens_per_s"] == {"speculative": round(32 / 6, 1), "runtime_no_draft": 4.0}
+    assert got["b"]["tokens_per_s"] == {"speculative": 4.0, "runtime_no_draft": 4.0} and got["b"]["speedup_vs_no_draft"] == 1.0

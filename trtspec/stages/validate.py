@@ -21,6 +21,7 @@ from trtspec.generation import eos_ids, hf_answer
 from trtspec.pipeline.stage import InputFile, StageContext
 from trtspec.validation import (
     acceptance_summary,
+    category_speeds,
     check_context_length,
     check_gates,
     context_curve,
@@ -331,6 +332,8 @@ def run(ctx: StageContext) -> dict:
     decode_tps = median_speeds(timed, "decode_tokens_per_s")  # after each answer's prefill
     reference, reference_name, quant_report = reference_outputs(ctx, b, outputs["hf_generate"])
     acceptance = acceptance_summary(b.rows, outputs["speculative"], d.length, reference)
+    for c, speed in category_speeds(b.rows, timed).items():  # the draft's speed where its acceptance is
+        acceptance["per_category"][c].update(speed)
     sampling = sampling_checks(ctx, b)
     per_context = context_acceptance(ctx, b)
 
