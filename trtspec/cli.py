@@ -290,7 +290,8 @@ def deploy():
 @click.option("--out", "-o", "out", type=click.Path(file_okay=False), required=True, help="Model repository to write.")
 @click.option("--drafting", type=click.Choice(("auto", *DRAFTING)), default="auto", show_default=True,
               help="auto: the drafting validate measured fastest on this bundle (EAGLE-3, suffix, or suffix in front of "
-                   "EAGLE-3; the bundle's own without a comparison); or name one.")
+                   "EAGLE-3; the bundle's own without a comparison), with the draft length per batch size a serving "
+                   "sweep measured on it (engine.sweep, scripts/bench_serving.py); or name one (fixed length).")
 @click.option("--streaming", is_flag=True,
               help="A decoupled model (model.yaml triton_config): answers stream step by step through gRPC streams and "
                    "HTTP generate_stream; plain HTTP/gRPC infer then refuse it.")
