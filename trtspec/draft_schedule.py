@@ -19,8 +19,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trtspec.errors import ConfigError
-
 Schedule = dict[int, int]  # batch size threshold -> draft length from there on (TensorRT-LLM's form)
 SWEEP_FILE = "sweep.json"  # a serving sweep's rows and schedule (RUN/engine/, RUN/bench/): trtspec.deploy.sweep
 
@@ -41,15 +39,6 @@ def schedule_problem(schedule: Schedule, max_draft_len: int) -> str | None:
     if bad := [(b, k) for b, k in schedule.items() if k > max_draft_len]:
         return f"batch size {bad[0][0]} drafts {bad[0][1]} tokens, more than draft.length {max_draft_len}"
     return None
-
-
-def check_schedule(schedule: Schedule, max_draft_len: int, key: str = "serve.draft_len_schedule") -> Schedule:
-    """The schedule sorted by batch size, or one line naming the key and what an engine would refuse."""
-    if why := schedule_problem(schedule, max_draft_len):
-        raise ConfigError(f"{key} {schedule} cannot be served: {why}",
-                          f"write it as {{batch size: draft length}} with 1: {max_draft_len} first, e.g. "
-                          f"{{1: {max_draft_len}, 16: 0}}")
-    return dict(sorted(schedule.items()))
 
 
 def vllm_ranges(schedule: Schedule) -> list[list[int]]:

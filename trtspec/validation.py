@@ -267,14 +267,15 @@ def category_speeds(rows: list[dict], timed: dict[str, dict], methods: tuple[str
     groups: dict[str, list[int]] = defaultdict(list)
     for i, r in enumerate(rows):
         groups[r["category"]].append(i)
+    n = len(rows)
+    reps = len(timed[methods[0]]["run_seconds"]) // n
     out = {}
     for c, idx in sorted(groups.items()):
         tps = {}
         for m in methods:
-            secs, n = timed[m]["run_seconds"], len(rows)
             tokens = sum(len(o if isinstance(o, list) else o.tokens) for o in (timed[m]["outputs"][i] for i in idx))
-            seconds = sum(secs[rep * n + i] for rep in range(len(secs) // n) for i in idx)
-            tps[m] = round(tokens * (len(secs) // n) / seconds, 1)
+            seconds = sum(timed[m]["run_seconds"][rep * n + i] for rep in range(reps) for i in idx)
+            tps[m] = round(tokens * reps / seconds, 1)
         out[c] = {"tokens_per_s": tps, "speedup_vs_no_draft": round(tps[methods[0]] / tps[methods[1]], 3)}
     return out
 

@@ -87,7 +87,7 @@ def check_sweep(cfg: BuildConfig) -> None:
         raise ConfigError("engine.sweep drives vLLM's OpenAI server with the bundle's EAGLE-3 head (engine.backend vllm "
                           f"or auto, serve.decoding eagle3); here engine.backend is {cfg.engine.backend}, "
                           f"serve.decoding {cfg.serve.decoding}, draft.method {cfg.draft.method}",
-                          "set engine.backend: vllm, or engine.sweep: []")
+                          "set engine.backend: vllm, or engine.sweep: null")
     find_aiperf()
 
 

@@ -103,13 +103,13 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
 
     if cfg.validate_.baseline:
         read_baseline(cfg.resolve_path(cfg.validate_.baseline), target_identity(model_config), cfg.draft.length)
-    check_context_bins(cfg, text_config(model_config).max_position_embeddings)
+    window = text_config(model_config).max_position_embeddings
+    check_context_bins(cfg, window)
     if not (cfg.eval.prompts or cfg.eval.suites):
         return
     sources = prompt_sources(cfg)
     taken = taken_rows(sources, cfg.eval.num_prompts)
     tok = load_tokenizer(resolve_model(cfg.model.source))
-    window = text_config(model_config).max_position_embeddings
     for k, (name, label, _) in enumerate(sources):
         rows = [r for r in taken if r["suite"] == name]
         if k == 0 and cfg.eval.prompts:  # a file's prompts named by their place in it
@@ -287,8 +287,6 @@ def sampling_checks(ctx: StageContext, b: Bench) -> dict | None:
 def context_acceptance(ctx: StageContext, b: Bench) -> list[dict] | None:
     """eval.context_bins: the draft's acceptance at each context length (validation.context_curve), the history
     from the run's training conversations."""
-    from trtspec.chat import read_rows
-
     e = ctx.cfg.eval
     if not e.context_bins:
         return None
@@ -336,6 +334,7 @@ def run(ctx: StageContext) -> dict:
         acceptance["per_category"][c].update(speed)
     sampling = sampling_checks(ctx, b)
     per_context = context_acceptance(ctx, b)
+    source = prompt_source(ctx.cfg)
 
     report = {
         "runtime": f"trtspec PyTorch speculative runtime ({family(drafter.name).title} from bundle/draft), CPU float32",
@@ -348,8 +347,8 @@ def run(ctx: StageContext) -> dict:
         "runtime_settings": dataclasses.asdict(b.settings),
         "bundle": str(ctx.inputs["export"]),
         "prompts": len(prompts),
-        "prompt_source": prompt_source(ctx.cfg),
-        "prompts_per_source": dict(Counter(r.get("suite", prompt_source(ctx.cfg)) for r in b.rows)),
+        "prompt_source": source,
+        "prompts_per_source": dict(Counter(r.get("suite", source) for r in b.rows)),
         "max_new_tokens": n_new,
         "draft_len": d.length,
         "draft_shape": d.shape,
