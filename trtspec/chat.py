@@ -287,15 +287,75 @@ def token_counts(tokens_file: Path, vocab: int) -> Any:
 
 def with_history(prompt: dict, history: list[dict], tok: Any, tokens: int) -> tuple[dict, int]:
     """A long-context prompt with no hub: `prompt`'s turns after earlier whole conversations (`history`, rows with
-    answers, in order) as a chat's prior turns, as many as keep the encoded prompt within `tokens` tokens ->
-    (the row, its prompt's length in tokens). Where drafts fail users is long context: a draft trained on short rows
-    meets a target whose states were shaped by thousands of tokens before the answer."""
-    turns: list[dict] = []
+    answers, in order; their own turns) as a chat's prior turns, as many as keep the encoded prompt within `tokens`
+    tokens -> (the row, its prompt's length in tokens). Where drafts fail users is long context: a draft trained on
+    short rows meets a target whose states were shaped by thousands of tokens before the answer.
+    Conversations are counted by their texts' tokens plus TURN_TOKENS a turn (one encoding of the whole prompt
+    instead of one per conversation), then the whole prompt is encoded and trimmed by whole conversations to fit."""
     length = len(encode_prompt(tok, prompt["messages"]))
+    taken: list[list[dict]] = []
     for row in history:
-        longer = turns + row["messages"]
-        n = len(encode_prompt(tok, longer + prompt["messages"]))
-        if n > tokens:
+        own = own_turns(row)
+        length += sum(len(tok(m["content"], add_special_tokens=False)["input_ids"]) + TURN_TOKENS for m in own)
+        if length > tokens:
             break
-        turns, length = longer, n
-    return {**prompt, "messages": turns + prompt["messages"]}, length
+        taken.append(own)
+    while True:
+        messages = [m for turns in taken for m in turns] + prompt["messages"]
+        length = len(encode_prompt(tok, messages))
+        if length <= tokens or not taken:
+            return {**prompt, "messages": messages}, length
+        taken.pop()
+
+
+TURN_TOKENS = 8  # a chat template's tokens around one turn's text (role, start and end markers), counted generously
+
+
+def at_context(prompts: list[dict], history: list[dict], tok: Any, tokens: int) -> list[tuple[dict, int]]:
+    """Each prompt after earlier conversations filling up to `tokens` tokens (with_history), each starting its history
+    at a place of its own, so that prompts measured at several lengths differ in length only -> (row, prompt tokens)."""
+    out = []
+    for i, p in enumerate(prompts):
+        start = (i * 97) % max(1, len(history))
+        out.append(with_history(p, history[start:] + history[:start], tok, tokens))
+    return out
+
+
+def own_turns(row: dict) -> list[dict]:
+    """A conversation's own turns, without the earlier conversations data.context_tokens put before it."""
+    return row["messages"][row.get("context_turns", 0):]
+
+
+def with_context(row: dict, history: list[dict], tok: Any, tokens: int) -> dict:
+    """A training row after earlier conversations (with_history), its prompt up to `tokens` tokens long, marked with
+    `context_turns` (the turns put before its own). A regenerated row keeps the target's own answer tokens after the
+    longer prompt. The answer was written without those turns, yet the head still learns what the target does there:
+    its labels are the target's own next-token distributions, computed with the whole context in front."""
+    prompt = {"messages": row["messages"][:-1]}
+    longer, n = with_history(prompt, history, tok, tokens)
+    added = len(longer["messages"]) - len(prompt["messages"])
+    out = {**row, "messages": longer["messages"] + row["messages"][-1:], "context_turns": added}
+    if "input_ids" in row:
+        out["input_ids"] = encode_prompt(tok, longer["messages"]) + list(row["input_ids"][row["label_start"]:])
+        out["label_start"] = n
+    return out
+
+
+def long_context_rows(rows: list[dict], tok: Any, tokens: int, share: float, seed: int) -> list[dict]:
+    """data.context_tokens: `share` of the rows (drawn by `seed`) after earlier conversations of the others
+    (with_context), each prompt filled to a length drawn uniformly between its own and `tokens`, so that every
+    position up to it is trained. A draft trained on short rows alone never sees the positions and target states a long prompt
+    brings, and its acceptance falls with the context."""
+    import random
+
+    from tqdm import tqdm
+
+    rng = random.Random(seed)
+    picked = sorted(rng.sample(range(len(rows)), round(share * len(rows))))
+    out = list(rows)
+    for i in tqdm(picked, desc="long-context rows", unit="row", disable=len(picked) < 50):
+        start = rng.randrange(len(rows))
+        history = [r for j, r in enumerate(rows[start:] + rows[:start]) if (j + start) % len(rows) != i]
+        own = len(encode_prompt(tok, rows[i]["messages"][:-1]))
+        out[i] = with_context(rows[i], history, tok, rng.randint(min(own, tokens), tokens))
+    return out

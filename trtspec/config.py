@@ -94,6 +94,11 @@ class DataSection(Section):
                                   ge=0.0, lt=1.0)
     temperature: float = key(0.0, "regeneration temperature; 0 = greedy (a draft learns the greedy target)",
                              ge=0.0, le=2.0)
+    context_tokens: int | None = key(
+        None, "long-context training: data.context_share of the training rows get earlier conversations of the "
+        "training data as prior turns, each prompt filled to a length drawn uniformly up to this many tokens (held-out "
+        "rows stay short); data.seq_len must hold it and data.max_new_tokens; null = none", ge=16, le=1_048_576)
+    context_share: float = key(0.1, "share of the training rows data.context_tokens lengthens", gt=0.0, le=1.0)
 
 
 class DraftSection(Section):
@@ -305,9 +310,10 @@ class EvalSection(Section):
                                   "export); fewer are noisier, each costs one greedy answer from the target", ge=1, le=100_000)
     repeats: int = key(2, "interleaved timing repetitions per method (validate)", ge=1, le=100)
     context_bins: list[ContextLen] | None = Field(
-        None, min_length=1, max_length=8, description="validate's acceptance by context length, e.g. [256, 1024, 4096, "
-        "8192]: eval.context_prompts prompts each after earlier conversations of the run's training data filling that "
-        "many tokens of context (plus eval.max_new_tokens within the target's window); null = none")
+        None, min_length=1, max_length=8, description="acceptance by context length, e.g. [256, 1024, 4096, 8192]: "
+        "eval.context_prompts held-out prompts each after earlier conversations of the run's training data filling "
+        "that many tokens of context (plus the answer within the target's window), in the train stage's held-out "
+        "acceptance (so a change redoes train) and in validate's runtime; null = none")
     context_prompts: int = key(4, "prompts per eval.context_bins bin (each costs a greedy answer with and without the "
                                "draft at that context)", ge=1, le=64)
 
@@ -361,9 +367,18 @@ class BuildConfig(Section):
         if self.serve.decoding == "draft_target" and not self.serve.draft_model:
             raise ValueError("serve.decoding=draft_target needs serve.draft_model")
         self._check_draft_method()
+        self._check_long_context()
         self._check_schedule()
         self._check_suites()
         return self
+
+    def _check_long_context(self) -> None:
+        """data.context_tokens within data.seq_len, with the answer after it."""
+        d = self.data
+        if d.context_tokens and d.context_tokens + d.max_new_tokens > d.seq_len:
+            raise ValueError(f"data.context_tokens {d.context_tokens} with data.max_new_tokens {d.max_new_tokens} needs "
+                             f"data.seq_len >= {d.context_tokens + d.max_new_tokens} (it is {d.seq_len}): the long rows "
+                             "would be cut")
 
     def _check_suites(self) -> None:
         """Each eval.suites entry has what its kind reads and nothing another kind reads, naming the entry."""
@@ -514,6 +529,14 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     except yaml.YAMLError as e:
         raise ConfigError(f"--set '{text}': value is not valid YAML ({e.__class__.__name__})") from None
     return parts, value  # YAML already reads null and ~ as None; 'none' stays a string (quantize.format=none)
+
+
+def check_fits_window(what: str, tokens: int, answer_key: str, answer: int, window: int) -> None:
+    """A long context a key asks for (`what`: data.context_tokens, an eval.context_bins bin), with the answer after
+    it, within the target's window: else one line naming the key, the length and the window."""
+    if tokens + answer > window:
+        raise ConfigError(f"{what}: with {answer_key} {answer} it needs {tokens + answer} tokens, more than the "
+                          f"target's window of {window}", f"keep it at most {window - answer}")
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:

@@ -308,15 +308,13 @@ def context_curve(target: Any, drafter: Any, prompts: list[dict], history: list[
     own place, so the bins differ in length only."""
     import torch
 
-    from trtspec.chat import encode_prompt, with_history
+    from trtspec.chat import at_context, encode_prompt
     from trtspec.runtime import DraftSpec, generate, speculative_decode
 
     spec, rows = DraftSpec(shape="chain", k=k), []
     for b in bins:
         runs, plains, lengths = [], [], []
-        for i, p in enumerate(prompts):
-            start = (i * 97) % max(1, len(history))
-            row, n = with_history(p, history[start:] + history[:start], tok, b)
+        for row, n in at_context(prompts, history, tok, b):
             ids = torch.tensor(encode_prompt(tok, row["messages"]))
             plains.append(generate(target, ids, max_new, eos).tokens)
             runs.append(speculative_decode(target, drafter, ids, max_new, spec, eos))

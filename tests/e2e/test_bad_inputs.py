@@ -304,6 +304,14 @@ def case_context_bin_too_long(tmp, model, mp):
     return build(tmp, config(tmp, model, eval={"context_bins": [256, 2048]}))
 
 
+def case_data_context_past_window(tmp, model, mp):
+    return build(tmp, config(tmp, model, data={"context_tokens": 2000, "seq_len": 4096}))
+
+
+def case_data_context_past_seq_len(tmp, model, mp):
+    return build(tmp, config(tmp, model, data={"context_tokens": 512}))
+
+
 def case_schedule_refused(tmp, model, mp):
     return build(tmp, config(tmp, model, serve={"draft_len_schedule": {4: 3}}))
 
@@ -530,7 +538,9 @@ CASES = [
     Case("eval-suite-missing", case_eval_suite_missing, 2, r"eval\.suites\[0\] file .*no-such-suite\.jsonl' does not exist", "validate", before_data=True),
     Case("eval-suite-no-prompt-column", case_eval_suite_no_prompt_column, 2, r"eval\.suites\[1\] file .*suite\.jsonl': line 2 has no 'question' \(text\) or 'messages' \(messages\) column", "validate", before_data=True),
     Case("eval-suite-no-category-column", case_eval_suite_no_category_column, 2, r"eval\.suites\[0\] file .*suite\.jsonl': line 3 has no 'topic' column \(the suite's category_field\)", "validate", before_data=True),
-    Case("eval-context-bin-too-long", case_context_bin_too_long, 2, r"eval\.context_bins 2048: with eval\.max_new_tokens 4 it needs 2052 tokens, more than the target's window of 1024", "validate", before_data=True),
+    Case("eval-context-bin-too-long", case_context_bin_too_long, 2, r"eval\.context_bins 2048: with data\.max_new_tokens 160 it needs 2208 tokens, more than the target's window of 1024", "train", before_data=True),
+    Case("data-context-past-window", case_data_context_past_window, 2, r"data\.context_tokens 2000: with data\.max_new_tokens 160 it needs 2160 tokens, more than the target's window of 1024", "data", before_data=True),
+    Case("data-context-past-seq-len", case_data_context_past_seq_len, 2, r"data\.context_tokens 512 with data\.max_new_tokens 160 needs data\.seq_len >= 672 \(it is 32\)"),
     Case("serve-schedule-refused", case_schedule_refused, 2, r"serve\.draft_len_schedule \{4: 3\} cannot be served: it has no entry for batch size 1"),
     Case("engine-sweep-needs-vllm", case_sweep_needs_vllm, 2, r"engine\.sweep drives vLLM's OpenAI server .*here engine\.backend is pytorch", "engine", before_data=True),
     Case("engine-sweep-longer-than-draft", case_sweep_longer_than_draft, 2, r"engine\.sweep_draft_lengths 5 is more than draft\.length 3"),

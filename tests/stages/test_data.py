@@ -343,3 +343,56 @@ def test_dropped_conversations_are_counted_by_their_real_reason():
     assert [c["messages"][0] for c in kept] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
     assert skips == Counter({"tool turns": 1, "null content": 1, "non-text content parts": 1, "role 'narrator'": 1,
                              "no assistant turn": 1, "an empty answer": 1})
+
+
+def test_long_context_rows_put_earlier_conversations_before_the_targets_own_answer(tiny_model_dir):
+    """data.context_tokens: the drawn share of rows, each prompt after other rows' own turns within the drawn length,
+    the answer the target's own tokens with the loss on them alone; the other rows as they were."""
+    from trtspec.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    rows = []
+    for i in range(20):
+        prompt = [{"role": "user", "content": f"Name river number {i}."}]
+        answer = tok(f" River {i} flows north.", add_special_tokens=False)["input_ids"]
+        ids = chat.encode_prompt(tok, prompt)
+        rows.append({"id": str(i), "category": "chat", "messages": prompt + [{"role": "assistant", "content": "x"}],
+                     "input_ids": ids + answer, "label_start": len(ids)})
+    out = chat.long_context_rows(rows, tok, 300, 0.5, seed=1)
+    longer = [i for i, r in enumerate(out) if r.get("context_turns")]
+    assert len(longer) >= 5 and sum(r is rows[i] for i, r in enumerate(out)) == 10  # 10 drawn; a short draw adds none
+    for i in longer:
+        row, own = out[i], rows[i]
+        assert chat.own_turns(row) == own["messages"] and row["context_turns"] == len(row["messages"]) - 2
+        assert own["messages"] not in [row["messages"][j : j + 2] for j in range(0, row["context_turns"], 2)]  # not itself
+        prompt = chat.encode_prompt(tok, row["messages"][:-1])
+        assert row["label_start"] == len(prompt) <= 300 and row["input_ids"][: len(prompt)] == prompt
+        ids, mask, _ = chat.tokenize_row(row, tok, 512)
+        assert [t for t, m in zip(ids, mask, strict=True) if m] == own["input_ids"][own["label_start"]:]
+    # as history, a lengthened row gives only its own turns
+    again, _ = chat.with_history({"messages": [{"role": "user", "content": "q"}]}, [out[longer[0]]], tok, 10_000)
+    assert again["messages"][:2] == rows[longer[0]]["messages"]
+
+
+def test_stage_lengthens_training_rows_only(tmp_path, tiny_model_dir):
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "word " * 5}]} for i in range(20)]
+    _write(tmp_path / "c.jsonl", rows)
+    m = data.run(_ctx(tmp_path, tiny_model_dir, [{"kind": "jsonl", "path": "c.jsonl"}], seq_len=200, context_tokens=150,
+                      context_share=0.5, holdout_fraction=0.2))
+    assert m["train_long_context_rows"] >= 4 and "after earlier conversations" in m["headline"]
+    held = [json.loads(x) for x in (tmp_path / "out" / "heldout.jsonl").read_text().splitlines()]
+    assert all(len(r["messages"]) == 2 and "context_turns" not in r for r in held)
+    assert m["train_truncated"] == 0
+
+
+def test_long_context_must_fit_the_sequence_and_the_window(tmp_path, tiny_model_dir):
+    from transformers import AutoConfig
+
+    from trtspec.errors import ConfigError
+
+    src = [{"kind": "jsonl", "path": "c.jsonl"}]
+    with pytest.raises(Exception, match=r"data.context_tokens 100 with data.max_new_tokens 4 needs data.seq_len >= 104"):
+        _ctx(tmp_path, tiny_model_dir, src, seq_len=64, context_tokens=100)
+    ctx = _ctx(tmp_path, tiny_model_dir, src, seq_len=4096, context_tokens=2000)
+    with pytest.raises(ConfigError, match=r"data.context_tokens 2000: with data.max_new_tokens 4 it needs 2004 tokens, more than the target's window of 1024"):
+        data.preflight(ctx.cfg, AutoConfig.from_pretrained(tiny_model_dir))

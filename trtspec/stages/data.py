@@ -31,6 +31,7 @@ from trtspec.chat import (
     answered_by_target,
     conversations_from_rows,
     encode_prompt,
+    long_context_rows,
     prompt_rows,
     read_source,
     tokenize_rows,
@@ -43,6 +44,16 @@ if TYPE_CHECKING:
 
 UPSTREAM: tuple[str, ...] = ()
 READS = ("model", "data", "seed")
+
+
+def preflight(cfg: BuildConfig, model_config: Any) -> None:
+    """data.context_tokens and the answer after it within the target's window, before minutes of answering."""
+    from trtspec.config import check_fits_window
+    from trtspec.targets import text_config
+
+    if d := cfg.data.context_tokens:
+        check_fits_window(f"data.context_tokens {d}", d, "data.max_new_tokens", cfg.data.max_new_tokens,
+                          text_config(model_config).max_position_embeddings)
 
 
 def files_read(cfg: BuildConfig) -> list[InputFile]:
@@ -218,6 +229,8 @@ def run(ctx: StageContext) -> dict:
     if not rows:
         raise DataError("the data sources gave no usable conversation", "check data.sources (each row needs an assistant turn)")
     train, heldout = split_heldout(rows, ctx.cfg.data.holdout_fraction, ctx.cfg.seed)
+    if n := ctx.cfg.data.context_tokens:
+        train = long_context_rows(train, tok, n, ctx.cfg.data.context_share, ctx.cfg.seed)
     seq_len = ctx.cfg.data.seq_len
     metrics: dict[str, Any] = {"train_rows": len(train), "heldout_rows": len(heldout), "skipped": dict(skips)}
     for name, split in (("train", train), ("heldout", heldout)):
@@ -229,8 +242,11 @@ def run(ctx: StageContext) -> dict:
         if truncated:
             ctx.log(f"{truncated} of {len(split)} {name} conversations truncated to data.seq_len={seq_len}")
     metrics["categories"] = dict(Counter(r["category"] for r in rows))
+    if ctx.cfg.data.context_tokens:
+        metrics["train_long_context_rows"] = sum(1 for r in train if r.get("context_turns"))
     metrics["headline"] = (
         f"{len(train)} train + {len(heldout)} held-out conversations, {metrics['train_label_tokens']} label tokens"
+        + (f" ({metrics['train_long_context_rows']} after earlier conversations)" if ctx.cfg.data.context_tokens else "")
         + (f", {sum(skips.values())} skipped" if skips else "")
         + (f", {metrics['train_truncated'] + metrics['heldout_truncated']} truncated" if metrics["train_truncated"] + metrics["heldout_truncated"] else "")
     )

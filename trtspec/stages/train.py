@@ -21,11 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 from trtspec import ranks
 from trtspec.artifacts import peak_rss_gib
-from trtspec.chat import read_rows
+from trtspec.chat import prompt_rows, read_rows
 from trtspec.errors import ArtifactError, DataError
 from trtspec.pipeline.stage import StageContext
 from trtspec.training import sharding
-from trtspec.training.acceptance import EVAL_SEQS, build_eval_set, evaluate_acceptance, training_rows_set
+from trtspec.training.acceptance import (
+    EVAL_SEQS,
+    build_eval_set,
+    context_acceptance,
+    context_eval_sets,
+    evaluate_acceptance,
+    training_rows_set,
+)
 from trtspec.training.states import cache_states, check_states_fit
 from trtspec.training.trainer import HeadDataset, check_trainer_api, make_trainer, resume_point
 
@@ -33,15 +40,23 @@ if TYPE_CHECKING:
     from trtspec.config import BuildConfig, TrainSection
 
 UPSTREAM = ("data", "convert")
-READS = ("train", "draft.method", "draft.length", "dflash", "eval.acceptance_prompts", "seed")
+READS = ("train", "draft.method", "draft.length", "dflash", "eval.acceptance_prompts", "eval.context_bins",
+         "eval.context_prompts", "seed")
 ALL_RANKS = True  # every process of a multi-process launch trains
 
 EVAL_BATCH = 64  # held-out prompts answered at once by the unquantized target (the train stage's evaluation)
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
-    """The installed transformers' Trainer as the head's trainer overrides it, before the data stage spends minutes."""
+    """The installed transformers' Trainer as the head's trainer overrides it, and eval.context_bins within the
+    target's window, before the data stage spends minutes."""
+    from trtspec.config import check_fits_window
+    from trtspec.targets import text_config
+
     check_trainer_api()
+    for b in sorted(cfg.eval.context_bins or []):
+        check_fits_window(f"eval.context_bins {b}", b, "data.max_new_tokens", cfg.data.max_new_tokens,
+                          text_config(model_config).max_position_embeddings)
 
 
 def environment_key() -> dict | None:
@@ -150,6 +165,21 @@ def heldout_eval_set(ctx: StageContext, base: Any, tok: Any, aux_layers: list[in
         return build_eval_set(base, tok, heldout, aux_layers, n_new, eval_file, ctx.log, EVAL_BATCH), eval_file
 
 
+def heldout_context_sets(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int]) -> list[dict] | None:
+    """eval.context_bins: the first eval.context_prompts held-out prompts after earlier training conversations
+    filling each bin, with the target's greedy answers and states (rank 0 alone measures)."""
+    from trtspec.models import matmul_attention_on_cpu
+
+    e = ctx.cfg.eval
+    if not e.context_bins or not ranks.is_main():
+        return None
+    prompts = prompt_rows(read_rows(ctx.inputs["data"] / "heldout.jsonl"))[: e.context_prompts]
+    history = read_rows(ctx.inputs["data"] / "train.jsonl")
+    with matmul_attention_on_cpu(base):
+        return context_eval_sets(base, tok, prompts, history, sorted(e.context_bins), aux_layers,
+                                 ctx.cfg.data.max_new_tokens, ctx.log, EVAL_BATCH)
+
+
 def offline_states(ctx: StageContext, base: Any, tokens: dict, aux_layers: list[int], target_dir: Path) -> dict | None:
     """offline mode: the target's states of every training row, computed once (rank 0 first, the others read them)."""
     from trtspec.models import use_bf16
@@ -224,6 +254,7 @@ def run(ctx: StageContext) -> dict:
     if t_cfg.mode == "offline":  # before the held-out answers and the states: minutes a full disk would waste
         check_states_fit(target_dir / "states", tokens, base.config.hidden_size, len(aux_layers))
     eval_set, eval_file = heldout_eval_set(ctx, base, tok, aux_layers, target_dir)
+    context_sets = heldout_context_sets(ctx, base, tok, aux_layers)
     t0 = time.time()
     states = offline_states(ctx, base, tokens, aux_layers, target_dir)
     if states is not None:
@@ -246,6 +277,11 @@ def run(ctx: StageContext) -> dict:
     write_outputs(ctx, fam, model, draft_cfg, eval_file)
     metrics = train_metrics(ctx, fam.name, tokens, trained, cache_s, head is not None, len(eval_set), acc, fit)
     ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k} {fit[f'AL@{k}']:.2f}")
+    if context_sets:
+        metrics["per_context"] = context_acceptance(model, context_sets, k, fam.drafts)
+        for r in metrics["per_context"]:
+            ctx.log(f"context {r['bin']}: {r['context_tokens']} tokens, held-out AL@{k} {r[f'AL@{k}']:.2f} "
+                    f"({r[f'AL@{k}_ci95'][0]:.2f}-{r[f'AL@{k}_ci95'][1]:.2f}), {r['vs_shortest']:.2f}x the shortest bin's")
     return metrics
 
 

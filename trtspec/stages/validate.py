@@ -98,13 +98,15 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     suite loaded: with no network, one line) and the prompts the stage will take encoded as it will encode them,
     each with eval.max_new_tokens, against the target's window: a prompt no context holds is refused before any
     stage spends minutes (held-out prompts come from the data stage, cut to data.seq_len)."""
+    from trtspec.config import check_fits_window
     from trtspec.models import load_tokenizer, resolve_model
     from trtspec.targets import text_config
 
     if cfg.validate_.baseline:
         read_baseline(cfg.resolve_path(cfg.validate_.baseline), target_identity(model_config), cfg.draft.length)
     window = text_config(model_config).max_position_embeddings
-    check_context_bins(cfg, window)
+    for b in sorted(cfg.eval.context_bins or []):
+        check_fits_window(f"eval.context_bins {b}", b, "eval.max_new_tokens", cfg.eval.max_new_tokens, window)
     if not (cfg.eval.prompts or cfg.eval.suites):
         return
     sources = prompt_sources(cfg)
@@ -116,17 +118,6 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
             rows = [{**r, "id": f"row {j + 1}"} for j, r in enumerate(rows)]
         check_context_length(rows, [encode_prompt(tok, r["messages"]) for r in rows], cfg.eval.max_new_tokens, window,
                              label)
-
-
-def check_context_bins(cfg: BuildConfig, window: int) -> None:
-    """eval.context_bins: each bin and its answer within the target's window, one line naming the bin."""
-    from trtspec.errors import ConfigError
-
-    new = cfg.eval.max_new_tokens
-    if too_long := [b for b in cfg.eval.context_bins or [] if b + new > window]:
-        raise ConfigError(f"eval.context_bins {too_long[0]}: with eval.max_new_tokens {new} it needs {too_long[0] + new} "
-                          f"tokens, more than the target's window of {window}",
-                          f"keep every bin at most {window - new}")
 
 
 def models_read(cfg: BuildConfig) -> list[tuple[str, str]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtspec.chat import encode_prompt
+from trtspec.chat import at_context, encode_prompt, prompt_rows
 from trtspec.generation import hf_greedy
 from trtspec.runtime.decode import al_interval
 from trtspec.training.states import base_states, row_lengths
@@ -67,12 +67,13 @@ def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int, drafts_fn:
 
 
 def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, batch_size: int = 16) -> list[dict]:
-    """The target's greedy answers to rows' prompts (batched), as {input_ids: prompt + answer, start}."""
+    """The target's greedy answers to prompt rows (their messages are the turns before the answer), batched, as
+    {input_ids: prompt + answer, start, category}."""
     import torch
 
     out = []
     for i in range(0, len(rows), batch_size):
-        prompts = [encode_prompt(tok, r["messages"][:-1]) for r in rows[i : i + batch_size]]
+        prompts = [encode_prompt(tok, r["messages"]) for r in rows[i : i + batch_size]]
         answers = hf_greedy(base, prompts, max_new_tokens, {tok.eos_token_id}, tok.pad_token_id)
         out += [{"input_ids": torch.tensor(p + a), "start": len(p), "category": str(r.get("category", "chat"))}
                 for p, a, r in zip(prompts, answers, rows[i : i + batch_size], strict=True)]
@@ -91,9 +92,37 @@ def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int],
         seqs = torch.load(cache, weights_only=True)
     else:
         log(f"generating greedy target answers for {len(rows)} held-out prompts (acceptance evaluation)")
-        seqs = greedy_answers(base, tok, rows, max_new_tokens, batch_size)
+        seqs = greedy_answers(base, tok, prompt_rows(rows), max_new_tokens, batch_size)
         torch.save(seqs, cache)
     return with_states(base, seqs, aux_layers)
+
+
+def context_eval_sets(base: Any, tok: Any, prompts: list[dict], history: list[dict], bins: list[int],
+                      aux_layers: list[int], max_new_tokens: int, log: Any, batch_size: int = 16) -> list[dict]:
+    """Acceptance sets by context length: the prompts after earlier conversations (chat.at_context, as validate's
+    context curve builds them) filling each bin, the target's greedy answers and states -> [{bin, context_tokens
+    (mean), set}]."""
+    out = []
+    for b in bins:
+        rows = at_context(prompts, history, tok, b)
+        log(f"generating greedy target answers for {len(rows)} held-out prompts at {b} tokens of context")
+        seqs = greedy_answers(base, tok, [r for r, _ in rows], max_new_tokens, batch_size)
+        out.append({"bin": b, "context_tokens": round(sum(n for _, n in rows) / len(rows)),
+                    "set": with_states(base, seqs, aux_layers)})
+    return out
+
+
+def context_acceptance(model: Any, sets: list[dict], k: int, drafts_fn: Any) -> list[dict]:
+    """AL@k per context_eval_sets bin, with its interval and per-position acceptance, and its ratio to the first
+    (shortest) bin's AL."""
+    rows = []
+    for s in sets:
+        acc = evaluate_acceptance(model, s["set"], k, drafts_fn)
+        rows.append({"bin": s["bin"], "context_tokens": s["context_tokens"], "prompts": len(s["set"]),
+                     f"AL@{k}": acc[f"AL@{k}"], f"AL@{k}_ci95": acc[f"AL@{k}_ci95"],
+                     "accept_rate_by_position": acc["accept_rate_by_position"]})
+        rows[-1]["vs_shortest"] = round(rows[-1][f"AL@{k}"] / max(rows[0][f"AL@{k}"], 1e-9), 3)
+    return rows
 
 
 def with_states(base: Any, seqs: list[dict], aux_layers: list[int]) -> list[dict]:
