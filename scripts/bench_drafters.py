@@ -63,9 +63,9 @@ def main() -> None:
     import torch
 
     from trtspec.bench import open_bundle
-    from trtspec.drafting import load_drafter
     from trtspec.runtime import DraftSpec, Stats, compile_steps, generate, speculative_decode
     from trtspec.runtime.decode import warm_up_row_counts
+    from trtspec.runtime.families import load_drafter
     from trtspec.runtime.kernels import cpu_description
     from trtspec.validation import median_speeds, time_methods
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trtspec.drafting import family
 from trtspec.errors import ConfigError
 
 STAGES = ("data", "convert", "train", "quantize", "export", "engine", "validate")
@@ -142,9 +143,6 @@ class ConvertSection(Section):
                             "before (vLLM's `norm_output`)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="any other eagle_architecture_config field, applied last "
                                     "(e.g. intermediate_size: 1536)")
-
-
-DSPARK_ONLY = ("markov_rank", "markov_head", "ce_weight", "tvd_weight")  # dflash keys of dflash.projector: dspark
 
 
 class DFlashSection(Section):
@@ -419,38 +417,9 @@ class BuildConfig(Section):
             raise ValueError(f"serve.draft_len_schedule {self.serve.draft_len_schedule} cannot be served: {why}")
 
     def _check_draft_method(self) -> None:
-        """Options that belong to the other draft method are refused, naming the key, before anything runs."""
-        if self.draft.method == "eagle3":
-            if set_keys := sorted(self.dflash.model_fields_set):
-                raise ValueError(f"dflash.{set_keys[0]} is a DFlash option, but draft.method is eagle3 "
-                                 "(set draft.method: dflash, or drop the dflash section)")
-            return
-        eagle_only = {"draft.shape": self.draft.shape != "chain", "convert.aux_layers": self.convert.aux_layers is not None,
-                      "convert.draft_vocab_size": self.convert.draft_vocab_size is not None,
-                      "convert.num_layers": self.convert.num_layers != 1, "convert.init_from_target": self.convert.init_from_target,
-                      "convert.overrides": bool(self.convert.overrides), "convert.fc_norm": self.convert.fc_norm,
-                      "convert.norm_output": self.convert.norm_output}
-        if bad := [k for k, v in eagle_only.items() if v]:
-            raise ValueError(f"{bad[0]} is an EAGLE-3 option, but draft.method is dflash "
-                             "(a DFlash block drafts a chain from the target's full vocabulary; see the dflash section)")
-        if self.train.sharding == "fsdp":
-            raise ValueError("train.sharding fsdp shards an EAGLE-3 head; a DFlash draft trains with ddp (the default)")
-        if self.draft.length > self.dflash.guesses:
-            name, n = ("DSpark", "block_size") if self.dflash.projector == "dspark" else ("DFlash", "block_size - 1")
-            raise ValueError(f"draft.length {self.draft.length} is more than a {name} block of {self.dflash.block_size} "
-                             f"drafts ({n} = {self.dflash.guesses})")
-        self._check_dflash_projector()
-
-    def _check_dflash_projector(self) -> None:
-        """Options of the other projector are refused, naming the key."""
-        d = self.dflash
-        if d.projector == "dflash" and (bad := sorted(set(DSPARK_ONLY) & d.model_fields_set)):
-            raise ValueError(f"dflash.{bad[0]} is a DSpark option, but dflash.projector is dflash (set dflash.projector: dspark)")
-        if d.projector == "dspark" and "loss" in d.model_fields_set:
-            raise ValueError("dflash.loss weighs DFlash's block positions; a DSpark draft's loss is dflash.ce_weight x "
-                             "cross-entropy + dflash.tvd_weight x TVD over every position")
-        if d.projector == "dspark" and d.ce_weight + d.tvd_weight == 0:
-            raise ValueError("dflash.ce_weight and dflash.tvd_weight are both 0: a DSpark draft would learn nothing")
+        """Options that belong to the other draft method are refused, naming the key, before anything runs: the rules
+        are the family's own (trtspec.drafting.DraftFamily.check_config)."""
+        family(self.draft.method).check_config(self)
 
     def resolve_model_source(self, source: str) -> str:
         """A model named by a relative local path (a folder or a .gguf file) as an absolute one, relative to the

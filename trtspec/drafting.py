@@ -1,8 +1,9 @@
 """The draft-model families trtspec trains and ships, behind one interface the stages call (draft.method).
 
-A family says how its draft is converted from the base (Model Optimizer's mode and config), trained (forward on a
-batch, which target layers' states it reads, whether labels are shifted), saved, measured (its greedy drafts from
-every position of a target answer, for the acceptance count), exported and loaded by the runtime.
+A family says which build-config options are its own (check_config, run when the config is read), how its draft is
+converted from the base (Model Optimizer's mode and config), trained (forward on a batch, which target layers' states
+it reads, whether labels are shifted), saved, measured (its greedy drafts from every position of a target answer, for
+the acceptance count), exported (and its ONNX check logged) and loaded by the runtime.
 
     eagle3   EAGLE-3 head: one token per pass, chained k times           trtspec.eagle.family.EAGLE3
     dflash   DFlash block drafter: block_size - 1 tokens in one pass      trtspec.dflash.family.DFLASH
@@ -12,6 +13,10 @@ A family is one package of what is its own. What every family shares is trtspec.
 imports neither trtspec.eagle nor trtspec.dflash: what it needs of one comes in through DraftFamily): the HF Trainer
 (training.trainer), the frozen target's states (training.states), FSDP for the draft (training.sharding) and the
 acceptance measure (training.acceptance). The bundle's own checks are trtspec.deploy's (deploy.bundle.check_bundle).
+
+This module imports nothing of trtspec (family() imports a family's module by name when first asked for), so the
+config, imported before anything else, checks a recipe through it without an import cycle; the runtime's loader of
+an exported draft, by the architecture it declares, is runtime.families.load_drafter.
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ class DraftFamily(Protocol):
     length_key: ClassVar[str | None] = None  # the config key draft.length trains (EAGLE-3's train-time-test steps)
     exports_onnx: ClassVar[bool] = False  # export_onnx writes the draft as ONNX, checked against PyTorch
     no_launcher: ClassVar[frozenset[str]] = frozenset()  # engines that load no draft of this family: no launcher
+
+    # --- the build config ---
+    def check_config(self, cfg: Any) -> None:
+        """The build config's rules of this family, from BuildConfig's validator before anything runs: options of
+        another family are refused, naming the key (ValueError, as every config check raises)."""
 
     # --- convert and train ---
     def check_convert(self, cfg: Any, model_config: Any) -> None:
@@ -69,6 +79,10 @@ class DraftFamily(Protocol):
 
     def export_onnx(self, draft_dir: Path, onnx_dir: Path) -> dict:
         """The draft as ONNX and the check against PyTorch (where exports_onnx)."""
+        raise NotImplementedError(f"{self.title}: no ONNX export")
+
+    def format_onnx_check(self, result: dict) -> str:
+        """export_onnx's check as one line for the export stage's log (where exports_onnx)."""
         raise NotImplementedError(f"{self.title}: no ONNX export")
 
     def write_readme(self, bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
@@ -108,13 +122,3 @@ def family(method: str) -> DraftFamily:
     """The family of draft.method."""
     module, name = FAMILIES[method].split(":")
     return getattr(importlib.import_module(module), name)
-
-
-def load_drafter(draft_dir: Path, target: Any, weights: str = "auto", settings: Any = None) -> Any:
-    """The runtime drafter for an exported draft, by the family that declares its architecture (an unknown one is
-    refused by name: runtime.families.draft_family). weights: how the draft's product weights are stored, auto
-    (bfloat16 where timed faster) | float32 | bfloat16; settings: runtime.settings.RuntimeSettings (default: as the
-    target runs)."""
-    from trtspec.runtime.families import draft_family
-
-    return family(draft_family(draft_dir)).load_drafter(draft_dir, target, weights=weights, settings=settings)

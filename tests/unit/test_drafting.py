@@ -43,15 +43,16 @@ def test_every_family_has_a_loader_that_declares_its_architectures():
 
 
 # what each family must provide itself (the protocol's bodies are docstrings); the rest is shared
-OWN = ("check_convert", "convert", "build", "save_head", "load_head", "train_forward", "state_layers", "drafts",
-       "check_export", "export_draft", "write_readme", "load_drafter")
+OWN = ("check_config", "check_convert", "convert", "build", "save_head", "load_head", "train_forward", "state_layers",
+       "drafts", "check_export", "export_draft", "write_readme", "load_drafter")
 
 
 @pytest.mark.parametrize("method", sorted(FAMILIES))
 def test_each_family_is_one_object_in_its_own_package_implementing_the_interface(method):
     fam = family(method)
     assert fam.name == method and type(fam).__module__ == f"trtspec.{FAMILIES[method].split('.')[1]}.family"
-    missing = [m for m in OWN + (("export_onnx",) if fam.exports_onnx else ()) if getattr(type(fam), m) is getattr(DraftFamily, m)]
+    onnx = ("export_onnx", "format_onnx_check") if fam.exports_onnx else ()
+    missing = [m for m in OWN + onnx if getattr(type(fam), m) is getattr(DraftFamily, m)]
     assert not missing, f"{method} does not implement {missing}"
     for attr in ("title", "config_file", "head_file", "offline_key", "module_attr"):
         assert isinstance(getattr(fam, attr), str) and getattr(fam, attr)

@@ -48,14 +48,16 @@ def test_scripts_use_the_library_only():
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
-def test_training_imports_no_draft_family_and_no_family_another():
-    """trtspec.training is every family's (what it needs of one comes in through drafting.DraftFamily); a family's
-    package may import trtspec.training, never another family's package."""
+def test_shared_code_imports_no_draft_family_and_no_family_another():
+    """The stages, trtspec.deploy, trtspec.training and the config are every family's (they reach one through
+    trtspec.drafting.family, what they need of it through drafting.DraftFamily); a family's package may import them,
+    never another family's package."""
     families = ("trtspec.eagle", "trtspec.dflash")
+    shared = ("trtspec.stages", "trtspec.deploy", "trtspec.training", "trtspec.config")
     for path in sorted((ROOT / "trtspec").rglob("*.py")):
         me = module_name(path)
         own = [f for f in families if me == f or me.startswith(f + ".")]
-        if not own and not me.startswith("trtspec.training"):
+        if not own and not any(me == s or me.startswith(s + ".") for s in shared):
             continue
         bad = {m for m in imported_modules(path) for f in families if f not in own and (m == f or m.startswith(f + "."))}
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"

@@ -10,7 +10,40 @@ from trtspec.dflash import head as dflash
 from trtspec.targets import text_config
 
 if TYPE_CHECKING:
-    from trtspec.config import BuildConfig
+    from trtspec.config import BuildConfig, DFlashSection
+
+DSPARK_ONLY = ("markov_rank", "markov_head", "ce_weight", "tvd_weight")  # dflash keys of dflash.projector: dspark
+
+
+def check_build_config(cfg: BuildConfig) -> None:
+    """The build config's DFlash rules (BuildConfig's validator): EAGLE-3's options are refused, naming the key, and
+    so is FSDP; draft.length fits in a block; the projector's options match it."""
+    eagle_only = {"draft.shape": cfg.draft.shape != "chain", "convert.aux_layers": cfg.convert.aux_layers is not None,
+                  "convert.draft_vocab_size": cfg.convert.draft_vocab_size is not None,
+                  "convert.num_layers": cfg.convert.num_layers != 1, "convert.init_from_target": cfg.convert.init_from_target,
+                  "convert.overrides": bool(cfg.convert.overrides), "convert.fc_norm": cfg.convert.fc_norm,
+                  "convert.norm_output": cfg.convert.norm_output}
+    if bad := [k for k, v in eagle_only.items() if v]:
+        raise ValueError(f"{bad[0]} is an EAGLE-3 option, but draft.method is dflash "
+                         "(a DFlash block drafts a chain from the target's full vocabulary; see the dflash section)")
+    if cfg.train.sharding == "fsdp":
+        raise ValueError("train.sharding fsdp shards an EAGLE-3 head; a DFlash draft trains with ddp (the default)")
+    if cfg.draft.length > cfg.dflash.guesses:
+        name, n = ("DSpark", "block_size") if cfg.dflash.projector == "dspark" else ("DFlash", "block_size - 1")
+        raise ValueError(f"draft.length {cfg.draft.length} is more than a {name} block of {cfg.dflash.block_size} "
+                         f"drafts ({n} = {cfg.dflash.guesses})")
+    check_projector(cfg.dflash)
+
+
+def check_projector(d: DFlashSection) -> None:
+    """Options of the other projector are refused, naming the key; a DSpark loss weighs something."""
+    if d.projector == "dflash" and (bad := sorted(set(DSPARK_ONLY) & d.model_fields_set)):
+        raise ValueError(f"dflash.{bad[0]} is a DSpark option, but dflash.projector is dflash (set dflash.projector: dspark)")
+    if d.projector == "dspark" and "loss" in d.model_fields_set:
+        raise ValueError("dflash.loss weighs DFlash's block positions; a DSpark draft's loss is dflash.ce_weight x "
+                         "cross-entropy + dflash.tvd_weight x TVD over every position")
+    if d.projector == "dspark" and d.ce_weight + d.tvd_weight == 0:
+        raise ValueError("dflash.ce_weight and dflash.tvd_weight are both 0: a DSpark draft would learn nothing")
 
 
 def check_convert_config(cfg: BuildConfig, model_config: Any) -> None:

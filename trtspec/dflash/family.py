@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.dflash import export, head, readme
-from trtspec.dflash.convert import check_convert_config, convert_drafter
+from trtspec.dflash.convert import check_build_config, check_convert_config, convert_drafter
 from trtspec.drafting import DraftFamily
 
 
@@ -21,6 +21,7 @@ class DFlashFamily(DraftFamily):
     module_attr = "dflash_module"
     no_launcher = frozenset({"speculators"})  # speculators converts EAGLE-3 heads only
 
+    check_config = staticmethod(check_build_config)
     check_convert = staticmethod(check_convert_config)
     convert = staticmethod(convert_drafter)
     build = staticmethod(head.build_dflash_model)

@@ -8,7 +8,7 @@ from typing import Any
 
 from trtspec.drafting import DraftFamily
 from trtspec.eagle import export, head, onnx_export, readme, train_step
-from trtspec.eagle.convert import check_convert_config, convert_head
+from trtspec.eagle.convert import check_build_config, check_convert_config, convert_head
 
 
 class Eagle3Family(DraftFamily):
@@ -22,6 +22,7 @@ class Eagle3Family(DraftFamily):
     length_key = "eagle_ttt_steps"
     exports_onnx = True
 
+    check_config = staticmethod(check_build_config)
     check_convert = staticmethod(check_convert_config)
     convert = staticmethod(convert_head)
     build = staticmethod(head.build_eagle_model)
@@ -32,6 +33,7 @@ class Eagle3Family(DraftFamily):
     check_export = staticmethod(export.check_export_config)
     export_draft = staticmethod(export.export_eagle3_draft)
     export_onnx = staticmethod(onnx_export.export_onnx)
+    format_onnx_check = staticmethod(onnx_export.format_onnx_check)
     write_readme = staticmethod(readme.write_eagle3_readme)
 
     def state_layers(self, cfg: dict) -> list[int]:

@@ -4,7 +4,9 @@ family's loader declares its own (eagle3.ARCHITECTURES, dflash.ARCHITECTURES).""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from trtspec.drafting import family
 from trtspec.errors import ArtifactError
 from trtspec.runtime import dflash, eagle3
 from trtspec.runtime.model import read_config
@@ -24,3 +26,10 @@ def draft_family(draft_dir: Path) -> str:
         return "eagle3"
     raise ArtifactError(f"'{draft_dir}' holds a draft of architectures {archs}, which no draft family loads",
                         f"trtspec loads {', '.join(sorted(declared))}")
+
+
+def load_drafter(draft_dir: Path, target: Any, weights: str = "auto", settings: Any = None) -> Any:
+    """The runtime drafter for an exported draft, by the family that declares its architecture (an unknown one is
+    refused by name: draft_family). weights: how the draft's product weights are stored, auto (bfloat16 where timed
+    faster) | float32 | bfloat16; settings: runtime.settings.RuntimeSettings (default: as the target runs)."""
+    return family(draft_family(draft_dir)).load_drafter(draft_dir, target, weights=weights, settings=settings)

@@ -236,10 +236,10 @@ def runtime_agreement(bundle: Path, prompts: list[list[int]], new: int, options:
     rounding of the two implementations' numbers) -> {runtime AL, engine AL / runtime AL, the runtime's path}."""
     import torch
 
-    from trtspec.drafting import load_drafter
     from trtspec.generation import eos_ids
     from trtspec.models import load_tokenizer
     from trtspec.runtime import DraftSpec, load_target, speculative_on_prompts
+    from trtspec.runtime.families import load_drafter
 
     target, _ = load_target(bundle / "target", torch.float32)
     drafter = load_drafter(bundle / "draft", target, weights="float32")

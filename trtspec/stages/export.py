@@ -119,10 +119,8 @@ def run(ctx: StageContext) -> dict:
 
     not_served = engines_not_served(ctx, draft)
     if cfg.export.onnx and fam.exports_onnx:
-        from trtspec.eagle.onnx_export import format_onnx_check
-
         metrics["onnx"] = fam.export_onnx(out / "draft", out / "onnx")
-        ctx.log("onnx: " + format_onnx_check(metrics["onnx"]))
+        ctx.log("onnx: " + fam.format_onnx_check(metrics["onnx"]))
 
     info = {"target_dtype": str(dtype).removeprefix("torch."), "quant_format": quant["format"],
             "kv_cache": quant.get("kv_cache", "none"), **draft.info, "max_draft_len": cfg.draft.length}
