@@ -5,6 +5,7 @@ to the target's window; each speculative answer is checked against the runtime w
 
     python scripts/bench_context.py runs/demo                            # 6 prompts a bin, 64 new tokens
     python scripts/bench_context.py runs/demo --bins 256,2048 --prompts 4 --json
+    python scripts/bench_context.py runs/demo --documents builtin        # a long document before each question
 
 Printed per bin: the mean context in tokens, AL with its 95% bootstrap interval over the prompts, per-position
 acceptance, greedy outputs identical, and AL over the shortest bin's (the issue's goal: >= 0.9 at 4k and 8k).
@@ -15,6 +16,7 @@ kind the draft was trained on; only its length changes.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from trtspec.bench import add_runtime_flags, arg_parser
@@ -26,13 +28,16 @@ def main() -> None:
     ap.add_argument("--bins", default="256,1024,2048,4096,8192", help="context lengths in tokens")
     ap.add_argument("--prompts", type=int, default=6, help="prompts per bin")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--documents", help="fill the contexts with documents (a JSONL with `text`, or one per line; "
+                    "'builtin': the standard library's documentation) instead of the run's training conversations")
     ap.add_argument("--json", action="store_true")
     add_runtime_flags(ap)
     a = ap.parse_args()
 
     from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings
-    from trtspec.chat import read_rows
+    from trtspec.chat import read_documents, read_rows
     from trtspec.runtime.families import draft_family
+    from trtspec.suites import builtin_documents
     from trtspec.validation import context_curve
 
     bundle = open_bundle(a.run_dir)
@@ -40,9 +45,12 @@ def main() -> None:
     window = target.args.max_positions
     bins = sorted({min(int(b), window - a.max_new_tokens - 1) for b in a.bins.split(",")})
     prompts = load_prompt_rows(a.run_dir, a.prompts)
-    history = read_rows(a.run_dir / "data" / "train.jsonl")
+    if a.documents:
+        fill = builtin_documents() if a.documents == "builtin" else read_documents(Path(a.documents), Counter())
+    else:
+        fill = read_rows(a.run_dir / "data" / "train.jsonl")
     k = bundle.draft_length
-    rows = context_curve(target, drafter, prompts, history, bundle.tok, bins, k, a.max_new_tokens, bundle.eos,
+    rows = context_curve(target, drafter, prompts, fill, bundle.tok, bins, k, a.max_new_tokens, bundle.eos,
                          log=None if a.json else lambda m: print(m, flush=True))
     if a.json:
         print(json.dumps({"run": str(a.run_dir), "draft": draft_family(a.run_dir / "bundle" / "draft"), "k": k,

@@ -311,14 +311,55 @@ def with_history(prompt: dict, history: list[dict], tok: Any, tokens: int) -> tu
 TURN_TOKENS = 8  # a chat template's tokens around one turn's text (role, start and end markers), counted generously
 
 
-def at_context(prompts: list[dict], history: list[dict], tok: Any, tokens: int) -> list[tuple[dict, int]]:
-    """Each prompt after earlier conversations filling up to `tokens` tokens (with_history), each starting its history
-    at a place of its own, so that prompts measured at several lengths differ in length only -> (row, prompt tokens)."""
+def at_context(prompts: list[dict], fill: list, tok: Any, tokens: int) -> list[tuple[dict, int]]:
+    """Each prompt after up to `tokens` tokens of context -> (row, prompt tokens). `fill`: earlier conversations (rows:
+    with_history, a long chat) or documents (str: with_document, a reader's question about a long text). Each prompt
+    starts at a place of its own in `fill`, so that prompts measured at several lengths differ in length only."""
     out = []
     for i, p in enumerate(prompts):
-        start = (i * 97) % max(1, len(history))
-        out.append(with_history(p, history[start:] + history[:start], tok, tokens))
+        start = (i * 97) % max(1, len(fill))
+        turned = fill[start:] + fill[:start]
+        out.append(with_document(p, turned, tok, tokens) if fill and isinstance(fill[0], str)
+                   else with_history(p, turned, tok, tokens))
     return out
+
+
+DOCUMENT_INTRO = "Read the following text, then answer.\n\n"
+
+
+def with_document(prompt: dict, documents: list[str], tok: Any, tokens: int) -> tuple[dict, int]:
+    """A long-document prompt: the documents' text (in order) before the question in the prompt's last turn, cut at a
+    token so that the encoded prompt is at most `tokens` tokens -> (the row, its prompt's length in tokens)."""
+    *earlier, last = prompt["messages"]
+    budget = tokens - len(encode_prompt(tok, prompt["messages"])) - len(tok(DOCUMENT_INTRO, add_special_tokens=False)["input_ids"])
+    ids: list[int] = []
+    for doc in documents:
+        if len(ids) >= budget:
+            break
+        ids += tok(doc.strip() + "\n\n", add_special_tokens=False)["input_ids"]
+    ids = ids[: max(0, budget)]
+    while True:
+        text = tok.decode(ids, skip_special_tokens=True).strip()
+        messages = earlier + [{**last, "content": f"{DOCUMENT_INTRO}{text}\n\n{last['content']}"}] if text else prompt["messages"]
+        n = len(encode_prompt(tok, messages))
+        if n <= tokens or not text:
+            return {**prompt, "messages": messages}, n
+        ids = ids[: len(ids) - (n - tokens)]  # decoding and encoding again may join tokens differently
+
+
+def read_documents(path: Path, skips: Counter, what: str = "eval.context_documents file",
+                   hint: str = "check eval.context_documents (relative to the YAML)") -> list[str]:
+    """Documents for long contexts: JSONL rows' `text` field, or one document per line."""
+    lines = [ln for ln in read_lines(path, what, hint) if ln.strip()]
+    if path.suffix != ".jsonl" and not (lines and lines[0].lstrip().startswith("{")):
+        return lines
+    docs = []
+    for row in read_jsonl(path, skips):
+        if isinstance(row.get("text"), str) and row["text"].strip():
+            docs.append(row["text"])
+        else:
+            skips["row without a 'text' field"] += 1
+    return docs
 
 
 def own_turns(row: dict) -> list[dict]:

@@ -312,6 +312,14 @@ class EvalSection(Section):
         "eval.context_prompts held-out prompts each after earlier conversations of the run's training data filling "
         "that many tokens of context (plus the answer within the target's window), in the train stage's held-out "
         "acceptance (so a change redoes train) and in validate's runtime; null = none")
+    context_source: Literal["conversations", "documents"] = key(
+        "conversations", "what fills eval.context_bins' context: conversations = earlier conversations of the run's "
+        "training data as a chat's prior turns (a long chat); documents = long documents put before the question in its "
+        "turn (a reader asking about what it was handed): eval.context_documents, else the builtin ones, the Python "
+        "standard library's module documentation (no hub)")
+    context_documents: str | None = key(None, "the documents for eval.context_source: documents, relative to the YAML: "
+                                        "JSONL with a `text` field, or text with one document per line; null = the "
+                                        "builtin documents", min_length=1)
     context_prompts: int = key(4, "prompts per eval.context_bins bin (each costs a greedy answer with and without the "
                                "draft at that context)", ge=1, le=64)
 
@@ -371,7 +379,10 @@ class BuildConfig(Section):
         return self
 
     def _check_long_context(self) -> None:
-        """data.context_tokens within data.seq_len, with the answer after it."""
+        """data.context_tokens within data.seq_len, with the answer after it; documents only where documents fill."""
+        if self.eval.context_documents and self.eval.context_source != "documents":
+            raise ValueError("eval.context_documents is read only with eval.context_source: documents (set it, or drop "
+                             "the file)")
         d = self.data
         if d.context_tokens and d.context_tokens + d.max_new_tokens > d.seq_len:
             raise ValueError(f"data.context_tokens {d.context_tokens} with data.max_new_tokens {d.max_new_tokens} needs "

@@ -223,3 +223,48 @@ def suite_rows(cfg: BuildConfig, i: int, read_file: Callable[[Path, Counter], li
         raise DataError(f"{name} file '{path}' holds no usable prompt (empty, or blank lines only)",
                         "one JSON object per line with the suite's prompt or messages column")
     return by_category(rows)
+
+
+# the builtin long documents: standard library modules whose documentation runs to thousands of tokens each
+BUILTIN_DOCUMENT_MODULES = ("collections", "pathlib", "argparse", "statistics", "json", "functools", "textwrap",
+                            "heapq", "itertools", "string", "fractions", "datetime", "random", "csv", "calendar")
+
+
+def builtin_documents() -> list[str]:
+    """Long documents with no hub and no file: the Python standard library's own module documentation as pydoc
+    renders it in plain text (prose, signatures and examples), without the FILE section, the one part that names the
+    machine's install path."""
+    import importlib
+    import pydoc
+
+    return [pydoc.plaintext.document(importlib.import_module(m)).split("\nFILE\n")[0].strip()
+            for m in BUILTIN_DOCUMENT_MODULES]
+
+
+def context_fill(cfg: BuildConfig, data_dir: Path | None) -> list:
+    """What fills eval.context_bins' contexts (chat.at_context): the run's training conversations (data/train.jsonl),
+    or documents (eval.context_documents, else builtin_documents)."""
+    from trtspec.chat import read_documents, read_rows
+
+    e = cfg.eval
+    if e.context_source == "documents":
+        return read_documents(cfg.resolve_path(e.context_documents), Counter()) if e.context_documents else builtin_documents()
+    if data_dir is None:
+        raise DataError("eval.context_bins fills contexts with the run's training conversations: the data stage was "
+                        "skipped", "run the data stage, or set eval.context_source: documents")
+    return read_rows(data_dir / "train.jsonl")
+
+
+def context_documents_read(cfg: BuildConfig) -> list:
+    """eval.context_documents as a file its stages read (train and validate: hashed into their fingerprints, read
+    whole before the first stage)."""
+    from functools import partial
+
+    from trtspec.chat import read_documents
+    from trtspec.pipeline.stage import InputFile
+
+    e = cfg.eval
+    if not (e.context_bins and e.context_source == "documents" and e.context_documents):
+        return []
+    return [InputFile("eval.context_documents", "eval.context_documents file", e.context_documents,
+                      cfg.resolve_path(e.context_documents), "document", partial(read_documents))]

@@ -299,10 +299,10 @@ def category_summary(generations: list, k: int, reference: list[list[int]] | Non
     return out
 
 
-def context_curve(target: Any, drafter: Any, prompts: list[dict], history: list[dict], tok: Any, bins: list[int],
+def context_curve(target: Any, drafter: Any, prompts: list[dict], fill: list, tok: Any, bins: list[int],
                   k: int, max_new: int, eos: Any, log: Any = None) -> list[dict]:
-    """Acceptance by context length: each prompt after earlier conversations (chat.with_history: `history`, rows
-    with answers, as a chat's prior turns) filling each bin's tokens of context before the answer; greedy chains of
+    """Acceptance by context length: each prompt after earlier conversations or documents (chat.at_context: `fill`)
+    filling each bin's tokens of context before the answer; greedy chains of
     k checked against the target without a draft -> per bin {bin, context_tokens (mean), category_summary's AL,
     interval, per position, exact, vs_shortest (AL over the first bin's)}. Each prompt starts its history at its
     own place, so the bins differ in length only."""
@@ -314,7 +314,7 @@ def context_curve(target: Any, drafter: Any, prompts: list[dict], history: list[
     spec, rows = DraftSpec(shape="chain", k=k), []
     for b in bins:
         runs, plains, lengths = [], [], []
-        for row, n in at_context(prompts, history, tok, b):
+        for row, n in at_context(prompts, fill, tok, b):
             ids = torch.tensor(encode_prompt(tok, row["messages"]))
             plains.append(generate(target, ids, max_new, eos).tokens)
             runs.append(speculative_decode(target, drafter, ids, max_new, spec, eos))

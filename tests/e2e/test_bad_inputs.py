@@ -312,6 +312,16 @@ def case_data_context_past_seq_len(tmp, model, mp):
     return build(tmp, config(tmp, model, data={"context_tokens": 512}))
 
 
+def case_context_documents_empty(tmp, model, mp):
+    write_jsonl(tmp / "docs.jsonl", [{"title": "no text here"}])
+    return build(tmp, config(tmp, model, eval={"context_bins": [256], "context_source": "documents",
+                                               "context_documents": "docs.jsonl"}, data={"max_new_tokens": 16}))
+
+
+def case_context_documents_without_documents_source(tmp, model, mp):
+    return build(tmp, config(tmp, model, eval={"context_bins": [256], "context_documents": "docs.jsonl"}))
+
+
 def case_schedule_refused(tmp, model, mp):
     return build(tmp, config(tmp, model, serve={"draft_len_schedule": {4: 3}}))
 
@@ -539,6 +549,8 @@ CASES = [
     Case("eval-suite-no-prompt-column", case_eval_suite_no_prompt_column, 2, r"eval\.suites\[1\] file .*suite\.jsonl': line 2 has no 'question' \(text\) or 'messages' \(messages\) column", "validate", before_data=True),
     Case("eval-suite-no-category-column", case_eval_suite_no_category_column, 2, r"eval\.suites\[0\] file .*suite\.jsonl': line 3 has no 'topic' column \(the suite's category_field\)", "validate", before_data=True),
     Case("eval-context-bin-too-long", case_context_bin_too_long, 2, r"eval\.context_bins 2048: with data\.max_new_tokens 160 it needs 2208 tokens, more than the target's window of 1024", "train", before_data=True),
+    Case("eval-context-documents-empty", case_context_documents_empty, 2, r"eval\.context_documents file '.*docs\.jsonl' holds no usable document \(1 row without a 'text' field\)", before_data=True),
+    Case("eval-context-documents-unused", case_context_documents_without_documents_source, 2, r"eval\.context_documents is read only with eval\.context_source: documents"),
     Case("data-context-past-window", case_data_context_past_window, 2, r"data\.context_tokens 2000: with data\.max_new_tokens 160 it needs 2160 tokens, more than the target's window of 1024", "data", before_data=True),
     Case("data-context-past-seq-len", case_data_context_past_seq_len, 2, r"data\.context_tokens 512 with data\.max_new_tokens 160 needs data\.seq_len >= 672 \(it is 32\)"),
     Case("serve-schedule-refused", case_schedule_refused, 2, r"serve\.draft_len_schedule \{4: 3\} cannot be served: it has no entry for batch size 1"),

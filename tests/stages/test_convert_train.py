@@ -434,12 +434,14 @@ def test_train_few_steps_writes_head_and_log(upstream, tiny_model_dir, tmp_path,
         assert m2["train_rows"] == 2 < m["train_rows"] and m2["label_tokens"] < m["label_tokens"]
 
 
-def test_train_measures_held_out_acceptance_by_context_length(upstream, tiny_model_dir, tmp_path):
-    """eval.context_bins in the train stage: per bin, held-out prompts after earlier training conversations, each
-    bin's AL within its interval and against the shortest bin's; the longer bin holds longer prompts."""
+@pytest.mark.parametrize("source", ["conversations", "documents"])
+def test_train_measures_held_out_acceptance_by_context_length(upstream, tiny_model_dir, tmp_path, source):
+    """eval.context_bins in the train stage: per bin, held-out prompts after earlier training conversations (or the
+    builtin documents), each bin's AL within its interval and against the shortest bin's; the longer bin holds longer
+    prompts."""
     _, inputs = upstream
     ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", inputs, sections={"eval": {"acceptance_prompts": 2,
-                     "context_bins": [120, 40], "context_prompts": 2}}, mode="online")
+                     "context_bins": [120, 40], "context_prompts": 2, "context_source": source}}, mode="online")
     m = train.run(ctx)
     short, long = m["per_context"]
     assert (short["bin"], long["bin"]) == (40, 120) and short["context_tokens"] < long["context_tokens"] <= 120

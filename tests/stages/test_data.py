@@ -396,3 +396,31 @@ def test_long_context_must_fit_the_sequence_and_the_window(tmp_path, tiny_model_
     ctx = _ctx(tmp_path, tiny_model_dir, src, seq_len=4096, context_tokens=2000)
     with pytest.raises(ConfigError, match=r"data.context_tokens 2000: with data.max_new_tokens 4 it needs 2004 tokens, more than the target's window of 1024"):
         data.preflight(ctx.cfg, AutoConfig.from_pretrained(tiny_model_dir))
+
+
+def test_with_document_puts_a_long_text_before_the_question_within_the_bin(tiny_model_dir):
+    from trtspec.models import load_tokenizer
+    from trtspec.suites import builtin_documents
+
+    tok = load_tokenizer(tiny_model_dir)
+    docs = builtin_documents()
+    assert len(docs) == 15 and min(map(len, docs)) > 4000 and not any("\nFILE\n" in d for d in docs)
+    prompts = [{"id": str(i), "messages": [{"role": "user", "content": f"What does section {i} say?"}]} for i in range(3)]
+    for tokens in (40, 300, 900):
+        for (row, n), p in zip(chat.at_context(prompts, docs, tok, tokens), prompts, strict=True):
+            assert n == len(chat.encode_prompt(tok, row["messages"])) <= tokens
+            last = row["messages"][-1]["content"]
+            assert last.endswith(p["messages"][0]["content"])
+            assert last.startswith(chat.DOCUMENT_INTRO) == (tokens > 40) and (tokens < 900 or n > 850)
+    short, _ = chat.with_document(prompts[0], docs, tok, 300)
+    other, _ = chat.at_context(prompts[:2], docs, tok, 300)[1]
+    assert short["messages"] != other["messages"]  # each prompt starts at a document of its own
+
+
+def test_documents_file_reader(tmp_path):
+    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "First document."}) + "\n" + json.dumps({"title": "x"}) + "\n")
+    skips = Counter()
+    assert chat.read_documents(tmp_path / "d.jsonl", skips) == ["First document."]
+    assert skips == {"row without a 'text' field": 1}
+    (tmp_path / "d.txt").write_text("one\n\ntwo\n")
+    assert chat.read_documents(tmp_path / "d.txt", Counter()) == ["one", "two"]

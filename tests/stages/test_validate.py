@@ -185,6 +185,24 @@ def test_context_bins_measure_acceptance_by_context_length(tmp_path, run_inputs)
     assert "| context (tokens) |" in (tmp_path / "out" / "report.md").read_text()
 
 
+def test_context_bins_can_be_filled_with_documents(tmp_path, run_inputs):
+    """eval.context_source: documents: the bins filled with a document before each question (the user's file here,
+    read as a file of the stage's), the output still the target's own."""
+    from trtspec.stages import validate
+
+    root, source, bundle, data = run_inputs
+    docs = [{"text": f"Chapter {i}. The river town kept its bridges in good repair and counted boats every spring."}
+            for i in range(30)]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    ctx = make_ctx(tmp_path, run_inputs, evaluation={"max_new_tokens": 6, "context_bins": [200, 60], "context_prompts": 2,
+                   "context_source": "documents", "context_documents": str(tmp_path / "docs.jsonl")},
+                   compile=False, compare_hf=False, sampling_temperature=None)
+    assert [f.name for f in validate.files_read(ctx.cfg)] == ["eval.context_documents"]
+    validate.run(ctx)
+    short, long = json.loads((tmp_path / "out" / "report.json").read_text())["per_context"]
+    assert short["context_tokens"] < long["context_tokens"] <= 200 and short["exact"] == long["exact"] == 2
+
+
 def test_a_context_bin_past_the_window_is_refused_before_any_stage(tmp_path, run_inputs):
     from transformers import AutoConfig
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 UPSTREAM = ("data", "convert")
 READS = ("train", "draft.method", "draft.length", "dflash", "eval.acceptance_prompts", "eval.context_bins",
-         "eval.context_prompts", "seed")
+         "eval.context_prompts", "eval.context_source", "eval.context_documents", "seed")
 ALL_RANKS = True  # every process of a multi-process launch trains
 
 EVAL_BATCH = 64  # held-out prompts answered at once by the unquantized target (the train stage's evaluation)
@@ -57,6 +57,13 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     for b in sorted(cfg.eval.context_bins or []):
         check_fits_window(f"eval.context_bins {b}", b, "data.max_new_tokens", cfg.data.max_new_tokens,
                           text_config(model_config).max_position_embeddings)
+
+
+def files_read(cfg: BuildConfig) -> list:
+    """eval.context_documents, where the held-out acceptance by context length reads documents."""
+    from trtspec.suites import context_documents_read
+
+    return context_documents_read(cfg)
 
 
 def environment_key() -> dict | None:
@@ -166,17 +173,19 @@ def heldout_eval_set(ctx: StageContext, base: Any, tok: Any, aux_layers: list[in
 
 
 def heldout_context_sets(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int]) -> list[dict] | None:
-    """eval.context_bins: the first eval.context_prompts held-out prompts after earlier training conversations
-    filling each bin, with the target's greedy answers and states (rank 0 alone measures)."""
+    """eval.context_bins: the first eval.context_prompts held-out prompts after earlier training conversations or
+    documents (suites.context_fill) filling each bin, with the target's greedy answers and states (rank 0 alone
+    measures)."""
     from trtspec.models import matmul_attention_on_cpu
+    from trtspec.suites import context_fill
 
     e = ctx.cfg.eval
     if not e.context_bins or not ranks.is_main():
         return None
     prompts = prompt_rows(read_rows(ctx.inputs["data"] / "heldout.jsonl"))[: e.context_prompts]
-    history = read_rows(ctx.inputs["data"] / "train.jsonl")
+    fill = context_fill(ctx.cfg, ctx.inputs["data"])
     with matmul_attention_on_cpu(base):
-        return context_eval_sets(base, tok, prompts, history, sorted(e.context_bins), aux_layers,
+        return context_eval_sets(base, tok, prompts, fill, sorted(e.context_bins), aux_layers,
                                  ctx.cfg.data.max_new_tokens, ctx.log, EVAL_BATCH)
 
 

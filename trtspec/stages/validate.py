@@ -45,10 +45,11 @@ READS = ("validate", "draft", "eval", "seed")
 
 
 def files_read(cfg: BuildConfig) -> list[InputFile]:
-    """eval.prompts and the jsonl files of eval.suites, read as load_prompt_rows reads them."""
+    """eval.prompts, the jsonl files of eval.suites, read as load_prompt_rows reads them, and
+    eval.context_documents."""
     from functools import partial
 
-    from trtspec.suites import read_suite_file
+    from trtspec.suites import context_documents_read, read_suite_file
 
     files = []
     if cfg.eval.prompts:
@@ -60,7 +61,7 @@ def files_read(cfg: BuildConfig) -> list[InputFile]:
             name, what = f"eval.suites[{i}].path", f"eval.suites[{i}] file"
             read = partial(read_suite_file, s=s, what=what, hint=f"check {name} (relative to the YAML)")
             files.append(InputFile(name, what, s.path, cfg.resolve_path(s.path), "prompt", read))
-    return files
+    return files + context_documents_read(cfg)
 
 
 def prompt_sources(cfg: BuildConfig, trained: set[str] | None = None) -> list[tuple[str, str, list[dict]]]:
@@ -276,18 +277,17 @@ def sampling_checks(ctx: StageContext, b: Bench) -> dict | None:
 
 
 def context_acceptance(ctx: StageContext, b: Bench) -> list[dict] | None:
-    """eval.context_bins: the draft's acceptance at each context length (validation.context_curve), the history
-    from the run's training conversations."""
+    """eval.context_bins: the draft's acceptance at each context length (validation.context_curve), the context
+    from the run's training conversations or from documents (suites.context_fill)."""
+    from trtspec.suites import context_fill
+
     e = ctx.cfg.eval
     if not e.context_bins:
         return None
-    if "data" not in ctx.inputs:
-        raise DataError("eval.context_bins fills contexts with the run's training conversations: the data stage was "
-                        "skipped", "run the data stage, or set eval.context_bins: null")
-    ctx.log(f"acceptance by context length: bins {e.context_bins}, {e.context_prompts} prompts each")
+    fill = context_fill(ctx.cfg, ctx.inputs.get("data"))
+    ctx.log(f"acceptance by context length ({e.context_source}): bins {e.context_bins}, {e.context_prompts} prompts each")
     prompts = [{"id": r["id"], "messages": r["messages"]} for r in b.rows[: e.context_prompts]]
-    history = read_rows(ctx.inputs["data"] / "train.jsonl")
-    return context_curve(b.target, b.drafter, prompts, history, b.tok, sorted(e.context_bins), ctx.cfg.draft.length,
+    return context_curve(b.target, b.drafter, prompts, fill, b.tok, sorted(e.context_bins), ctx.cfg.draft.length,
                          e.max_new_tokens, b.eos, log=ctx.log)
 
 

@@ -97,14 +97,14 @@ def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int],
     return with_states(base, seqs, aux_layers)
 
 
-def context_eval_sets(base: Any, tok: Any, prompts: list[dict], history: list[dict], bins: list[int],
+def context_eval_sets(base: Any, tok: Any, prompts: list[dict], fill: list, bins: list[int],
                       aux_layers: list[int], max_new_tokens: int, log: Any, batch_size: int = 16) -> list[dict]:
-    """Acceptance sets by context length: the prompts after earlier conversations (chat.at_context, as validate's
-    context curve builds them) filling each bin, the target's greedy answers and states -> [{bin, context_tokens
-    (mean), set}]."""
+    """Acceptance sets by context length: the prompts after earlier conversations or documents (`fill`:
+    chat.at_context, as validate's context curve builds them) filling each bin, the target's greedy answers and
+    states -> [{bin, context_tokens (mean), set}]."""
     out = []
     for b in bins:
-        rows = at_context(prompts, history, tok, b)
+        rows = at_context(prompts, fill, tok, b)
         log(f"generating greedy target answers for {len(rows)} held-out prompts at {b} tokens of context")
         seqs = greedy_answers(base, tok, [r for r, _ in rows], max_new_tokens, batch_size)
         out.append({"bin": b, "context_tokens": round(sum(n for _, n in rows) / len(rows)),
