@@ -39,7 +39,27 @@ def _plots(out: Path, r: dict) -> list[str]:
     ax.barh(list(tps), list(tps.values()), color=["tab:gray" if m != "speculative" else "tab:green" for m in tps])
     ax.set(xlabel="tokens/s (batch 1)", title=f"speed: {r['speedup_vs_hf']:.2f}x over HF generate")
     files.append(_save(out, "speed.png", fig))
+    if r.get("per_category"):
+        files.append(_interval_plot(out, "acceptance_by_category.png", list(r["per_category"]),
+                                    list(r["per_category"].values()), "category", "acceptance by category"))
+    if r.get("per_context"):
+        files.append(_interval_plot(out, "acceptance_by_context.png", [str(c["context_tokens"]) for c in r["per_context"]],
+                                    r["per_context"], "tokens of context before the answer", "acceptance by context length"))
     return files
+
+
+def _interval_plot(out: Path, name: str, labels: list[str], rows: list[dict], xlabel: str, title: str) -> str:
+    """AL per group (rows with acceptance_length and ci95) with its 95% interval as error bars."""
+    from matplotlib.figure import Figure
+
+    al = [v["acceptance_length"] for v in rows]
+    err = [[a - v["ci95"][0] for a, v in zip(al, rows, strict=True)], [v["ci95"][1] - a for a, v in zip(al, rows, strict=True)]]
+    fig = Figure(figsize=(max(4, 0.9 * len(labels) + 2), 3))
+    ax = fig.subplots()
+    ax.errorbar(range(len(labels)), al, yerr=err, fmt="o", capsize=4)
+    ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 4 else 0)
+    ax.set(xlabel=xlabel, ylabel="AL (95% interval)", title=title)
+    return _save(out, name, fig)
 
 
 def draft_storage(draft_kernels: dict | None) -> str:

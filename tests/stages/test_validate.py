@@ -183,6 +183,8 @@ def test_context_bins_measure_acceptance_by_context_length(tmp_path, run_inputs)
     assert (short["bin"], long["bin"]) == (64, 256) and short["context_tokens"] < long["context_tokens"] <= 256
     assert short["exact"] == long["exact"] == 2 and short["vs_shortest"] == 1.0 and short["prompts"] == 2
     assert "| context (tokens) |" in (tmp_path / "out" / "report.md").read_text()
+    for plot in ("acceptance_by_context.png", "acceptance_by_category.png"):
+        assert (tmp_path / "out" / plot).stat().st_size > 1000 and f"]({plot})" in (tmp_path / "out" / "report.md").read_text()
 
 
 def test_context_bins_can_be_filled_with_documents(tmp_path, run_inputs):
