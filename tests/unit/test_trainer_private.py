@@ -31,9 +31,11 @@ def test_a_trainer_that_changed_one_is_refused_before_training(monkeypatch):
 
 
 def test_the_train_stage_checks_it_in_its_preflight(monkeypatch):
+    from trtspec.config import config_from_dict
     from trtspec.stages import train
 
     calls = []
     monkeypatch.setattr(train, "check_trainer_api", lambda: calls.append(1))
-    train.preflight(None, None)
+    cfg = config_from_dict({"model": {"source": "x"}, "data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}})
+    train.preflight(cfg, None)  # no eval.context_bins: the target's window is not read
     assert calls == [1]
