@@ -58,7 +58,7 @@ def main() -> None:
     long = build(a.config, a.out / "long", both + [
         f"data.context_tokens={a.context_tokens}", f"data.context_share={a.share}",
         f"data.seq_len={a.context_tokens + new_tokens}", "train.mode=online"])
-    k = next(int(key[3:]) for key in reversed(short) if key.startswith("AL@") and "_" not in key)
+    k = json.loads((a.out / "short" / "train" / "manifest.json").read_text())["config"]["draft.length"]
     al = f"AL@{k}"
     table = [{"bin": s["bin"], "context_tokens": s["context_tokens"], "short": s, "long": lo}
              for s, lo in zip(short["per_context"], long["per_context"], strict=True)]
