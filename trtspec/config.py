@@ -418,9 +418,9 @@ class BuildConfig(Section):
                              "(the bundle drafts at most draft.length tokens)")
         if self.serve.draft_len_schedule is None:
             return
-        if self.draft.method != "eagle3" or self.serve.decoding != "eagle3":
-            raise ValueError("serve.draft_len_schedule is written for an EAGLE-3 head served as decoding eagle3 (the "
-                             "schedule of a block drafter or another decoding is not checked against the engines)")
+        if self.serve.decoding != "eagle3":  # the draft's family has its own rules (DraftFamily.check_config)
+            raise ValueError(f"serve.draft_len_schedule schedules the bundle's draft, served as decoding eagle3; "
+                             f"serve.decoding is {self.serve.decoding} (drop the schedule)")
         if self.draft.shape != "chain":
             raise ValueError(f"serve.draft_len_schedule schedules a chain's length; draft.shape is {self.draft.shape} "
                              "(set draft.shape: chain, or drop the schedule)")

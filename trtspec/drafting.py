@@ -85,6 +85,10 @@ class DraftFamily(Protocol):
         """export_onnx's check as one line for the export stage's log (where exports_onnx)."""
         raise NotImplementedError(f"{self.title}: no ONNX export")
 
+    def trtllm_spec(self, cfg: Any, draft_rel: str, aux_layers: list[int] | None = None) -> dict:
+        """TensorRT-LLM's speculative_config (LLM API) for this family's draft at `draft_rel`, the bundle's
+        serving options (decoding_type and the family's fields)."""
+
     def write_readme(self, bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
         """bundle/README.md: what the draft is and how each engine serves it."""
 

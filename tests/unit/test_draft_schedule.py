@@ -58,8 +58,10 @@ def test_a_refused_schedule_is_a_config_error_naming_the_key(tmp_path):
         config_from_dict({**raw, "serve": {"draft_len_schedule": {4: 3}}})
     with pytest.raises(ConfigError, match="draft.shape is dynamic_tree"):
         config_from_dict({**raw, "draft": {"shape": "dynamic_tree"}, "serve": {"draft_len_schedule": {1: 3}}})
-    with pytest.raises(ConfigError, match="decoding eagle3"):
+    with pytest.raises(ConfigError, match="draft.method is dflash"):
         config_from_dict({**raw, "draft": {"method": "dflash"}, "serve": {"draft_len_schedule": {1: 3}}})
+    with pytest.raises(ConfigError, match="serve.decoding is ngram"):
+        config_from_dict({**raw, "serve": {"decoding": "ngram", "draft_len_schedule": {1: 3}}})
     assert config_from_dict({**raw, "serve": {"draft_len_schedule": {1: 3, 16: 0}}}).serve.draft_len_schedule == {1: 3, 16: 0}
 
 

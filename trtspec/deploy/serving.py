@@ -18,6 +18,7 @@ import yaml
 
 from trtspec.deploy.compat import ENGINES_CHECKED, SGLANG_MIN, vllm_aux_ids
 from trtspec.draft_schedule import SWEEP_FILE, schedule_problem, with_schedule_trtllm, with_schedule_vllm
+from trtspec.drafting import family
 from trtspec.errors import ArtifactError
 
 OPTIONS_FILE = "llm_api_options.yaml"
@@ -68,10 +69,9 @@ TRITON_OUTPUTS = [
 
 def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = None,
                         aux_layers: list[int] | None = None) -> dict[str, Any]:
-    """`speculative_config` for the LLM API (field names of TensorRT-LLM 1.2/main; see trtllm.py for older ones).
-
-    `aux_layers`: the target layers the EAGLE-3 head was trained on. TensorRT-LLM reads them from here only (never
-    from the draft's config.json) and numbers them as trtspec does; without them it captures its default layers."""
+    """`speculative_config` for the LLM API (field names of TensorRT-LLM 1.2/main; see trtllm.py for older ones):
+    n-gram, draft-target and suffix decoding here, the bundle's own draft by its family (DraftFamily.trtllm_spec;
+    `aux_layers`: the target layers an EAGLE-3 head was trained on)."""
     s, d = cfg.serve, cfg.draft
     decoding = decoding or s.decoding
     if decoding == "ngram":
@@ -80,33 +80,7 @@ def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = 
         return {"decoding_type": "DraftTarget", "max_draft_len": d.length, "speculative_model": draft_rel}
     if decoding == "suffix":
         return speculative_options_sa(d.suffix_len or d.length)
-    if d.method == "dflash":
-        # DFlashDecodingConfig, or DSparkDecodingConfig for dflash.projector dspark: their other fields are left unset, so
-        # TensorRT-LLM reads the mask token and target layers (DSpark: also block_size, markov_rank, markov_head_type)
-        # from the draft's config.json
-        kind = "DSpark" if cfg.dflash.projector == "dspark" else "DFlash"
-        return {"decoding_type": kind, "max_draft_len": d.length, "speculative_model": draft_rel}
-    spec = {
-        "decoding_type": "Eagle3",
-        "max_draft_len": d.length,
-        "speculative_model": draft_rel,
-        "eagle3_one_model": True,  # target and head in one engine: TensorRT-LLM's recommended EAGLE-3 mode
-    }
-    if aux_layers is not None:
-        spec["eagle3_layers_to_capture"] = sorted(aux_layers)
-    if d.suffix_len and d.shape != "dynamic_tree":
-        # SAEnhancerConfig: a suffix match of >= threshold tokens overrides the head's draft (one-model, linear
-        # EAGLE-3 only: TensorRT-LLM wires no suffix automaton into its dynamic-tree path)
-        spec["sa_config"] = {"threshold": d.suffix_min_match}
-    if s.draft_len_schedule:  # the draft length per batch size (trtspec.draft_schedule)
-        spec = with_schedule_trtllm(spec, s.draft_len_schedule)
-    if d.shape == "dynamic_tree":
-        # EAGLE-2 style tree: top-K expansions per draft layer, at most max_total_draft_tokens nodes
-        # (TensorRT-LLM checks max_draft_len <= max_total_draft_tokens <= topK * max_draft_len)
-        spec["use_dynamic_tree"] = True
-        spec["dynamic_tree_max_topK"] = d.tree_topk
-        spec["max_total_draft_tokens"] = max(d.length, min(d.tree_total_tokens, d.tree_topk * d.length))
-    return spec
+    return family(d.method).trtllm_spec(cfg, draft_rel, aux_layers)
 
 
 def dtypes_differ(info: dict | None) -> bool:

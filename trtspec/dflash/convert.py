@@ -26,6 +26,9 @@ def check_build_config(cfg: BuildConfig) -> None:
     if bad := [k for k, v in eagle_only.items() if v]:
         raise ValueError(f"{bad[0]} is an EAGLE-3 option, but draft.method is dflash "
                          "(a DFlash block drafts a chain from the target's full vocabulary; see the dflash section)")
+    if cfg.serve.draft_len_schedule is not None:
+        raise ValueError("serve.draft_len_schedule is checked against the engines for an EAGLE-3 chain only, but "
+                         "draft.method is dflash (drop the schedule: a DFlash block drafts its fixed length)")
     if cfg.train.sharding == "fsdp":
         raise ValueError("train.sharding fsdp shards an EAGLE-3 head; a DFlash draft trains with ddp (the default)")
     if cfg.draft.length > cfg.dflash.guesses:

@@ -29,6 +29,7 @@ class DFlashFamily(DraftFamily):
     load_head = staticmethod(head.load_head)
     train_forward = staticmethod(head.train_forward)
     export_draft = staticmethod(export.export_dflash_draft)
+    trtllm_spec = staticmethod(export.trtllm_spec)
     write_readme = staticmethod(readme.write_dflash_readme)
 
     def state_layers(self, cfg: dict) -> list[int]:

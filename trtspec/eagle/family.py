@@ -34,6 +34,7 @@ class Eagle3Family(DraftFamily):
     export_draft = staticmethod(export.export_eagle3_draft)
     export_onnx = staticmethod(onnx_export.export_onnx)
     format_onnx_check = staticmethod(onnx_export.format_onnx_check)
+    trtllm_spec = staticmethod(export.trtllm_spec)
     write_readme = staticmethod(readme.write_eagle3_readme)
 
     def state_layers(self, cfg: dict) -> list[int]:
