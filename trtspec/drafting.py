@@ -41,6 +41,8 @@ class DraftFamily(Protocol):
     length_key: ClassVar[str | None] = None  # the config key draft.length trains (EAGLE-3's train-time-test steps)
     exports_onnx: ClassVar[bool] = False  # export_onnx writes the draft as ONNX, checked against PyTorch
     no_launcher: ClassVar[frozenset[str]] = frozenset()  # engines that load no draft of this family: no launcher
+    vllm_methods: ClassVar[dict[str, str]]  # TensorRT-LLM decoding_type serving this family's draft -> vLLM's method
+    drafting: ClassVar[tuple[str, ...]]  # `deploy --drafting` methods its bundle serves, besides suffix drafting alone
 
     # --- the build config ---
     def check_config(self, cfg: Any) -> None:
@@ -88,6 +90,13 @@ class DraftFamily(Protocol):
     def trtllm_spec(self, cfg: Any, draft_rel: str, aux_layers: list[int] | None = None) -> dict:
         """TensorRT-LLM's speculative_config (LLM API) for this family's draft at `draft_rel`, the bundle's
         serving options (decoding_type and the family's fields)."""
+
+    def sglang_script(self, decoding_type: str, tp: int, k: int) -> str:
+        """snippets/sglang.sh: SGLang serving the draft, drafting k tokens a step."""
+
+    def vllm_note(self, decoding_type: str) -> str:
+        """Comment lines for snippets/vllm.sh (what vLLM cannot run of this draft), or ''."""
+        return ""
 
     def write_readme(self, bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
         """bundle/README.md: what the draft is and how each engine serves it."""

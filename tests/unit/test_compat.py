@@ -80,6 +80,6 @@ def test_export_refuses_for_required_engines_and_skips_the_others_launchers(tmp_
     assert list(not_served) == ["speculators"] and "2 aux layers" in not_served["speculators"][0]
     with pytest.raises(ArtifactError, match="speculators: 2 aux layers"):
         check_engines_load(tmp_path / "draft", tmp_path / "target", list(TENSORS), {"TensorRT-LLM", "speculators"})
-    options = {"speculative_config": {"max_draft_len": 3, "eagle3_layers_to_capture": [1, 26]}}
+    options = {"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 3, "eagle3_layers_to_capture": [1, 26]}}
     written = write_snippets(tmp_path / "snippets", options, "float32", skip=set(not_served))
     assert sorted(p.name for p in written) == ["sglang.sh", "vllm.sh"]

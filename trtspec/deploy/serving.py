@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from trtspec.deploy.compat import ENGINES_CHECKED, SGLANG_MIN, vllm_aux_ids
+from trtspec.deploy.compat import ENGINES_CHECKED, vllm_aux_ids
 from trtspec.draft_schedule import SWEEP_FILE, schedule_problem, with_schedule_trtllm, with_schedule_vllm
 from trtspec.drafting import family
 from trtspec.errors import ArtifactError
@@ -156,49 +156,8 @@ exec python -m vllm.entrypoints.openai.api_server --model ./target --dtype {dtyp
   --speculative-config '{spec}' --host "${{HOST:-127.0.0.1}}" --port "${{PORT:-8000}}" "$@"
 """
 
-SGLANG_SH = """\
-#!/usr/bin/env bash
-# SGLang loading the same EAGLE-3 draft (pip install "sglang[all]>={sglang_min}"). Run from anywhere.
-# SGLang {sglang_min}+ loads the draft's layers.0.* weights; 0.4.10-0.5.11 read only midlayer.* and skip the rest
-# silently, so older releases are refused here. Aux layers: draft/config.json's eagle_config (trtspec's numbering).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-python - <<'PY'
-import sys
-from importlib.metadata import version
-from packaging.version import Version
-v = version("sglang")
-if Version(v) < Version("{sglang_min}"):
-    sys.exit(f"sglang {{v}} cannot load this draft's layers.0.* weights: install sglang>={sglang_min}")
-PY
-exec python -m sglang.launch_server --model-path ./target --tp {tp} \\
-  --speculative-algorithm EAGLE3 --speculative-draft-model-path ./draft \\
-  --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k1} "$@"
-"""
 
-SGLANG_DFLASH_SH = """\
-#!/usr/bin/env bash
-# SGLang with this DFlash draft (pip install "sglang[all]"): --speculative-num-draft-tokens counts the block's anchor
-# too (drafts verified per step + 1). Mask token and target layers: draft/config.json's dflash_config.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-exec python -m sglang.launch_server --model-path ./target --tp {tp} \\
-  --speculative-algorithm DFLASH --speculative-draft-model-path ./draft --speculative-num-draft-tokens {k1} "$@"
-"""
 
-SGLANG_DSPARK_SH = """\
-#!/usr/bin/env bash
-# SGLang with this DSpark draft (pip install "sglang[all]" from a release whose sglang/srt/models/dspark.py exists;
-# DSPARK runs on CUDA or NPU). It drafts gamma = the draft's block_size tokens a step and verifies gamma + 1.
-# Mask token, target layers and block size: draft/config.json's dflash_config; markov_rank, markov_head_type and
-# architectures (Qwen3DSparkModel): its top level; the head's weights: markov_head.*.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang.srt.models.dspark') is None)" ||
-  {{ echo "this sglang has no DSpark draft model (sglang/srt/models/dspark.py): install a newer sglang" >&2; exit 1; }}
-exec python -m sglang.launch_server --model-path ./target --tp {tp} \\
-  --speculative-algorithm DSPARK --speculative-draft-model-path ./draft --speculative-num-draft-tokens {k1} "$@"
-"""
 
 SPECULATORS_SH = """\
 #!/usr/bin/env bash
@@ -282,10 +241,16 @@ def _script(path: Path, text: str) -> Path:
     return path
 
 
-VLLM_METHODS = {"DFlash": "dflash", "DSpark": "dspark"}  # LLM-API decoding_type -> vLLM's speculative method
-BLOCK_DRAFTING = ("DFlash", "DSpark")  # decoding types of a block drafter: the bundle's draft, or suffix drafting alone
-VLLM_DSPARK_NOTE = ("# DSpark: vLLM runs method dspark in its V2 model runner only, which needs Triton and a GPU; its CPU build\n"
-                    "# refuses it ('Model Runner V1 does not support: dspark speculative decoding').\n")
+def served_family(spec: dict) -> Any:
+    """The draft family a bundle's LLM-API speculative_config serves (DraftFamily.vllm_methods' keys)."""
+    from trtspec.drafting import FAMILIES, family
+
+    kind = spec.get("decoding_type")
+    for method in FAMILIES:
+        if kind in (fam := family(method)).vllm_methods:
+            return fam
+    raise ArtifactError(f"the bundle's speculative_config serves decoding_type {kind}, which no draft family of trtspec "
+                        "serves", "export the bundle again with this trtspec")
 
 
 def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
@@ -294,7 +259,7 @@ def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
     spec = options["speculative_config"]
     if spec.get("decoding_type") == "SA":
         return {"method": "suffix", "num_speculative_tokens": spec["max_draft_len"]}
-    method = VLLM_METHODS.get(spec.get("decoding_type"), "eagle3")
+    method = served_family(spec).vllm_methods[spec["decoding_type"]]
     vllm = {"method": method, "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
     return with_schedule_vllm(vllm, spec["draft_len_schedule"]) if spec.get("draft_len_schedule") else vllm
 
@@ -308,13 +273,12 @@ def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[s
     k, tp = spec["max_draft_len"], options.get("tensor_parallel_size", 1)
     aux = spec.get("eagle3_layers_to_capture")
     kwargs = json.dumps({**({"eagle_aux_hidden_state_layer_ids": vllm_aux_ids(aux)} if aux else {}), **(variant or {})})
+    fam, kind = served_family(spec), spec["decoding_type"]
     vllm_sh = VLLM_SH.format(tp=tp, dtype=dtype, spec=json.dumps(vllm_speculative_config(options)), checked=ENGINES_CHECKED["vLLM"])
-    if spec.get("decoding_type") == "DSpark":
-        vllm_sh = vllm_sh.replace("set -euo pipefail", VLLM_DSPARK_NOTE + "set -euo pipefail", 1)
-    sglang = {"DFlash": SGLANG_DFLASH_SH, "DSpark": SGLANG_DSPARK_SH}.get(spec.get("decoding_type"), SGLANG_SH)
+    vllm_sh = vllm_sh.replace("set -euo pipefail", fam.vllm_note(kind) + "set -euo pipefail", 1)
     scripts = {
         "vLLM": ("vllm.sh", vllm_sh),
-        "SGLang": ("sglang.sh", sglang.format(tp=tp, k=k, k1=k + 1, sglang_min=SGLANG_MIN)),
+        "SGLang": ("sglang.sh", fam.sglang_script(kind, tp, k)),
         "speculators": ("speculators.sh", SPECULATORS_SH.format(kwargs=kwargs, checked=ENGINES_CHECKED["speculators"])),
     }
     return [_script(folder / name, text) for engine, (name, text) in scripts.items() if engine not in skip]
@@ -361,18 +325,16 @@ def drafting_options(options: dict, method: str, suffix_len: int | None = None) 
     """The bundle's LLM-API options serving one drafting method: the EAGLE-3 head alone, suffix-automaton drafting
     alone (SADecodingConfig), or a suffix match in front of the head (EAGLE-3 with sa_config)."""
     spec = dict(options["speculative_config"])
-    if spec.get("decoding_type") in BLOCK_DRAFTING and method in ("dflash", "suffix"):  # the bundle's block draft, or SA alone
-        return options if method == "dflash" else {**options, "speculative_config": speculative_options_sa(suffix_len or spec["max_draft_len"])}
-    if spec.get("decoding_type") != "Eagle3":
-        raise ArtifactError(f"the bundle serves {spec.get('decoding_type')} drafting; --drafting {method} needs an "
-                            "EAGLE-3 bundle", "leave --drafting at auto")
-    if method == "eagle3":
-        spec.pop("sa_config", None)
-    elif method == "eagle3_suffix" and "sa_config" not in spec:
+    if method == "suffix":  # suffix-automaton drafting alone serves with any bundle
+        return {**options, "speculative_config": speculative_options_sa(suffix_len or spec["max_draft_len"])}
+    if method not in (serves := served_family(spec).drafting):
+        raise ArtifactError(f"the bundle serves {spec.get('decoding_type')} drafting; --drafting {method} needs another "
+                            f"bundle (this one serves {', '.join((*serves, 'suffix'))})", "leave --drafting at auto")
+    if method == "eagle3_suffix" and "sa_config" not in spec:
         raise ArtifactError("the bundle was exported without suffix drafting in front of the head",
                             "set draft.suffix_len > 0 and re-run export and validate")
-    elif method == "suffix":
-        spec = speculative_options_sa(suffix_len or spec["max_draft_len"])
+    if method == "eagle3":
+        spec.pop("sa_config", None)
     return {**options, "speculative_config": spec}
 
 

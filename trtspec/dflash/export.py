@@ -44,10 +44,3 @@ def export_dflash_draft(base: Any, train_dir: Path, out: Path, dtype: Any, targe
     name = head.draft_name(info["projector"], info.get("markov_head"), info.get("markov_rank"))
     return ExportedDraft(info, f"{name} draft ({info['draft_dtype']}, block {info['block_size']})")
 
-
-def trtllm_spec(cfg: Any, draft_rel: str, aux_layers: list[int] | None = None) -> dict[str, Any]:
-    """TensorRT-LLM's DFlashDecodingConfig, or DSparkDecodingConfig for dflash.projector dspark: their other fields
-    are left unset, so TensorRT-LLM reads the mask token and target layers (DSpark: also block_size, markov_rank,
-    markov_head_type) from the draft's config.json."""
-    kind = "DSpark" if cfg.dflash.projector == "dspark" else "DFlash"
-    return {"decoding_type": kind, "max_draft_len": cfg.draft.length, "speculative_model": draft_rel}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtspec.dflash import export, head, readme
+from trtspec.dflash import export, head, readme, serving
 from trtspec.dflash.convert import check_build_config, check_convert_config, convert_drafter
 from trtspec.drafting import DraftFamily
 
@@ -21,6 +21,9 @@ class DFlashFamily(DraftFamily):
     module_attr = "dflash_module"
     no_launcher = frozenset({"speculators"})  # speculators converts EAGLE-3 heads only
 
+    vllm_methods = serving.VLLM_METHODS
+    drafting = ("dflash",)
+
     check_config = staticmethod(check_build_config)
     check_convert = staticmethod(check_convert_config)
     convert = staticmethod(convert_drafter)
@@ -29,7 +32,9 @@ class DFlashFamily(DraftFamily):
     load_head = staticmethod(head.load_head)
     train_forward = staticmethod(head.train_forward)
     export_draft = staticmethod(export.export_dflash_draft)
-    trtllm_spec = staticmethod(export.trtllm_spec)
+    trtllm_spec = staticmethod(serving.trtllm_spec)
+    sglang_script = staticmethod(serving.sglang_script)
+    vllm_note = staticmethod(serving.vllm_note)
     write_readme = staticmethod(readme.write_dflash_readme)
 
     def state_layers(self, cfg: dict) -> list[int]:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.drafting import DraftFamily
-from trtspec.eagle import export, head, onnx_export, readme, train_step
+from trtspec.eagle import export, head, onnx_export, readme, serving, train_step
 from trtspec.eagle.convert import check_build_config, check_convert_config, convert_head
 
 
@@ -22,6 +22,9 @@ class Eagle3Family(DraftFamily):
     length_key = "eagle_ttt_steps"
     exports_onnx = True
 
+    vllm_methods = serving.VLLM_METHODS
+    drafting = ("eagle3", "eagle3_suffix")
+
     check_config = staticmethod(check_build_config)
     check_convert = staticmethod(check_convert_config)
     convert = staticmethod(convert_head)
@@ -34,7 +37,8 @@ class Eagle3Family(DraftFamily):
     export_draft = staticmethod(export.export_eagle3_draft)
     export_onnx = staticmethod(onnx_export.export_onnx)
     format_onnx_check = staticmethod(onnx_export.format_onnx_check)
-    trtllm_spec = staticmethod(export.trtllm_spec)
+    trtllm_spec = staticmethod(serving.trtllm_spec)
+    sglang_script = staticmethod(serving.sglang_script)
     write_readme = staticmethod(readme.write_eagle3_readme)
 
     def state_layers(self, cfg: dict) -> list[int]:
