@@ -140,6 +140,12 @@ def test_suffix_drafting_options(tmp_path, fake_trtllm):  # noqa: F811
     assert sa["speculative_config"] == {"decoding_type": "SA", "max_draft_len": 8, "max_matching_ngram_size": -1}
     assert type(trtllm.llm_kwargs(sa, bundle / "target", bundle)["speculative_config"]).__name__ == "SADecodingConfig"
     assert vllm_speculative_config(sa) == {"method": "suffix", "num_speculative_tokens": 8}
+    from trtspec.deploy.serving import drafting_options
+
+    eagle = llm_api_options(cfg)
+    assert "sa_config" not in drafting_options(eagle, "eagle3")["speculative_config"]
+    with pytest.raises(ArtifactError, match="serves Eagle3 drafting; --drafting dflash needs another bundle"):
+        drafting_options(eagle, "dflash")  # a DFlash method on an EAGLE-3 bundle is refused, not served as EAGLE-3
     # no suffix automaton in TensorRT-LLM's dynamic-tree path: no sa_config there
     assert "sa_config" not in llm_api_options(make_cfg(tmp_path, draft={"suffix_len": 8, "shape": "dynamic_tree"}))["speculative_config"]
 
