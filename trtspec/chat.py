@@ -200,6 +200,7 @@ USABLE_ROW = {
     "prompt": "one JSON object per line with a non-empty 'prompt' or 'messages', or one prompt per line",
     "conversation": "one JSON object per line with 'messages' (or ShareGPT 'conversations') ending on an assistant turn",
     "document": "one document per line",
+    "report": "an earlier validate's report.json",
 }
 
 

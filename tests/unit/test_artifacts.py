@@ -124,3 +124,33 @@ def test_read_only_run_dir(tmp_path):
             RunDir(d).ensure()
     finally:
         d.chmod(0o700)
+
+
+def test_a_stage_keys_only_on_the_settings_this_config_uses():
+    """train keys on eval.context_source only where eval.context_bins asks for bins: without them a change of the
+    source retrains nothing; with them it does (pipeline.runner.config_reads, the stage's `reads` hook)."""
+    from trtspec.config import config_from_dict
+    from trtspec.pipeline.runner import work_key
+
+    def key(**ev):
+        cfg = config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "eval": ev})
+        return work_key(cfg, "train", {"data": "d", "convert": "c"})
+
+    assert key() == key(context_source="documents")
+    assert key(context_bins=[64]) != key(context_bins=[64], context_source="documents")
+    assert key() != key(context_bins=[64])
+    assert work_key(config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "eval": {"context_source": "documents"}}),
+                    "validate", {}) != work_key(config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}}), "validate", {})
+
+
+def test_an_edited_baseline_file_redoes_validate(tmp_path):
+    """validate.baseline is hashed into validate's fingerprint as its prompt files are (runner.input_files)."""
+    from trtspec.config import config_from_dict
+    from trtspec.pipeline.runner import input_files
+
+    (tmp_path / "base.json").write_text('{"per_category": {"chat": {"acceptance_length": 2.0}}}')
+    cfg = config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "validate": {"baseline": "base.json"}},
+                           base_dir=tmp_path)
+    before = input_files(cfg, "validate")
+    (tmp_path / "base.json").write_text('{"per_category": {"chat": {"acceptance_length": 2.5}}}')
+    assert list(before) == ["base.json"] and input_files(cfg, "validate") != before

@@ -58,14 +58,20 @@ def upstream_of(stage: str) -> tuple[str, ...]:
 
 
 def hook(stage: str, name: str) -> Callable:
-    """A stage's optional hook (environment_key, files_read, models_read), or what its absence means."""
+    """A stage's optional hook (environment_key, files_read, models_read, reads), or what its absence means."""
     return getattr(contract(stage), name, HOOK_DEFAULTS[name])
+
+
+def config_reads(cfg: BuildConfig, stage: str) -> tuple[str, ...]:
+    """The config keys a stage keys on: its READS, less those its `reads` hook says this config leaves unused."""
+    stage_reads = getattr(contract(stage), "reads", None)
+    return stage_reads(cfg) if stage_reads else contract(stage).READS
 
 
 def _section_values(cfg: BuildConfig, stage: str) -> dict[str, Any]:
     full = dump_config(cfg)
     values: dict[str, Any] = {}
-    for name in contract(stage).READS:
+    for name in config_reads(cfg, stage):
         section, _, key = name.partition(".")
         values[name] = full[section][key] if key else full[section]
     return values

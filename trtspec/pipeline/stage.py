@@ -12,6 +12,8 @@ and, where it has them,
     files_read(cfg) -> [InputFile]          local text files it reads by path: hashed into its fingerprint and read
                                             by the preflight as the stage reads them (default: none)
     models_read(cfg) -> [(key, source)]     models besides model.source it loads, checked early (default: none)
+    reads(cfg) -> tuple[str, ...]           READS less the keys this config leaves unused, so that changing one
+                                            of those redoes nothing (default: READS)
 Stages import this module and the library, never the runner or another stage.
 """
 

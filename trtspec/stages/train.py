@@ -44,6 +44,7 @@ READS = ("train", "draft.method", "draft.length", "dflash", "eval.acceptance_pro
          "eval.context_prompts", "eval.context_source", "eval.context_documents", "seed")
 ALL_RANKS = True  # every process of a multi-process launch trains
 
+CONTEXT_KEYS = ("eval.context_prompts", "eval.context_source", "eval.context_documents")  # used with eval.context_bins only
 EVAL_BATCH = 64  # held-out prompts answered at once by the unquantized target (the train stage's evaluation)
 
 
@@ -57,6 +58,12 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     for b in sorted(cfg.eval.context_bins or []):
         check_fits_window(f"eval.context_bins {b}", b, "data.max_new_tokens", cfg.data.max_new_tokens,
                           text_config(model_config).max_position_embeddings)
+
+
+def reads(cfg: BuildConfig) -> tuple[str, ...]:
+    """READS, less eval.context_bins' settings where no bin is asked for: the held-out acceptance by context length
+    is then not measured, and a change of them trains nothing again."""
+    return READS if cfg.eval.context_bins else tuple(r for r in READS if r not in CONTEXT_KEYS)
 
 
 def files_read(cfg: BuildConfig) -> list:

@@ -12,6 +12,7 @@ import json
 import shutil
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
@@ -45,8 +46,8 @@ READS = ("validate", "draft", "eval", "seed")
 
 
 def files_read(cfg: BuildConfig) -> list[InputFile]:
-    """eval.prompts, the jsonl files of eval.suites, read as load_prompt_rows reads them, and
-    eval.context_documents."""
+    """eval.prompts, the jsonl files of eval.suites, read as load_prompt_rows reads them, eval.context_documents
+    and validate.baseline."""
     from functools import partial
 
     from trtspec.suites import context_documents_read, read_suite_file
@@ -61,7 +62,14 @@ def files_read(cfg: BuildConfig) -> list[InputFile]:
             name, what = f"eval.suites[{i}].path", f"eval.suites[{i}] file"
             read = partial(read_suite_file, s=s, what=what, hint=f"check {name} (relative to the YAML)")
             files.append(InputFile(name, what, s.path, cfg.resolve_path(s.path), "prompt", read))
+    if base := cfg.validate_.baseline:  # hashed like the prompts: an edited baseline gates again (preflight reads it)
+        files.append(InputFile("validate.baseline", "validate.baseline", base, cfg.resolve_path(base), "report", read_whole))
     return files + context_documents_read(cfg)
+
+
+def read_whole(path: Path, skips: Counter) -> list[str]:
+    """A file as one row (validate.baseline: its JSON is judged by read_baseline in the preflight)."""
+    return [path.read_text(encoding="utf-8", errors="replace")]
 
 
 def prompt_sources(cfg: BuildConfig, trained: set[str] | None = None) -> list[tuple[str, str, list[dict]]]:
