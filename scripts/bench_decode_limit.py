@@ -1,5 +1,5 @@
 """Where a compiled decode step's time goes, against the memory-bandwidth limit, in paired samples: each round measures
-the machine's bandwidth (streaming read and a large matrix-vector product, runtime/kernels.memory_bandwidth), the
+the machine's bandwidth (streaming read and a large matrix-vector product, measure.memory_bandwidth), the
 target's weight products called alone (every Linear once, with the kernels chosen at load), and greedy decode steps,
 back to back, so each round's fraction of the limit uses the bandwidth of that moment (a shared host's moves by tens
 of percent within minutes).
@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 
 from trtspec.bench import arg_parser
+from trtspec.measure import memory_bandwidth
 from trtspec.runtime import compile_steps, generate, load_transformer
-from trtspec.runtime.kernels import Linear, few_rows_linear, memory_bandwidth
+from trtspec.runtime.kernels import Linear, few_rows_linear
 
 
 def decode_ms(target, prompt: torch.Tensor, n: int) -> float:

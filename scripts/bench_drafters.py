@@ -63,11 +63,10 @@ def main() -> None:
     import torch
 
     from trtspec.bench import open_bundle
-    from trtspec.runtime import DraftSpec, Stats, compile_steps, generate, speculative_decode
-    from trtspec.runtime.decode import warm_up_row_counts
+    from trtspec.measure import median_speeds, time_methods, warm_up
+    from trtspec.runtime import DraftSpec, Stats, generate, speculative_decode
     from trtspec.runtime.families import load_drafter
     from trtspec.runtime.kernels import cpu_description
-    from trtspec.validation import median_speeds, time_methods
 
     bundle = open_bundle(a.runs[0])
     tok, eos, new = bundle.tok, bundle.eos, a.max_new_tokens
@@ -98,16 +97,12 @@ def main() -> None:
     compile_note = "off (--no-compile)"
     if not a.no_compile:
         first = next(iter(sets.values()))[0]
-
-        def warm_up() -> None:  # every row count each draft's passes meet (one graph per count), then every method
-            for drafter, layers, kk in drafts.values():
-                target.aux_layers = layers
-                for k in kk:
-                    warm_up_row_counts(target, drafter, DraftSpec(k=k))
-            for m in methods.values():
-                m(first)
-
-        compile_s, compile_note = compile_steps([target, *(d.net for d, _, _ in drafts.values())], warm_up)
+        layers_of = {id(drafter): layers for drafter, layers, _ in drafts.values()}
+        # every row count each draft's passes meet (one graph per count), each draft reading its own target layers,
+        # then every method
+        compile_s, compile_note = warm_up(target, [(d, DraftSpec(k=k)) for d, _, kk in drafts.values() for k in kk],
+                                          lambda: [m(first) for m in methods.values()],
+                                          before_draft=lambda d: setattr(target, "aux_layers", layers_of[id(d)]))
         compile_note += f" ({compile_s:.0f} s)"
     machine = cpu_description()
     if not a.json:

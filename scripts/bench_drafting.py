@@ -59,9 +59,8 @@ def main() -> None:
     import torch
 
     from trtspec.bench import open_bundle
-    from trtspec.generation import interleaved
-    from trtspec.runtime import DraftSpec, Stats, compile_steps, generate, speculative_decode
-    from trtspec.runtime.decode import warm_up_row_counts
+    from trtspec.measure import interleaved, warm_up
+    from trtspec.runtime import DraftSpec, Stats, generate, speculative_decode
     from trtspec.runtime.kernels import cpu_description
     from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
 
@@ -78,8 +77,8 @@ def main() -> None:
     machine = cpu_description()
     compile_s, compile_note = 0.0, "off (--no-compile)"
     if not a.no_compile:  # warm up every row count a draft can verify, then every method on every set
-        compile_s, compile_note = compile_steps([target, eagle.net], lambda: (warm_up_row_counts(target, eagle, spec),
-                                                [methods[m](ps[0]) for ps in sets.values() for m in methods]))
+        compile_s, compile_note = warm_up(target, [(eagle, spec)],
+                                          lambda: [methods[m](ps[0]) for ps in sets.values() for m in methods])
     if not a.json:
         print(f"machine: {machine['model']}, {machine['cores']} cores, {machine['torch_threads']} threads; runtime: {compile_note} ({compile_s:.0f} s)")
         print(f"k={a.k}, suffix chains up to {a.suffix_len}, combined: suffix when its match is >= {a.min_match} tokens; "

@@ -39,11 +39,10 @@ def main() -> None:
 
     from trtspec.bench import load_prompts, model_source, open_bundle
     from trtspec.generation import hf_answer
+    from trtspec.measure import speed_limits, step_cost_by_bytes, time_methods, warm_up
     from trtspec.models import load_model
-    from trtspec.runtime import DraftSpec, Stats, compile_steps, generate, speculative_decode
-    from trtspec.runtime.decode import warm_up_row_counts
-    from trtspec.runtime.kernels import cpu_description, row_labels, speed_limits, step_cost_by_bytes
-    from trtspec.validation import time_methods
+    from trtspec.runtime import DraftSpec, Stats, generate, speculative_decode
+    from trtspec.runtime.kernels import cpu_description, row_labels
 
     run, bundle = a.run_dir, open_bundle(a.run_dir)
     source = model_source(run)
@@ -61,9 +60,8 @@ def main() -> None:
     compile_s, compile_note = 0.0, "off (--no-compile)"
     if not a.no_compile:  # warm up on what will be timed: plain decoding and every k's drafts (each k verifies and
         first = torch.tensor(prompts[0])  # drafts its own row counts: graphs of their own, compiled before timing)
-        compile_s, compile_note = compile_steps([target, drafter.net], lambda: (
-            [warm_up_row_counts(target, drafter, s) for s in specs.values()], generate(target, first, new, eos),
-            [speculative_decode(target, drafter, first, new, s, eos) for s in specs.values()]))
+        compile_s, compile_note = warm_up(target, [(drafter, s) for s in specs.values()], lambda: (
+            generate(target, first, new, eos), [speculative_decode(target, drafter, first, new, s, eos) for s in specs.values()]))
     if not a.json:
         print(f"runtime: {compile_note} ({compile_s:.0f} s)", flush=True)
 

@@ -10,7 +10,7 @@ with a timer and decodes the run's held-out prompts with and without the draft (
 compiles them), each prompt's decode run and speculative run back to back. Per decode step it prints the time inside
 the target's passes, inside the draft's (by new rows per pass) and outside both (Python: trees, masks, verification,
 cache bookkeeping), and the speculative step in plain decode steps (the median over prompts and rounds of each
-speculative run against the decode run beside it) with its cost by bytes (kernels.step_cost_by_bytes). `--specs` times several draft shapes (shape:depth[:topk:total]),
+speculative run against the decode run beside it) with its cost by bytes (measure.step_cost_by_bytes). `--specs` times several draft shapes (shape:depth[:topk:total]),
 interleaved with each other and with the decode runs beside them, and adds a summary table: which shape pays most.
 
 With `--guards-too` the compiled passes are also timed with torch.compiler.set_stance(skip_guard_eval_unsafe=True),
@@ -77,8 +77,9 @@ def main() -> None:
     import torch
 
     from trtspec.bench import load_prompts, open_bundle, runtime_settings
+    from trtspec.measure import step_cost_by_bytes
     from trtspec.runtime import compile_steps, generate, speculative_decode
-    from trtspec.runtime.kernels import cpu_description, row_labels, step_cost_by_bytes, weight_mb
+    from trtspec.runtime.kernels import cpu_description, row_labels, weight_mb
 
     settings = runtime_settings(a)
     bundle = open_bundle(a.run_dir)

@@ -1,13 +1,14 @@
-"""HF generation as the reference every method is held to, and the measuring around it: greedy agreement, batches,
-interleaved timing. One implementation of each, shared by the stages, the engines and the scripts."""
+"""HF generation as the reference every method is held to, and greedy agreement with it. One implementation of each,
+shared by the stages, the engines and the scripts (the timing around them: trtspec.measure)."""
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from trtspec.measure import tokens_per_s
 
 
 def eos_ids(folder: Path, tok: Any) -> set[int]:
@@ -86,59 +87,3 @@ def compare(got: list[list[int]], want: list[list[int]]) -> dict:
     prefix = [common_prefix(g, w) / max(len(w), 1) for g, w in zip(got, want, strict=True)]
     return {"exact": exact, "total": len(want), "exact_fraction": round(exact / max(len(want), 1), 4),
             "mean_common_prefix": round(sum(prefix) / max(len(prefix), 1), 4)}
-
-
-def chunks(items: list, size: int) -> list[list]:
-    """Consecutive batches of `size`, cycling the items so there is at least one full batch."""
-    items = (items * (size // len(items) + 1))[: max(size, len(items))]
-    return [items[i : i + size] for i in range(0, len(items), size)]
-
-
-def tokens_per_s(generate: Callable[[list[list[int]]], list[list[int]]], prompts: list[list[int]], batch_size: int) -> float:
-    """Generated tokens per second with `batch_size` requests submitted together (the engine batches them)."""
-    n, t0 = 0, time.perf_counter()
-    for batch in chunks(prompts, batch_size):
-        n += sum(map(len, generate(batch)))
-    return n / (time.perf_counter() - t0)
-
-
-def interleaved(methods: dict[str, Callable[[list[int]], Any]], prompts: list[list[int]], repeats: int = 1,
-                on_run: Callable[[int, int, str], None] | None = None) -> dict[str, dict]:
-    """Every prompt through every method in turn, `repeats` times, so machine noise hits all methods alike.
-
-    A method returns a token list or an object with `.tokens` (and `.prefill_s`: the runtime's generations).
-    -> {method: {"tokens_per_s": [one per repetition], "outputs": [the first repetition's outputs], "run_seconds":
-    [each run's wall time, in the order they ran]}}, and for methods that time their prefill, "decode_tokens_per_s":
-    the tokens after the first over the time after the prefill, per repetition, and "decode_runs": the same per run,
-    in the order they ran (None for a run that stopped at its first token).
-    `on_run(repetition, prompt index, method)` after each run."""
-    seconds = {m: [0.0] * repeats for m in methods}
-    prefill = {m: [0.0] * repeats for m in methods}
-    tokens = {m: [0] * repeats for m in methods}
-    runs: dict[str, list[float | None]] = {m: [] for m in methods}
-    run_seconds: dict[str, list[float]] = {m: [] for m in methods}
-    outputs: dict[str, list] = {m: [] for m in methods}
-    for rep in range(repeats):
-        for i, p in enumerate(prompts):
-            for m, fn in methods.items():
-                t0 = time.perf_counter()
-                out = fn(p)
-                s = time.perf_counter() - t0
-                n, f = len(out if isinstance(out, list) else out.tokens), getattr(out, "prefill_s", 0.0)
-                seconds[m][rep] += s
-                tokens[m][rep] += n
-                prefill[m][rep] += f
-                runs[m].append((n - 1) / (s - f) if f and n > 1 else None)
-                run_seconds[m].append(round(s, 3))
-                if rep == 0:
-                    outputs[m].append(out)
-                if on_run:
-                    on_run(rep, i, m)
-    timed = {m: {"tokens_per_s": [t / s for t, s in zip(tokens[m], seconds[m], strict=True)], "outputs": outputs[m],
-                 "run_seconds": run_seconds[m]} for m in methods}
-    for m in methods:
-        if all(prefill[m]):
-            timed[m]["decode_tokens_per_s"] = [(t - len(prompts)) / (s - f) for t, s, f in
-                                               zip(tokens[m], seconds[m], prefill[m], strict=True)]
-            timed[m]["decode_runs"] = runs[m]
-    return timed

@@ -1,16 +1,15 @@
 """The checks validate runs on a bundle, each a function of what the runtime and HF produced: the reference a
-quantized target is held to, the greedy match, acceptance statistics, the speeds and what limits them, the
-sampling check at temperature > 0, and the gates."""
+quantized target is held to, the greedy match, acceptance statistics, the speeds per category, the sampling check
+at temperature > 0, and the gates (how the methods are timed and what limits their speed: trtspec.measure)."""
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtspec.errors import DataError, ModelError
-from trtspec.generation import first_divergence, hf_answer, interleaved
+from trtspec.generation import first_divergence, hf_answer
 
 if TYPE_CHECKING:
     from trtspec.config import BuildConfig
@@ -79,42 +78,6 @@ def hf_assisted_methods(cfg: BuildConfig, hf: Any, source: Path, eos: set[int]) 
         methods["hf_assisted"] = lambda p: hf_answer(hf, p, n_new, eos, assistant_early_exit=exit_layer)
         notes["hf_assisted"] = f"HF assisted generation, assistant_early_exit={exit_layer} (validate.assistant_model not set)"
     return methods, {}, notes
-
-
-def time_methods(methods: dict[str, Any], prompts: list[list[int]], repeats: int, kernels: dict) -> tuple[dict, dict | None]:
-    """Interleaved repetitions: every prompt runs every method in turn, so machine noise hits all of them alike.
-
-    For the decode limit the memory bandwidth is sampled among the runs: right before and right after every run of
-    the runtime without a draft (each such run is then measured against the bandwidth of its own moment: a shared
-    host's moves by tens of percent within a minute), and after each prompt's round.
-    -> (interleaved's result, the bandwidth during the runs with "no_draft_runs_gb_per_s": the mean of the samples
-    around each no-draft run, in run order; None off a float32 CPU model)."""
-    import torch
-    from tqdm import tqdm
-
-    from trtspec.runtime.kernels import bandwidth_during, memory_bandwidth
-
-    on_cpu = "weight_mb" in kernels
-    sample = lambda: memory_bandwidth(kernels["one_row"], repeats=3)  # noqa: E731
-    order = list(methods)
-    before_no_draft = order[order.index("runtime_no_draft") - 1]  # the method that runs just before it (cyclically)
-    samples = [sample()] if on_cpu else []
-    around: list[float] = []
-    bar = tqdm(total=repeats * len(prompts) * len(methods), desc="timed generations", unit="run")
-
-    def after_run(rep: int, i: int, m: str) -> None:
-        bar.set_postfix_str(f"rep {rep + 1}, prompt {i + 1}, {m}")
-        bar.update()
-        if on_cpu and m in (before_no_draft, "runtime_no_draft", order[-1]):
-            last = samples[-1]
-            samples.append(sample())
-            if m == "runtime_no_draft":
-                around.append((last["gb_per_s"] + samples[-1]["gb_per_s"]) / 2)
-
-    with torch.inference_mode():
-        timed = interleaved(methods, prompts, repeats, after_run)
-    bar.close()
-    return timed, {**bandwidth_during(samples), "no_draft_runs_gb_per_s": [round(b, 2) for b in around]} if on_cpu else None
 
 
 def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temperature: float, eos: set[int], n: int, seed: int,
@@ -227,11 +190,6 @@ def check_gates(v: Any, report: dict, baseline: dict[str, float] | None = None) 
     return gates
 
 
-def median_speeds(timed: dict, key: str = "tokens_per_s") -> dict[str, float]:
-    """{method: median over the repetitions of `key`} for the methods that measured it."""
-    return {m: round(statistics.median(t[key]), 2) for m, t in timed.items() if key in t}
-
-
 def greedy_match(rows: list[dict], outputs: dict[str, list], reference: list[list[int]]) -> dict:
     """How many speculative (and no-draft) greedy outputs equal the reference, and where the others first differ."""
     spec = [g.tokens for g in outputs["speculative"]]
@@ -326,37 +284,6 @@ def context_curve(target: Any, drafter: Any, prompts: list[dict], fill: list, to
             log(f"context {b}: {r['context_tokens']} tokens, AL {r['acceptance_length']:.2f} ({r['ci95'][0]:.2f}-"
                 f"{r['ci95'][1]:.2f}), identical {r['exact']}/{r['prompts']}, {r['vs_shortest']:.2f}x the shortest bin's")
     return rows
-
-
-def speed_summary(tps: dict[str, float], al: float, kernels: dict, bandwidth: dict | None,
-                  decode_tps: dict[str, float] | None = None, decode_runs: list | None = None,
-                  step_cost_ideal: float | None = None, step_cost_products: float | None = None) -> dict:
-    """Speedups against HF generate and against the runtime without a draft, and what limits them
-    (`decode_tps`: each runtime method's decode steps alone, without the prompts' prefill; `decode_runs`: the
-    no-draft runtime's per run, each held against the bandwidth sampled around it: kernels.speed_limits)."""
-    from trtspec.runtime.kernels import speed_limits
-
-    decode_tps = decode_tps or {}
-    out = {
-        "speedup_vs_hf": round(tps["speculative"] / tps["hf_generate"], 3),
-        "runtime_no_draft_vs_hf": round(tps["runtime_no_draft"] / tps["hf_generate"], 3),
-        "speculative_vs_no_draft": round(tps["speculative"] / tps["runtime_no_draft"], 3),
-    }
-    out["speedup_over_al"] = round(out["speedup_vs_hf"] / al, 3)
-    # what one speculative step (k draft passes + one verify pass over k+1 tokens) costs, in plain decode steps,
-    # from the decode steps alone (each answer's prefill is the same pass with or without a draft, not a step):
-    # speculative decode tokens/s = AL / step time, decode tokens/s = 1 / decode step, so
-    # step cost = AL x decode tokens/s / speculative decode tokens/s, and speculation pays only while AL > step cost
-    if {"runtime_no_draft", "speculative"} <= set(decode_tps):
-        out["step_cost_vs_decode"] = round(al * decode_tps["runtime_no_draft"] / decode_tps["speculative"], 3)
-    else:  # no prefill timings: the whole answers' speeds
-        out["step_cost_vs_decode"] = round(al / out["speculative_vs_no_draft"], 3)
-    out["limits"] = None if bandwidth is None else {
-        "bandwidth": bandwidth,
-        **speed_limits(kernels, bandwidth, tps["runtime_no_draft"], al, out["step_cost_vs_decode"],
-                       decode_tps.get("runtime_no_draft"), decode_runs, step_cost_ideal, step_cost_products),
-    }
-    return out
 
 
 def drafting_summary(outputs: dict[str, list], reference: list[list[int]], tps: dict[str, float], methods: list[str],

@@ -119,7 +119,8 @@ def test_validate_writes_report(tmp_path, run_inputs):
     assert lim["decode_step_ms"] == pytest.approx(1e3 / lim["decode_tokens_per_s"], rel=0.01, abs=0.001)  # rounded to 1 us
     assert r["machine"]["cores"] >= 1
     # the step by the products' timing: the verify pass over its rows (a tree: more than FEW_ROWS) at the kernels' cost
-    from trtspec.runtime.kernels import FEW_ROWS, products_cost
+    from trtspec.measure import products_cost
+    from trtspec.runtime.kernels import FEW_ROWS
 
     assert r["verify_rows"] > FEW_ROWS
     verify = products_cost(r["kernels"]["target"], r["verify_rows"])

@@ -63,6 +63,18 @@ def test_shared_code_imports_no_draft_family_and_no_family_another():
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
+def test_the_runtime_does_not_import_the_measurement_harness():
+    """trtspec.measure times the runtime and reads its kernels' load-time choice, so the runtime never imports it
+    (runtime/kernels.py keeps `weight_mb`, which its choice reports, for that); the stages and the scripts warm the
+    runtime up through measure.warm_up, not by hand, so that every timed number is measured one way."""
+    for path in sorted((ROOT / "trtspec" / "runtime").rglob("*.py")):
+        bad = {m for m in imported_modules(path) if m == "trtspec.measure" or m.startswith("trtspec.measure.")}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+    for path in [*sorted((ROOT / "trtspec" / "stages").glob("*.py")), *sorted((ROOT / "scripts").glob("*.py"))]:
+        assert "trtspec.runtime.decode.warm_up_row_counts" not in imported_modules(path), (
+            f"{path.relative_to(ROOT)} warms the runtime up by hand: use trtspec.measure.warm_up")
+
+
 def test_no_script_imports_another():
     """What the scripts share lives in the library (trtspec.bench), not in each other reached through sys.path;
     code a script runs in a child process (a string) counts too."""

@@ -315,7 +315,8 @@ def test_compact_cache_moves_the_accepted_path_natively_as_in_torch():
 def test_products_cost_reads_the_timing_of_the_kernels_chosen():
     """A verify pass's products over n rows against one row's, from the load-time timing: the chosen kernel's time at
     n rows up to FEW_ROWS, then the line through the 9-64 bucket's kernel at FEW_ROWS and TREE_ROWS rows."""
-    from trtspec.runtime.kernels import TREE_ROWS, products_cost
+    from trtspec.measure import products_cost
+    from trtspec.runtime.kernels import TREE_ROWS
 
     ms = {f"{r}_rows": {"a": 10.0 + r, "b": 20.0 + 2 * r} for r in TIMED_ROWS}
     choice = {"by_rows": ["a"] * FEW_ROWS + ["b"], "ms_per_pass": ms}
@@ -476,14 +477,14 @@ def test_compiled_passes_hold_a_graph_for_every_row_count(target_dir, monkeypatc
 @pytest.mark.parametrize(("family", "shape"), [("eagle3", "chain"), ("dflash", "chain"), ("eagle3", "dynamic_tree")])
 def test_generations_after_the_warm_up_compile_nothing(eagle_export, target_dir, prompts, family, shape, monkeypatch,
                                                        tmp_path):
-    """validate compiles every pass for every row count before timing (warm_up_row_counts); a generation after it
+    """validate compiles every pass for every row count before timing (measure.warm_up); a generation after it
     must not compile again (a graph takes seconds on a small CPU, which then land inside a timed run). Suffix drafts
     in front of the model drafter, here made to propose 11 steps out of 12, leave the verified rows of those steps
     waiting for the model drafter's next pass: more rows than the warm-up ran. A dynamic tree's draft is one pass
     of its own, its verification up to `total` + 1 rows."""
     from stagekit import export_random_dflash
 
-    from trtspec.runtime.decode import warm_up_row_counts
+    from trtspec.measure import warm_up
     from trtspec.runtime.dflash import load_dflash_drafter
     from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
 
@@ -508,9 +509,9 @@ def test_generations_after_the_warm_up_compile_nothing(eagle_export, target_dir,
     monkeypatch.setattr(model, "draft", counting_draft)
     want = [generate(target, p, NEW, eos={2}).tokens for p in prompts]
     torch._dynamo.reset()
-    # as validate's warm-up: every row count, then a generation without draft
-    warm_up = lambda: (warm_up_row_counts(target, model, spec), generate(target, prompts[0], 4))  # noqa: E731
-    assert compile_steps([target, model.net], warm_up)[1] == COMPILED
+    # validate's warm-up: every row count, then a generation without draft
+    assert warm_up(target, [(model, spec)], lambda: generate(target, prompts[0], 4))[1] == COMPILED
+    assert target.compiled is not None and model.net.compiled is not None
     with torch._dynamo.config.patch(error_on_recompile=True):
         for p, w in zip(prompts, want, strict=True):
             assert speculative_decode(target, drafter, p, NEW, spec, eos={2}).tokens == w

@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from trtspec.generation import tokens_per_s
+from trtspec.measure import tokens_per_s
 
 NAME, SHORT, PACKAGE = "TensorRT-LLM", "trtllm", "tensorrt_llm"  # as reports name it, its columns' suffix, its package
 INSTALL_HINT = "pip install trtspec[trtllm] on a Linux x86_64/aarch64 machine with an NVIDIA GPU"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import MissingDependency
-from trtspec.generation import tokens_per_s
+from trtspec.measure import tokens_per_s
 
 NAME, SHORT, PACKAGE = "vLLM", "vllm", "vllm"  # as reports name it, its columns' suffix, its package
 INSTALL_HINT = "bash scripts/setup.sh --engines vllm (vLLM's CPU build), or pip install vllm on a GPU machine"

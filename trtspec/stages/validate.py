@@ -19,6 +19,14 @@ from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
 from trtspec.deploy.bundle import check_bundle
 from trtspec.errors import ArtifactError, DataError, ValidationFailed
 from trtspec.generation import eos_ids, hf_answer
+from trtspec.measure import (
+    median_speeds,
+    speed_summary,
+    step_cost_by_bytes,
+    step_cost_by_products,
+    time_methods,
+    warm_up,
+)
 from trtspec.pipeline.stage import InputFile, StageContext
 from trtspec.validation import (
     acceptance_summary,
@@ -29,13 +37,10 @@ from trtspec.validation import (
     drafting_summary,
     greedy_match,
     hf_assisted_methods,
-    median_speeds,
     quantized_reference,
     read_baseline,
     sampling_check,
-    speed_summary,
     target_identity,
-    time_methods,
 )
 
 if TYPE_CHECKING:
@@ -240,8 +245,7 @@ def timed_methods(ctx: StageContext, b: Bench, hf: Any) -> tuple[dict[str, Any],
 
 def compile_runtime(ctx: StageContext, b: Bench, methods: dict[str, Any], drafting: list[str]) -> tuple[float, str]:
     """The runtime's steps compiled before timing (the first generations of each kind trigger it): (seconds, note)."""
-    from trtspec.runtime import HFTarget, compile_steps
-    from trtspec.runtime.decode import warm_up_row_counts
+    from trtspec.runtime import HFTarget
 
     if not b.settings.compile:
         return 0.0, "off (validate.compile: false)"
@@ -253,9 +257,8 @@ def compile_runtime(ctx: StageContext, b: Bench, methods: dict[str, Any], drafti
                 "verify passes run as one native call each)")
     else:
         ctx.log("compiling the runtime's decode, verify and draft passes (torch.compile; ~1-2 min on a CPU the first time)")
-    nets = [b.drafter.net] if isinstance(b.target, HFTarget) else [b.target, b.drafter.net]
-    compile_s, compile_note = compile_steps(nets, lambda: (warm_up_row_counts(b.target, b.drafter, b.spec),
-                                                                                [methods[m](b.prompts[0]) for m in ("runtime_no_draft", *drafting)]))
+    compile_s, compile_note = warm_up(b.target, [(b.drafter, b.spec)],
+                                      lambda: [methods[m](b.prompts[0]) for m in ("runtime_no_draft", *drafting)])
     ctx.log(f"{compile_note} ({compile_s:.0f} s)")
     return compile_s, compile_note
 
@@ -306,7 +309,7 @@ def run(ctx: StageContext) -> dict:
     from trtspec.drafting import family
     from trtspec.models import load_model
     from trtspec.report import write_report
-    from trtspec.runtime.kernels import cpu_description, row_labels, step_cost_by_bytes, step_cost_by_products
+    from trtspec.runtime.kernels import cpu_description, row_labels
 
     v, d, n_new = ctx.cfg.validate_, ctx.cfg.draft, ctx.cfg.eval.max_new_tokens
     b = load_bench(ctx)
