@@ -36,3 +36,53 @@ def test_stat_reads_aiperf_exports():
     assert b.stat({"output_token_throughput": {"unit": "tokens/sec", "avg": 12.5}}, "output_token_throughput") == 12.5
     assert b.stat({"records": {"time_to_first_token": {"avg": 3.0}}}, "time_to_first_token") == 3.0
     assert b.stat({}, "inter_token_latency") is None
+
+
+class FakePool:
+    """ServerPool's interface over a table of tokens/s per (label, concurrency), recording what ran in order."""
+
+    speeds: dict = {}
+    calls: list = []
+
+    def __init__(self, bundle, plan, work):
+        self.up: set[str] = set()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        FakePool.calls.append(("exit", sorted(self.up)))
+
+    def start(self, label, spec):
+        self.up.add(label)
+        FakePool.calls.append(("start", label, spec is not None and spec.get("num_speculative_tokens_per_batch_size")))
+
+    def stop(self, label):
+        self.up.remove(label)
+        FakePool.calls.append(("stop", label))
+
+    def measure(self, label, c, aiperf, prompts, tag):
+        assert label in self.up
+        FakePool.calls.append(("measure", label, c))
+        return row(FakePool.speeds[label, c], al=2.0 if label != "k0" else None)
+
+
+def test_the_sweep_interleaves_draft_lengths_then_measures_the_schedule_beside_no_draft_and_the_fastest(monkeypatch, tmp_path):
+    monkeypatch.setattr(sweep, "ServerPool", FakePool)
+    monkeypatch.setattr(sweep, "speculative_configs", lambda bundle, lengths: {
+        k: {"method": "eagle3", "num_speculative_tokens": k} if k else None for k in lengths})
+    FakePool.calls = []
+    FakePool.speeds = {("k0", 1): 10, ("k1", 1): 12, ("k2", 1): 15, ("k0", 16): 100, ("k1", 16): 80, ("k2", 16): 70,
+                       ("schedule", 1): 14, ("schedule", 16): 95}
+    plan = sweep.SweepPlan([1, 16], [0, 1, 2])
+    result = sweep.run_sweep(tmp_path, tmp_path / "p.jsonl", plan, tmp_path / "w", "aiperf", log=lambda m: None)
+    measured = [c[1:] for c in FakePool.calls if c[0] == "measure"]
+    # first every length at 1, then every length at 16; then the schedule beside the fastest and no draft at each
+    assert measured[:6] == [("k0", 1), ("k1", 1), ("k2", 1), ("k0", 16), ("k1", 16), ("k2", 16)]
+    assert measured[6:] == [("schedule", 1), ("k2", 1), ("k0", 1), ("schedule", 16), ("k0", 16)]
+    assert ("stop", "k1") in FakePool.calls  # fastest nowhere: its memory goes to the schedule's server
+    assert result["schedule"] == {1: 2, 4: 0} and FakePool.calls[-1] == ("exit", ["k0", "k2", "schedule"])
+    assert result["compared"] == {1: {"fastest": 15, "no_draft": 10}, 16: {"fastest": 100, "no_draft": 100}}
+    lines = result["table"].splitlines()
+    assert lines[2] == "| 1 | 10.0 | 12.0 | 15.0 | 2 | 14.0 | 0.93x | 1.40x | 2.00 |"
+    assert lines[3] == "| 16 | 100.0 | 80.0 | 70.0 | 0 | 95.0 | 0.95x | 0.95x | 2.00 |"

@@ -2,6 +2,8 @@
 generator aiperf at each concurrency; the draft length per batch size it implies (trtspec.draft_schedule), measured
 against the best fixed length and against no draft.
 
+Every server is up at once and the levels interleave: at each concurrency the draft lengths run one right after the
+other, then the schedule beside no draft and the fastest length, so the ratios compared are measured side by side.
 Greedy answers are the same at every draft length (lossless), so the servers generate the same tokens and output
 tokens/s compare directly. Each level sends max(2 x concurrency, min_requests) requests after a warm-up of
 min(concurrency, 4). Servers bind 127.0.0.1. aiperf lives in a venv of its own (its pins clash with vLLM's):
@@ -169,46 +171,91 @@ def stat(summary: dict, name: str, field: str = "avg") -> float | None:
     return entry.get(field) if isinstance(entry, dict) else None
 
 
-def measure_server(bundle: Path, spec: dict | None, label: str, plan: SweepPlan, aiperf: str, prompts: Path,
-                   work: Path, log: Any = print) -> dict[int, dict]:
-    """One server (spec: its speculative_config, None = no draft) under aiperf at each concurrency."""
-    proc, port = start_vllm(bundle, spec, max(plan.concurrency), work / f"vllm-{label}.log", plan)
-    rows = {}
-    try:
-        for c in plan.concurrency:
-            before = spec_counters(port) if spec else {}
-            summary = run_aiperf(aiperf, port, bundle / "target", prompts, c, max(2 * c, plan.min_requests), plan,
-                                 work / f"aiperf-{label}-c{c}")
-            after = spec_counters(port) if spec else {}
-            drafts = after.get("drafts", 0) - before.get("drafts", 0)
-            rows[c] = {
-                "tokens_per_s": stat(summary, "output_token_throughput"),
-                "ttft_ms": stat(summary, "time_to_first_token"),
-                "itl_ms": stat(summary, "inter_token_latency"),
-                "requests_per_s": stat(summary, "request_throughput"),
-                "acceptance_length": round(1 + (after["accepted"] - before["accepted"]) / drafts, 3) if drafts else None,
-            }
-            log(f"{label} at concurrency {c}: {fmt(rows[c]['tokens_per_s'])} tok/s")
-    finally:
-        stop(proc)
+class ServerPool:
+    """vLLM servers kept up together, one per label, each on its own loopback port; all stopped on exit. An idle
+    server waits on its request queue, so the servers not under load leave the machine to the one that is."""
+
+    def __init__(self, bundle: Path, plan: SweepPlan, work: Path) -> None:
+        self.bundle, self.plan, self.work = bundle, plan, work
+        self.servers: dict[str, tuple[subprocess.Popen, int, bool]] = {}
+
+    def start(self, label: str, spec: dict | None) -> None:
+        proc, port = start_vllm(self.bundle, spec, max(self.plan.concurrency), self.work / f"vllm-{label}.log", self.plan)
+        self.servers[label] = (proc, port, spec is not None)
+
+    def stop(self, label: str) -> None:
+        stop(self.servers.pop(label)[0])
+
+    def __enter__(self) -> ServerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for label in list(self.servers):
+            self.stop(label)
+
+    def measure(self, label: str, c: int, aiperf: str, prompts: Path, tag: str) -> dict:
+        """One aiperf level on server `label` at concurrency c -> its row (tokens/s, TTFT, ITL, requests/s, and the
+        acceptance length vLLM counted during it)."""
+        _, port, drafts = self.servers[label]
+        before = spec_counters(port) if drafts else {}
+        summary = run_aiperf(aiperf, port, self.bundle / "target", prompts, c, max(2 * c, self.plan.min_requests),
+                             self.plan, self.work / f"aiperf-{tag}-c{c}")
+        after = spec_counters(port) if drafts else {}
+        n = after.get("drafts", 0) - before.get("drafts", 0)
+        return {
+            "tokens_per_s": stat(summary, "output_token_throughput"),
+            "ttft_ms": stat(summary, "time_to_first_token"),
+            "itl_ms": stat(summary, "inter_token_latency"),
+            "requests_per_s": stat(summary, "request_throughput"),
+            "acceptance_length": round(1 + (after["accepted"] - before["accepted"]) / n, 3) if n else None,
+        }
+
+
+def measure_interleaved(pool: ServerPool, levels: dict[int, list[str]], aiperf: str, prompts: Path, tag: str = "",
+                        log: Any = print) -> dict[str, dict[int, dict]]:
+    """At each concurrency c, the servers levels[c] one right after the other: a drift of the host's speed over
+    the sweep's minutes then falls between concurrencies, not between the servers compared at one (one server per
+    draft length, each swept over every concurrency in its turn, measured no draft at 117 and 154 tok/s at 32
+    requests in two runs). -> {label: {c: row}}."""
+    rows: dict[str, dict[int, dict]] = {}
+    for c, labels in levels.items():
+        for label in labels:
+            rows.setdefault(label, {})[c] = pool.measure(label, c, aiperf, prompts, f"{tag}{label}")
+            log(f"{label} at concurrency {c}: {fmt(rows[label][c]['tokens_per_s'])} tok/s")
     return rows
 
 
 def run_sweep(bundle: Path, prompts: Path, plan: SweepPlan, work: Path, aiperf: str, log: Any = print) -> dict:
-    """Every draft length at every concurrency, then the schedule they imply (when it is not one fixed length):
-    {rows: {k: {c: row}}, schedule, decided, scheduled: {c: row} | None, table (markdown), crossover}."""
+    """Every draft length at every concurrency, then the schedule they imply (when it is not one fixed length),
+    measured again beside no draft and the fastest fixed length at each concurrency: {rows: {k: {c: row}},
+    schedule, decided, scheduled: {c: row} | None, compared: {c: {no_draft, fastest}} | None, table, crossover}."""
     work.mkdir(parents=True, exist_ok=True)
     specs = speculative_configs(bundle, plan.draft_lengths)
-    rows = {k: measure_server(bundle, specs[k], f"k{k}", plan, aiperf, prompts, work, log) for k in plan.draft_lengths}
-    schedule, decided = schedule_from_sweep({k: {c: r["tokens_per_s"] for c, r in rows[k].items()} for k in rows})
-    scheduled = None
-    if schedule and len(set(schedule.values())) > 1:  # a schedule that is one fixed k was measured above
-        spec = with_schedule_vllm({**specs[max(plan.draft_lengths)], "num_speculative_tokens": schedule[1]}, schedule)
-        scheduled = measure_server(bundle, spec, "schedule", plan, aiperf, prompts, work, log)
-    table, where = sweep_table(rows, scheduled)
+    with ServerPool(bundle, plan, work) as pool:
+        for k in plan.draft_lengths:
+            pool.start(f"k{k}", specs[k])
+        found = measure_interleaved(pool, {c: [f"k{k}" for k in plan.draft_lengths] for c in plan.concurrency},
+                                    aiperf, prompts, log=log)
+        rows = {k: found[f"k{k}"] for k in plan.draft_lengths}
+        tps = {k: {c: r["tokens_per_s"] for c, r in rows[k].items()} for k in rows}
+        schedule, decided = schedule_from_sweep(tps)
+        scheduled = compared = None
+        if schedule and len(set(schedule.values())) > 1:  # a schedule that is one fixed k was measured above
+            best = best_lengths(tps)
+            for k in set(plan.draft_lengths) - {0, *best.values()}:
+                pool.stop(f"k{k}")  # its memory for the schedule's server
+            spec = with_schedule_vllm({**specs[max(plan.draft_lengths)], "num_speculative_tokens": schedule[1]}, schedule)
+            pool.start("schedule", spec)
+            levels = {c: list(dict.fromkeys(["schedule", f"k{best[c]}", *(["k0"] if 0 in rows else [])]))
+                      for c in plan.concurrency if c in best}
+            again = measure_interleaved(pool, levels, aiperf, prompts, tag="again-", log=log)
+            scheduled = again["schedule"]
+            compared = {c: {"fastest": again[f"k{best[c]}"][c]["tokens_per_s"],
+                            "no_draft": again["k0"][c]["tokens_per_s"] if "k0" in again else None} for c in levels}
+    table, where = sweep_table(rows, scheduled, compared)
     return {"kind": "trtspec/serving-sweep", "engine": "vllm", "concurrency": plan.concurrency,
             "draft_lengths": plan.draft_lengths, "max_tokens": plan.max_tokens, "rows": rows, "schedule": schedule,
-            "decided": decided, "scheduled": scheduled, "table": table, "crossover": where}
+            "decided": decided, "scheduled": scheduled, "compared": compared, "table": table, "crossover": where}
 
 
 def fmt(v: float | None, f: str = "{:.1f}") -> str:
@@ -219,9 +266,12 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
-def sweep_table(rows: dict[int, dict[int, dict]], scheduled: dict[int, dict] | None) -> tuple[str, str]:
+def sweep_table(rows: dict[int, dict[int, dict]], scheduled: dict[int, dict] | None,
+                compared: dict[int, dict] | None = None) -> tuple[str, str]:
     """The side-by-side table (markdown: tokens/s at each draft length, the fastest, the schedule against it and
-    against no draft, AL at the longest draft) and where speculation stops paying at the longest draft."""
+    against no draft, AL at the longest draft) and where speculation stops paying at the longest draft. The
+    schedule's ratios are to `compared` ({c: {fastest, no_draft}} tokens/s, measured beside the schedule's server)
+    where given, else to the rows."""
     lengths = sorted(rows)
     levels = sorted({c for r in rows.values() for c in r})
     tps = {k: {c: rows[k][c]["tokens_per_s"] for c in rows[k]} for k in lengths}
@@ -239,8 +289,10 @@ def sweep_table(rows: dict[int, dict[int, dict]], scheduled: dict[int, dict] | N
         line = f"| {c} | " + " | ".join(fmt(tps[k].get(c)) for k in lengths) + f" | {best.get(c, 'n/a')} |"
         if scheduled:
             s = scheduled.get(c, {}).get("tokens_per_s")
-            line += (f" {fmt(s)} | {fmt(ratio(s, tps[best[c]][c]) if c in best else None, '{:.2f}x')} |"
-                     f" {fmt(ratio(s, tps.get(0, {}).get(c)), '{:.2f}x')} |")
+            beside = (compared or {}).get(c) or {"fastest": tps[best[c]][c] if c in best else None,
+                                                 "no_draft": tps.get(0, {}).get(c)}
+            line += (f" {fmt(s)} | {fmt(ratio(s, beside['fastest']), '{:.2f}x')} |"
+                     f" {fmt(ratio(s, beside['no_draft']), '{:.2f}x')} |")
         lines.append(line + f" {fmt(rows[lengths[-1]].get(c, {}).get('acceptance_length'), '{:.2f}')} |")
     where = "; ".join(([f"k={lengths[-1]} pays at concurrency {', '.join(pays)}"] if pays else [])
                       + ([f"costs at {', '.join(costs)}"] if costs else []))
