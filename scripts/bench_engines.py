@@ -3,12 +3,18 @@
 
     python scripts/bench_engines.py runs/demo                          # table on stdout
     python scripts/bench_engines.py runs/demo --prompts 8 --k 3 --concurrency 1,32 --json
+    python scripts/bench_engines.py runs/demo --draft-off --concurrency 4,16,32 --rounds 6
 
 Acceptance: trtspec's runtime (greedy chains of k drafts) and vLLM's own counters (EAGLE-3, k speculative tokens),
 prompt by prompt; AL, per-position rates and their ratio. Greedy outputs: vLLM with the draft against HF generate
 on the original model, against the runtime, and against vLLM without the draft. Speed: vLLM's tokens/s with and
 without the draft at each concurrency (that many requests submitted together), measured one engine after the
 other in this run. Needs vLLM (bash scripts/setup.sh --engines vllm).
+
+--draft-off: what a draft length of 0 in a schedule costs vLLM. Three engines loaded at once in this process: without
+the draft, with it drafting k tokens, and with it drafting 0 from batch size 2 on (num_speculative_tokens_per_batch_size,
+what serve.draft_len_schedule's 0 serves); at each concurrency (2 or more) their batches run in turn, --rounds times,
+and the median tokens/s of each is printed against no draft.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3, help="draft tokens per step")
     ap.add_argument("--concurrency", default="1,32", help="requests submitted together when timing, comma separated")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap.add_argument("--draft-off", action="store_true", help="measure what drafting 0 tokens costs (see above)")
+    ap.add_argument("--rounds", type=int, default=6, help="--draft-off: interleaved rounds at each concurrency")
     a = ap.parse_args()
 
     from trtspec.bench import load_prompts, model_source, open_bundle
@@ -46,6 +54,8 @@ def main() -> None:
     bundle, source = opened.path, model_source(run)
     prompts, eos, new = load_prompts(run, opened.tok, a.prompts, a.split), opened.eos, a.max_new_tokens
     levels = [int(x) for x in a.concurrency.split(",")]
+    if a.draft_off:
+        return draft_off(bundle, prompts, new, a.k, levels, a.rounds, a.json)
 
     print(f"HF generate on {len(prompts)} prompts", file=sys.stderr)
     hf = load_model(source, "float32", "cpu")
@@ -92,6 +102,40 @@ def main() -> None:
     print(f"  {'concurrent':>10}{'with draft':>12}{'without':>10}{'ratio':>8}")
     for c, row in result["vllm_tokens_per_s"].items():
         print(f"  {c:>10}{row['with_draft']:>12.1f}{row['without']:>10.1f}{row['ratio']:>8.2f}")
+
+
+def draft_off(bundle: Path, prompts: list[list[int]], new: int, k: int, levels: list[int], rounds: int, as_json: bool) -> None:
+    """vLLM without the draft, drafting k, and drafting 0 from batch size 2 on, loaded together; each level's batches
+    interleaved over `rounds` -> median tokens/s of each and its ratio to no draft."""
+    import statistics
+
+    from trtspec.deploy import vllm_engine
+
+    if bad := [c for c in levels if c < 2]:
+        sys.exit(f"error: --draft-off measures concurrency 2 or more (batch size 1 drafts k), not {bad[0]}")
+    window = max(map(len, prompts)) + new + k + 8
+    engines = {"no draft": vllm_engine.load(bundle / "target", None, k, window, max(levels)),
+               f"k={k}": vllm_engine.load(bundle / "target", bundle / "draft", k, window, max(levels)),
+               "k=0 (draft loaded)": vllm_engine.load(bundle / "target", bundle / "draft", k, window, max(levels),
+                                                      schedule={1: k, 2: 0})}
+    for llm in engines.values():
+        vllm_engine.generate(llm, prompts[:2], 8)  # warm-up
+    tps: dict[int, dict[str, list[float]]] = {c: {name: [] for name in engines} for c in levels}
+    for c in levels:
+        for r in range(rounds):
+            batch = [prompts[(r * c + i) % len(prompts)] for i in range(c)]
+            for name, llm in engines.items():
+                tps[c][name].append(vllm_engine.timed_batches(llm, batch, new, c)["tokens_per_s"])
+    median = {c: {name: statistics.median(v) for name, v in row.items()} for c, row in tps.items()}
+    result = {str(c): {name: {"tokens_per_s": round(m, 1), "vs_no_draft": round(m / row["no draft"], 3),
+                              "runs": [round(x, 1) for x in tps[c][name]]} for name, m in row.items()} for c, row in median.items()}
+    if as_json:
+        print(json.dumps({"prompts": len(prompts), "max_new_tokens": new, "k": k, "rounds": rounds, "tokens_per_s": result}, indent=2))
+        return
+    print(f"\nvLLM tokens/s, median of {rounds} interleaved rounds ({new} new tokens)")
+    print(f"  {'concurrent':>10}" + "".join(f"{name:>22}" for name in engines))
+    for c, row in result.items():
+        print(f"  {c:>10}" + "".join(f"{r['tokens_per_s']:>13.1f} ({r['vs_no_draft']:.2f}x)" for r in row.values()))
 
 
 if __name__ == "__main__":
