@@ -6,7 +6,7 @@ draft, and tokens/s against it (each prompt decoded without and with the draft b
     python scripts/bench_categories.py runs/demo                        # every held-out prompt, 128 new tokens
     python scripts/bench_categories.py runs/demo --prompts 32 --max-new-tokens 64 --json
 
-The same per-category summary validate writes into report.json (validation.acceptance_summary), on more prompts than
+The same per-category summary validate writes into report.json (checks.acceptance_summary), on more prompts than
 validate times (eval.num_prompts), with the no-draft runtime as the greedy reference instead of HF generate.
 """
 
@@ -34,9 +34,9 @@ def main() -> None:
 
     from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings
     from trtspec.chat import encode_prompt
+    from trtspec.checks import acceptance_summary
     from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
-    from trtspec.runtime.families import draft_family
-    from trtspec.validation import acceptance_summary
+    from trtspec.runtime.draft_loader import draft_family
 
     settings = runtime_settings(a)
     bundle = open_bundle(a.run_dir)

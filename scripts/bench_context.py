@@ -36,9 +36,9 @@ def main() -> None:
 
     from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings
     from trtspec.chat import read_documents, read_rows
-    from trtspec.runtime.families import draft_family
+    from trtspec.checks import context_curve
+    from trtspec.runtime.draft_loader import draft_family
     from trtspec.suites import builtin_documents
-    from trtspec.validation import context_curve
 
     bundle = open_bundle(a.run_dir)
     target, drafter = bundle.runtime(settings=runtime_settings(a))

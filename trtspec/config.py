@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trtspec.drafting import family
 from trtspec.errors import ConfigError
+from trtspec.families import family
 
 STAGES = ("data", "convert", "train", "quantize", "export", "engine", "validate")
 QUANT_FORMATS = ("none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4")
@@ -429,7 +429,7 @@ class BuildConfig(Section):
 
     def _check_draft_method(self) -> None:
         """Options that belong to the other draft method are refused, naming the key, before anything runs: the rules
-        are the family's own (trtspec.drafting.DraftFamily.check_config)."""
+        are the family's own (trtspec.families.DraftFamily.check_config)."""
         family(self.draft.method).check_config(self)
 
     def resolve_model_source(self, source: str) -> str:

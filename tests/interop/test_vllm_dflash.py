@@ -39,7 +39,7 @@ def prompts(dflash_run) -> list[list[int]]:
 def runtime_run(dflash_run: Path, prompts: list[list[int]], k: int):
     """trtspec's runtime with the DFlash draft, chains of k guesses: (outputs, Stats)."""
     from trtspec.runtime import DraftSpec, load_transformer, speculative_on_prompts
-    from trtspec.runtime.families import load_drafter
+    from trtspec.runtime.draft_loader import load_drafter
 
     bundle = dflash_run / "bundle"
     target, _ = load_transformer(bundle / "target")

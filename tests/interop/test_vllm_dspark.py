@@ -134,7 +134,7 @@ def test_the_runtime_serves_the_dspark_bundle_exactly(bundle):
     from trtspec.chat import encode_prompt
     from trtspec.models import load_tokenizer
     from trtspec.runtime import DraftSpec, generate, load_transformer, speculative_on_prompts
-    from trtspec.runtime.families import load_drafter
+    from trtspec.runtime.draft_loader import load_drafter
 
     tok = load_tokenizer(bundle / "target")
     rows = [json.loads(line) for line in (bundle.parent / "data" / "train.jsonl").read_text().splitlines() if line.strip()]

@@ -533,7 +533,7 @@ def test_dspark_trains_with_the_same_stage(dspark_upstream, tiny_model_dir, tmp_
 
 def _dspark_bundle(upstream: dict, model_dir: Path, tmp_path: Path, method: str):
     """train, then export with an unquantized target: (the export stage's context, its metrics)."""
-    from trtspec.quant import QUANT_JSON
+    from trtspec.ptq import QUANT_JSON
     from trtspec.stages import export
 
     ctx = _stage_ctx(tmp_path, model_dir, "train", upstream, method=method)
@@ -549,7 +549,7 @@ def _dspark_bundle(upstream: dict, model_dir: Path, tmp_path: Path, method: str)
 def _runtime_exact(bundle: Path, k: int) -> None:
     """trtspec's runtime loads the exported draft and decodes exactly as the target alone."""
     from trtspec.runtime import DraftSpec, generate, load_transformer, speculative_decode
-    from trtspec.runtime.families import load_drafter
+    from trtspec.runtime.draft_loader import load_drafter
 
     target = load_transformer(bundle / "target")[0]
     drafter = load_drafter(bundle / "draft", target)
@@ -653,9 +653,9 @@ def test_a_vanilla_dspark_bundle_carries_what_tensorrt_llm_and_vllm_read(dspark_
 def test_dflash_train_resumes_and_exports_a_bundle_the_runtime_serves_exactly(dflash_upstream, tiny_model_dir, tmp_path, monkeypatch):
     """Killed at step 3, resumed from checkpoint 2; the export stage writes a DFlash draft every engine's loader
     reads, and trtspec's runtime decodes with it exactly as without it."""
-    from trtspec.quant import QUANT_JSON
+    from trtspec.ptq import QUANT_JSON
     from trtspec.runtime import DraftSpec, generate, load_transformer, speculative_decode
-    from trtspec.runtime.families import load_drafter
+    from trtspec.runtime.draft_loader import load_drafter
     from trtspec.stages import export
 
     ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", dflash_upstream, method="dflash")

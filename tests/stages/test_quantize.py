@@ -7,24 +7,24 @@ import json
 import pytest
 from stagekit import make_data, stage_ctx, tiny_config
 
-from trtspec import quant
+from trtspec import ptq
 from trtspec.errors import ConfigError, MissingDependency
 from trtspec.stages import quantize
 
 
 def test_block_size_picks_largest_that_divides_every_layer():
-    assert quant.pick_block_size({"a": 4096, "b": 14336}, None) == 128
+    assert ptq.pick_block_size({"a": 4096, "b": 14336}, None) == 128
     # SmolLM2: hidden 576 = 9 * 64, not a multiple of 128
-    assert quant.pick_block_size({"q_proj": 576, "down_proj": 1536}, None) == 64
-    assert quant.pick_block_size({"q_proj": 576}, 32) == 32
+    assert ptq.pick_block_size({"q_proj": 576, "down_proj": 1536}, None) == 64
+    assert ptq.pick_block_size({"q_proj": 576}, 32) == 32
 
 
 def test_block_size_errors_name_the_layers():
     with pytest.raises(ConfigError, match=r"block_size 128.*q_proj \(576\)") as e:
-        quant.pick_block_size({"model.layers.0.self_attn.q_proj": 576, "mlp.down_proj": 1536}, 128)
+        ptq.pick_block_size({"model.layers.0.self_attn.q_proj": 576, "mlp.down_proj": 1536}, 128)
     assert "down_proj" not in e.value.message  # 1536 is a multiple of 128: only the layer that fails is named
     with pytest.raises(ConfigError, match=r"odd \(100\)"):
-        quant.pick_block_size({"odd": 100, "even": 128}, None)
+        ptq.pick_block_size({"odd": 100, "even": 128}, None)
 
 
 class Q:  # a QuantizeSection stand-in for the checks
@@ -35,28 +35,28 @@ class Q:  # a QuantizeSection stand-in for the checks
 def test_nvfp4_needs_cuda(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(MissingDependency, match="nvfp4 needs a CUDA GPU"):
-        quant.check_quant_config(Q(format="nvfp4"))
+        ptq.check_quant_config(Q(format="nvfp4"))
 
 
 def test_config_checks():
     with pytest.raises(ConfigError, match="block_size applies to int4_awq and w4a8_awq"):
-        quant.check_quant_config(Q(format="fp8", block_size=64))
+        ptq.check_quant_config(Q(format="fp8", block_size=64))
 
     class Tied:
         tie_word_embeddings = True
 
     with pytest.raises(ConfigError, match="shares its weights with the embeddings"):
-        quant.check_quant_config(Q(format="fp8", lm=True), Tied())
+        ptq.check_quant_config(Q(format="fp8", lm=True), Tied())
 
 
 def test_quant_config_sets_block_kv_and_lm_head():
-    cfg = quant.quant_config("w4a8_awq", "fp8", 64, quantize_lm_head=True)
+    cfg = ptq.quant_config("w4a8_awq", "fp8", 64, quantize_lm_head=True)
     weight = next(e for e in cfg["quant_cfg"] if e.get("quantizer_name") == "*weight_quantizer")
     assert weight["cfg"][0]["block_sizes"][-1] == 64
     names = [e.get("quantizer_name") for e in cfg["quant_cfg"]]
     assert "*[kv]_bmm_quantizer" in names and "*lm_head*" not in names
     # the preset itself is untouched
-    assert "*lm_head*" in [e.get("quantizer_name") for e in quant.quant_config("w4a8_awq", "none", 64, False)["quant_cfg"]]
+    assert "*lm_head*" in [e.get("quantizer_name") for e in ptq.quant_config("w4a8_awq", "none", 64, False)["quant_cfg"]]
 
 
 def test_format_none_writes_quant_json(tmp_path, tiny_model_dir):
@@ -98,7 +98,7 @@ def test_restore_rebuilds_a_quantized_model(fp8_run, tiny_model_dir):
     ids = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         plain = base(ids).logits
-        restored = quant.restore_quantized(load_model(tiny_model_dir, "float32", "cpu"), ctx.out)
+        restored = ptq.restore_quantized(load_model(tiny_model_dir, "float32", "cpu"), ctx.out)
         quantized = restored(ids).logits
     q = restored.model.layers[0].self_attn.k_proj
     assert q.weight_quantizer.is_enabled and q.input_quantizer.amax is not None
@@ -106,7 +106,7 @@ def test_restore_rebuilds_a_quantized_model(fp8_run, tiny_model_dir):
     assert not restored.lm_head.weight_quantizer.is_enabled  # lm_head stays unquantized
     assert 0 < (plain - quantized).abs().max() < 1.0  # quantization changed the logits, a little
     with torch.no_grad():
-        folded = quant.fold_weights(restored)(ids).logits
+        folded = ptq.fold_weights(restored)(ids).logits
     assert torch.allclose(folded, quantized, atol=1e-5)  # folding the weights changes speed, not numbers
 
 
@@ -123,7 +123,7 @@ def test_int4_awq_picks_block_and_exports(tmp_path, tiny_model_dir):
     ctx = stage_ctx(cfg, run, "quantize", {"data": data})
     m = quantize.run(ctx)
     assert m["block_size"] == 64 and "int4_awq/block 64" in m["headline"]
-    model = quant.restore_quantized(load_model(tiny_model_dir, "float32", "cpu"), ctx.out)
+    model = ptq.restore_quantized(load_model(tiny_model_dir, "float32", "cpu"), ctx.out)
     export_hf_checkpoint(model, export_dir=tmp_path / "exported")
     algo = json.loads((tmp_path / "exported" / "hf_quant_config.json").read_text())["quantization"]
     assert algo["quant_algo"] == "W4A16_AWQ" and algo["group_size"] == 64

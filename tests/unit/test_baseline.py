@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from trtspec.checks import baseline_gate, check_gates, read_baseline
 from trtspec.errors import ConfigError
-from trtspec.validation import baseline_gate, check_gates, read_baseline
 
 TARGET = {"model_type": "llama", "hidden_size": 576, "layers": 30, "vocab_size": 49152}
 
@@ -57,7 +57,7 @@ def test_a_baseline_that_cannot_be_compared_is_refused(tmp_path, data, message):
 
 def test_category_speeds_sum_each_categorys_runs_over_repetitions():
     """run i of a repetition is prompt i: a category's tokens over its runs' seconds, every repetition."""
-    from trtspec.validation import category_speeds
+    from trtspec.checks import category_speeds
 
     rows = [{"category": "a"}, {"category": "b"}, {"category": "a"}]
     timed = {"speculative": {"outputs": [[1] * 10, [1] * 4, [1] * 6], "run_seconds": [1.0, 1.0, 1.0, 1.0, 1.0, 3.0]},

@@ -18,8 +18,8 @@ import yaml
 
 from trtspec.deploy.compat import ENGINES_CHECKED, vllm_aux_ids
 from trtspec.draft_schedule import SWEEP_FILE, schedule_problem, with_schedule_trtllm, with_schedule_vllm
-from trtspec.drafting import family
 from trtspec.errors import ArtifactError
+from trtspec.families import family
 
 OPTIONS_FILE = "llm_api_options.yaml"
 TRITON_MARKER = "trtspec-triton.json"
@@ -243,7 +243,7 @@ def _script(path: Path, text: str) -> Path:
 
 def served_family(spec: dict) -> Any:
     """The draft family a bundle's LLM-API speculative_config serves (DraftFamily.vllm_methods' keys)."""
-    from trtspec.drafting import FAMILIES, family
+    from trtspec.families import FAMILIES, family
 
     kind = spec.get("decoding_type")
     for method in FAMILIES:

@@ -78,7 +78,7 @@ def target_dtype(target: Path) -> str:
 def speculative_method(draft: Path) -> str:
     """vLLM's speculative method for an exported draft: eagle3, dflash, or dspark (a DFlash backbone with a Markov head,
     dflash_config.projector_type dspark)."""
-    from trtspec.runtime.families import draft_family
+    from trtspec.runtime.draft_loader import draft_family
 
     cfg = json.loads((Path(draft) / "config.json").read_text())
     return "dspark" if (cfg.get("dflash_config") or {}).get("projector_type") == "dspark" else draft_family(draft)

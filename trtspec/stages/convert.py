@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trtspec.drafting import family
+from trtspec.families import family
 from trtspec.pipeline.stage import StageContext
 
 if TYPE_CHECKING:

@@ -239,7 +239,7 @@ def runtime_agreement(bundle: Path, prompts: list[list[int]], new: int, options:
     from trtspec.generation import eos_ids
     from trtspec.models import load_tokenizer
     from trtspec.runtime import DraftSpec, load_target, speculative_on_prompts
-    from trtspec.runtime.families import load_drafter
+    from trtspec.runtime.draft_loader import load_drafter
 
     target, _ = load_target(bundle / "target", torch.float32)
     drafter = load_drafter(bundle / "draft", target, weights="float32")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtspec.deploy.bundle import ExportedDraft, export_target
 from trtspec.deploy.compat import check_engines_load, dspark_no_engine, dspark_problems
-from trtspec.drafting import family
+from trtspec.families import family
 from trtspec.pipeline.stage import StageContext
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def quantized_acceptance(ctx: StageContext, draft_model: Any, quant: dict) -> di
     {} where there is nothing to compare (no quantization, no draft model kept, no held-out prompt)."""
     from trtspec.chat import read_rows
     from trtspec.models import load_model, load_tokenizer
-    from trtspec.quant import fold_weights, restore_quantized
+    from trtspec.ptq import fold_weights, restore_quantized
     from trtspec.training.acceptance import EVAL_SEQS, acceptance_by_target
 
     fmt = quant["format"]
@@ -74,7 +74,7 @@ def quantized_acceptance(ctx: StageContext, draft_model: Any, quant: dict) -> di
 def write_target(ctx: StageContext, quant: dict, dtype: Any) -> float:
     """bundle/target: the base (restored quantized, where it is) with its tokenizer; returns the export's seconds."""
     from trtspec.models import load_model, load_tokenizer
-    from trtspec.quant import restore_quantized
+    from trtspec.ptq import restore_quantized
 
     quantized = quant["format"] != "none"
     ctx.log(f"target: {'modelopt unified checkpoint, ' + quant['format'] if quantized else 'HF save'}, {dtype}")
@@ -101,7 +101,7 @@ def engines_not_served(ctx: StageContext, draft: ExportedDraft) -> dict[str, lis
 def run(ctx: StageContext) -> dict:
     from trtspec.deploy import serving
     from trtspec.models import load_model, torch_dtype
-    from trtspec.quant import read_quant_json
+    from trtspec.ptq import read_quant_json
 
     t0 = time.time()
     cfg, out = ctx.cfg, ctx.out

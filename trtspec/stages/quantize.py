@@ -1,7 +1,7 @@
 """The quantize stage: post-training quantization of the base with modelopt (mtq.quantize), calibrated on data/.
 
-Writes quantize/quant.json and, when format != none, modelopt_state.pt and quant_tensors.safetensors (trtspec.quant
-says what each holds). `trtspec.quant.restore_quantized(base_model, quant_dir)` rebuilds the quantized base (the
+Writes quantize/quant.json and, when format != none, modelopt_state.pt and quant_tensors.safetensors (trtspec.ptq
+says what each holds). `trtspec.ptq.restore_quantized(base_model, quant_dir)` rebuilds the quantized base (the
 export stage uses it); the stage checks that the rebuilt model gives the same logits before it returns.
 
 Measured on the held-out split: perplexity of the answers before/after, and greedy agreement with the
@@ -16,7 +16,7 @@ from trtspec.chat import encode_prompt, prompt_rows, read_rows
 from trtspec.errors import DataError
 from trtspec.generation import hf_answer
 from trtspec.pipeline.stage import StageContext
-from trtspec.quant import (
+from trtspec.ptq import (
     QUANT_JSON,
     block_size_for,
     calibrate,

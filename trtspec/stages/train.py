@@ -252,7 +252,7 @@ def write_outputs(ctx: StageContext, fam: Any, model: Any, draft_cfg: dict, eval
 def run(ctx: StageContext) -> dict:
     import time
 
-    from trtspec.drafting import family
+    from trtspec.families import family
     from trtspec.models import load_model, load_tokenizer
 
     t_cfg, k = ctx.cfg.train, ctx.cfg.draft.length

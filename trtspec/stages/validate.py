@@ -16,19 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
-from trtspec.deploy.bundle import check_bundle
-from trtspec.errors import ArtifactError, DataError, ValidationFailed
-from trtspec.generation import eos_ids, hf_answer
-from trtspec.measure import (
-    median_speeds,
-    speed_summary,
-    step_cost_by_bytes,
-    step_cost_by_products,
-    time_methods,
-    warm_up,
-)
-from trtspec.pipeline.stage import InputFile, StageContext
-from trtspec.validation import (
+from trtspec.checks import (
     acceptance_summary,
     category_speeds,
     check_context_length,
@@ -42,6 +30,18 @@ from trtspec.validation import (
     sampling_check,
     target_identity,
 )
+from trtspec.deploy.bundle import check_bundle
+from trtspec.errors import ArtifactError, DataError, ValidationFailed
+from trtspec.generation import eos_ids, hf_answer
+from trtspec.measure import (
+    median_speeds,
+    speed_summary,
+    step_cost_by_bytes,
+    step_cost_by_products,
+    time_methods,
+    warm_up,
+)
+from trtspec.pipeline.stage import InputFile, StageContext
 
 if TYPE_CHECKING:
     from trtspec.config import BuildConfig
@@ -197,7 +197,7 @@ def load_bench(ctx: StageContext) -> Bench:
 
     from trtspec.models import load_tokenizer
     from trtspec.runtime import DraftSpec, load_target
-    from trtspec.runtime.families import load_drafter
+    from trtspec.runtime.draft_loader import load_drafter
     from trtspec.runtime.settings import RuntimeSettings
     from trtspec.targets import read_family
 
@@ -288,7 +288,7 @@ def sampling_checks(ctx: StageContext, b: Bench) -> dict | None:
 
 
 def context_acceptance(ctx: StageContext, b: Bench) -> list[dict] | None:
-    """eval.context_bins: the draft's acceptance at each context length (validation.context_curve), the context
+    """eval.context_bins: the draft's acceptance at each context length (checks.context_curve), the context
     from the run's training conversations or from documents (suites.context_fill)."""
     from trtspec.suites import context_fill
 
@@ -306,7 +306,7 @@ def run(ctx: StageContext) -> dict:
     import torch
     from transformers import AutoConfig
 
-    from trtspec.drafting import family
+    from trtspec.families import family
     from trtspec.models import load_model
     from trtspec.report import write_report
     from trtspec.runtime.kernels import cpu_description, row_labels

@@ -118,7 +118,7 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
                  head: ShardedHead | None, family: Any):
     """The HF Trainer of the head. `eval_fn` is called on every rank at eval steps (gathering a sharded head is
     collective) and returns rank 0's measurement. `head`: the FSDP-sharded head (train.sharding: fsdp), whose
-    checkpoints hold each rank's optimizer shard. `family`: the draft's trtspec.drafting.DraftFamily (its training
+    checkpoints hold each rank's optimizer shard. `family`: the draft's trtspec.families.DraftFamily (its training
     forward and how its weights are saved)."""
     import torch
     from transformers import Trainer, TrainerCallback

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtspec.drafting import family
 from trtspec.errors import ArtifactError
+from trtspec.families import family
 from trtspec.runtime import dflash, eagle3
 from trtspec.runtime.model import read_config
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from trtspec.drafting import FAMILIES, DraftFamily, family
 from trtspec.errors import ArtifactError
+from trtspec.families import FAMILIES, DraftFamily, family
 from trtspec.runtime import dflash, eagle3
-from trtspec.runtime.families import draft_family
+from trtspec.runtime.draft_loader import draft_family
 
 
 def draft(tmp_path, **cfg):

@@ -16,7 +16,7 @@ acceptance measure (training.acceptance). The bundle's own checks are trtspec.de
 
 This module imports nothing of trtspec (family() imports a family's module by name when first asked for), so the
 config, imported before anything else, checks a recipe through it without an import cycle; the runtime's loader of
-an exported draft, by the architecture it declares, is runtime.families.load_drafter.
+an exported draft, by the architecture it declares, is runtime.draft_loader.load_drafter.
 """
 
 from __future__ import annotations
