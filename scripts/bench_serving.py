@@ -49,6 +49,8 @@ def main() -> int:
     ap.add_argument("--level-timeout", type=float, default=900, help="seconds for one concurrency level")
     ap.add_argument("--json", type=Path, default=None, help="write the result here too")
     ap.add_argument("--no-iomp", action="store_true", help="vLLM's CPU build without Intel OpenMP preloaded")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="rounds of every server at each concurrency, back to back; a level keeps its median round")
     args = ap.parse_args()
     bundle = args.run / "bundle"
     if not (bundle / "target" / "config.json").is_file() or not (bundle / "draft" / "config.json").is_file():
@@ -59,13 +61,15 @@ def main() -> int:
         sys.exit(f"Error: --draft-lengths {bad[0]}: the bundle drafts 0..{k_max} tokens")
     if bad := [c for c in args.concurrency if c < 1]:
         sys.exit(f"Error: --concurrency {bad[0]}: at least 1")
+    if args.repeats < 1:
+        sys.exit(f"Error: --repeats {args.repeats}: at least 1")
     texts = heldout_prompts(args.run)
     if not texts:
         sys.exit(f"Error: {args.run}/data/heldout.jsonl holds no user prompt")
     work = args.work or args.run / "bench"
     work.mkdir(parents=True, exist_ok=True)
     plan = SweepPlan(sorted(set(args.concurrency)), lengths, args.max_tokens, args.min_requests, args.server_timeout,
-                     args.level_timeout, not args.no_iomp)
+                     args.level_timeout, not args.no_iomp, args.repeats)
     try:
         aiperf = find_aiperf(args.aiperf)
         n = write_prompts(texts, work / "prompts.jsonl")

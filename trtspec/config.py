@@ -267,6 +267,8 @@ class EngineSection(Section):
                                                        description="the draft lengths the sweep serves (0 = no draft); "
                                                        "null = 0 to draft.length")
     sweep_max_tokens: int = key(64, "answer length of the sweep's requests", ge=1, le=8192)
+    sweep_repeats: int = key(1, "rounds of every server at each concurrency, back to back (a level keeps its median "
+                             "round): on a shared CPU one round of a level can differ from the next by ~10%", ge=1, le=10)
 
 
 BUILTIN_SUITE_CATEGORIES = ("explanation", "lists", "code", "writing", "chat", "math")  # trtspec.demo_prompts.CATEGORIES

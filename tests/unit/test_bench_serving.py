@@ -46,6 +46,7 @@ class FakePool:
 
     def __init__(self, bundle, plan, work):
         self.up: set[str] = set()
+        self.plan = plan
 
     def __enter__(self):
         return self
@@ -64,7 +65,9 @@ class FakePool:
     def measure(self, label, c, aiperf, prompts, tag):
         assert label in self.up
         FakePool.calls.append(("measure", label, c))
-        return row(FakePool.speeds[label, c], al=2.0 if label != "k0" else None)
+        speed = FakePool.speeds[label, c]
+        speed = speed.pop(0) if isinstance(speed, list) else speed
+        return row(speed, al=2.0 if label != "k0" else None)
 
 
 def test_the_sweep_interleaves_draft_lengths_then_measures_the_schedule_beside_no_draft_and_the_fastest(monkeypatch, tmp_path):
@@ -86,3 +89,14 @@ def test_the_sweep_interleaves_draft_lengths_then_measures_the_schedule_beside_n
     lines = result["table"].splitlines()
     assert lines[2] == "| 1 | 10.0 | 12.0 | 15.0 | 2 | 14.0 | 0.93x | 1.40x | 2.00 |"
     assert lines[3] == "| 16 | 100.0 | 80.0 | 70.0 | 0 | 95.0 | 0.95x | 0.95x | 2.00 |"
+
+
+def test_repeated_rounds_interleave_and_keep_each_levels_median_round():
+    FakePool.calls = []
+    FakePool.speeds = {("k0", 4): [30.0, 40.0, 35.0], ("k3", 4): [50.0, 20.0, 45.0]}
+    pool = FakePool(None, sweep.SweepPlan([4], [0, 3], repeats=3), None)
+    pool.start("k0", None), pool.start("k3", {})
+    rows = sweep.measure_interleaved(pool, {4: ["k0", "k3"]}, "aiperf", None, log=lambda m: None)
+    assert [c[1] for c in FakePool.calls if c[0] == "measure"] == ["k0", "k3"] * 3  # round by round, back to back
+    assert rows["k0"][4]["tokens_per_s"] == 35.0 and rows["k0"][4]["runs"] == [30.0, 40.0, 35.0]
+    assert rows["k3"][4]["tokens_per_s"] == 45.0

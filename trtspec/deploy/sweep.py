@@ -48,6 +48,7 @@ class SweepPlan:
     server_timeout_s: float = 600
     level_timeout_s: float = 900
     preload_iomp: bool = True  # vLLM's CPU docs: Intel OpenMP preloaded (it warns of slow speculation without)
+    repeats: int = 1  # rounds of every server at each concurrency; a level keeps its median round
 
 
 def find_aiperf(given: str | None = None) -> str:
@@ -213,15 +214,20 @@ class ServerPool:
 
 def measure_interleaved(pool: ServerPool, levels: dict[int, list[str]], aiperf: str, prompts: Path, tag: str = "",
                         log: Any = print) -> dict[str, dict[int, dict]]:
-    """At each concurrency c, the servers levels[c] one right after the other: a drift of the host's speed over
-    the sweep's minutes then falls between concurrencies, not between the servers compared at one (one server per
-    draft length, each swept over every concurrency in its turn, measured no draft at 117 and 154 tok/s at 32
-    requests in two runs). -> {label: {c: row}}."""
+    """At each concurrency c, the servers levels[c] one right after the other, pool.plan.repeats rounds of them: a
+    drift of the host's speed over the sweep's minutes then falls between concurrencies, not between the servers
+    compared at one. -> {label: {c: the round of median tokens/s, with every round's tokens/s as "runs"}}."""
     rows: dict[str, dict[int, dict]] = {}
     for c, labels in levels.items():
-        for label in labels:
-            rows.setdefault(label, {})[c] = pool.measure(label, c, aiperf, prompts, f"{tag}{label}")
-            log(f"{label} at concurrency {c}: {fmt(rows[label][c]['tokens_per_s'])} tok/s")
+        runs: dict[str, list[dict]] = {label: [] for label in labels}
+        for r in range(pool.plan.repeats):
+            for label in labels:
+                runs[label].append(pool.measure(label, c, aiperf, prompts, f"{tag}{label}" + (f"-r{r}" if r else "")))
+                log(f"{label} at concurrency {c}: {fmt(runs[label][-1]['tokens_per_s'])} tok/s")
+        for label, got in runs.items():
+            ranked = sorted(got, key=lambda row: row["tokens_per_s"] or 0.0)
+            rows.setdefault(label, {})[c] = {**ranked[(len(ranked) - 1) // 2],
+                                             "runs": [round(row["tokens_per_s"] or 0.0, 2) for row in got]}
     return rows
 
 

@@ -220,7 +220,8 @@ def serving_sweep(ctx: StageContext, bundle: Path, backend: str) -> dict:
     if backend != "vllm" or ctx.cfg.serve.decoding != "eagle3":
         return {"skipped": f"engine.sweep drives vLLM's OpenAI server with the bundle's draft; here the engine is "
                            f"{backend} and decoding {ctx.cfg.serve.decoding}"}
-    plan = SweepPlan(sorted(set(e.sweep)), sorted(set(e.sweep_draft_lengths or range(k + 1))), e.sweep_max_tokens)
+    plan = SweepPlan(sorted(set(e.sweep)), sorted(set(e.sweep_draft_lengths or range(k + 1))), e.sweep_max_tokens,
+                     repeats=e.sweep_repeats)
     ctx.log(f"serving sweep: concurrency {plan.concurrency} x draft lengths {plan.draft_lengths}, aiperf")
     write_prompts(PROMPTS, ctx.out / "sweep_prompts.jsonl")
     result = run_sweep(bundle, ctx.out / "sweep_prompts.jsonl", plan, ctx.work / "sweep", find_aiperf(), log=ctx.log)
