@@ -128,7 +128,7 @@ def test_read_only_run_dir(tmp_path):
 
 def test_a_stage_keys_only_on_the_settings_this_config_uses():
     """train keys on eval.context_source only where eval.context_bins asks for bins: without them a change of the
-    source retrains nothing; with them it does (pipeline.runner.config_reads, the stage's `reads` hook)."""
+    source retrains nothing; with them it does (the stage's `unused` hook: pipeline.runner.at_defaults)."""
     from trtspec.config import config_from_dict
     from trtspec.pipeline.runner import work_key
 
@@ -136,8 +136,16 @@ def test_a_stage_keys_only_on_the_settings_this_config_uses():
         cfg = config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "eval": ev})
         return work_key(cfg, "train", {"data": "d", "convert": "c"})
 
-    assert key() == key(context_source="documents")
+    assert key() == key(context_source="documents", context_prompts=9)
     assert key(context_bins=[64]) != key(context_bins=[64], context_source="documents")
+    import trtspec.stages.train as train
+
+    unused, with_hook = train.unused, key()
+    train.unused = lambda cfg: ()  # every key as set, as before the hook: a run keyed then keeps its key
+    try:
+        assert key() == with_hook and key(context_source="documents") != with_hook
+    finally:
+        train.unused = unused
     assert key() != key(context_bins=[64])
     assert work_key(config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "eval": {"context_source": "documents"}}),
                     "validate", {}) != work_key(config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}}), "validate", {})

@@ -58,20 +58,26 @@ def upstream_of(stage: str) -> tuple[str, ...]:
 
 
 def hook(stage: str, name: str) -> Callable:
-    """A stage's optional hook (environment_key, files_read, models_read, reads), or what its absence means."""
+    """A stage's optional hook (environment_key, files_read, models_read, unused), or what its absence means."""
     return getattr(contract(stage), name, HOOK_DEFAULTS[name])
 
 
-def config_reads(cfg: BuildConfig, stage: str) -> tuple[str, ...]:
-    """The config keys a stage keys on: its READS, less those its `reads` hook says this config leaves unused."""
-    stage_reads = getattr(contract(stage), "reads", None)
-    return stage_reads(cfg) if stage_reads else contract(stage).READS
+def at_defaults(cfg: BuildConfig, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The config as dump_config writes it, with each `section.key` of `keys` at its default."""
+    full = dump_config(cfg)
+    for name in keys:
+        section, _, key = name.partition(".")
+        part = type(getattr(cfg, "validate_" if section == "validate" else section))
+        full[section][key] = part.model_fields[key].get_default(call_default_factory=True)
+    return full
 
 
 def _section_values(cfg: BuildConfig, stage: str) -> dict[str, Any]:
-    full = dump_config(cfg)
+    """The values of a stage's READS; those its `unused` hook names are keyed at their defaults, so that changing
+    a setting this config leaves unused redoes nothing, and a run keyed before the hook keeps its key."""
+    full = at_defaults(cfg, hook(stage, "unused")(cfg))
     values: dict[str, Any] = {}
-    for name in config_reads(cfg, stage):
+    for name in contract(stage).READS:
         section, _, key = name.partition(".")
         values[name] = full[section][key] if key else full[section]
     return values

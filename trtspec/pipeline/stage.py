@@ -12,8 +12,8 @@ and, where it has them,
     files_read(cfg) -> [InputFile]          local text files it reads by path: hashed into its fingerprint and read
                                             by the preflight as the stage reads them (default: none)
     models_read(cfg) -> [(key, source)]     models besides model.source it loads, checked early (default: none)
-    reads(cfg) -> tuple[str, ...]           READS less the keys this config leaves unused, so that changing one
-                                            of those redoes nothing (default: READS)
+    unused(cfg) -> tuple[str, ...]          `section.key`s of READS this config leaves unused: keyed at their
+                                            defaults, so changing one redoes nothing (default: none)
 Stages import this module and the library, never the runner or another stage.
 """
 
@@ -47,6 +47,7 @@ HOOK_DEFAULTS: dict[str, Callable] = {
     "environment_key": lambda: None,
     "files_read": lambda cfg: [],
     "models_read": lambda cfg: [],
+    "unused": lambda cfg: (),
 }
 
 

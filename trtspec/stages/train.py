@@ -60,10 +60,10 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
                           text_config(model_config).max_position_embeddings)
 
 
-def reads(cfg: BuildConfig) -> tuple[str, ...]:
-    """READS, less eval.context_bins' settings where no bin is asked for: the held-out acceptance by context length
-    is then not measured, and a change of them trains nothing again."""
-    return READS if cfg.eval.context_bins else tuple(r for r in READS if r not in CONTEXT_KEYS)
+def unused(cfg: BuildConfig) -> tuple[str, ...]:
+    """eval.context_bins' settings where no bin is asked for: the held-out acceptance by context length is then not
+    measured, and a change of them trains nothing again."""
+    return () if cfg.eval.context_bins else CONTEXT_KEYS
 
 
 def files_read(cfg: BuildConfig) -> list:
