@@ -15,12 +15,12 @@ torch's time over the native kernel's.
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from trtspec.bench import arg_parser
+from trtspec.measure import ms_per_call, step_ms, timed
 from trtspec.runtime import compile_steps, generate, load_transformer
 from trtspec.runtime.settings import RuntimeSettings
 
@@ -34,20 +34,17 @@ def use_native(target, on: bool) -> None:
 
 
 def decode(target, prompt: torch.Tensor, n: int) -> tuple[list[int], float]:
-    """Greedy tokens and seconds per decode step (the runtime's `generate`, prefill excluded)."""
-    t0 = time.perf_counter()
-    g = generate(target, prompt, n + 1)  # the first token comes from the prefill, the other n from decode steps
-    return g.tokens, (time.perf_counter() - t0 - g.prefill_s) / n
+    """Greedy tokens and milliseconds per decode step (the runtime's `generate`, prefill excluded)."""
+    # n + 1 tokens: the first comes from the prefill, the other n from decode steps
+    g, seconds = timed(lambda: generate(target, prompt, n + 1))
+    return g.tokens, step_ms(g, seconds, n)
 
 
 def verify(target, length: int, rows: int, n: int) -> float:
-    """Seconds per compiled verification pass of `rows` new rows after `length` cached ones (a chain's mask)."""
+    """Milliseconds per compiled verification pass of `rows` new rows after `length` cached ones (a chain's mask)."""
     tokens, slots = torch.arange(7, 7 + rows), torch.arange(length, length + rows)
     mask = torch.ones(rows, length + rows, dtype=torch.bool).tril(length)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        target.step(tokens, slots, slots, length + rows, mask)
-    return (time.perf_counter() - t0) / n
+    return ms_per_call(lambda: target.step(tokens, slots, slots, length + rows, mask), n)
 
 
 def main() -> None:
@@ -86,7 +83,7 @@ def main() -> None:
                 res = each(prompt, a.tokens)
                 same &= res["native"][0] == res["torch"][0]
                 for k, (_, s, v) in res.items():
-                    times[k].append((1000 * s, 1000 * v))
+                    times[k].append((s, v))
             (nd, nv), (td, tv) = ((statistics.median(t[0] for t in times[k]), statistics.median(t[1] for t in times[k]))
                                   for k in VARIANTS)
             print(f"{c:>7} {nd:>18.2f} {td:>7.2f} {td / nd:>6.3f}   {nv:>24.2f} {tv:>7.2f} {tv / nv:>6.3f}  {same}")

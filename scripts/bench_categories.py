@@ -13,7 +13,7 @@ validate times (eval.num_prompts), with the no-draft runtime as the greedy refer
 from __future__ import annotations
 
 import json
-import time
+from functools import partial
 from pathlib import Path
 
 from trtspec.bench import add_runtime_flags, arg_parser
@@ -35,6 +35,7 @@ def main() -> None:
     from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings
     from trtspec.chat import encode_prompt
     from trtspec.checks import acceptance_summary
+    from trtspec.measure import timed
     from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
     from trtspec.runtime.draft_loader import draft_family
 
@@ -50,15 +51,12 @@ def main() -> None:
                                                       for p in prompts[:2]])
     plain, spec_runs, seconds = [], [], defaultdict(lambda: [0.0, 0.0, 0, 0])  # category -> s plain, s draft, tokens
     for r, p in zip(rows, prompts, strict=True):
-        t0 = time.perf_counter()
-        g0 = generate(target, p, new, eos)
-        t1 = time.perf_counter()
-        g1 = speculative_decode(target, drafter, p, new, spec, eos)
-        t2 = time.perf_counter()
+        g0, s0 = timed(partial(generate, target, p, new, eos))
+        g1, s1 = timed(partial(speculative_decode, target, drafter, p, new, spec, eos))
         plain.append(g0.tokens)
         spec_runs.append(g1)
         s = seconds[r["category"]]
-        s[0], s[1], s[2], s[3] = s[0] + t1 - t0, s[1] + t2 - t1, s[2] + len(g0.tokens), s[3] + len(g1.tokens)
+        s[0], s[1], s[2], s[3] = s[0] + s0, s[1] + s1, s[2] + len(g0.tokens), s[3] + len(g1.tokens)
     summary = acceptance_summary(rows, spec_runs, k, plain)
     for c, v in summary["per_category"].items():
         s = seconds[c]

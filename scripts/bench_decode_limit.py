@@ -15,32 +15,32 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from trtspec.bench import arg_parser
-from trtspec.measure import memory_bandwidth
+from trtspec.measure import memory_bandwidth, ms_per_call, step_ms, timed
 from trtspec.runtime import compile_steps, generate, load_transformer
 from trtspec.runtime.kernels import Linear, few_rows_linear
 
 
 def decode_ms(target, prompt: torch.Tensor, n: int) -> float:
     """Milliseconds per greedy decode step after a prefill of `prompt` (the runtime's `generate`, prefill excluded)."""
-    t0 = time.perf_counter()
-    g = generate(target, prompt, n + 1)  # the first token comes from the prefill, the other n from decode steps
-    return 1000 * (time.perf_counter() - t0 - g.prefill_s) / n
+    # n + 1 tokens: the first comes from the prefill, the other n from decode steps
+    g, seconds = timed(lambda: generate(target, prompt, n + 1))
+    return step_ms(g, seconds, n)
 
 
 def products_ms(linears: list[Linear], n: int) -> float:
     """Milliseconds per pass over every weight product of a decode step (one row each), nothing else."""
     xs = {m.in_features: torch.randn(1, 1, m.in_features) for m in linears}
-    t0 = time.perf_counter()
-    for _ in range(n):
+
+    def one_pass() -> None:
         for m in linears:
             few_rows_linear(xs[m.in_features], m.weight, m.bias, m.kernels)
-    return 1000 * (time.perf_counter() - t0) / n
+
+    return ms_per_call(one_pass, n)
 
 
 def megabytes(linears: list[Linear]) -> float:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
+from functools import partial
 from pathlib import Path
 
 from trtspec.bench import add_runtime_flags, arg_parser
@@ -55,6 +55,7 @@ def main() -> None:
     import torch
 
     from trtspec.bench import draft_specs, load_prompts, runtime_settings
+    from trtspec.measure import step_ms, timed
     from trtspec.runtime import compile_steps, generate, speculative_decode
     from trtspec.runtime.kernels import cpu_description
 
@@ -78,9 +79,9 @@ def main() -> None:
         for p in prompts:
             for name, (_, target, drafter) in loaded.items():
                 for method in ("no_draft", "speculative"):
-                    t0 = time.perf_counter()
-                    g = generate(target, p, new, eos) if method == "no_draft" else speculative_decode(target, drafter, p, new, spec, eos)
-                    steps[(name, method)].append((time.perf_counter() - t0 - g.prefill_s) / g.stats.steps * 1e3)
+                    g, seconds = timed(partial(generate, target, p, new, eos) if method == "no_draft"
+                                       else partial(speculative_decode, target, drafter, p, new, spec, eos))
+                    steps[(name, method)].append(step_ms(g, seconds))
                     outputs[(name, method)].append(g.tokens)
                     if method == "speculative":
                         al[name].append(g.stats.acceptance_length())

@@ -25,6 +25,7 @@ import statistics
 import time
 from collections import defaultdict
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 from trtspec.bench import add_runtime_flags, arg_parser, draft_specs
@@ -77,7 +78,7 @@ def main() -> None:
     import torch
 
     from trtspec.bench import load_prompts, open_bundle, runtime_settings
-    from trtspec.measure import step_cost_by_bytes
+    from trtspec.measure import step_cost_by_bytes, step_ms, timed
     from trtspec.runtime import compile_steps, generate, speculative_decode
     from trtspec.runtime.kernels import cpu_description, row_labels, weight_mb
 
@@ -105,13 +106,11 @@ def main() -> None:
                     t_timer.reset()
                     d_timer.reset()
                     with ctx():
-                        t0 = time.perf_counter()
-                        g = (generate(target, p, new, eos) if spec is None
-                             else speculative_decode(target, drafter, p, new, spec, eos))
-                        total = time.perf_counter() - t0 - g.prefill_s
+                        g, seconds = timed(partial(generate, target, p, new, eos) if spec is None
+                                           else partial(speculative_decode, target, drafter, p, new, spec, eos))
                     steps = g.stats.steps
                     runs[(stance, method)].append({
-                        "steps": steps, "tokens": len(g.tokens), "total_ms": total / steps * 1e3,
+                        "steps": steps, "tokens": len(g.tokens), "total_ms": step_ms(g, seconds),
                         "target_ms": t_timer.total() / steps * 1e3, "draft_ms": d_timer.total() / steps * 1e3,
                         "draft_calls": d_timer.calls() / steps,
                         "target_by_rows": {r: statistics.median(v) * 1e3 for r, v in t_timer.seconds.items()},

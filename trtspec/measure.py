@@ -1,9 +1,10 @@
 """How trtspec times things and what the numbers mean: one measurement harness, used by the validate stage and by
 every benchmark script, so that every number trtspec reports is measured one way.
 
-- Timing: `tokens_per_s` (batches submitted together), `interleaved` (every prompt through every method in turn,
-  so machine noise hits all alike), `time_methods` (interleaved repetitions with the memory bandwidth sampled among
-  the runs) and `median_speeds`.
+- Timing: `timed` (a call's result and its wall seconds), `step_ms` (ms per decode or speculative step of a runtime
+  generation, its prefill excluded), `ms_per_call` (ms per call over calls back to back), `tokens_per_s` (batches
+  submitted together), `interleaved` (every prompt through every method in turn, so machine noise hits all alike),
+  `time_methods` (interleaved repetitions with the memory bandwidth sampled among the runs) and `median_speeds`.
 - Warm-up: `warm_up` compiles the runtime's passes (runtime.compile_steps) on every row count each draft verifies
   and drafts, then on the generations that will be timed, so that no compilation lands inside a timed run.
 - Bandwidth: `memory_bandwidth` (what bounds a memory-bound decode step) and `bandwidth_during` (one figure from the
@@ -24,12 +25,38 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from torch import nn
 
+T = TypeVar("T")
+
 # ---------------------------------------------------------------------------------------------- timing
+
+
+def timed(run: Callable[[], T]) -> tuple[T, float]:
+    """`run()`'s result and the wall seconds it took (perf_counter): every timed call in trtspec is read this way."""
+    t0 = time.perf_counter()
+    out = run()
+    return out, time.perf_counter() - t0
+
+
+def step_ms(generation: Any, seconds: float, steps: int | None = None) -> float:
+    """Milliseconds per decode (or speculative) step of a runtime generation that took `seconds` in all: its prefill
+    (`generation.prefill_s`, the prompt's pass and first token) excluded, divided by `steps` (default
+    `generation.stats.steps`, the target passes after the prefill), so that "a step's time" means one thing."""
+    return (seconds - generation.prefill_s) / (generation.stats.steps if steps is None else steps) * 1e3
+
+
+def ms_per_call(fn: Callable[[], object], n: int) -> float:
+    """Milliseconds per call of `fn` over `n` calls back to back, one clock reading around them all (for calls too
+    short to time one by one)."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n * 1e3
 
 
 def chunks(items: list, size: int) -> list[list]:
@@ -65,9 +92,7 @@ def interleaved(methods: dict[str, Callable[[list[int]], Any]], prompts: list[li
     for rep in range(repeats):
         for i, p in enumerate(prompts):
             for m, fn in methods.items():
-                t0 = time.perf_counter()
-                out = fn(p)
-                s = time.perf_counter() - t0
+                out, s = timed(partial(fn, p))
                 n, f = len(out if isinstance(out, list) else out.tokens), getattr(out, "prefill_s", 0.0)
                 seconds[m][rep] += s
                 tokens[m][rep] += n
@@ -78,14 +103,14 @@ def interleaved(methods: dict[str, Callable[[list[int]], Any]], prompts: list[li
                     outputs[m].append(out)
                 if on_run:
                     on_run(rep, i, m)
-    timed = {m: {"tokens_per_s": [t / s for t, s in zip(tokens[m], seconds[m], strict=True)], "outputs": outputs[m],
-                 "run_seconds": run_seconds[m]} for m in methods}
+    result = {m: {"tokens_per_s": [t / s for t, s in zip(tokens[m], seconds[m], strict=True)], "outputs": outputs[m],
+                  "run_seconds": run_seconds[m]} for m in methods}
     for m in methods:
         if all(prefill[m]):
-            timed[m]["decode_tokens_per_s"] = [(t - len(prompts)) / (s - f) for t, s, f in
-                                               zip(tokens[m], seconds[m], prefill[m], strict=True)]
-            timed[m]["decode_runs"] = runs[m]
-    return timed
+            result[m]["decode_tokens_per_s"] = [(t - len(prompts)) / (s - f) for t, s, f in
+                                                zip(tokens[m], seconds[m], prefill[m], strict=True)]
+            result[m]["decode_runs"] = runs[m]
+    return result
 
 
 def time_methods(methods: dict[str, Any], prompts: list[list[int]], repeats: int, kernels: dict) -> tuple[dict, dict | None]:
