@@ -449,8 +449,12 @@ class BuildConfig(Section):
         path = Path(p).expanduser()
         return path if path.is_absolute() else (self._base_dir / path).resolve()
 
+    def section_model(self, name: str) -> BaseModel:
+        """A section by its name in the YAML (the validate section is the attribute validate_)."""
+        return getattr(self, "validate_" if name == "validate" else name)
+
     def section(self, name: str) -> dict[str, Any]:
-        return getattr(self, "validate_" if name == "validate" else name).model_dump(mode="json")
+        return self.section_model(name).model_dump(mode="json")
 
 
 def _known_keys(model: type[BaseModel]) -> list[str]:

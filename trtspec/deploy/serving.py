@@ -19,7 +19,7 @@ import yaml
 from trtspec.deploy.compat import ENGINES_CHECKED, vllm_aux_ids
 from trtspec.draft_schedule import SWEEP_FILE, schedule_problem, with_schedule_trtllm, with_schedule_vllm
 from trtspec.errors import ArtifactError
-from trtspec.families import family
+from trtspec.families import FAMILIES, family
 
 OPTIONS_FILE = "llm_api_options.yaml"
 TRITON_MARKER = "trtspec-triton.json"
@@ -243,8 +243,6 @@ def _script(path: Path, text: str) -> Path:
 
 def served_family(spec: dict) -> Any:
     """The draft family a bundle's LLM-API speculative_config serves (DraftFamily.vllm_methods' keys)."""
-    from trtspec.families import FAMILIES, family
-
     kind = spec.get("decoding_type")
     for method in FAMILIES:
         if kind in (fam := family(method)).vllm_methods:

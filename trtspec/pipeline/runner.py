@@ -67,8 +67,7 @@ def at_defaults(cfg: BuildConfig, keys: tuple[str, ...]) -> dict[str, Any]:
     full = dump_config(cfg)
     for name in keys:
         section, _, key = name.partition(".")
-        part = type(getattr(cfg, "validate_" if section == "validate" else section))
-        full[section][key] = part.model_fields[key].get_default(call_default_factory=True)
+        full[section][key] = type(cfg.section_model(section)).model_fields[key].get_default(call_default_factory=True)
     return full
 
 
