@@ -18,11 +18,11 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from trtspec.artifacts import MARKER
 from trtspec.bench import arg_parser, stage_metrics
+from trtspec.measure import timed
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {"trtspec": ROOT / "build_configs" / "smollm2-135m-eagle3.yaml",
@@ -32,12 +32,11 @@ RECIPES = {"trtspec": ROOT / "build_configs" / "smollm2-135m-eagle3.yaml",
 def build_train(config: Path, out: Path, sets: list[str]) -> dict:
     """`trtspec train` (upstream stages as needed) -> the train manifest's metrics."""
     cmd = [sys.executable, "-m", "trtspec.cli", "train", str(config), "--out", str(out), *[a for s in sets for a in ("--set", s)]]
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    r, seconds = timed(lambda: subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     if r.returncode:
         sys.exit(f"Error: {' '.join(cmd[3:])} failed:\n{r.stderr[-2000:]}")
     metrics = stage_metrics(out, "train")
-    metrics["wall_s"] = round(time.perf_counter() - t0, 1)
+    metrics["wall_s"] = round(seconds, 1)
     return metrics
 
 

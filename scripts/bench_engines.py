@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 from trtspec.bench import arg_parser
+from trtspec.measure import timed
 
 
 def main() -> None:
@@ -62,10 +63,8 @@ def main() -> None:
     hf_out = [hf_answer(hf, p, new, eos) for p in prompts]
     del hf
     print(f"trtspec runtime, chains of {a.k}", file=sys.stderr)
-    t0 = time.perf_counter()
     target, drafter = opened.runtime()
-    rt_out, stats = speculative_on_prompts(target, drafter, prompts, new, DraftSpec(shape="chain", k=a.k), eos)
-    rt_s = time.perf_counter() - t0
+    (rt_out, stats), rt_s = timed(partial(speculative_on_prompts, target, drafter, prompts, new, DraftSpec(shape="chain", k=a.k), eos))
     del target, drafter
     print(f"vLLM {vllm_engine.version()} with the draft, then without", file=sys.stderr)
     spec = vllm_engine.measure(bundle / "target", bundle / "draft", a.k, prompts, new, levels)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import resource
-import time
 from pathlib import Path
 
 from trtspec.bench import arg_parser, stage_metrics
+from trtspec.measure import timed
 
 
 def training_step(cfg, run_dir: Path, mode: str):
@@ -60,9 +60,7 @@ def throughputs(cfg, run_dir: Path, steps: int) -> dict[str, float]:
     seconds = dict.fromkeys(runs, 0.0)
     for i in range(steps + 1):
         for mode, (step, _) in runs.items():
-            t0 = time.perf_counter()
-            step()
-            seconds[mode] += (time.perf_counter() - t0) if i else 0.0
+            seconds[mode] += timed(step)[1] if i else 0.0
     return {mode: steps * tokens / seconds[mode] for mode, (_, tokens) in runs.items()}
 
 
@@ -79,9 +77,7 @@ def main() -> None:
     from trtspec.pipeline.runner import run_build
 
     cfg = load_config(args.config, args.overrides)
-    t0 = time.time()
-    results = run_build(cfg, args.out, until="train")
-    wall = time.time() - t0
+    results, wall = timed(lambda: run_build(cfg, args.out, until="train"))
     for r in results:
         print(f"{r.stage:8s} {r.status:7s} {r.seconds:7.1f}s  {r.headline}")
     metrics = stage_metrics(Path(args.out), "train")

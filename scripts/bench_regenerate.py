@@ -20,10 +20,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
 from trtspec.bench import arg_parser
+from trtspec.measure import timed
 
 
 def free_port() -> int:
@@ -116,13 +118,10 @@ def main() -> None:
     outputs: dict = {}
     for rep in range(args.repeats):
         for kind, n in variants:
-            t0 = time.perf_counter()
-            answers, shutdown = answerer(kind, n)
-            setup_s.setdefault(f"{kind}:{n}", []).append(time.perf_counter() - t0)
+            (answers, shutdown), setup = timed(partial(answerer, kind, n))
+            setup_s.setdefault(f"{kind}:{n}", []).append(setup)
             try:
-                t0 = time.perf_counter()
-                got = dict(answers)
-                seconds = time.perf_counter() - t0
+                got, seconds = timed(partial(dict, answers))
             finally:
                 shutdown()
             tokens = sum(map(len, got.values()))

@@ -17,8 +17,10 @@ import argparse
 import json
 import subprocess
 import sys
-import time
+from functools import partial
 from pathlib import Path
+
+from trtspec.measure import timed
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = {"eagle3": ROOT / "build_configs" / "tiny-families.yaml", "dflash": ROOT / "build_configs" / "tiny-families-dflash.yaml"}
@@ -30,9 +32,8 @@ def run_family(family: str, method: str, out: Path, extra: list[str]) -> dict:
     run = out / f"{family}-{method}"
     cmd = [sys.executable, "-m", "trtspec.cli", "build", str(RECIPES[method]), "--out", str(run),
            "--set", f"model.source=tiny:{family}", *extra]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    row = {"family": family, "method": method, "rc": proc.returncode, "seconds": round(time.perf_counter() - t0, 1)}
+    proc, seconds = timed(partial(subprocess.run, cmd, capture_output=True, text=True))
+    row = {"family": family, "method": method, "rc": proc.returncode, "seconds": round(seconds, 1)}
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     row["error"] = errors[-1] if errors else None
     for stage in STAGES:
