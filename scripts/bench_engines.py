@@ -66,9 +66,9 @@ def main() -> None:
     target, drafter = opened.runtime()
     (rt_out, stats), rt_s = timed(partial(speculative_on_prompts, target, drafter, prompts, new, DraftSpec(shape="chain", k=a.k), eos))
     del target, drafter
-    print(f"vLLM {vllm_engine.version()} with the draft, then without", file=sys.stderr)
-    spec = vllm_engine.measure(bundle / "target", bundle / "draft", a.k, prompts, new, levels)
-    base = vllm_engine.measure(bundle / "target", None, a.k, prompts, new, levels)
+    print(f"vLLM {vllm_engine.version()} with the draft and without, loaded together, timed in turn", file=sys.stderr)
+    both = vllm_engine.measure(bundle / "target", {"spec": (bundle / "draft", None), "base": (None, None)}, a.k, prompts, new, levels)
+    spec, base = both["spec"], both["base"]
 
     acc = spec["acceptance"]
     rt_al, rt_pos = stats.acceptance_length(), stats.per_position(a.k)
@@ -119,12 +119,9 @@ def draft_off(bundle: Path, prompts: list[list[int]], new: int, k: int, levels: 
                                                       schedule={1: k, 2: 0})}
     for llm in engines.values():
         vllm_engine.generate(llm, prompts[:2], 8)  # warm-up
-    tps: dict[int, dict[str, list[float]]] = {c: {name: [] for name in engines} for c in levels}
-    for c in levels:
-        for r in range(rounds):
-            batch = [prompts[(r * c + i) % len(prompts)] for i in range(c)]
-            for name, llm in engines.items():
-                tps[c][name].append(vllm_engine.timed_batches(llm, batch, new, c)["tokens_per_s"])
+    tps = {c: {name: [t["tokens_per_s"] for t in got] for name, got in vllm_engine.in_turn(
+        engines, lambda r, c=c: [prompts[(r * c + i) % len(prompts)] for i in range(c)], new, c, rounds).items()}
+        for c in levels}
     median = {c: {name: statistics.median(v) for name, v in row.items()} for c, row in tps.items()}
     result = {str(c): {name: {"tokens_per_s": round(m, 1), "vs_no_draft": round(m / row["no draft"], 3),
                               "runs": [round(x, 1) for x in tps[c][name]]} for name, m in row.items()} for c, row in median.items()}

@@ -183,8 +183,8 @@ def test_vllm_serves_a_draft_length_schedule_losslessly(ci_bundle, prompts, hf_o
     request drafts K (acceptance counted), four together draft nothing."""
     from trtspec.deploy import vllm_engine
 
-    got = vllm_engine.measure(ci_bundle / "target", ci_bundle / "draft", K, prompts[:2], MAX_NEW, [1, 4],
-                              schedule={1: K, 4: 0})
+    got = vllm_engine.measure(ci_bundle / "target", {"scheduled": (ci_bundle / "draft", {1: K, 4: 0})}, K, prompts[:2],
+                              MAX_NEW, [1, 4])["scheduled"]
     assert got["outputs"] == hf_outputs[:2]
     assert got["acceptance"]["drafts"] > 0 and got["acceptance"]["acceptance_length"] > 1
 

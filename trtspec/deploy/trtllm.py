@@ -195,7 +195,14 @@ def acceptance(outputs: list[Any], draft_per_step: int) -> dict:
     }
 
 
-def run_bundle(bundle: Path, options: dict, prompts: list[list[int]], max_new: int, batch_sizes: list[int],
+def run_bundle(bundle: Path, options: dict, prompts: list[list[int]], max_new: int, batch_sizes: list[int]) -> dict:
+    """The bundle with its draft, then without -> {"speculative": ..., "base": ...} (run_engine). One after the
+    other, not in turn as in vLLM: each LLM reserves most of the GPU memory left for its KV cache."""
+    return {"speculative": run_engine(bundle, options, prompts, max_new, batch_sizes, speculative=True),
+            "base": run_engine(bundle, options, prompts, max_new, batch_sizes, speculative=False)}
+
+
+def run_engine(bundle: Path, options: dict, prompts: list[list[int]], max_new: int, batch_sizes: list[int],
                speculative: bool = True) -> dict:
     """LLM(...) over bundle/target with the options' speculative_config (or none): greedy answers to every prompt
     (one batch), acceptance from the engine's counters, tokens/s at each batch size, load time, GPU memory."""

@@ -13,13 +13,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import time
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from trtspec.errors import MissingDependency
-from trtspec.measure import tokens_per_s
+from trtspec.measure import timed, tokens_per_s
 
 NAME, SHORT, PACKAGE = "vLLM", "vllm", "vllm"  # as reports name it, its columns' suffix, its package
 INSTALL_HINT = "bash scripts/setup.sh --engines vllm (vLLM's CPU build), or pip install vllm on a GPU machine"
@@ -172,6 +172,17 @@ def timed_batches(llm: Any, prompts: list[list[int]], max_new: int, batch_size: 
             "itl_ms": round(statistics.median(itls), 2) if itls else None}
 
 
+def in_turn(engines: dict[str, Any], round_prompts: Any, max_new: int, batch_size: int, rounds: int) -> dict[str, list[dict]]:
+    """At one batch size, each round's prompts (round_prompts(round)) timed on every engine in turn (timed_batches)
+    -> each engine's rounds."""
+    runs: dict[str, list[dict]] = {name: [] for name in engines}
+    for r in range(rounds):
+        batch = round_prompts(r)
+        for name, llm in engines.items():
+            runs[name].append(timed_batches(llm, batch, max_new, batch_size))
+    return runs
+
+
 def spec_counters(llm: Any) -> dict[str, Any]:
     """vLLM's speculation counters so far: drafts (target verify steps), draft_tokens, accepted, accepted_per_pos."""
     out: dict[str, Any] = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_pos": []}
@@ -214,22 +225,37 @@ def acceptance(before: dict, after: dict) -> dict:
     }
 
 
-def measure(target: Path, draft: Path | None, k: int, prompts: list[list[int]], max_new: int,
-            batch_sizes: list[int], schedule: dict[int, int] | None = None) -> dict:
-    """Load vLLM (with the draft or without), answer every prompt alone (greedy outputs, counters), then time
-    each batch size: that many requests submitted together (tokens/s, time to first token, inter-token latency)."""
-    t0 = time.perf_counter()
-    llm = load(target, draft, k, max(map(len, prompts)) + max_new + k + 8, max(batch_sizes), schedule=schedule)
-    load_s = time.perf_counter() - t0
-    generate(llm, prompts[:1], 8)  # warm-up
-    before = spec_counters(llm)
-    outputs = [generate(llm, [p], max_new)[0] for p in prompts]
-    acc = acceptance(before, spec_counters(llm)) if draft else {}
-    timed = {bs: timed_batches(llm, prompts, max_new, bs) for bs in batch_sizes}
-    shutdown(llm)
-    return {"outputs": outputs, "acceptance": acc, "tokens_per_s": {bs: t["tokens_per_s"] for bs, t in timed.items()},
-            "latency_ms": {bs: {"ttft_ms": t["ttft_ms"], "itl_ms": t["itl_ms"]} for bs, t in timed.items()},
-            "load_s": round(load_s, 2)}
+def measure(target: Path, engines: dict[str, tuple[Path | None, dict[int, int] | None]], k: int,
+            prompts: list[list[int]], max_new: int, batch_sizes: list[int], rounds: int = 1) -> dict[str, dict]:
+    """vLLM engines over one target, loaded together: each name's (draft or None, draft-length schedule or None).
+    Each answers every prompt alone (greedy outputs, counters); then at each batch size every engine runs its
+    batches in turn, `rounds` times (median), so a drift of the machine's speed hits each alike. -> per name:
+    outputs, acceptance, tokens/s, time to first token and inter-token latency per batch size, load seconds."""
+    import statistics
+
+    window = max(map(len, prompts)) + max_new + k + 8
+    loaded, out = {}, {}
+    for name, (draft, schedule) in engines.items():
+        # each answers before the next loads: get_metrics reads the process's Prometheus registry, which a new engine clears
+        llm, load_s = timed(partial(load, target, draft, k, window, max(batch_sizes), schedule=schedule))
+        loaded[name] = llm
+        generate(llm, prompts[:1], 8)  # warm-up
+        before = spec_counters(llm)
+        outputs = [generate(llm, [p], max_new)[0] for p in prompts]
+        acc = acceptance(before, spec_counters(llm)) if engines[name][0] else {}
+        out[name] = {"outputs": outputs, "acceptance": acc, "tokens_per_s": {}, "latency_ms": {}, "runs": {},
+                     "load_s": round(load_s, 2)}
+    for bs in batch_sizes:
+        runs = in_turn(loaded, lambda r, bs=bs: [prompts[(r * bs + i) % len(prompts)] for i in range(max(bs, len(prompts)))],
+                       max_new, bs, rounds)
+        for name, got in runs.items():
+            middle = sorted(got, key=lambda t: t["tokens_per_s"])[len(got) // 2]
+            out[name]["tokens_per_s"][bs] = statistics.median(t["tokens_per_s"] for t in got)
+            out[name]["latency_ms"][bs] = {"ttft_ms": middle["ttft_ms"], "itl_ms": middle["itl_ms"]}
+            out[name]["runs"][bs] = [round(t["tokens_per_s"], 1) for t in got]
+    for llm in loaded.values():
+        shutdown(llm)
+    return out
 
 
 # --- the engine interface (shared with deploy/trtllm.py): describe, run_bundle, report_options --------------------
@@ -246,9 +272,9 @@ def describe(options: dict) -> str:
     return f"vllm {version()}: {spec['method']}, k={spec['num_speculative_tokens']}"
 
 
-def run_bundle(bundle: Path, options: dict, prompts: list[list[int]], max_new: int, batch_sizes: list[int],
-               speculative: bool = True) -> dict:
-    """measure() on bundle/target with the bundle's draft (its family picks vLLM's method) or without one."""
+def run_bundle(bundle: Path, options: dict, prompts: list[list[int]], max_new: int, batch_sizes: list[int]) -> dict:
+    """measure() on bundle/target with the bundle's draft (its family picks vLLM's method) and without one, loaded
+    together and timed in turn -> {"speculative": ..., "base": ...}."""
     spec = options["speculative_config"]
-    return measure(bundle / "target", bundle / "draft" if speculative else None, spec["max_draft_len"], prompts, max_new,
-                   batch_sizes, spec.get("draft_len_schedule"))
+    return measure(bundle / "target", {"speculative": (bundle / "draft", spec.get("draft_len_schedule")), "base": (None, None)},
+                   spec["max_draft_len"], prompts, max_new, batch_sizes)

@@ -196,9 +196,9 @@ def measure_engine(ctx: StageContext, bundle: Path, backend: str) -> dict:
     hf = hf_reference(ctx.model_path, prompts, new, e.batch_sizes, ctx.cfg.model.dtype)
     ctx.log(f"{engine.describe(options)}; {len(prompts)} prompts, batch sizes {e.batch_sizes}")
     run = in_own_process if backend == "vllm" and vllm_patches_transformers(bundle / "target") else in_this_process
-    spec = run(engine.run_bundle, bundle, options, prompts, new, e.batch_sizes, speculative=True)
-    ctx.log(f"{engine.NAME} without speculation")
-    base = run(engine.run_bundle, bundle, options, prompts, new, e.batch_sizes, speculative=False)
+    ctx.log(f"{engine.NAME} with the draft and without it")
+    both = run(engine.run_bundle, bundle, options, prompts, new, e.batch_sizes)
+    spec, base = both["speculative"], both["base"]
     report = engine_report(ctx, engine, backend, options, spec, base, hf)
     if backend == "vllm" and ctx.cfg.serve.decoding == "eagle3" and report.get("acceptance_length"):
         ctx.log("trtspec's runtime on the same prompts, for its acceptance length beside the engine's")
