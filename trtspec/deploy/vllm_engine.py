@@ -226,13 +226,11 @@ def acceptance(before: dict, after: dict) -> dict:
 
 
 def measure(target: Path, engines: dict[str, tuple[Path | None, dict[int, int] | None]], k: int,
-            prompts: list[list[int]], max_new: int, batch_sizes: list[int], rounds: int = 1) -> dict[str, dict]:
+            prompts: list[list[int]], max_new: int, batch_sizes: list[int]) -> dict[str, dict]:
     """vLLM engines over one target, loaded together: each name's (draft or None, draft-length schedule or None).
     Each answers every prompt alone (greedy outputs, counters); then at each batch size every engine runs its
-    batches in turn, `rounds` times (median), so a drift of the machine's speed hits each alike. -> per name:
-    outputs, acceptance, tokens/s, time to first token and inter-token latency per batch size, load seconds."""
-    import statistics
-
+    batches in turn, so a drift of the machine's speed hits each alike. -> per name: outputs, acceptance, tokens/s,
+    time to first token and inter-token latency per batch size, load seconds."""
     window = max(map(len, prompts)) + max_new + k + 8
     loaded, out = {}, {}
     for name, (draft, schedule) in engines.items():
@@ -242,17 +240,12 @@ def measure(target: Path, engines: dict[str, tuple[Path | None, dict[int, int] |
         generate(llm, prompts[:1], 8)  # warm-up
         before = spec_counters(llm)
         outputs = [generate(llm, [p], max_new)[0] for p in prompts]
-        acc = acceptance(before, spec_counters(llm)) if engines[name][0] else {}
-        out[name] = {"outputs": outputs, "acceptance": acc, "tokens_per_s": {}, "latency_ms": {}, "runs": {},
-                     "load_s": round(load_s, 2)}
+        acc = acceptance(before, spec_counters(llm)) if draft else {}
+        out[name] = {"outputs": outputs, "acceptance": acc, "tokens_per_s": {}, "latency_ms": {}, "load_s": round(load_s, 2)}
     for bs in batch_sizes:
-        runs = in_turn(loaded, lambda r, bs=bs: [prompts[(r * bs + i) % len(prompts)] for i in range(max(bs, len(prompts)))],
-                       max_new, bs, rounds)
-        for name, got in runs.items():
-            middle = sorted(got, key=lambda t: t["tokens_per_s"])[len(got) // 2]
-            out[name]["tokens_per_s"][bs] = statistics.median(t["tokens_per_s"] for t in got)
-            out[name]["latency_ms"][bs] = {"ttft_ms": middle["ttft_ms"], "itl_ms": middle["itl_ms"]}
-            out[name]["runs"][bs] = [round(t["tokens_per_s"], 1) for t in got]
+        for name, (t,) in in_turn(loaded, lambda _: prompts, max_new, bs, rounds=1).items():
+            out[name]["tokens_per_s"][bs] = t["tokens_per_s"]
+            out[name]["latency_ms"][bs] = {"ttft_ms": t["ttft_ms"], "itl_ms": t["itl_ms"]}
     for llm in loaded.values():
         shutdown(llm)
     return out
