@@ -3,7 +3,8 @@
 
     python scripts/bench_engines.py runs/demo                          # table on stdout
     python scripts/bench_engines.py runs/demo --prompts 8 --k 3 --concurrency 1,32 --json
-    python scripts/bench_engines.py runs/demo --draft-off --concurrency 4,16,32 --rounds 6
+    python scripts/bench_engines.py runs/demo --draft-off --concurrency 4,16,32
+    python scripts/bench_engines.py runs/demo --lockstep --concurrency 1,4,16,32 --draft-lengths 2,3 --max-new-tokens 64
 
 Acceptance: trtspec's runtime (greedy chains of k drafts) and vLLM's own counters (EAGLE-3, k speculative tokens),
 prompt by prompt; AL, per-position rates and their ratio. Greedy outputs: vLLM with the draft against HF generate
@@ -11,14 +12,18 @@ on the original model, against the runtime, and against vLLM without the draft. 
 without the draft at each concurrency (that many requests submitted together), measured one engine after the
 other in this run. Needs vLLM (bash scripts/setup.sh --engines vllm).
 
---draft-off: what a draft length of 0 in a schedule costs vLLM. Three engines loaded at once in this process: without
-the draft, with it drafting k tokens, and with it drafting 0 from batch size 2 on (num_speculative_tokens_per_batch_size,
-what serve.draft_len_schedule's 0 serves); at each concurrency (2 or more) their batches run in turn, --rounds times,
-and the median tokens/s of each is printed against no draft.
+--lockstep: vLLM without the draft, with it at each fixed --draft-lengths, and with a draft length per batch size
+(--schedule B:K,..., else the one the run's serving sweep wrote in RUN/bench/sweep.json), all loaded at once in this
+process. At each concurrency every engine keeps that many requests in flight and the engines take one scheduler step
+each in turn, each step timed alone (vllm_engine.lockstep), --rounds times: tokens/s and each round's ratio to no
+draft, and the schedule against the fastest fixed length. Host drift (seconds here) then hits every engine alike.
+--draft-off: the same for what a draft length of 0 costs: without the draft, drafting k, and drafting 0 from batch
+size 2 on (num_speculative_tokens_per_batch_size, what serve.draft_len_schedule's 0 serves).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from functools import partial
@@ -39,7 +44,14 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,32", help="requests submitted together when timing, comma separated")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--draft-off", action="store_true", help="measure what drafting 0 tokens costs (see above)")
-    ap.add_argument("--rounds", type=int, default=6, help="--draft-off: interleaved rounds at each concurrency")
+    ap.add_argument("--lockstep", action="store_true", help="fixed draft lengths and a schedule against no draft (see above)")
+    ap.add_argument("--draft-lengths", default=None, help="--lockstep: fixed draft lengths, comma separated (default: --k)")
+    ap.add_argument("--schedule", default=None, help="--lockstep: draft length per batch size, B:K,... (default: the run's sweep)")
+    ap.add_argument("--requests", type=int, default=16, help="--lockstep/--draft-off: requests per level at least (else 2 x concurrency)")
+    ap.add_argument("--write-schedule", action="store_true",
+                    help="--lockstep: save the schedule the fixed lengths imply as RUN/bench/sweep.json, which "
+                         "`trtspec deploy triton RUN --drafting auto` serves")
+    ap.add_argument("--rounds", type=int, default=3, help="--lockstep/--draft-off: lockstep rounds at each concurrency")
     a = ap.parse_args()
 
     from trtspec.bench import load_prompts, model_source, open_bundle
@@ -55,8 +67,12 @@ def main() -> None:
     bundle, source = opened.path, model_source(run)
     prompts, eos, new = load_prompts(run, opened.tok, a.prompts, a.split), opened.eos, a.max_new_tokens
     levels = [int(x) for x in a.concurrency.split(",")]
-    if a.draft_off:
-        return draft_off(bundle, prompts, new, a.k, levels, a.rounds, a.json)
+    if a.draft_off or a.lockstep:
+        lengths, schedule = lockstep_engines(a, run)
+        out = lockstep_table(bundle, prompts, new, lengths, schedule, levels, a.requests, a.rounds, a.json)
+        if a.write_schedule:
+            write_schedule(run, out)
+        return
 
     print(f"HF generate on {len(prompts)} prompts", file=sys.stderr)
     hf = load_model(source, "float32", "cpu")
@@ -103,35 +119,102 @@ def main() -> None:
         print(f"  {c:>10}{row['with_draft']:>12.1f}{row['without']:>10.1f}{row['ratio']:>8.2f}")
 
 
-def draft_off(bundle: Path, prompts: list[list[int]], new: int, k: int, levels: list[int], rounds: int, as_json: bool) -> None:
-    """vLLM without the draft, drafting k, and drafting 0 from batch size 2 on, loaded together; each level's batches
-    interleaved over `rounds` -> median tokens/s of each and its ratio to no draft."""
+def parse_schedule(text: str) -> dict[int, int]:
+    """'1:3,2:2,8:0' -> {1: 3, 2: 2, 8: 0}."""
+    from trtspec.draft_schedule import schedule_problem
+
+    try:
+        schedule = {int(b): int(k) for b, k in (item.split(":") for item in text.split(","))}
+    except ValueError:
+        sys.exit(f"error: --schedule {text!r}: expected batch-size:length pairs, e.g. 1:3,2:2,8:0")
+    if why := schedule_problem(schedule, schedule.get(1, 0)):
+        sys.exit(f"error: --schedule {text!r}: {why}")
+    return schedule
+
+
+def lockstep_engines(a: argparse.Namespace, run: Path) -> tuple[list[int], dict[int, int] | None]:
+    """(the fixed draft lengths, the schedule or None) that --draft-off or --lockstep compares with no draft."""
+    from trtspec.artifacts import RunDir
+    from trtspec.deploy.serving import measured_schedule, read_options
+
+    if a.draft_off:
+        return [a.k], {1: a.k, 2: 0}
+    lengths = sorted({int(x) for x in (a.draft_lengths or str(a.k)).split(",")} - {0})
+    if a.schedule:
+        return lengths, parse_schedule(a.schedule)
+    schedule, why = measured_schedule(RunDir(run), read_options(run / "bundle"))
+    print(f"schedule: {schedule}{why}", file=sys.stderr)
+    return lengths, schedule
+
+
+def lockstep_table(bundle: Path, prompts: list[list[int]], new: int, lengths: list[int], schedule: dict[int, int] | None,
+                   levels: list[int], requests: int, rounds: int, as_json: bool) -> dict:
+    """vLLM without the draft, at each fixed length, and with the schedule, loaded together and stepped in lockstep at
+    each concurrency, `rounds` times -> tokens/s (the median round) and the median of each round's ratio to no draft."""
     import statistics
 
     from trtspec.deploy import vllm_engine
 
-    if bad := [c for c in levels if c < 2]:
-        sys.exit(f"error: --draft-off measures concurrency 2 or more (batch size 1 drafts k), not {bad[0]}")
+    k = max([*lengths, *(schedule or {}).values()])
     window = max(map(len, prompts)) + new + k + 8
-    engines = {"no draft": vllm_engine.load(bundle / "target", None, k, window, max(levels)),
-               f"k={k}": vllm_engine.load(bundle / "target", bundle / "draft", k, window, max(levels)),
-               "k=0 (draft loaded)": vllm_engine.load(bundle / "target", bundle / "draft", k, window, max(levels),
-                                                      schedule={1: k, 2: 0})}
+    engines = {"no draft": vllm_engine.load(bundle / "target", None, k, window, max(levels))}
+    for n in lengths:
+        engines[f"k={n}"] = vllm_engine.load(bundle / "target", bundle / "draft", n, window, max(levels))
+    if schedule:
+        engines["schedule"] = vllm_engine.load(bundle / "target", bundle / "draft", k, window, max(levels), schedule=schedule)
     for llm in engines.values():
         vllm_engine.generate(llm, prompts[:2], 8)  # warm-up
-    tps = {c: {name: [t["tokens_per_s"] for t in got] for name, got in vllm_engine.in_turn(
-        engines, lambda r, c=c: [prompts[(r * c + i) % len(prompts)] for i in range(c)], new, c, rounds).items()}
-        for c in levels}
-    median = {c: {name: statistics.median(v) for name, v in row.items()} for c, row in tps.items()}
-    result = {str(c): {name: {"tokens_per_s": round(m, 1), "vs_no_draft": round(m / row["no draft"], 3),
-                              "runs": [round(x, 1) for x in tps[c][name]]} for name, m in row.items()} for c, row in median.items()}
+    result: dict[str, dict] = {}
+    for c in levels:
+        got = [vllm_engine.lockstep(engines, prompts, new, c, max(2 * c, requests)) for _ in range(rounds)]
+        row = {}
+        for name in engines:
+            tps = [g[name]["tokens_per_s"] for g in got]
+            vs = [g[name]["tokens_per_s"] / g["no draft"]["tokens_per_s"] for g in got]
+            row[name] = {"tokens_per_s": round(statistics.median(tps), 1), "vs_no_draft": round(statistics.median(vs), 3),
+                         "runs": [round(x, 1) for x in tps]}
+        fixed = [f"k={n}" for n in lengths] + ["no draft"]
+        best = max(fixed, key=lambda name: row[name]["tokens_per_s"])
+        if schedule:
+            vs = [g["schedule"]["tokens_per_s"] / g[best]["tokens_per_s"] for g in got]
+            row["schedule"]["vs_fastest_fixed"] = {"fixed": best, "ratio": round(statistics.median(vs), 3)}
+        result[str(c)] = row
+    from trtspec.draft_schedule import schedule_from_sweep
+
+    implied, decided = schedule_from_sweep({n: {int(c): row[f"k={n}" if n else "no draft"]["tokens_per_s"]
+                                                for c, row in result.items()} for n in [0, *lengths]})
+    out = {"prompts": len(prompts), "max_new_tokens": new, "lengths": lengths, "schedule": schedule, "rounds": rounds,
+           "requests": requests, "tokens_per_s": result, "implied_schedule": implied, "implied": decided}
     if as_json:
-        print(json.dumps({"prompts": len(prompts), "max_new_tokens": new, "k": k, "rounds": rounds, "tokens_per_s": result}, indent=2))
-        return
-    print(f"\nvLLM tokens/s, median of {rounds} interleaved rounds ({new} new tokens)")
-    print(f"  {'concurrent':>10}" + "".join(f"{name:>22}" for name in engines))
+        print(json.dumps(out, indent=2))
+        return out
+    print(f"\nvLLM tokens/s in lockstep, median of {rounds} rounds ({new} new tokens; x: median ratio to no draft)")
+    print(f"  {'concurrent':>10}" + "".join(f"{name:>20}" for name in engines) + ("  schedule vs fastest fixed" if schedule else ""))
     for c, row in result.items():
-        print(f"  {c:>10}" + "".join(f"{r['tokens_per_s']:>13.1f} ({r['vs_no_draft']:.2f}x)" for r in row.values()))
+        line = f"  {c:>10}" + "".join(f"{r['tokens_per_s']:>12.1f} ({r['vs_no_draft']:.2f}x)" for r in row.values())
+        if schedule:
+            line += f"  {row['schedule']['vs_fastest_fixed']['ratio']:.2f}x {row['schedule']['vs_fastest_fixed']['fixed']}"
+        print(line)
+    if schedule:
+        print(f"  schedule measured: {schedule}")
+    print(f"  the fixed lengths' rows imply: {implied} ({decided})")
+    return out
+
+
+def write_schedule(run: Path, out: dict) -> None:
+    """RUN/bench/sweep.json with the lockstep rows and the schedule they imply, tied to this export's bundle."""
+    from trtspec.artifacts import RunDir, output_fingerprint
+    from trtspec.draft_schedule import SWEEP_FILE
+
+    export = RunDir(run).manifest("export")
+    sweep = {"kind": "trtspec/lockstep-sweep", "engine": "vllm", "concurrency": [int(c) for c in out["tokens_per_s"]],
+             "draft_lengths": [0, *out["lengths"]], "max_tokens": out["max_new_tokens"], "rows": out["tokens_per_s"],
+             "schedule": out["implied_schedule"], "decided": f"lockstep: {out['implied']}",
+             "bundle": output_fingerprint(export) if export else None}
+    path = run / "bench" / SWEEP_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(sweep, indent=2) + "\n")
+    print(f"wrote {path}: schedule {sweep['schedule']}", file=sys.stderr)
 
 
 if __name__ == "__main__":

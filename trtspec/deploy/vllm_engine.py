@@ -183,6 +183,43 @@ def in_turn(engines: dict[str, Any], round_prompts: Any, max_new: int, batch_siz
     return runs
 
 
+def lockstep(engines: dict[str, Any], prompts: list[list[int]], max_new: int, concurrency: int,
+             requests: int) -> dict[str, dict]:
+    """Tokens/s of each engine at a fixed concurrency, the engines stepped in lockstep.
+
+    Each engine keeps `concurrency` requests in flight (a finished request is replaced by the next prompt, as a load
+    generator at fixed concurrency does) until `requests` have finished, every engine the same prompts in the same
+    order. The engines take one scheduler step each in turn, each step timed alone, and an engine's tokens/s is its
+    answers' tokens over the sum of its own steps. A drift of the host's speed (on these machines it flips within
+    seconds) then falls on every engine within milliseconds, where timing whole batches one engine after another
+    (in_turn) puts it between them. Greedy answers are equal with and without a draft, so every engine generates the
+    same tokens. -> {name: {"tokens_per_s", "tokens", "steps", "seconds"}}."""
+    import time
+
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_new, temperature=0.0)
+    state = {name: {"sent": 0, "done": 0, "tokens": 0, "steps": 0, "seconds": 0.0} for name in engines}
+    while any(s["done"] < requests for s in state.values()):
+        for name, llm in engines.items():
+            s, engine = state[name], llm.llm_engine
+            if s["done"] >= requests:
+                continue
+            while s["sent"] < requests and s["sent"] - s["done"] < concurrency:
+                engine.add_request(f"lockstep-{name}-{s['sent']}", {"prompt_token_ids": prompts[s["sent"] % len(prompts)]}, params)
+                s["sent"] += 1
+            start = time.perf_counter()
+            outputs = engine.step()
+            s["seconds"] += time.perf_counter() - start
+            s["steps"] += 1
+            for o in outputs:
+                if o.finished:
+                    s["done"] += 1
+                    s["tokens"] += len(o.outputs[0].token_ids)
+    return {name: {"tokens_per_s": s["tokens"] / s["seconds"] if s["seconds"] else None, "tokens": s["tokens"],
+                   "steps": s["steps"], "seconds": round(s["seconds"], 3)} for name, s in state.items()}
+
+
 def spec_counters(llm: Any) -> dict[str, Any]:
     """vLLM's speculation counters so far: drafts (target verify steps), draft_tokens, accepted, accepted_per_pos."""
     out: dict[str, Any] = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_pos": []}
