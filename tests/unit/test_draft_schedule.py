@@ -91,10 +91,10 @@ def test_the_vllm_form_is_what_vllm_validates():
     assert lookup[1:] == [3] * 3 + [2] * 12 + [0] * 17
 
 
-def finished_run(tmp_path, sweep: dict | None, of_export: str | None = None):
+def finished_run(tmp_path, sweep: dict | None, of_export: str | None = None, **sections: dict):
     run = RunDir(tmp_path / "run")
     with run.locked(), run.staging("export") as tmp:
-        make_bundle(tmp, make_cfg(tmp_path))
+        make_bundle(tmp, make_cfg(tmp_path, **sections))
         run.commit("export", tmp, {"stage": "export", "status": "done", "fingerprint": "e1"})
     if sweep is not None:
         (run.path / "bench").mkdir()
@@ -120,3 +120,13 @@ def test_deploy_auto_serves_the_schedule_the_sweep_measured_on_this_bundle(tmp_p
     assert "draft_len_schedule" not in served(tmp_path / "c" / "out")
     write_triton_repo(finished_run(tmp_path / "d", measured), tmp_path / "d" / "out", "eagle3")
     assert "draft_len_schedule" not in served(tmp_path / "d" / "out")
+
+
+def test_deploy_auto_says_when_the_fastest_method_leaves_the_measured_schedule_out(tmp_path, monkeypatch):
+    from trtspec.deploy import serving
+
+    monkeypatch.setattr(serving, "measured_drafting", lambda run: ("eagle3_suffix", 8, "the fastest validate measured"))
+    measured = {"schedule": {"1": 2, "16": 0}, "decided": "k=2 from 1, k=0 from 16"}
+    info = write_triton_repo(finished_run(tmp_path, measured, draft={"suffix_len": 8}), tmp_path / "out")
+    assert "draft_len_schedule" not in served(tmp_path / "out")
+    assert "{1: 2, 16: 0} is EAGLE-3's alone: not served with eagle3_suffix" in info["drafting"]["why"]

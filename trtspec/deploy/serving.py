@@ -412,11 +412,14 @@ def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto", streamin
         method, why = drafting, "--drafting"
     if method:
         options = drafting_options(options, method, suffix_len)
-    if drafting == "auto" and method in (None, "eagle3"):
+    if drafting == "auto":
         schedule, sweep_why = measured_schedule(run, options)
-        why += sweep_why
-        if schedule:
-            options = {**options, "speculative_config": with_schedule_trtllm(options["speculative_config"], schedule)}
+        if schedule and method not in (None, "eagle3"):  # EAGLE-3's draft lengths: said, not served with another method
+            why += f"; the measured draft length by batch size {schedule} is EAGLE-3's alone: not served with {method}"
+        else:
+            why += sweep_why
+            if schedule:
+                options = {**options, "speculative_config": with_schedule_trtllm(options["speculative_config"], schedule)}
     out = Path(out)
     _check_out(out)
     for name in ("target", "draft", "model_repo"):
