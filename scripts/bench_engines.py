@@ -154,6 +154,7 @@ def lockstep_table(bundle: Path, prompts: list[list[int]], new: int, lengths: li
     import statistics
 
     from trtspec.deploy import vllm_engine
+    from trtspec.draft_schedule import schedule_from_sweep
 
     k = max([*lengths, *(schedule or {}).values()])
     window = max(map(len, prompts)) + new + k + 8
@@ -179,8 +180,6 @@ def lockstep_table(bundle: Path, prompts: list[list[int]], new: int, lengths: li
             vs = [g["schedule"]["tokens_per_s"] / g[best]["tokens_per_s"] for g in got]
             row["schedule"]["vs_fastest_fixed"] = {"fixed": best, "ratio": round(statistics.median(vs), 3)}
         result[str(c)] = row
-    from trtspec.draft_schedule import schedule_from_sweep
-
     implied, decided = schedule_from_sweep({n: {int(c): row[f"k={n}" if n else "no draft"]["tokens_per_s"]
                                                 for c, row in result.items()} for n in [0, *lengths]})
     out = {"prompts": len(prompts), "max_new_tokens": new, "lengths": lengths, "schedule": schedule, "rounds": rounds,
@@ -203,18 +202,13 @@ def lockstep_table(bundle: Path, prompts: list[list[int]], new: int, lengths: li
 
 def write_schedule(run: Path, out: dict) -> None:
     """RUN/bench/sweep.json with the lockstep rows and the schedule they imply, tied to this export's bundle."""
-    from trtspec.artifacts import RunDir, output_fingerprint
-    from trtspec.draft_schedule import SWEEP_FILE
+    from trtspec.deploy.sweep import save_sweep
 
-    export = RunDir(run).manifest("export")
     sweep = {"kind": "trtspec/lockstep-sweep", "engine": "vllm", "concurrency": [int(c) for c in out["tokens_per_s"]],
              "draft_lengths": [0, *out["lengths"]], "max_tokens": out["max_new_tokens"], "rows": out["tokens_per_s"],
-             "schedule": out["implied_schedule"], "decided": f"lockstep: {out['implied']}",
-             "bundle": output_fingerprint(export) if export else None}
-    path = run / "bench" / SWEEP_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(sweep, indent=2) + "\n")
-    print(f"wrote {path}: schedule {sweep['schedule']}", file=sys.stderr)
+             "schedule": out["implied_schedule"], "decided": f"lockstep: {out['implied']}"}
+    save_sweep(run, sweep, run / "bench")
+    print(f"wrote {run / 'bench'}/sweep.json: schedule {sweep['schedule']}", file=sys.stderr)
 
 
 if __name__ == "__main__":

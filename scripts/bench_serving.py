@@ -21,8 +21,7 @@ import sys
 from pathlib import Path
 
 from trtspec.bench import arg_parser
-from trtspec.deploy.sweep import SweepPlan, find_aiperf, run_sweep, write_prompts
-from trtspec.draft_schedule import SWEEP_FILE
+from trtspec.deploy.sweep import SweepPlan, find_aiperf, run_sweep, save_sweep, write_prompts
 from trtspec.errors import TrtspecError
 
 
@@ -33,7 +32,6 @@ def heldout_prompts(run: Path) -> list[str]:
 
 
 def main() -> int:
-    from trtspec.artifacts import RunDir, output_fingerprint
     from trtspec.deploy.serving import read_options
 
     ap = arg_parser(__doc__)
@@ -80,9 +78,7 @@ def main() -> int:
         sys.exit(f"Error: {e}")
     print(result["table"] + "\n\n" + (result["crossover"] + "\n" if result["crossover"] else "")
           + f"schedule: {result['schedule']} ({result['decided']})")
-    export = RunDir(args.run).manifest("export")
-    result = {**result, "bundle": output_fingerprint(export) if export else None}
-    (work / SWEEP_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    result = save_sweep(args.run, result, work)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -59,6 +59,19 @@ def find_aiperf(given: str | None = None) -> str:
                             "bash scripts/setup.sh --bench installs it in .venv-bench")
 
 
+def save_sweep(run: Path, result: dict, folder: Path) -> dict:
+    """folder/sweep.json: a sweep's result tied to the run's exported bundle (its fingerprint), which is how
+    `deploy --drafting auto` tells a schedule measured on this bundle from one of an older export -> what was saved."""
+    from trtspec.artifacts import RunDir, output_fingerprint, write_json
+    from trtspec.draft_schedule import SWEEP_FILE
+
+    export = RunDir(run).manifest("export")
+    result = {**result, "bundle": output_fingerprint(export) if export else None}
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / SWEEP_FILE, result)
+    return result
+
+
 def write_prompts(texts: list[str], out: Path) -> int:
     """aiperf's single_turn JSONL: one user prompt a line."""
     out.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))

@@ -172,17 +172,6 @@ def timed_batches(llm: Any, prompts: list[list[int]], max_new: int, batch_size: 
             "itl_ms": round(statistics.median(itls), 2) if itls else None}
 
 
-def in_turn(engines: dict[str, Any], round_prompts: Any, max_new: int, batch_size: int, rounds: int) -> dict[str, list[dict]]:
-    """At one batch size, each round's prompts (round_prompts(round)) timed on every engine in turn (timed_batches)
-    -> each engine's rounds."""
-    runs: dict[str, list[dict]] = {name: [] for name in engines}
-    for r in range(rounds):
-        batch = round_prompts(r)
-        for name, llm in engines.items():
-            runs[name].append(timed_batches(llm, batch, max_new, batch_size))
-    return runs
-
-
 def lockstep(engines: dict[str, Any], prompts: list[list[int]], max_new: int, concurrency: int,
              requests: int) -> dict[str, dict]:
     """Tokens/s of each engine at a fixed concurrency, the engines stepped in lockstep.
@@ -192,7 +181,7 @@ def lockstep(engines: dict[str, Any], prompts: list[list[int]], max_new: int, co
     order. The engines take one scheduler step each in turn, each step timed alone, and an engine's tokens/s is its
     answers' tokens over the sum of its own steps. A drift of the host's speed (on these machines it flips within
     seconds) then falls on every engine within milliseconds, where timing whole batches one engine after another
-    (in_turn) puts it between them. Greedy answers are equal with and without a draft, so every engine generates the
+    (measure's timed_batches) puts it between them. Greedy answers are equal with and without a draft, so every engine generates the
     same tokens. -> {name: {"tokens_per_s", "tokens", "steps", "seconds"}}."""
     import time
 
@@ -280,7 +269,8 @@ def measure(target: Path, engines: dict[str, tuple[Path | None, dict[int, int] |
         acc = acceptance(before, spec_counters(llm)) if draft else {}
         out[name] = {"outputs": outputs, "acceptance": acc, "tokens_per_s": {}, "latency_ms": {}, "load_s": round(load_s, 2)}
     for bs in batch_sizes:
-        for name, (t,) in in_turn(loaded, lambda _: prompts, max_new, bs, rounds=1).items():
+        for name, llm in loaded.items():
+            t = timed_batches(llm, prompts, max_new, bs)
             out[name]["tokens_per_s"][bs] = t["tokens_per_s"]
             out[name]["latency_ms"][bs] = {"ttft_ms": t["ttft_ms"], "itl_ms": t["itl_ms"]}
     for llm in loaded.values():
