@@ -5,6 +5,7 @@
     python scripts/bench_engines.py runs/demo --prompts 8 --k 3 --concurrency 1,32 --json
     python scripts/bench_engines.py runs/demo --draft-off --concurrency 4,16,32
     python scripts/bench_engines.py runs/demo --lockstep --concurrency 1,4,16,32 --draft-lengths 2,3 --max-new-tokens 64
+    python scripts/bench_engines.py runs/demo --lockstep --schedule 1:3,2:2,8:0 --concurrency 1,4,16,32
 
 Acceptance: trtspec's runtime (greedy chains of k drafts) and vLLM's own counters (EAGLE-3, k speculative tokens),
 prompt by prompt; AL, per-position rates and their ratio. Greedy outputs: vLLM with the draft against HF generate
@@ -12,11 +13,12 @@ on the original model, against the runtime, and against vLLM without the draft. 
 without the draft at each concurrency (that many requests submitted together), measured one engine after the
 other in this run. Needs vLLM (bash scripts/setup.sh --engines vllm).
 
---lockstep: vLLM without the draft, with it at each fixed --draft-lengths, and with a draft length per batch size
-(--schedule B:K,..., else the one the run's serving sweep wrote in RUN/bench/sweep.json), all loaded at once in this
-process. At each concurrency every engine keeps that many requests in flight and the engines take one scheduler step
-each in turn, each step timed alone (vllm_engine.lockstep), --rounds times: tokens/s and each round's ratio to no
-draft, and the schedule against the fastest fixed length. Host drift (seconds here) then hits every engine alike.
+--lockstep: the engine stage's concurrency sweep (engine.sweep_method lockstep, trtspec.deploy.sweep): vLLM without
+the draft and with it at each --draft-lengths, loaded at once in this process; at each concurrency every engine keeps
+that many requests in flight and the engines take one scheduler step each in turn, each step timed alone
+(vllm_engine.lockstep), --rounds times. Then the draft length per batch size the lengths imply, measured again
+beside no draft and the fastest length (--write-schedule saves it for `deploy --drafting auto`); or, with --schedule
+B:K,..., that schedule beside them in the same rounds. Host drift (seconds here) then hits every engine alike.
 --draft-off: the same for what a draft length of 0 costs: without the draft, drafting k, and drafting 0 from batch
 size 2 on (num_speculative_tokens_per_batch_size, what serve.draft_len_schedule's 0 serves).
 """
@@ -46,7 +48,7 @@ def main() -> None:
     ap.add_argument("--draft-off", action="store_true", help="measure what drafting 0 tokens costs (see above)")
     ap.add_argument("--lockstep", action="store_true", help="fixed draft lengths and a schedule against no draft (see above)")
     ap.add_argument("--draft-lengths", default=None, help="--lockstep: fixed draft lengths, comma separated (default: --k)")
-    ap.add_argument("--schedule", default=None, help="--lockstep: draft length per batch size, B:K,... (default: the run's sweep)")
+    ap.add_argument("--schedule", default=None, help="--lockstep: measure this draft length per batch size, B:K,... (default: the one the lengths imply)")
     ap.add_argument("--requests", type=int, default=16, help="--lockstep/--draft-off: requests per level at least (else 2 x concurrency)")
     ap.add_argument("--write-schedule", action="store_true",
                     help="--lockstep: save the schedule the fixed lengths imply as RUN/bench/sweep.json, which "
@@ -68,10 +70,14 @@ def main() -> None:
     prompts, eos, new = load_prompts(run, opened.tok, a.prompts, a.split), opened.eos, a.max_new_tokens
     levels = [int(x) for x in a.concurrency.split(",")]
     if a.draft_off or a.lockstep:
-        lengths, schedule = lockstep_engines(a, run)
-        out = lockstep_table(bundle, prompts, new, lengths, schedule, levels, a.requests, a.rounds, a.json)
-        if a.write_schedule:
-            write_schedule(run, out)
+        out = lockstep(bundle, prompts, a, levels)
+        if a.write_schedule and out["decided"] != "given":
+            from trtspec.deploy.sweep import save_sweep
+
+            out = save_sweep(run, out, run / "bench")
+            print(f"wrote {run / 'bench'}/sweep.json: schedule {out['schedule']}", file=sys.stderr)
+        print(json.dumps(out, indent=2) if a.json else
+              out["table"] + f"\n\nschedule: {out['schedule']} ({out['decided']})" + (f"; {out['crossover']}" if out["crossover"] else ""))
         return
 
     print(f"HF generate on {len(prompts)} prompts", file=sys.stderr)
@@ -132,83 +138,36 @@ def parse_schedule(text: str) -> dict[int, int]:
     return schedule
 
 
-def lockstep_engines(a: argparse.Namespace, run: Path) -> tuple[list[int], dict[int, int] | None]:
-    """(the fixed draft lengths, the schedule or None) that --draft-off or --lockstep compares with no draft."""
-    from trtspec.artifacts import RunDir
-    from trtspec.deploy.serving import measured_schedule, read_options
-
+def lockstep_engines(a: argparse.Namespace) -> tuple[list[int], dict[int, int] | None]:
+    """(the draft lengths, 0 = no draft, and the schedule or None) that --draft-off or --lockstep compares."""
     if a.draft_off:
-        return [a.k], {1: a.k, 2: 0}
-    lengths = sorted({int(x) for x in (a.draft_lengths or str(a.k)).split(",")} - {0})
-    if a.schedule:
-        return lengths, parse_schedule(a.schedule)
-    schedule, why = measured_schedule(RunDir(run), read_options(run / "bundle"))
-    print(f"schedule: {schedule}{why}", file=sys.stderr)
-    return lengths, schedule
+        return [0, a.k], {1: a.k, 2: 0}
+    lengths = sorted({0, *(int(x) for x in (a.draft_lengths or str(a.k)).split(","))})
+    return lengths, parse_schedule(a.schedule) if a.schedule else None
 
 
-def lockstep_table(bundle: Path, prompts: list[list[int]], new: int, lengths: list[int], schedule: dict[int, int] | None,
-                   levels: list[int], requests: int, rounds: int, as_json: bool) -> dict:
-    """vLLM without the draft, at each fixed length, and with the schedule, loaded together and stepped in lockstep at
-    each concurrency, `rounds` times -> tokens/s (the median round) and the median of each round's ratio to no draft."""
-    import statistics
+def lockstep(bundle: Path, prompts: list[list[int]], a: argparse.Namespace, levels: list[int]) -> dict:
+    """vLLM without the draft and at each draft length, loaded together and stepped in lockstep at each concurrency,
+    --rounds times. With a schedule (--schedule, --draft-off) it runs beside them in the same rounds; else the sweep
+    finds the schedule the lengths imply and measures it again beside no draft and the fastest length
+    (trtspec.deploy.sweep.run_sweep)."""
+    from trtspec.deploy.sweep import LockstepPool, SweepPlan, run_sweep, sweep_table
 
-    from trtspec.deploy import vllm_engine
-    from trtspec.draft_schedule import schedule_from_sweep
-
-    k = max([*lengths, *(schedule or {}).values()])
-    window = max(map(len, prompts)) + new + k + 8
-    engines = {"no draft": vllm_engine.load(bundle / "target", None, k, window, max(levels))}
-    for n in lengths:
-        engines[f"k={n}"] = vllm_engine.load(bundle / "target", bundle / "draft", n, window, max(levels))
-    if schedule:
-        engines["schedule"] = vllm_engine.load(bundle / "target", bundle / "draft", k, window, max(levels), schedule=schedule)
-    for llm in engines.values():
-        vllm_engine.generate(llm, prompts[:2], 8)  # warm-up
-    result: dict[str, dict] = {}
-    for c in levels:
-        got = [vllm_engine.lockstep(engines, prompts, new, c, max(2 * c, requests)) for _ in range(rounds)]
-        row = {}
-        for name in engines:
-            tps = [g[name]["tokens_per_s"] for g in got]
-            vs = [g[name]["tokens_per_s"] / g["no draft"]["tokens_per_s"] for g in got]
-            row[name] = {"tokens_per_s": round(statistics.median(tps), 1), "vs_no_draft": round(statistics.median(vs), 3),
-                         "runs": [round(x, 1) for x in tps]}
-        fixed = [f"k={n}" for n in lengths] + ["no draft"]
-        best = max(fixed, key=lambda name: row[name]["tokens_per_s"])
-        if schedule:
-            vs = [g["schedule"]["tokens_per_s"] / g[best]["tokens_per_s"] for g in got]
-            row["schedule"]["vs_fastest_fixed"] = {"fixed": best, "ratio": round(statistics.median(vs), 3)}
-        result[str(c)] = row
-    implied, decided = schedule_from_sweep({n: {int(c): row[f"k={n}" if n else "no draft"]["tokens_per_s"]
-                                                for c, row in result.items()} for n in [0, *lengths]})
-    out = {"prompts": len(prompts), "max_new_tokens": new, "lengths": lengths, "schedule": schedule, "rounds": rounds,
-           "requests": requests, "tokens_per_s": result, "implied_schedule": implied, "implied": decided}
-    if as_json:
-        print(json.dumps(out, indent=2))
-        return out
-    print(f"\nvLLM tokens/s in lockstep, median of {rounds} rounds ({new} new tokens; x: median ratio to no draft)")
-    print(f"  {'concurrent':>10}" + "".join(f"{name:>20}" for name in engines) + ("  schedule vs fastest fixed" if schedule else ""))
-    for c, row in result.items():
-        line = f"  {c:>10}" + "".join(f"{r['tokens_per_s']:>12.1f} ({r['vs_no_draft']:.2f}x)" for r in row.values())
-        if schedule:
-            line += f"  {row['schedule']['vs_fastest_fixed']['ratio']:.2f}x {row['schedule']['vs_fastest_fixed']['fixed']}"
-        print(line)
-    if schedule:
-        print(f"  schedule measured: {schedule}")
-    print(f"  the fixed lengths' rows imply: {implied} ({decided})")
-    return out
-
-
-def write_schedule(run: Path, out: dict) -> None:
-    """RUN/bench/sweep.json with the lockstep rows and the schedule they imply, tied to this export's bundle."""
-    from trtspec.deploy.sweep import save_sweep
-
-    sweep = {"kind": "trtspec/lockstep-sweep", "engine": "vllm", "concurrency": [int(c) for c in out["tokens_per_s"]],
-             "draft_lengths": [0, *out["lengths"]], "max_tokens": out["max_new_tokens"], "rows": out["tokens_per_s"],
-             "schedule": out["implied_schedule"], "decided": f"lockstep: {out['implied']}"}
-    save_sweep(run, sweep, run / "bench")
-    print(f"wrote {run / 'bench'}/sweep.json: schedule {sweep['schedule']}", file=sys.stderr)
+    lengths, schedule = lockstep_engines(a)
+    plan = SweepPlan(levels, lengths, a.max_new_tokens, min_requests=a.requests, repeats=a.rounds)
+    log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    pool = LockstepPool(bundle, plan, prompts, log)
+    if not schedule:
+        return run_sweep(pool, plan, log)
+    with pool:
+        for k in lengths:
+            pool.start(f"k{k}", k)
+        pool.start("schedule", schedule[1], schedule)
+        found = pool.rows({c: [*(f"k{k}" for k in lengths), "schedule"] for c in levels})
+    rows = {k: found[f"k{k}"] for k in lengths}
+    table, where = sweep_table(rows, found["schedule"])
+    return {"kind": pool.KIND, "rows": rows, "schedule": schedule, "decided": "given", "scheduled": found["schedule"],
+            "table": table, "crossover": where}
 
 
 if __name__ == "__main__":

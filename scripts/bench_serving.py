@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from trtspec.bench import arg_parser
-from trtspec.deploy.sweep import SweepPlan, find_aiperf, run_sweep, save_sweep, write_prompts
+from trtspec.deploy.sweep import ServerPool, SweepPlan, find_aiperf, run_sweep, save_sweep, write_prompts
 from trtspec.errors import TrtspecError
 
 
@@ -73,7 +73,8 @@ def main() -> int:
         n = write_prompts(texts, work / "prompts.jsonl")
         print(f"{n} held-out prompts, concurrency {plan.concurrency}, draft lengths {lengths}, up to {args.max_tokens} "
               f"tokens, aiperf {aiperf}", file=sys.stderr)
-        result = run_sweep(bundle, work / "prompts.jsonl", plan, work, aiperf, log=lambda m: print(m, file=sys.stderr))
+        log = lambda m: print(m, file=sys.stderr)  # noqa: E731
+        result = run_sweep(ServerPool(bundle, plan, work, aiperf, work / "prompts.jsonl", log), plan, log)
     except TrtspecError as e:
         sys.exit(f"Error: {e}")
     print(result["table"] + "\n\n" + (result["crossover"] + "\n" if result["crossover"] else "")

@@ -245,9 +245,10 @@ class ServeSection(Section):
                             "different dtypes (a quantized target counts), as TensorRT-LLM advises")
     draft_len_schedule: dict[Requests, DraftLen] | None = key(
         None, "the draft length per batch size the bundle is served with, {from batch size: draft length}, e.g. "
-        "{1: 3, 16: 0} = 3 tokens up to 15 requests, no speculation from 16 (TensorRT-LLM draft_len_schedule; vLLM "
-        "num_speculative_tokens_per_batch_size is derived from it); batch size 1 drafts draft.length; "
-        "scripts/bench_serving.py --draft-lengths measures one; null = draft.length at every batch size")
+        "{1: 3, 16: 0} = 3 tokens up to 15 requests, no speculation from 16; batch size 1 drafts draft.length. The "
+        "bundle writes each engine's form: TensorRT-LLM's draft_len_schedule keyed by each tier's last batch size "
+        "({15: 3}), vLLM's num_speculative_tokens_per_batch_size ranges; engine.sweep measures one; null = "
+        "draft.length at every batch size")
 
 
 class EngineSection(Section):
@@ -259,16 +260,22 @@ class EngineSection(Section):
                                          description="requests submitted together when timing (1 = one at a time; "
                                          "the first is the headline)")
     sweep: list[BatchSize] | None = Field(None, min_length=1, max_length=16,
-                                   description="a serving sweep's concurrency levels, e.g. [1, 4, 16, 32]: vLLM's "
-                                   "OpenAI server under NVIDIA's aiperf (bash scripts/setup.sh --bench) at each draft "
-                                   "length, its table in the manifest and the draft length per batch size it implies "
-                                   "(deploy triton --drafting auto serves it); minutes a length on a CPU; null = none")
+                                   description="a concurrency sweep's levels, e.g. [1, 4, 16, 32]: the bundle in vLLM at "
+                                   "each draft length and concurrency (engine.sweep_method), its table in the manifest "
+                                   "and the draft length per batch size it implies (deploy triton --drafting auto "
+                                   "serves it); null = none")
+    sweep_method: Literal["lockstep", "aiperf"] = key(
+        "lockstep", "how the sweep loads vLLM: lockstep = every draft length's engine in one process, the engines taking "
+        "one scheduler step each in turn, each step timed alone (decides a few percent on a host whose speed drifts; "
+        "minutes on a CPU); aiperf = vLLM's OpenAI server under NVIDIA's aiperf (bash scripts/setup.sh --bench), the "
+        "real serving path, whose levels run one after another (tens of minutes on a CPU, and the host's drift "
+        "between them)")
     sweep_draft_lengths: list[DraftLen] | None = Field(None, min_length=1, max_length=17,
                                                        description="the draft lengths the sweep serves (0 = no draft); "
                                                        "null = 0 to draft.length")
     sweep_max_tokens: int = key(64, "answer length of the sweep's requests", ge=1, le=8192)
-    sweep_repeats: int = key(1, "rounds of every server at each concurrency, back to back (a level keeps its median "
-                             "round): on a shared CPU one round of a level can differ from the next by ~10%", ge=1, le=10)
+    sweep_repeats: int = key(3, "rounds of every engine at each concurrency (a level keeps its median round, and the "
+                             "schedule's ratios are the median of each round's ratio)", ge=1, le=10)
 
 
 BUILTIN_SUITE_CATEGORIES = ("explanation", "lists", "code", "writing", "chat", "math")  # trtspec.demo_prompts.CATEGORIES

@@ -3,15 +3,18 @@
 Speculation pays at one request and costs at many (the target's pass is memory-bound alone and compute-bound in a
 full batch, so the drafted tokens that get rejected stop being free). Both engines take a draft length per batch size:
 
-    TensorRT-LLM  speculative_config.draft_len_schedule: {batch size threshold: draft length}, e.g. {1: 3, 16: 0}
-                  = from 1 request on draft 3, from 16 on draft nothing. It must hold batch size 1, schedule[1] must
-                  equal max_draft_len and no value may exceed it (llmapi/llm_args.py,
-                  DecodingBaseConfig.validate_draft_len_schedule_and_sort).
+    TensorRT-LLM  speculative_config.draft_len_schedule: {the last batch size of a tier: its draft length}, e.g.
+                  {4: 3, 8: 2} = 1-4 requests draft 3, 5-8 draft 2, 9 and more draft nothing (llmapi/llm_args.py,
+                  DecodingBaseConfig.draft_len_schedule; _torch/speculative/utils.py get_draft_len_for_batch_size:
+                  the first key >= the batch size, none: 0). Keys >= 1, lengths >= 0, the smallest key's length
+                  equals max_draft_len and none exceeds it (validate_draft_len_schedule_and_sort). Releases before
+                  March 2026 read the keys as thresholds ("from this batch size on") and required key 1.
     vLLM 0.32     speculative_config.num_speculative_tokens_per_batch_size: [[first, last, k], ...] inclusive,
                   sorted, non-overlapping ranges starting at 1; k >= 0, capped at num_speculative_tokens; batch sizes
                   past the last range keep its k (v1/spec_decode/dynamic/utils.py).
 
-trtspec keeps a schedule in TensorRT-LLM's form (`serve.draft_len_schedule`, the sweep's choice) and derives vLLM's.
+trtspec keeps a schedule as thresholds, {from batch size: draft length} (`serve.draft_len_schedule`, the sweep's
+choice), and writes each engine's form from it: trtllm_tiers, vllm_ranges.
 """
 
 from __future__ import annotations
@@ -88,9 +91,31 @@ def schedule_from_sweep(tokens_per_s: dict[int, dict[int, float | None]]) -> tup
     return schedule, note + (f"; capped at batch size 1's k: {', '.join(capped)}" if capped else "")
 
 
-def with_schedule_trtllm(spec: dict[str, Any], schedule: Schedule) -> dict[str, Any]:
+def trtllm_tiers(schedule: Schedule, max_batch_size: int) -> dict[int, int]:
+    """TensorRT-LLM's draft_len_schedule: each threshold's length keyed by the last batch size before the next
+    threshold; a last tier that drafts runs to max_batch_size, one that does not is left to TensorRT-LLM's implicit
+    0 past the largest key. {1: 3, 2: 2, 8: 0} -> {1: 3, 7: 2}; {1: 3, 16: 1} with 64 -> {15: 3, 64: 1}."""
+    sizes = sorted(schedule)
+    tiers = {nxt - 1: schedule[size] for size, nxt in zip(sizes, sizes[1:], strict=False)}
+    if schedule[sizes[-1]]:
+        tiers[max(sizes[-1], max_batch_size)] = schedule[sizes[-1]]
+    return tiers
+
+
+def from_trtllm_tiers(tiers: dict[int, int]) -> Schedule:
+    """trtllm_tiers undone: thresholds, with 0 from one past the largest key (TensorRT-LLM's implicit tier)."""
+    keys = sorted(tiers)
+    schedule = {1: tiers[keys[0]]}
+    for key, nxt in zip(keys, [*keys[1:], None], strict=True):
+        length = tiers[nxt] if nxt is not None else 0
+        if length != schedule[max(schedule)]:
+            schedule[key + 1] = length
+    return schedule
+
+
+def with_schedule_trtllm(spec: dict[str, Any], schedule: Schedule, max_batch_size: int) -> dict[str, Any]:
     """TensorRT-LLM's speculative_config with the schedule (max_draft_len = the length at batch size 1)."""
-    return {**spec, "max_draft_len": schedule[1], "draft_len_schedule": dict(sorted(schedule.items()))}
+    return {**spec, "max_draft_len": schedule[1], "draft_len_schedule": trtllm_tiers(schedule, max_batch_size)}
 
 
 def with_schedule_vllm(spec: dict[str, Any], schedule: Schedule) -> dict[str, Any]:

@@ -189,33 +189,40 @@ def test_vllm_serves_a_draft_length_schedule_losslessly(ci_bundle, prompts, hf_o
     assert got["acceptance"]["drafts"] > 0 and got["acceptance"]["acceptance_length"] > 1
 
 
-def test_engine_stage_sweeps_draft_lengths_and_deploy_serves_the_schedule(ci_run, ci_config, tmp_path):
-    """engine.sweep: vLLM's server under aiperf at each draft length and concurrency; the manifest keeps the table,
-    engine/sweep.json the schedule, and deploy triton --drafting auto serves exactly that schedule."""
+@pytest.mark.parametrize("method", ["lockstep", "aiperf"])
+def test_engine_stage_sweeps_draft_lengths_and_deploy_serves_the_schedule(ci_run, ci_config, tmp_path, method):
+    """engine.sweep: vLLM at each draft length and concurrency, its engines in lockstep in the stage's process or its
+    OpenAI server under aiperf; the manifest keeps the table, engine/sweep.json the schedule, and deploy triton
+    --drafting auto serves exactly that schedule, in TensorRT-LLM's form."""
     import yaml
 
     from trtspec.artifacts import read_json
     from trtspec.config import load_config
     from trtspec.deploy.serving import write_triton_repo
     from trtspec.deploy.sweep import find_aiperf
+    from trtspec.draft_schedule import trtllm_tiers
     from trtspec.pipeline import runner as pipeline
 
-    find_aiperf()  # bash scripts/setup.sh --bench (scripts/test.sh installs it)
+    if method == "aiperf":
+        find_aiperf()  # bash scripts/setup.sh --bench (scripts/test.sh installs it)
+    repeats = {"lockstep": 2, "aiperf": 1}[method]  # an aiperf round is minutes of servers and load generator
     run = tmp_path / "run"
     shutil.copytree(ci_run, run)
     config, overrides = ci_config
     cfg = load_config(config, [*overrides, "engine.backend=vllm", "engine.batch_sizes=[1]", "eval.num_prompts=1",
                                "eval.max_new_tokens=8", "engine.sweep=[1, 2]", "engine.sweep_draft_lengths=[0, 1]",
-                               "engine.sweep_max_tokens=8"])
+                               "engine.sweep_max_tokens=8", f"engine.sweep_method={method}", f"engine.sweep_repeats={repeats}"])
     results = pipeline.run_build(cfg, run, until="engine")
     assert [r.status for r in results if r.stage == "engine"] == ["done"], results
     sweep = read_json(run / "engine" / "sweep.json")
+    assert sweep["kind"] == {"lockstep": "trtspec/lockstep-sweep", "aiperf": "trtspec/serving-sweep"}[method]
     assert set(sweep["rows"]) == {"0", "1"} and all(set(r) == {"1", "2"} for r in sweep["rows"].values())
-    assert all(row["tokens_per_s"] > 0 for r in sweep["rows"].values() for row in r.values())
-    assert all(row["acceptance_length"] >= 1 for row in sweep["rows"]["1"].values())
+    assert all(row["tokens_per_s"] > 0 and len(row["runs"]) == repeats for r in sweep["rows"].values() for row in r.values())
+    if method == "aiperf":
+        assert all(row["acceptance_length"] >= 1 for row in sweep["rows"]["1"].values())
     m = read_json(run / "engine" / "manifest.json")["metrics"]["sweep"]
     assert m["table"].startswith("| concurrency | k=0 tok/s | k=1 tok/s | fastest k |") and m["decided"]
     info = write_triton_repo(run, tmp_path / "deploy")
     spec = yaml.safe_load((tmp_path / "deploy" / "model_repo" / "tensorrt_llm" / "1" / "model.yaml").read_text())["speculative_config"]
-    want = {int(b): k for b, k in sweep["schedule"].items()} if sweep["schedule"] else None
+    want = trtllm_tiers({int(b): k for b, k in sweep["schedule"].items()}, cfg.serve.max_batch_size) if sweep["schedule"] else None
     assert spec.get("draft_len_schedule") == want and info["drafting"]["draft_len_schedule"] == want

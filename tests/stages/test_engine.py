@@ -90,21 +90,6 @@ def test_vllm_acceptance_from_its_counters():
     assert acc["drafts"] == 10 and acc["draft_tokens"] == 30 and acc["accepted_draft_tokens"] == 12
 
 
-def test_request_latency_from_vllms_own_request_stats():
-    """TTFT is vLLM's first_token_latency; ITL spreads the time from the first token to the last over the tokens
-    after the first; a request without stats (stats logging off) gives none."""
-    from types import SimpleNamespace
-
-    stats = pytest.importorskip("vllm.v1.metrics.stats")
-    from trtspec.deploy.vllm_engine import latency_ms
-
-    m = stats.RequestStateStats(num_generation_tokens=5, first_token_ts=10.0, last_token_ts=10.2, first_token_latency=0.05)
-    assert latency_ms(SimpleNamespace(metrics=m)) == pytest.approx((50.0, 50.0))
-    m1 = stats.RequestStateStats(num_generation_tokens=1, first_token_ts=3.0, last_token_ts=3.0, first_token_latency=0.02)
-    ttft, itl = latency_ms(SimpleNamespace(metrics=m1))
-    assert ttft == pytest.approx(20.0) and itl is None and latency_ms(SimpleNamespace(metrics=None)) is None
-
-
 def test_crossover_says_where_speculation_stops_paying():
     spec = {"tokens_per_s": {1: 44.1, 32: 110.0}, "latency_ms": {1: {"ttft_ms": 90.0, "itl_ms": 21.0}, 32: {"ttft_ms": 700.0, "itl_ms": 140.0}}}
     speed = engine.speed_table(spec, {"tokens_per_s": {1: 27.0, 32: 172.0}}, {1: 20.0, 32: 100.0}, "vllm")

@@ -39,12 +39,14 @@ def test_stat_reads_aiperf_exports():
 
 
 class FakePool:
-    """ServerPool's interface over a table of tokens/s per (label, concurrency), recording what ran in order."""
+    """A pool's interface (start, stop, rows) over a table of tokens/s per (label, concurrency), its rows measured by
+    the real measure_interleaved, recording what ran in order."""
 
     speeds: dict = {}
     calls: list = []
+    KIND = "fake"
 
-    def __init__(self, bundle, plan, work):
+    def __init__(self, plan):
         self.up: set[str] = set()
         self.plan = plan
 
@@ -54,13 +56,16 @@ class FakePool:
     def __exit__(self, *exc):
         FakePool.calls.append(("exit", sorted(self.up)))
 
-    def start(self, label, spec):
+    def start(self, label, k, schedule=None):
         self.up.add(label)
-        FakePool.calls.append(("start", label, spec is not None and spec.get("num_speculative_tokens_per_batch_size")))
+        FakePool.calls.append(("start", label, k, schedule))
 
     def stop(self, label):
         self.up.remove(label)
         FakePool.calls.append(("stop", label))
+
+    def rows(self, levels, tag=""):
+        return sweep.measure_interleaved(self, levels, "aiperf", None, tag, log=lambda m: None)
 
     def measure(self, label, c, aiperf, prompts, tag):
         assert label in self.up
@@ -70,22 +75,21 @@ class FakePool:
         return row(speed, al=2.0 if label != "k0" else None)
 
 
-def test_the_sweep_interleaves_draft_lengths_then_measures_the_schedule_beside_no_draft_and_the_fastest(monkeypatch, tmp_path):
-    monkeypatch.setattr(sweep, "ServerPool", FakePool)
-    monkeypatch.setattr(sweep, "speculative_configs", lambda bundle, lengths: {
-        k: {"method": "eagle3", "num_speculative_tokens": k} if k else None for k in lengths})
+def test_the_sweep_interleaves_draft_lengths_then_measures_the_schedule_beside_no_draft_and_the_fastest():
     FakePool.calls = []
     FakePool.speeds = {("k0", 1): 10, ("k1", 1): 12, ("k2", 1): 15, ("k0", 16): 100, ("k1", 16): 80, ("k2", 16): 70,
                        ("schedule", 1): 14, ("schedule", 16): 95}
     plan = sweep.SweepPlan([1, 16], [0, 1, 2])
-    result = sweep.run_sweep(tmp_path, tmp_path / "p.jsonl", plan, tmp_path / "w", "aiperf", log=lambda m: None)
+    result = sweep.run_sweep(FakePool(plan), plan, log=lambda m: None)
     measured = [c[1:] for c in FakePool.calls if c[0] == "measure"]
     # first every length at 1, then every length at 16; then the schedule beside the fastest and no draft at each
     assert measured[:6] == [("k0", 1), ("k1", 1), ("k2", 1), ("k0", 16), ("k1", 16), ("k2", 16)]
     assert measured[6:] == [("schedule", 1), ("k2", 1), ("k0", 1), ("schedule", 16), ("k0", 16)]
-    assert ("stop", "k1") in FakePool.calls  # fastest nowhere: its memory goes to the schedule's server
+    assert ("stop", "k1") in FakePool.calls  # fastest nowhere: its memory goes to the schedule's engine
+    assert ("start", "schedule", 2, {1: 2, 4: 0}) in FakePool.calls  # schedule[1] drafts, as TensorRT-LLM requires
     assert result["schedule"] == {1: 2, 4: 0} and FakePool.calls[-1] == ("exit", ["k0", "k2", "schedule"])
-    assert result["compared"] == {1: {"fastest": 15, "no_draft": 10}, 16: {"fastest": 100, "no_draft": 100}}
+    assert {c: {n: r["tokens_per_s"] for n, r in v.items()} for c, v in result["compared"].items()} == {
+        1: {"fastest": 15, "no_draft": 10}, 16: {"fastest": 100, "no_draft": 100}}
     lines = result["table"].splitlines()
     assert lines[2] == "| 1 | 10.0 | 12.0 | 15.0 | 2 | 14.0 | 0.93x | 1.40x | 2.00 |"
     assert lines[3] == "| 16 | 100.0 | 80.0 | 70.0 | 0 | 95.0 | 0.95x | 0.95x | 2.00 |"
@@ -94,9 +98,19 @@ def test_the_sweep_interleaves_draft_lengths_then_measures_the_schedule_beside_n
 def test_repeated_rounds_interleave_and_keep_each_levels_median_round():
     FakePool.calls = []
     FakePool.speeds = {("k0", 4): [30.0, 40.0, 35.0], ("k3", 4): [50.0, 20.0, 45.0]}
-    pool = FakePool(None, sweep.SweepPlan([4], [0, 3], repeats=3), None)
-    pool.start("k0", None), pool.start("k3", {})
-    rows = sweep.measure_interleaved(pool, {4: ["k0", "k3"]}, "aiperf", None, log=lambda m: None)
+    pool = FakePool(sweep.SweepPlan([4], [0, 3], repeats=3))
+    pool.start("k0", 0), pool.start("k3", 3)
+    rows = pool.rows({4: ["k0", "k3"]})
     assert [c[1] for c in FakePool.calls if c[0] == "measure"] == ["k0", "k3"] * 3  # round by round, back to back
     assert rows["k0"][4]["tokens_per_s"] == 35.0 and rows["k0"][4]["runs"] == [30.0, 40.0, 35.0]
     assert rows["k3"][4]["tokens_per_s"] == 45.0
+
+
+def test_the_schedules_ratio_is_the_median_of_its_rounds_ratios():
+    """Rounds measured side by side pair up (a round where the host ran slow for both engines cancels out); the ratio
+    of the two median rounds would mix rounds (here 100 / 100 = 1.0x, where the rounds read 1.0x, 0.8x, 0.95x)."""
+    schedule = {"tokens_per_s": 100.0, "runs": [100.0, 40.0, 190.0]}
+    no_draft = {"tokens_per_s": 100.0, "runs": [100.0, 50.0, 200.0]}
+    assert sweep.paired_ratio(schedule, no_draft) == 0.95
+    assert sweep.paired_ratio({"tokens_per_s": 90.0}, no_draft) == 0.9  # not measured in the same rounds
+    assert sweep.paired_ratio(None, no_draft) is None

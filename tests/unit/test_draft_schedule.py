@@ -15,8 +15,10 @@ from trtspec.deploy.serving import llm_api_options, vllm_speculative_config, wri
 from trtspec.draft_schedule import (
     SWEEP_FILE,
     best_lengths,
+    from_trtllm_tiers,
     schedule_from_sweep,
     schedule_problem,
+    trtllm_tiers,
     vllm_ranges,
 )
 from trtspec.errors import ConfigError
@@ -71,16 +73,43 @@ def test_the_bundle_serves_the_schedule_in_each_engines_form(tmp_path, fake_trtl
 
     cfg = make_cfg(tmp_path, serve={"draft_len_schedule": {16: 0, 1: 3}})
     spec = llm_api_options(cfg)["speculative_config"]
-    assert spec["draft_len_schedule"] == {1: 3, 16: 0} and spec["max_draft_len"] == 3
+    assert spec["draft_len_schedule"] == {15: 3} and spec["max_draft_len"] == 3  # 1-15 requests draft 3, then none
     bundle = make_bundle(tmp_path / "b", cfg)
     opts = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())
     built = trtllm.llm_kwargs(opts, bundle / "target", bundle)["speculative_config"]  # the strict config class takes it
-    assert built.draft_len_schedule == {1: 3, 16: 0}
+    assert built.draft_len_schedule == {15: 3}
     model_yaml = yaml.safe_load((bundle / "triton" / "tensorrt_llm" / "1" / "model.yaml").read_text())
-    assert model_yaml["speculative_config"]["draft_len_schedule"] == {1: 3, 16: 0}
+    assert model_yaml["speculative_config"]["draft_len_schedule"] == {15: 3}
     vllm = vllm_speculative_config(opts)
     assert vllm["num_speculative_tokens"] == 3 and vllm["num_speculative_tokens_per_batch_size"] == [[1, 15, 3], [16, 16, 0]]
     assert '"num_speculative_tokens_per_batch_size": [[1, 15, 3], [16, 16, 0]]' in (bundle / "snippets" / "vllm.sh").read_text()
+
+
+def trtllm_draft_len(tiers: dict[int, int], batch_size: int) -> int:
+    """TensorRT-LLM's lookup, as _torch/speculative/utils.py get_draft_len_for_batch_size reads a draft_len_schedule
+    (main at 0004396): the first key >= the batch size (bisect_left over the sorted keys); past the last key, 0."""
+    from bisect import bisect_left
+
+    keys = sorted(tiers)
+    i = bisect_left(keys, batch_size)
+    return tiers[keys[i]] if i < len(keys) else 0
+
+
+@pytest.mark.parametrize("schedule", [{1: 3, 16: 0}, {1: 3, 2: 2, 8: 0}, {1: 3, 4: 2, 16: 1}, {1: 2}, {1: 3, 2: 0}])
+def test_both_engines_draft_the_schedules_length_at_every_batch_size(schedule):
+    """What each engine drafts at batch sizes 1..64 (max_batch_size 64) from the form trtspec writes for it equals
+    the schedule's own length there: thresholds for trtspec, tiers up to a key for TensorRT-LLM, ranges for vLLM."""
+    def intended(bs):
+        return schedule[max(b for b in schedule if b <= bs)]
+
+    tiers = trtllm_tiers(schedule, 64)
+    assert tiers[min(tiers)] == schedule[1]  # TensorRT-LLM: the smallest key's length is max_draft_len
+    assert [trtllm_draft_len(tiers, bs) for bs in range(1, 65)] == [intended(bs) for bs in range(1, 65)]
+    assert from_trtllm_tiers(tiers) in (schedule, {**schedule, 65: 0})  # read back (vllm_speculative_config)
+    utils = pytest.importorskip("vllm.v1.spec_decode.dynamic.utils")
+    lookup = utils.build_dynamic_sd_schedule_lookup(vllm_ranges(schedule), vllm_max_batch_size=64,
+                                                    vllm_num_speculative_tokens=max(schedule.values()))
+    assert lookup[1:] == [intended(bs) for bs in range(1, 65)]
 
 
 def test_the_vllm_form_is_what_vllm_validates():
@@ -111,8 +140,8 @@ def test_deploy_auto_serves_the_schedule_the_sweep_measured_on_this_bundle(tmp_p
     measured = {"schedule": {"1": 2, "16": 0}, "decided": "k=2 from 1, k=0 from 16"}
     info = write_triton_repo(finished_run(tmp_path / "a", measured), tmp_path / "a" / "out")
     spec = served(tmp_path / "a" / "out")
-    assert spec["draft_len_schedule"] == {1: 2, 16: 0} and spec["max_draft_len"] == 2
-    assert info["drafting"]["draft_len_schedule"] == {1: 2, 16: 0} and "k=2 from 1" in info["drafting"]["why"]
+    assert spec["draft_len_schedule"] == {15: 2} and spec["max_draft_len"] == 2
+    assert info["drafting"]["draft_len_schedule"] == {15: 2} and "k=2 from 1" in info["drafting"]["why"]
     # another bundle's sweep, no sweep, or a method named: the bundle's own fixed length
     info = write_triton_repo(finished_run(tmp_path / "b", measured, of_export="older"), tmp_path / "b" / "out")
     assert "draft_len_schedule" not in served(tmp_path / "b" / "out") and "older bundle" in info["drafting"]["why"]
@@ -129,4 +158,4 @@ def test_deploy_auto_says_when_the_fastest_method_leaves_the_measured_schedule_o
     measured = {"schedule": {"1": 2, "16": 0}, "decided": "k=2 from 1, k=0 from 16"}
     info = write_triton_repo(finished_run(tmp_path, measured, draft={"suffix_len": 8}), tmp_path / "out")
     assert "draft_len_schedule" not in served(tmp_path / "out")
-    assert "{1: 2, 16: 0} is EAGLE-3's alone: not served with eagle3_suffix" in info["drafting"]["why"]
+    assert "{1: 2, 16: 0} is EAGLE-3's alone" in info["drafting"]["why"] and "not served with eagle3_suffix" in info["drafting"]["why"]

@@ -9,8 +9,9 @@ from trtspec.deploy import vllm_engine
 
 
 class FakeEngine:
-    """A scheduler that finishes each request `steps_per_answer` steps after it arrived, with `tokens` tokens; each
-    step advances a shared clock by `step_s` and logs which engine stepped with how many requests in flight."""
+    """A scheduler that gives each request its first token at its first step and finishes it `steps_per_answer` steps
+    after it arrived, with `tokens` tokens, reporting every running request each step (vLLM's cumulative output kind);
+    each step advances a shared clock by `step_s` and logs which engine stepped with how many requests in flight."""
 
     def __init__(self, name, clock, log, steps_per_answer, step_s, tokens=4):
         self.name, self.clock, self.log = name, clock, log
@@ -27,9 +28,11 @@ class FakeEngine:
         out = []
         for rid in list(self.running):
             self.running[rid] += 1
-            if self.running[rid] == self.steps_per_answer:
+            done = self.running[rid] == self.steps_per_answer
+            n = self.tokens if done else max(1, self.tokens * self.running[rid] // self.steps_per_answer)
+            out.append(SimpleNamespace(request_id=rid, finished=done, outputs=[SimpleNamespace(token_ids=[0] * n)]))
+            if done:
                 del self.running[rid]
-                out.append(SimpleNamespace(finished=True, outputs=[SimpleNamespace(token_ids=[0] * self.tokens)]))
         return out
 
 
@@ -66,3 +69,16 @@ def test_a_slower_step_shows_in_its_engine_alone(clock):
     got = vllm_engine.lockstep({"a": SimpleNamespace(llm_engine=a), "b": SimpleNamespace(llm_engine=b)},
                                [[1]], max_new=4, concurrency=1, requests=2)
     assert got["a"]["tokens_per_s"] / got["b"]["tokens_per_s"] == pytest.approx(3.0)
+
+
+def test_latencies_are_read_on_each_engines_own_clock(clock):
+    """A request's time to first token and inter-token latency count its engine's steps only: the other engine's
+    steps in between (here 3x as long) do not show in them."""
+    log = []
+    a = FakeEngine("a", clock, log, steps_per_answer=4, step_s=0.01, tokens=4)
+    b = FakeEngine("b", clock, log, steps_per_answer=4, step_s=0.03, tokens=4)
+    got = vllm_engine.lockstep({"a": SimpleNamespace(llm_engine=a), "b": SimpleNamespace(llm_engine=b)},
+                               [[1]], max_new=4, concurrency=1, requests=2)
+    # first token after one step; the last three tokens over the three steps after it
+    assert got["a"]["ttft_ms"] == pytest.approx(10.0) and got["a"]["itl_ms"] == pytest.approx(10.0)
+    assert got["b"]["ttft_ms"] == pytest.approx(30.0) and got["b"]["itl_ms"] == pytest.approx(30.0)

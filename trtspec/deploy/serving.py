@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from trtspec import draft_schedule as ds
 from trtspec.deploy.compat import ENGINES_CHECKED, vllm_aux_ids
 from trtspec.draft_schedule import SWEEP_FILE, schedule_problem, with_schedule_trtllm, with_schedule_vllm
 from trtspec.errors import ArtifactError
@@ -259,7 +260,7 @@ def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
         return {"method": "suffix", "num_speculative_tokens": spec["max_draft_len"]}
     method = served_family(spec).vllm_methods[spec["decoding_type"]]
     vllm = {"method": method, "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
-    return with_schedule_vllm(vllm, spec["draft_len_schedule"]) if spec.get("draft_len_schedule") else vllm
+    return with_schedule_vllm(vllm, ds.from_trtllm_tiers(spec["draft_len_schedule"])) if spec.get("draft_len_schedule") else vllm
 
 
 def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[str] = frozenset(),
@@ -415,11 +416,13 @@ def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto", streamin
     if drafting == "auto":
         schedule, sweep_why = measured_schedule(run, options)
         if schedule and method not in (None, "eagle3"):  # EAGLE-3's draft lengths: said, not served with another method
-            why += f"; the measured draft length by batch size {schedule} is EAGLE-3's alone: not served with {method}"
+            why += (f"; the measured draft length by batch size {schedule} is EAGLE-3's alone (measured in vLLM, which "
+                    f"serves no suffix matching in front of EAGLE-3): not served with {method}")
         else:
             why += sweep_why
             if schedule:
-                options = {**options, "speculative_config": with_schedule_trtllm(options["speculative_config"], schedule)}
+                options = {**options, "speculative_config": with_schedule_trtllm(options["speculative_config"], schedule,
+                                                                                        options["max_batch_size"])}
     out = Path(out)
     _check_out(out)
     for name in ("target", "draft", "model_repo"):

@@ -1,8 +1,12 @@
-"""A serving sweep: the bundle in vLLM's OpenAI server at each draft length (0 = no draft), loaded by NVIDIA's load
-generator aiperf at each concurrency; the draft length per batch size it implies (trtspec.draft_schedule), measured
-against the best fixed length and against no draft.
+"""A concurrency sweep: the bundle in vLLM at each draft length (0 = no draft) and concurrency; the draft length per
+batch size it implies (trtspec.draft_schedule), measured against the best fixed length and against no draft.
 
-Every server is up at once and the levels interleave: at each concurrency the draft lengths run one right after the
+Two ways to load the engines (run_sweep takes either pool): LockstepPool keeps every engine in this process and steps
+them in lockstep, each step timed alone (the comparison that decides a few percent on a shared host whose speed
+drifts within seconds); ServerPool serves the bundle in vLLM's OpenAI server under NVIDIA's load generator aiperf
+(the real serving path, with HTTP and streaming, whose levels one after another carry the host's drift).
+
+ServerPool: every server is up at once and the levels interleave: at each concurrency the draft lengths run one right after the
 other, then the schedule beside no draft and the fastest length, so the ratios compared are measured side by side.
 Greedy answers are the same at every draft length (lossless), so the servers generate the same tokens and output
 tokens/s compare directly. Each level sends max(2 x concurrency, min_requests) requests after a warm-up of
@@ -78,13 +82,17 @@ def write_prompts(texts: list[str], out: Path) -> int:
     return len(texts)
 
 
-def speculative_configs(bundle: Path, lengths: list[int]) -> dict[int, dict | None]:
-    """{k: vLLM's speculative_config drafting k tokens with the bundle's draft} (k = 0: None, no draft)."""
+def speculative_config(bundle: Path, k: int, schedule: dict[int, int] | None = None) -> dict | None:
+    """vLLM's speculative_config drafting k tokens with the bundle's draft, or schedule's length per batch size (k
+    = schedule[1]); None for k = 0 (no draft)."""
     from trtspec.deploy.serving import read_options, vllm_speculative_config
 
+    if not k:
+        return None
     spec = vllm_speculative_config(read_options(bundle), str(bundle / "draft"))
-    spec.pop("num_speculative_tokens_per_batch_size", None)  # one fixed length per server
-    return {k: {**spec, "num_speculative_tokens": k} if k else None for k in lengths}
+    spec.pop("num_speculative_tokens_per_batch_size", None)
+    spec["num_speculative_tokens"] = k
+    return with_schedule_vllm(spec, schedule) if schedule else spec
 
 
 def free_port() -> int:
@@ -186,16 +194,24 @@ def stat(summary: dict, name: str, field: str = "avg") -> float | None:
 
 
 class ServerPool:
-    """vLLM servers kept up together, one per label, each on its own loopback port; all stopped on exit. An idle
-    server waits on its request queue, so the servers not under load leave the machine to the one that is."""
+    """vLLM's OpenAI servers kept up together, one per label, each on its own loopback port, loaded by aiperf with
+    the prompts of `prompts` (aiperf's JSONL); all stopped on exit. An idle server waits on its request queue, so the
+    servers not under load leave the machine to the one that is."""
 
-    def __init__(self, bundle: Path, plan: SweepPlan, work: Path) -> None:
-        self.bundle, self.plan, self.work = bundle, plan, work
+    KIND = "trtspec/serving-sweep"
+
+    def __init__(self, bundle: Path, plan: SweepPlan, work: Path, aiperf: str, prompts: Path, log: Any = print) -> None:
+        self.bundle, self.plan, self.work, self.aiperf, self.prompts, self.log = bundle, plan, work, aiperf, prompts, log
         self.servers: dict[str, tuple[subprocess.Popen, int, bool]] = {}
+        work.mkdir(parents=True, exist_ok=True)
 
-    def start(self, label: str, spec: dict | None) -> None:
+    def start(self, label: str, k: int, schedule: dict[int, int] | None = None) -> None:
+        spec = speculative_config(self.bundle, k, schedule)
         proc, port = start_vllm(self.bundle, spec, max(self.plan.concurrency), self.work / f"vllm-{label}.log", self.plan)
         self.servers[label] = (proc, port, spec is not None)
+
+    def rows(self, levels: dict[int, list[str]], tag: str = "") -> dict[str, dict[int, dict]]:
+        return measure_interleaved(self, levels, self.aiperf, self.prompts, tag, self.log)
 
     def stop(self, label: str) -> None:
         stop(self.servers.pop(label)[0])
@@ -244,17 +260,16 @@ def measure_interleaved(pool: ServerPool, levels: dict[int, list[str]], aiperf: 
     return rows
 
 
-def run_sweep(bundle: Path, prompts: Path, plan: SweepPlan, work: Path, aiperf: str, log: Any = print) -> dict:
-    """Every draft length at every concurrency, then the schedule they imply (when it is not one fixed length),
+def run_sweep(pool: Any, plan: SweepPlan, log: Any = print) -> dict:
+    """Every draft length at every concurrency on `pool` (ServerPool: vLLM's servers under aiperf; LockstepPool:
+    engines in this process, stepped in lockstep), then the schedule they imply (when it is not one fixed length),
     measured again beside no draft and the fastest fixed length at each concurrency: {rows: {k: {c: row}},
-    schedule, decided, scheduled: {c: row} | None, compared: {c: {no_draft, fastest}} | None, table, crossover}."""
-    work.mkdir(parents=True, exist_ok=True)
-    specs = speculative_configs(bundle, plan.draft_lengths)
-    with ServerPool(bundle, plan, work) as pool:
+    schedule, decided, scheduled: {c: row} | None, compared: {c: {no_draft: row, fastest: row}} | None, table,
+    crossover}."""
+    with pool:
         for k in plan.draft_lengths:
-            pool.start(f"k{k}", specs[k])
-        found = measure_interleaved(pool, {c: [f"k{k}" for k in plan.draft_lengths] for c in plan.concurrency},
-                                    aiperf, prompts, log=log)
+            pool.start(f"k{k}", k)
+        found = pool.rows({c: [f"k{k}" for k in plan.draft_lengths] for c in plan.concurrency})
         rows = {k: found[f"k{k}"] for k in plan.draft_lengths}
         tps = {k: {c: r["tokens_per_s"] for c, r in rows[k].items()} for k in rows}
         schedule, decided = schedule_from_sweep(tps)
@@ -262,19 +277,80 @@ def run_sweep(bundle: Path, prompts: Path, plan: SweepPlan, work: Path, aiperf: 
         if schedule and len(set(schedule.values())) > 1:  # a schedule that is one fixed k was measured above
             best = best_lengths(tps)
             for k in set(plan.draft_lengths) - {0, *best.values()}:
-                pool.stop(f"k{k}")  # its memory for the schedule's server
-            spec = with_schedule_vllm({**specs[max(plan.draft_lengths)], "num_speculative_tokens": schedule[1]}, schedule)
-            pool.start("schedule", spec)
+                pool.stop(f"k{k}")  # its memory for the schedule's engine
+            log(f"the schedule they imply, {schedule}, beside the fastest length and no draft")
+            pool.start("schedule", schedule[1], schedule)
             levels = {c: list(dict.fromkeys(["schedule", f"k{best[c]}", *(["k0"] if 0 in rows else [])]))
                       for c in plan.concurrency if c in best}
-            again = measure_interleaved(pool, levels, aiperf, prompts, tag="again-", log=log)
+            again = pool.rows(levels, tag="again-")
             scheduled = again["schedule"]
-            compared = {c: {"fastest": again[f"k{best[c]}"][c]["tokens_per_s"],
-                            "no_draft": again["k0"][c]["tokens_per_s"] if "k0" in again else None} for c in levels}
+            compared = {c: {"fastest": again[f"k{best[c]}"][c], "no_draft": again["k0"][c] if "k0" in again else None}
+                        for c in levels}
     table, where = sweep_table(rows, scheduled, compared)
-    return {"kind": "trtspec/serving-sweep", "engine": "vllm", "concurrency": plan.concurrency,
-            "draft_lengths": plan.draft_lengths, "max_tokens": plan.max_tokens, "rows": rows, "schedule": schedule,
-            "decided": decided, "scheduled": scheduled, "compared": compared, "table": table, "crossover": where}
+    return {"kind": pool.KIND, "engine": "vllm", "concurrency": plan.concurrency, "draft_lengths": plan.draft_lengths,
+            "max_tokens": plan.max_tokens, "rows": rows, "schedule": schedule, "decided": decided, "scheduled": scheduled,
+            "compared": compared, "table": table, "crossover": where}
+
+
+def lockstep_sweep(bundle: Path, prompts: list[list[int]], plan: SweepPlan, log: Any = print) -> dict:
+    """run_sweep in lockstep (LockstepPool) on prompts given as token ids."""
+    return run_sweep(LockstepPool(bundle, plan, prompts, log), plan, log)
+
+
+class LockstepPool:
+    """ServerPool's interface over vLLM engines loaded together in this process (vllm_engine.load, each with the KV
+    cache its share needs), measured in lockstep (vllm_engine.lockstep): each engine's clock is its own steps, so a
+    drift of the host's speed falls on every engine alike, where levels measured one after another (aiperf) put it
+    between them. `plan.repeats` rounds at each concurrency; a level keeps its median round."""
+
+    KIND = "trtspec/lockstep-sweep"
+
+    def __init__(self, bundle: Path, plan: SweepPlan, prompts: list[list[int]], log: Any = print) -> None:
+        from trtspec.deploy import vllm_engine
+
+        self.bundle, self.plan, self.prompts, self.log, self.engines = bundle, plan, prompts, log, {}
+        self.window = max(map(len, prompts)) + plan.max_tokens + max(plan.draft_lengths) + 8
+        self.kv_gib = vllm_engine.kv_cache_gib_for(bundle / "target", max(plan.concurrency) * self.window)
+
+    def start(self, label: str, k: int, schedule: dict[int, int] | None = None) -> None:
+        from trtspec.deploy import vllm_engine
+
+        llm = vllm_engine.load(self.bundle / "target", self.bundle / "draft" if k else None, k, self.window,
+                               max(self.plan.concurrency), schedule=schedule, kv_cache_gib=self.kv_gib)
+        vllm_engine.generate(llm, self.prompts[:2], 8)  # warm-up
+        self.engines[label] = llm
+
+    def stop(self, label: str) -> None:
+        from trtspec.deploy import vllm_engine
+
+        vllm_engine.shutdown(self.engines.pop(label))
+
+    def __enter__(self) -> LockstepPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for label in list(self.engines):
+            self.stop(label)
+
+    def rows(self, levels: dict[int, list[str]], tag: str = "") -> dict[str, dict[int, dict]]:
+        """At each concurrency c, the engines levels[c] in lockstep, plan.repeats rounds -> {label: {c: the median
+        round's tokens/s, TTFT and ITL (ms, on the engine's own clock), every round's tokens/s as "runs"}}."""
+        from trtspec.deploy import vllm_engine
+
+        rows: dict[str, dict[int, dict]] = {}
+        for c, labels in levels.items():
+            engines = {label: self.engines[label] for label in labels}
+            requests = max(2 * c, self.plan.min_requests)
+            got = [vllm_engine.lockstep(engines, self.prompts, self.plan.max_tokens, c, requests)
+                   for _ in range(self.plan.repeats)]
+            for label in labels:
+                ranked = sorted((g[label] for g in got), key=lambda r: r["tokens_per_s"] or 0.0)
+                mid = ranked[(len(ranked) - 1) // 2]
+                rows.setdefault(label, {})[c] = {"tokens_per_s": mid["tokens_per_s"], "ttft_ms": mid["ttft_ms"],
+                                                 "itl_ms": mid["itl_ms"], "runs": [round(g[label]["tokens_per_s"], 2) for g in got]}
+            self.log(f"concurrency {c}: " + ", ".join(f"{label} {fmt(rows[label][c]['tokens_per_s'])}" for label in labels)
+                     + " tok/s")
+        return rows
 
 
 def fmt(v: float | None, f: str = "{:.1f}") -> str:
@@ -285,12 +361,25 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
+def paired_ratio(a: dict | None, b: dict | None) -> float | None:
+    """Row a's tokens/s over row b's: the median of their rounds' ratios where both were measured in the same rounds
+    (a round holds one level of each, back to back or in lockstep), else the ratio of the two rows."""
+    import statistics
+
+    if not a or not b:
+        return None
+    runs_a, runs_b = a.get("runs") or [], b.get("runs") or []
+    if len(runs_a) == len(runs_b) > 1 and all(runs_b):
+        return statistics.median(x / y for x, y in zip(runs_a, runs_b, strict=True))
+    return ratio(a.get("tokens_per_s"), b.get("tokens_per_s"))
+
+
 def sweep_table(rows: dict[int, dict[int, dict]], scheduled: dict[int, dict] | None,
                 compared: dict[int, dict] | None = None) -> tuple[str, str]:
     """The side-by-side table (markdown: tokens/s at each draft length, the fastest, the schedule against it and
     against no draft, AL at the longest draft) and where speculation stops paying at the longest draft. The
-    schedule's ratios are to `compared` ({c: {fastest, no_draft}} tokens/s, measured beside the schedule's server)
-    where given, else to the rows."""
+    schedule's ratios (paired_ratio) are to `compared` ({c: {fastest, no_draft}} rows, measured beside the
+    schedule) where given, else to the rows."""
     lengths = sorted(rows)
     levels = sorted({c for r in rows.values() for c in r})
     tps = {k: {c: rows[k][c]["tokens_per_s"] for c in rows[k]} for k in lengths}
@@ -302,16 +391,16 @@ def sweep_table(rows: dict[int, dict[int, dict]], scheduled: dict[int, dict] | N
     lines = [head, "|" + "---:|" * (head.count("|") - 1)]
     pays, costs = [], []
     for c in levels:
-        r = ratio(tps[lengths[-1]].get(c), tps.get(0, {}).get(c))
+        r = paired_ratio(rows[lengths[-1]].get(c), rows.get(0, {}).get(c))
         if 0 in tps and r is not None:
             (pays if r >= 1 else costs).append(f"{c}" + ("" if r >= 1 else f" ({r:.2f}x)"))
         line = f"| {c} | " + " | ".join(fmt(tps[k].get(c)) for k in lengths) + f" | {best.get(c, 'n/a')} |"
         if scheduled:
-            s = scheduled.get(c, {}).get("tokens_per_s")
-            beside = (compared or {}).get(c) or {"fastest": tps[best[c]][c] if c in best else None,
-                                                 "no_draft": tps.get(0, {}).get(c)}
-            line += (f" {fmt(s)} | {fmt(ratio(s, beside['fastest']), '{:.2f}x')} |"
-                     f" {fmt(ratio(s, beside['no_draft']), '{:.2f}x')} |")
+            s = scheduled.get(c)
+            beside = (compared or {}).get(c) or {"fastest": rows[best[c]][c] if c in best else None,
+                                                 "no_draft": rows.get(0, {}).get(c)}
+            line += (f" {fmt((s or {}).get('tokens_per_s'))} | {fmt(paired_ratio(s, beside['fastest']), '{:.2f}x')} |"
+                     f" {fmt(paired_ratio(s, beside['no_draft']), '{:.2f}x')} |")
         lines.append(line + f" {fmt(rows[lengths[-1]].get(c, {}).get('acceptance_length'), '{:.2f}')} |")
     where = "; ".join(([f"k={lengths[-1]} pays at concurrency {', '.join(pays)}"] if pays else [])
                       + ([f"costs at {', '.join(costs)}"] if costs else []))

