@@ -292,22 +292,27 @@ def deploy():
               help="auto: the drafting validate measured fastest on this bundle (EAGLE-3, suffix, or suffix in front of "
                    "EAGLE-3; the bundle's own without a comparison), with the draft length per batch size a serving "
                    "sweep measured on it (engine.sweep, scripts/bench_serving.py); or name one (fixed length).")
+@click.option("--measured-schedule", "measured", is_flag=True,
+              help="Serve plain EAGLE-3 with the draft length per batch size the engine stage's sweep (engine.sweep) "
+                   "or a bench script measured on this bundle, even where validate found another method fastest "
+                   "at one request; refused in one line when none was measured.")
 @click.option("--streaming", is_flag=True,
               help="A decoupled model (model.yaml triton_config): answers stream step by step through gRPC streams and "
                    "HTTP generate_stream; plain HTTP/gRPC infer then refuse it.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def deploy_triton(run_dir, out, drafting, streaming, as_json):
+def deploy_triton(run_dir, out, drafting, measured, streaming, as_json):
     """Write a Triton model repository (TensorRT-LLM LLM-API backend) for RUN_DIR's bundle.
 
     \b
     Examples:
       trtspec deploy triton runs/demo --out model_repo
       trtspec deploy triton runs/demo --out model_repo --drafting suffix
+      trtspec deploy triton runs/demo --out model_repo --measured-schedule
       trtspec deploy triton runs/demo --out model_repo --streaming
     """
     from trtspec.deploy.serving import write_triton_repo
 
-    info = write_triton_repo(Path(run_dir), Path(out), drafting, streaming)
+    info = write_triton_repo(Path(run_dir), Path(out), drafting, streaming, measured)
     d = info["drafting"]
     click.echo(json.dumps(info, indent=2) if as_json else "\n".join(
         [f"wrote {p}" for p in info["files"]] + [f"drafting: {d['method']} ({d['decoding_type']}"

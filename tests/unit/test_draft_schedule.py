@@ -159,3 +159,20 @@ def test_deploy_auto_says_when_the_fastest_method_leaves_the_measured_schedule_o
     info = write_triton_repo(finished_run(tmp_path, measured, draft={"suffix_len": 8}), tmp_path / "out")
     assert "draft_len_schedule" not in served(tmp_path / "out")
     assert "{1: 2, 16: 0} is EAGLE-3's alone" in info["drafting"]["why"] and "not served with eagle3_suffix" in info["drafting"]["why"]
+
+
+def test_measured_schedule_serves_plain_eagle3_with_the_sweeps_lengths_whatever_validate_found_fastest(tmp_path, monkeypatch):
+    from trtspec.deploy import serving
+    from trtspec.errors import ArtifactError
+
+    monkeypatch.setattr(serving, "measured_drafting", lambda run: ("eagle3_suffix", 8, "the fastest validate measured"))
+    measured = {"schedule": {"1": 2, "16": 0}, "decided": "k=2 from 1, k=0 from 16"}
+    run = finished_run(tmp_path / "a", measured, draft={"suffix_len": 8})
+    info = write_triton_repo(run, tmp_path / "a" / "out", measured=True)
+    spec = served(tmp_path / "a" / "out")
+    assert spec["draft_len_schedule"] == {15: 2} and "sa_config" not in spec and info["drafting"]["method"] == "eagle3"
+    with pytest.raises(ArtifactError, match="--measured-schedule: no draft length per batch size was measured"):
+        write_triton_repo(finished_run(tmp_path / "b", None), tmp_path / "b" / "out", measured=True)
+    with pytest.raises(ArtifactError, match="--drafting suffix drafts another way"):
+        write_triton_repo(run, tmp_path / "c", "suffix", measured=True)
+    assert not (tmp_path / "b" / "out").exists() and not (tmp_path / "c").exists()  # refused before writing

@@ -391,13 +391,19 @@ def measured_schedule(run: Any, options: dict) -> tuple[dict[int, int] | None, s
     return schedule, f"; draft length by batch size {schedule} from {path} ({sweep.get('decided', '')})"
 
 
-def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto", streaming: bool = False) -> dict:
+def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto", streaming: bool = False,
+                      measured: bool = False) -> dict:
     """A self-contained Triton deployment of RUN_DIR's bundle: weights, model_repo/, launch.sh.
 
-    drafting: auto = the method validate measured fastest on this bundle (else the bundle's own); or one of
-    eagle3, suffix, eagle3_suffix. streaming: a decoupled model (see triton_model_yaml)."""
+    drafting: auto = the method validate measured fastest on this bundle (else the bundle's own), with the draft
+    length per batch size a sweep measured on it where that method is plain EAGLE-3; or one of eagle3, suffix,
+    eagle3_suffix, at the bundle's fixed length. measured: plain EAGLE-3 with the measured draft length per batch
+    size, whichever method validate found fastest. streaming: a decoupled model (see triton_model_yaml)."""
     from trtspec.artifacts import RunDir, write_json
 
+    if measured and drafting not in ("auto", "eagle3"):
+        raise ArtifactError(f"--measured-schedule serves EAGLE-3's measured draft lengths; --drafting {drafting} drafts "
+                            "another way", "leave --drafting at auto or eagle3")
     run = RunDir(run_dir)
     if not run.is_run():
         raise ArtifactError(f"'{run_dir}' is not a trtspec run directory", "pass the --out folder of `trtspec build`")
@@ -409,15 +415,21 @@ def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto", streamin
             raise ArtifactError(f"the bundle in '{bundle}' has no {part}", f"re-run `trtspec export CONFIG --out {run_dir} --force`")
     options = read_options(bundle)
     method, suffix_len, why = measured_drafting(run)
-    if drafting != "auto":
+    if measured:
+        method, why = "eagle3", "--measured-schedule"
+    elif drafting != "auto":
         method, why = drafting, "--drafting"
     if method:
         options = drafting_options(options, method, suffix_len)
-    if drafting == "auto":
+    if drafting == "auto" or measured:
         schedule, sweep_why = measured_schedule(run, options)
+        if measured and not schedule:
+            raise ArtifactError(f"--measured-schedule: no draft length per batch size was measured on this bundle{sweep_why}",
+                                f"run `trtspec engine CONFIG --out {run_dir} --set 'engine.sweep=[1, 4, 16, 32]'` first")
         if schedule and method not in (None, "eagle3"):  # EAGLE-3's draft lengths: said, not served with another method
             why += (f"; the measured draft length by batch size {schedule} is EAGLE-3's alone (measured in vLLM, which "
-                    f"serves no suffix matching in front of EAGLE-3): not served with {method}")
+                    f"serves no suffix matching in front of EAGLE-3): not served with {method} (--measured-schedule "
+                    "serves it with EAGLE-3 alone)")
         else:
             why += sweep_why
             if schedule:
