@@ -16,9 +16,14 @@ from typing import Any
 
 import yaml
 
-from trtspec import draft_schedule as ds
 from trtspec.deploy.compat import ENGINES_CHECKED, vllm_aux_ids
-from trtspec.draft_schedule import SWEEP_FILE, schedule_problem, with_schedule_trtllm, with_schedule_vllm
+from trtspec.draft_schedule import (
+    SWEEP_FILE,
+    from_trtllm_tiers,
+    schedule_problem,
+    with_schedule_trtllm,
+    with_schedule_vllm,
+)
 from trtspec.errors import ArtifactError
 from trtspec.families import FAMILIES, family
 
@@ -260,7 +265,7 @@ def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
         return {"method": "suffix", "num_speculative_tokens": spec["max_draft_len"]}
     method = served_family(spec).vllm_methods[spec["decoding_type"]]
     vllm = {"method": method, "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
-    return with_schedule_vllm(vllm, ds.from_trtllm_tiers(spec["draft_len_schedule"])) if spec.get("draft_len_schedule") else vllm
+    return with_schedule_vllm(vllm, from_trtllm_tiers(spec["draft_len_schedule"])) if spec.get("draft_len_schedule") else vllm
 
 
 def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[str] = frozenset(),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtspec.deploy import vllm_engine
 from trtspec.draft_schedule import best_lengths, schedule_from_sweep, with_schedule_vllm
 from trtspec.errors import MissingDependency, TrtspecError
 
@@ -254,10 +255,15 @@ def measure_interleaved(pool: ServerPool, levels: dict[int, list[str]], aiperf: 
                 runs[label].append(pool.measure(label, c, aiperf, prompts, f"{tag}{label}" + (f"-r{r}" if r else "")))
                 log(f"{label} at concurrency {c}: {fmt(runs[label][-1]['tokens_per_s'])} tok/s")
         for label, got in runs.items():
-            ranked = sorted(got, key=lambda row: row["tokens_per_s"] or 0.0)
-            rows.setdefault(label, {})[c] = {**ranked[(len(ranked) - 1) // 2],
-                                             "runs": [round(row["tokens_per_s"] or 0.0, 2) for row in got]}
+            rows.setdefault(label, {})[c] = median_round(got)
     return rows
+
+
+def median_round(rounds: list[dict]) -> dict:
+    """One engine's rounds at one level -> the round of median tokens/s, with every round's tokens/s as "runs"
+    (paired_ratio pairs them with another engine's rounds)."""
+    ranked = sorted(rounds, key=lambda row: row["tokens_per_s"] or 0.0)
+    return {**ranked[(len(ranked) - 1) // 2], "runs": [round(row["tokens_per_s"] or 0.0, 2) for row in rounds]}
 
 
 def run_sweep(pool: Any, plan: SweepPlan, log: Any = print) -> dict:
@@ -306,23 +312,17 @@ class LockstepPool:
     KIND = "trtspec/lockstep-sweep"
 
     def __init__(self, bundle: Path, plan: SweepPlan, prompts: list[list[int]], log: Any = print) -> None:
-        from trtspec.deploy import vllm_engine
-
         self.bundle, self.plan, self.prompts, self.log, self.engines = bundle, plan, prompts, log, {}
         self.window = max(map(len, prompts)) + plan.max_tokens + max(plan.draft_lengths) + 8
         self.kv_gib = vllm_engine.kv_cache_gib_for(bundle / "target", max(plan.concurrency) * self.window)
 
     def start(self, label: str, k: int, schedule: dict[int, int] | None = None) -> None:
-        from trtspec.deploy import vllm_engine
-
         llm = vllm_engine.load(self.bundle / "target", self.bundle / "draft" if k else None, k, self.window,
                                max(self.plan.concurrency), schedule=schedule, kv_cache_gib=self.kv_gib)
         vllm_engine.generate(llm, self.prompts[:2], 8)  # warm-up
         self.engines[label] = llm
 
     def stop(self, label: str) -> None:
-        from trtspec.deploy import vllm_engine
-
         vllm_engine.shutdown(self.engines.pop(label))
 
     def __enter__(self) -> LockstepPool:
@@ -335,8 +335,6 @@ class LockstepPool:
     def rows(self, levels: dict[int, list[str]], tag: str = "") -> dict[str, dict[int, dict]]:
         """At each concurrency c, the engines levels[c] in lockstep, plan.repeats rounds -> {label: {c: the median
         round's tokens/s, TTFT and ITL (ms, on the engine's own clock), every round's tokens/s as "runs"}}."""
-        from trtspec.deploy import vllm_engine
-
         rows: dict[str, dict[int, dict]] = {}
         for c, labels in levels.items():
             engines = {label: self.engines[label] for label in labels}
@@ -344,10 +342,8 @@ class LockstepPool:
             got = [vllm_engine.lockstep(engines, self.prompts, self.plan.max_tokens, c, requests)
                    for _ in range(self.plan.repeats)]
             for label in labels:
-                ranked = sorted((g[label] for g in got), key=lambda r: r["tokens_per_s"] or 0.0)
-                mid = ranked[(len(ranked) - 1) // 2]
-                rows.setdefault(label, {})[c] = {"tokens_per_s": mid["tokens_per_s"], "ttft_ms": mid["ttft_ms"],
-                                                 "itl_ms": mid["itl_ms"], "runs": [round(g[label]["tokens_per_s"], 2) for g in got]}
+                rounds = [{key: g[label][key] for key in ("tokens_per_s", "ttft_ms", "itl_ms")} for g in got]
+                rows.setdefault(label, {})[c] = median_round(rounds)
             self.log(f"concurrency {c}: " + ", ".join(f"{label} {fmt(rows[label][c]['tokens_per_s'])}" for label in labels)
                      + " tok/s")
         return rows

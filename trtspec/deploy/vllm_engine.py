@@ -259,8 +259,8 @@ def measure(target: Path, engines: dict[str, tuple[Path | None, dict[int, int] |
     """vLLM engines over one target, loaded together: each name's (draft or None, draft-length schedule or None).
     Each answers every prompt alone (greedy outputs, counters); then at each batch size the engines keep that many
     requests in flight, stepped in lockstep (every prompt at least once), so a drift of the machine's speed hits each
-    alike. -> per name: outputs, acceptance, tokens/s,
-    time to first token and inter-token latency per batch size, load seconds."""
+    alike. -> per name: outputs, acceptance, tokens/s, time to first token and inter-token latency per batch size,
+    load seconds."""
     window = max(map(len, prompts)) + max_new + k + 8
     loaded, out = {}, {}
     for name, (draft, schedule) in engines.items():
@@ -296,8 +296,9 @@ def describe(options: dict) -> str:
 
 
 def run_bundle(bundle: Path, options: dict, prompts: list[list[int]], max_new: int, batch_sizes: list[int]) -> dict:
-    """measure() on bundle/target with the bundle's draft (its family picks vLLM's method) and without one, loaded
-    together and timed in turn -> {"speculative": ..., "base": ...}."""
+    """measure() on bundle/target with the bundle's draft (its family picks vLLM's method; its draft length per batch
+    size, read back from TensorRT-LLM's form) and without one, loaded together and stepped in lockstep ->
+    {"speculative": ..., "base": ...}."""
     from trtspec.draft_schedule import from_trtllm_tiers
 
     spec = options["speculative_config"]
