@@ -187,9 +187,16 @@ class DFlashSection(Section):
 
 
 class TrainSection(Section):
-    mode: Literal["offline", "online"] = key(
+    mode: Literal["offline", "online", "streamed"] = key(
         "offline", "offline: the target's hidden states computed once and read every epoch; online: the target runs "
-        "in every step (for data whose states would not fit on disk)")
+        "in every step (for data whose states would not fit on disk); streamed: states extracted a window ahead of "
+        "the rows training reads, each dropped once read and extracted again next epoch (train.states_buffer_mib)")
+    states_from: Literal["hf", "vllm"] = key(
+        "hf", "where offline and streamed states come from: hf = the HF model's forward in the training process; "
+        "vllm = vLLM serving the target (speculative method extract_hidden_states), for the families whose vLLM "
+        "file hands hidden states to drafts")
+    states_buffer_mib: float = key(64, "train.mode: streamed: MiB of states held at once (fp16, rows of data.seq_len "
+                                   "tokens); the engine extracts this many rows' worth at a time", gt=0, le=BIG)
     epochs: float = key(3.0, "passes over the training rows", gt=0, le=1000)
     max_steps: int | None = key(None, "stop after this many optimizer steps (null = epochs decide)", ge=1, le=BIG)
     max_rows: int | None = key(None, "train on the first N training rows only (a random sample: the data stage "
@@ -381,6 +388,9 @@ class BuildConfig(Section):
             raise ValueError("quantize.kv_cache needs a quantize.format other than 'none'")
         if self.serve.decoding == "draft_target" and not self.serve.draft_model:
             raise ValueError("serve.decoding=draft_target needs serve.draft_model")
+        if self.train.mode == "streamed" and self.train.states_from == "hf":
+            raise ValueError("train.mode: streamed reads states from an engine (set train.states_from: vllm); with the "
+                             "HF forward in the training process, train.mode: online is the streamed form")
         self._check_draft_method()
         self._check_long_context()
         self._check_schedule()

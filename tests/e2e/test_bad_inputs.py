@@ -396,6 +396,26 @@ def case_convert_override_bad_value(tmp, model, mp):
     return build(tmp, config(tmp, model), "--set", "convert.overrides={intermediate_size: -5}")
 
 
+def case_streamed_from_hf(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "train.mode=streamed")
+
+
+def case_states_vllm_family(tmp, model, mp):
+    return build(tmp, config(tmp, "tiny:mixtral"), "--set", "train.states_from=vllm")
+
+
+def case_states_vllm_missing(tmp, model, mp):
+    import trtspec.deploy.vllm_engine as vllm_engine
+
+    mp.setattr(vllm_engine, "installed", lambda: False)
+    return build(tmp, config(tmp, model), "--set", "train.states_from=vllm")
+
+
+def case_states_buffer_too_small(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "train.states_from=vllm", "--set", "train.mode=streamed",
+                 "--set", "train.states_buffer_mib=0.001")
+
+
 def case_config_not_finite(tmp, model, mp):
     return build(tmp, config(tmp, model), "--set", "train.epochs=.inf")
 
@@ -574,6 +594,10 @@ CASES = [
     Case("dflash-block-too-small", case_dflash_block_too_small, 2, r"draft\.length 7 is more than a DFlash block of 4 drafts"),
     Case("dflash-more-layers-than-target", case_dflash_more_layers_than_target, 2, r"dflash\.num_layers 8: each draft layer reads its own target layer, and this target has 4", "convert", before_data=True),
     Case("convert-override-bad-value", case_convert_override_bad_value, 2, r"convert\.overrides\.intermediate_size: -5 is not a whole number in 1\.\.1048576", "convert", before_data=True),
+    Case("train-streamed-from-hf", case_streamed_from_hf, 2, r"train\.mode: streamed reads states from an engine \(set train\.states_from: vllm\)"),
+    Case("train-states-vllm-family", case_states_vllm_family, 2, r"train\.states_from: vllm cannot extract this target's states: mixtral: vLLM 0\.32's mixtral\.py does not implement SupportsEagle3", "train", before_data=True),
+    Case("train-states-vllm-missing", case_states_vllm_missing, 3, r"train\.states_from: vllm needs vLLM", "train", before_data=True),
+    Case("train-states-buffer-too-small", case_states_buffer_too_small, 2, r"train\.states_buffer_mib 0\.001 holds 0 rows of 32 tokens, fewer than one batch \(4\)", "train", before_data=True),
     Case("config-not-finite", case_config_not_finite, 2, r"'train\.epochs': Input should be a finite number"),
     Case("config-seed-too-large", case_config_seed_too_large, 2, r"'seed': Input should be less than or equal to 4294967295"),
     Case("baseline-other-model", case_baseline_other_model, 2, r"validate\.baseline '.*base\.json' was measured on another target \(qwen3 1024 wide, 28 layers, vocab 151936; this build: llama", "validate", before_data=True),

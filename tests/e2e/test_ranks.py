@@ -90,7 +90,7 @@ def test_two_processes_follow_one_process_of_twice_the_batch(tmp_path, tiny_mode
     assert not list((tmp_path / "two").glob(".lock"))
 
 
-@pytest.mark.parametrize("mode", ["offline", "online"])
+@pytest.mark.parametrize("mode", ["offline", pytest.param("online", marks=pytest.mark.full)])
 def test_fsdp_shards_the_head_and_follows_one_process(tmp_path, tiny_model_dir, mode):
     # online: every rank runs the frozen target itself, whole (FSDP's ignored parameters), beside its half of the head
     run_ok(single(write_config(tmp_path, tiny_model_dir, 4, mode=mode), tmp_path / "one"))
@@ -163,6 +163,7 @@ def accelerate_launch(cfg: Path, out: Path, procs: int = 2) -> list[str]:
             "--until", "train"]
 
 
+@pytest.mark.full
 def test_accelerate_launch_trains_as_torchrun_does(tmp_path, tiny_model_dir):
     cfg = write_config(tmp_path, tiny_model_dir, 2)
     run_ok(torchrun(cfg, tmp_path / "torchrun"))
@@ -173,6 +174,7 @@ def test_accelerate_launch_trains_as_torchrun_does(tmp_path, tiny_model_dir):
     assert [r["loss"] for r in a] == [r["loss"] for r in b]  # the same processes, rows and order: the same run
 
 
+@pytest.mark.full
 def test_a_killed_fsdp_run_resumes_its_optimizer_shards(tmp_path, tiny_model_dir):
     cfg = write_config(tmp_path, tiny_model_dir, 2, epochs=10.0, save_steps=10, sharding="fsdp")  # 90 steps
     whole = tmp_path / "whole"

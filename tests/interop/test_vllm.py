@@ -189,7 +189,7 @@ def test_vllm_serves_a_draft_length_schedule_losslessly(ci_bundle, prompts, hf_o
     assert got["acceptance"]["drafts"] > 0 and got["acceptance"]["acceptance_length"] > 1
 
 
-@pytest.mark.parametrize("method", ["lockstep", "aiperf"])
+@pytest.mark.parametrize("method", ["lockstep", pytest.param("aiperf", marks=pytest.mark.full)])
 def test_engine_stage_sweeps_draft_lengths_and_deploy_serves_the_schedule(ci_run, ci_config, tmp_path, method):
     """engine.sweep: vLLM at each draft length and concurrency, its engines in lockstep in the stage's process or its
     OpenAI server under aiperf; the manifest keeps the table, engine/sweep.json the schedule, and deploy triton

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from trtspec import ranks
 from trtspec.artifacts import peak_rss_gib
 from trtspec.chat import prompt_rows, read_rows
-from trtspec.errors import ArtifactError, DataError
+from trtspec.errors import ArtifactError, ConfigError, DataError
 from trtspec.pipeline.stage import StageContext
 from trtspec.training import sharding
 from trtspec.training.acceptance import (
@@ -33,7 +33,14 @@ from trtspec.training.acceptance import (
     evaluate_acceptance,
     training_rows_set,
 )
-from trtspec.training.states import cache_states, check_states_fit
+from trtspec.training.states import (
+    CachedStates,
+    HFStates,
+    StreamedStates,
+    cache_states,
+    check_states_fit,
+    window_rows,
+)
 from trtspec.training.trainer import HeadDataset, check_trainer_api, make_trainer, resume_point
 
 if TYPE_CHECKING:
@@ -55,6 +62,12 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     from trtspec.targets import text_config
 
     check_trainer_api()
+    if cfg.train.states_from == "vllm" and cfg.train.mode != "online":
+        from trtspec.training.engine_states import check_engine_states
+
+        check_engine_states(model_config)
+    if cfg.train.mode == "streamed":  # with the fewest aux layers a draft reads (1): only budgets surely too small
+        check_buffer_holds_a_batch(cfg.train, cfg.data.seq_len, text_config(model_config).hidden_size, 1)
     for b in sorted(cfg.eval.context_bins or []):
         check_fits_window(f"eval.context_bins {b}", b, "data.max_new_tokens", cfg.data.max_new_tokens,
                           text_config(model_config).max_position_embeddings)
@@ -196,14 +209,51 @@ def heldout_context_sets(ctx: StageContext, base: Any, tok: Any, aux_layers: lis
                                  ctx.cfg.data.max_new_tokens, ctx.log, EVAL_BATCH)
 
 
-def offline_states(ctx: StageContext, base: Any, tokens: dict, aux_layers: list[int], target_dir: Path) -> dict | None:
-    """offline mode: the target's states of every training row, computed once (rank 0 first, the others read them)."""
+def states_source(ctx: StageContext, base: Any, aux_layers: list[int], target_dir: Path) -> Any:
+    """Where the target's states come from (train.states_from): the HF forward here, or vLLM serving the target."""
     from trtspec.models import use_bf16
+    from trtspec.training.engine_states import VllmStates, final_norm, target_dtype_for_states
 
-    if ctx.cfg.train.mode != "offline":
+    bf16 = use_bf16(ctx.cfg.model.build_dtype)
+    if ctx.cfg.train.states_from == "hf":
+        return HFStates(base, aux_layers, bf16)
+    return VllmStates(ctx.model_path, aux_layers, base.config.num_hidden_layers, final_norm(base),
+                      target_dir / f"vllm-rank{ranks.rank()}", target_dtype_for_states(bf16, ctx.model_path),
+                      ctx.cfg.data.seq_len + 8)
+
+
+def target_states(ctx: StageContext, base: Any, tokens: dict, aux_layers: list[int], target_dir: Path) -> Any:
+    """offline mode: the target's states of every training row, computed once (rank 0 first, the others read them);
+    streamed: extracted a window ahead of the rows training reads; online: None (the target runs in every step)."""
+    t = ctx.cfg.train
+    if t.mode == "online":
         return None
+    source = states_source(ctx, base, aux_layers, target_dir)
+    if t.mode == "streamed":
+        window = check_buffer_holds_a_batch(t, tokens["input_ids"].shape[1], base.config.hidden_size, len(aux_layers))
+        ctx.log(f"streaming target states from {source.name}, {window} rows at a time")
+        return StreamedStates(source, tokens, window)
+    folder = target_dir / ("states" if t.states_from == "hf" else f"states-{t.states_from}")
     with ranks.main_first():
-        return cache_states(base, tokens, aux_layers, target_dir / "states", 16, ctx.log, use_bf16(ctx.cfg.model.build_dtype))
+        maps = cache_states(source, tokens, base.config.hidden_size, aux_layers, folder, ctx.log)
+    source.close()
+    return CachedStates(maps)
+
+
+def check_buffer_holds_a_batch(t: TrainSection, seq_len: int, hidden: int, aux: int) -> int:
+    """The rows train.states_buffer_mib holds (streamed states), refused when fewer than one batch."""
+    window = window_rows(t.states_buffer_mib, seq_len, hidden, aux)
+    if window < t.batch_size:
+        raise ConfigError(f"train.states_buffer_mib {t.states_buffer_mib} holds {window} rows of {seq_len} tokens, "
+                          f"fewer than one batch ({t.batch_size})", "raise train.states_buffer_mib")
+    return window
+
+
+def states_metrics(states: Any) -> dict:
+    """What the states cost: for streamed states, the rows extracted and the buffer's and the engine's files' peaks."""
+    if not isinstance(states, StreamedStates):
+        return {}
+    return {**states.stats, "peak_engine_files_bytes": getattr(states.source, "peak_disk", 0)}
 
 
 def train_head(ctx: StageContext, fam: Any, model: Any, head: Any, tokens: dict, states: dict | None,
@@ -272,7 +322,7 @@ def run(ctx: StageContext) -> dict:
     eval_set, eval_file = heldout_eval_set(ctx, base, tok, aux_layers, target_dir)
     context_sets = heldout_context_sets(ctx, base, tok, aux_layers)
     t0 = time.time()
-    states = offline_states(ctx, base, tokens, aux_layers, target_dir)
+    states = target_states(ctx, base, tokens, aux_layers, target_dir)
     if states is not None:
         fam.set_offline(draft_cfg, True)  # modelopt drops the target's decoder layers
     cache_s = time.time() - t0
@@ -287,11 +337,14 @@ def run(ctx: StageContext) -> dict:
     if not ranks.is_main():
         return {}
     fit_set = training_rows_set(tokens, states, model, aux_layers, len(eval_set))
+    if states is not None and hasattr(states, "source"):
+        states.source.close()
     ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts and {len(fit_set)} training rows")
     acc = evaluate_acceptance(model, eval_set, k, fam.drafts)
     fit = evaluate_acceptance(model, fit_set, k, fam.drafts)
     write_outputs(ctx, fam, model, draft_cfg, eval_file)
     metrics = train_metrics(ctx, fam.name, tokens, trained, cache_s, head is not None, len(eval_set), acc, fit)
+    metrics["states"] = {"from": t_cfg.states_from, **states_metrics(states)} if states is not None else None
     ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k} {fit[f'AL@{k}']:.2f}")
     if context_sets:
         metrics["per_context"] = context_acceptance(model, context_sets, k, fam.drafts)

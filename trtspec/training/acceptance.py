@@ -138,7 +138,7 @@ def with_states(base: Any, seqs: list[dict], aux_layers: list[int]) -> list[dict
     return out
 
 
-def training_rows_set(tokens: dict, states: dict | None, base: Any, aux_layers: list[int], n: int) -> list[dict]:
+def training_rows_set(tokens: dict, states: Any, base: Any, aux_layers: list[int], n: int) -> list[dict]:
     """The first n training rows as an acceptance set, with the states the head trained on (the offline cache, else
     a target forward): how well the head fits what it learned from. Against the held-out AL this tells a head
     short of data (fits, does not generalise) from one short of capacity or training (does not even fit).
@@ -157,9 +157,10 @@ def training_rows_set(tokens: dict, states: dict | None, base: Any, aux_layers: 
     if states is None:
         return with_states(base, seqs, aux_layers)
     device = next(base.parameters()).device
+    got = states.rows([(i, length) for i, length, _ in picked])
     return [{"input_ids": s["input_ids"].to(device), "start": s["start"],
-             **{k: torch.from_numpy(states[k][i, :length].astype("float32")).to(device) for k in ("aux", "last")}}
-            for s, (i, length, _) in zip(seqs, picked, strict=True)]
+             **{k: torch.from_numpy(v.astype("float32")).to(device) for k, v in zip(("aux", "last"), row, strict=True)}}
+            for s, row in zip(seqs, got, strict=True)]
 
 
 def acceptance_by_target(draft_model: Any, targets: dict[str, tuple[Any, Path | None]], tok: Any, rows: list[dict],

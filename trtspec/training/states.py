@@ -1,6 +1,11 @@
 """What the frozen target computes for the draft (whatever its family): the hidden states of the layers the draft
-reads and its last (post-norm) hidden state, for a batch (`base_states`) or for every training row once, into fp16
-memmaps that resume after a kill."""
+reads and its last (post-norm) hidden state.
+
+Where they come from (train.states_from): `HFStates`, the HF model's forward in this process, or an engine
+(`trtspec.training.engine_states.VllmStates`); both hand back fp16 rows. How training reads them (train.mode):
+`cache_states` computes every row once into fp16 memmaps that resume after a kill (`CachedStates`); `StreamedStates`
+extracts them a window at a time, in the order the trainer reads rows, and forgets each row once read (a bounded
+buffer, re-extracted every epoch); online, the target runs in every training step (neither)."""
 
 from __future__ import annotations
 
@@ -60,15 +65,106 @@ def check_states_fit(folder: Path, tokens: dict, hidden: int, aux: int) -> None:
         )
 
 
-def cache_states(base: Any, tokens: dict, aux_layers: list[int], folder: Path, batch_size: int, log: Any, bf16: bool = False) -> dict:
-    """Target hidden states of every training row in fp16 memmaps under `folder`; resumes after a kill.
-    Rows go through the target shortest first, each batch cut to its longest row: little compute on padding."""
+class HFStates:
+    """States from the HF target's forward in this process, a batch at a time (rows padded to the batch's longest)."""
+
+    name = "hf"
+
+    def __init__(self, base: Any, aux_layers: list[int], bf16: bool = False, batch_size: int = 16):
+        self.base, self.aux_layers, self.bf16, self.batch_size = base, aux_layers, bf16, batch_size
+
+    def extract(self, rows: list[Any]) -> list[tuple[Any, Any]]:
+        """[(aux [n, A*H], last [n, H]) as fp16 numpy] for each row of token ids (1-D tensors)."""
+        import torch
+
+        device = next(self.base.parameters()).device
+        out = []
+        for i in range(0, len(rows), self.batch_size):
+            batch = rows[i : i + self.batch_size]
+            cut = max(1, max(len(r) for r in batch))
+            ids = torch.zeros(len(batch), cut, dtype=torch.long)
+            mask = torch.zeros(len(batch), cut, dtype=torch.long)
+            for j, r in enumerate(batch):
+                ids[j, : len(r)], mask[j, : len(r)] = r, 1
+            aux, last = base_states(self.base, ids.to(device), mask.to(device), self.aux_layers, self.bf16)
+            out += [(aux[j, : len(r)].to(torch.float16).cpu().numpy(), last[j, : len(r)].to(torch.float16).cpu().numpy())
+                    for j, r in enumerate(batch)]
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class CachedStates:
+    """The offline cache (`cache_states`' memmaps) read by row."""
+
+    def __init__(self, maps: dict):
+        self.maps = maps
+
+    def row(self, i: int, n: int) -> tuple[Any, Any]:
+        return self.maps["aux"][i, :n].copy(), self.maps["last"][i, :n].copy()
+
+    def rows(self, picked: list[tuple[int, int]]) -> list[tuple[Any, Any]]:
+        return [self.row(i, n) for i, n in picked]
+
+
+class StreamedStates:
+    """States extracted by `source` as training reads them, through a bounded buffer.
+
+    The trainer reads rows in its sampler's order for the epoch (`follow` hands that order over). A row missing from
+    the buffer is extracted with the `window` rows the trainer reads after it (so the engine sees batches, not single
+    rows); each row is dropped once read, so at most `window` rows are ever held, and every epoch extracts its rows
+    again instead of keeping them. A run resumed mid-epoch starts its window where the trainer resumes."""
+
+    def __init__(self, source: Any, tokens: dict, window: int):
+        self.source, self.tokens, self.window = source, tokens, max(1, window)
+        self.lengths = [max(1, n) for n in row_lengths(tokens)]
+        self.buffer: dict[int, tuple[Any, Any]] = {}
+        self.order: Any = None  # () -> the rows in the order the trainer reads them this epoch
+        self.stats = {"rows_extracted": 0, "windows": 0, "peak_buffer_bytes": 0}
+
+    def follow(self, order: Any) -> None:
+        self.order = order
+
+    def row(self, i: int, n: int) -> tuple[Any, Any]:
+        if i not in self.buffer:
+            self.fill_from(i)
+        aux, last = self.buffer.pop(i)
+        return aux[:n], last[:n]
+
+    def fill_from(self, i: int) -> None:
+        order = list(self.order()) if self.order else [i]
+        at = order.index(i) if i in order else 0
+        wanted = [r for r in dict.fromkeys([i] + order[at : at + self.window]) if r not in self.buffer][: self.window]
+        for r, states in zip(wanted, self.source.extract([self.tokens["input_ids"][r, : self.lengths[r]] for r in wanted]),
+                             strict=True):
+            self.buffer[r] = states
+        self.stats["rows_extracted"] += len(wanted)
+        self.stats["windows"] += 1
+        held = sum(a.nbytes + b.nbytes for a, b in self.buffer.values())
+        self.stats["peak_buffer_bytes"] = max(self.stats["peak_buffer_bytes"], held)
+
+    def rows(self, picked: list[tuple[int, int]]) -> list[tuple[Any, Any]]:
+        """The states of (row, length) pairs now, outside the trainer's order (the fit measure after training)."""
+        got = self.source.extract([self.tokens["input_ids"][i, :n] for i, n in picked])
+        return [(a[:n], b[:n]) for (a, b), (_, n) in zip(got, picked, strict=True)]
+
+
+def window_rows(budget_mib: float, seq_len: int, hidden: int, aux: int) -> int:
+    """Rows a buffer of `budget_mib` MiB holds: fp16 [seq_len, hidden] per aux layer and the last state, per row."""
+    return int(budget_mib * 2**20 // (2 * seq_len * hidden * (aux + 1)))
+
+
+def cache_states(source: Any, tokens: dict, hidden: int, aux_layers: list[int], folder: Path, log: Any,
+                 batch_size: int = 16) -> dict:
+    """Target hidden states of every training row in fp16 memmaps under `folder`, from `source` (HFStates or an
+    engine's); resumes after a kill. Rows go to the source shortest first, a batch at a time: little compute on
+    padding."""
     import numpy as np
-    import torch
     from tqdm import tqdm
 
     n, t = tokens["input_ids"].shape
-    h = base.config.hidden_size
+    h = hidden
     folder.mkdir(parents=True, exist_ok=True)
     shapes = {"aux": (n, t, h * len(aux_layers)), "last": (n, t, h)}
     progress = folder / "rows_done.json"
@@ -77,19 +173,18 @@ def cache_states(base: Any, tokens: dict, aux_layers: list[int], folder: Path, b
     mode = "r+" if done else "w+"
     maps = {k: np.lib.format.open_memmap(folder / f"{k}.npy", mode=mode, dtype=np.float16, shape=s) for k, s in shapes.items()}
     if done < n:
-        log(f"caching target hidden states for {n} rows ({'resuming at ' + str(done) if done else 'once'}, {'bf16' if bf16 else 'fp32'} math)")
+        log(f"caching target hidden states for {n} rows from {source.name} "
+            f"({'resuming at ' + str(done) if done else 'once'})")
     lengths = row_lengths(tokens)
     order = sorted(range(n), key=lambda i: (lengths[i], i))
-    device = next(base.parameters()).device
-    bar = tqdm(total=n, initial=done, desc="target hidden states", unit="row", disable=done >= n)
+    bar = tqdm(total=n, initial=done, desc=f"target hidden states ({source.name})", unit="row", disable=done >= n)
     for i in range(done, n, batch_size):
         rows = order[i : i + batch_size]
-        cut = max(1, max(lengths[r] for r in rows))
-        ids = tokens["input_ids"][rows, :cut].to(device)
-        aux, last = base_states(base, ids, tokens["attention_mask"][rows, :cut].to(device), aux_layers, bf16)
-        for k, v in (("aux", aux), ("last", last)):
-            maps[k][rows, :cut] = v.to(torch.float16).cpu().numpy()
-            maps[k].flush()
+        got = source.extract([tokens["input_ids"][r, : max(1, lengths[r])] for r in rows])
+        for r, (aux, last) in zip(rows, got, strict=True):
+            maps["aux"][r, : len(aux)], maps["last"][r, : len(last)] = aux, last
+        for m in maps.values():
+            m.flush()
         progress.write_text(json.dumps({"rows": i + len(rows), "order": "by_length"}))
         bar.update(len(rows))
     bar.close()

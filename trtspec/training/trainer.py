@@ -55,7 +55,7 @@ class HeadDataset:
     `collate` pads a batch to its longest row. The loss mask is shifted to modelopt's convention:
     modelopt scores position t against the target's prediction *for t+1*, so loss_mask[t] = is_label[t+1]."""
 
-    def __init__(self, tokens: dict, states: dict | None = None, shift_labels: bool = True):
+    def __init__(self, tokens: dict, states: Any = None, shift_labels: bool = True):
         import torch
 
         self.tokens = tokens
@@ -78,8 +78,9 @@ class HeadDataset:
             "loss_mask": self.loss_mask[i, :n].long(),
         }
         if self.states is not None:
-            row["aux_hidden_states"] = torch.from_numpy(self.states["aux"][i, :n].copy())
-            row["base_model_hidden_states"] = torch.from_numpy(self.states["last"][i, :n].copy())
+            aux, last = self.states.row(i, n)
+            row["aux_hidden_states"] = torch.from_numpy(aux)
+            row["base_model_hidden_states"] = torch.from_numpy(last)
         return row
 
     @staticmethod
@@ -106,12 +107,16 @@ class LengthGroupedEpochSampler:
     def __len__(self) -> int:
         return len(self.lengths)
 
-    def __iter__(self):
+    def order(self) -> list[int]:
+        """This epoch's rows in the order they are read (streamed states extract them in it)."""
         import torch
         from transformers.trainer_pt_utils import get_length_grouped_indices
 
         g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=g))
+        return list(get_length_grouped_indices(self.lengths, self.batch_size, generator=g))
+
+    def __iter__(self):
+        return iter(self.order())
 
 
 def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: Any, eval_steps: int,
@@ -164,7 +169,10 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
             # whatever the number of processes; accelerate hands each rank its share
             ds = train_dataset or self.train_dataset
             step_rows = self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
-            return LengthGroupedEpochSampler(ds.lengths, step_rows, self.args.seed)
+            sampler = LengthGroupedEpochSampler(ds.lengths, step_rows, self.args.seed)
+            if hasattr(ds.states, "follow"):  # streamed states: extracted in the order the rows are read
+                ds.states.follow(sampler.order)
+            return sampler
 
         def _save(self, output_dir=None, state_dict=None):
             # checkpoints hold the head only (the base is frozen and already on disk); a sharded head is gathered

@@ -1,0 +1,66 @@
+"""train.states_from: vllm: the states vLLM extracts (speculative method extract_hidden_states, trtspec's CPU
+connector) are the HF forward's, family by family, in trtspec's numbering (aux layer a = output of layer a; last =
+the final norm's output). A draft trained on one and served on the other would otherwise accept nothing.
+
+The families vLLM cannot extract from are refused by name (trtspec.training.engine_states.refusal). Three families
+run in the default tier, every family in the full tier (TRTSPEC_TIER=full bash scripts/test.sh)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtspec.targets import BY_MODEL_TYPE
+from trtspec.targets.tiny import TINY
+
+DEFAULT_TIER = ("llama3", "qwen3_moe", "gpt_oss")
+
+
+def extractable(name: str) -> bool:
+    fam = BY_MODEL_TYPE[TINY[name][0]]
+    return not (fam.vllm_eagle3 or fam.vllm_cpu)
+
+
+FAMILIES = [pytest.param(n, marks=() if n in DEFAULT_TIER else pytest.mark.full) for n in TINY if extractable(n)]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_vllm_states_equal_hf_states(name, tmp_path):
+    import numpy as np
+    import torch
+
+    from trtspec.models import load_model, resolve_model
+    from trtspec.training.engine_states import VllmStates, final_norm
+    from trtspec.training.states import HFStates
+
+    model_dir = resolve_model(f"tiny:{name}")
+    base = load_model(model_dir, "float32")
+    layers = base.config.num_hidden_layers
+    aux = [0, 1, layers - 2]
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(3, 400, (n,), generator=g) for n in (5, 37, 70)]
+    hf = HFStates(base, aux).extract(rows)
+    vllm = VllmStates(model_dir, aux, layers, final_norm(base), tmp_path / "states", "float32", 128)
+    try:
+        got = vllm.extract(rows)
+    finally:
+        vllm.close()
+    assert not list((tmp_path / "states").glob("*")), "every file vLLM wrote is deleted once read"
+    for (ha, hl), (va, vl), r in zip(hf, got, rows, strict=True):
+        assert ha.shape == va.shape == (len(r), len(aux) * base.config.hidden_size)
+        assert hl.shape == vl.shape == (len(r), base.config.hidden_size)
+        for what, h, v in (("aux", ha, va), ("last", hl, vl)):
+            h, v = h.astype(np.float32), v.astype(np.float32)
+            scale = float(np.abs(h).max())
+            err = float(np.abs(h - v).max())
+            assert err <= 2e-3 * scale + 2e-3, f"{name} {what}: max |hf - vllm| {err:.4g} (|hf| up to {scale:.3g})"
+
+
+def test_a_family_vllm_cannot_extract_from_is_refused_by_name():
+    from types import SimpleNamespace
+
+    from trtspec.errors import ConfigError
+    from trtspec.training.engine_states import check_engine_states
+
+    config = SimpleNamespace(model_type="mixtral")
+    with pytest.raises(ConfigError, match="mixtral.*train.states_from: hf"):
+        check_engine_states(config)
