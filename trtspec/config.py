@@ -186,6 +186,19 @@ class DFlashSection(Section):
         return self.block_size if self.projector == "dspark" else self.block_size - 1
 
 
+class StatesEngineSection(Section):
+    """vLLM's own parallelism for the hidden-states extraction (its LLM arguments, by their names)."""
+
+    tensor_parallel_size: int = key(1, "GPUs each layer is split over (a target that needs several GPUs)", ge=1, le=1024)
+    pipeline_parallel_size: int = key(1, "GPUs the layers are spread over, in stages", ge=1, le=1024)
+    enable_expert_parallel: bool = key(False, "a mixture of experts: experts spread over the GPUs instead of split")
+    gpu_memory_utilization: float | None = key(None, "share of each GPU vLLM takes (null = vLLM's default); leave room "
+                                               "for the draft's training on the same GPUs", gt=0, le=1)
+
+    def engine_args(self) -> dict:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class TrainSection(Section):
     mode: Literal["offline", "online", "streamed"] = key(
         "offline", "offline: the target's hidden states computed once and read every epoch; online: the target runs "
@@ -195,6 +208,8 @@ class TrainSection(Section):
         "hf", "where offline and streamed states come from: hf = the HF model's forward in the training process; "
         "vllm = vLLM serving the target (speculative method extract_hidden_states), for the families whose vLLM "
         "file hands hidden states to drafts")
+    states_engine: StatesEngineSection = Field(default_factory=lambda: StatesEngineSection(),
+                                               description="train.states_from: vllm: how vLLM spreads the target")
     states_buffer_mib: float = key(64, "train.mode: streamed: MiB of states held at once (fp16, rows of data.seq_len "
                                    "tokens); the engine extracts this many rows' worth at a time", gt=0, le=BIG)
     epochs: float = key(3.0, "passes over the training rows", gt=0, le=1000)

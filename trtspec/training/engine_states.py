@@ -62,7 +62,8 @@ class VllmStates:
     name = "vllm"
 
     def __init__(self, model_dir: Path, aux_layers: list[int], num_layers: int, final_norm: Any, folder: Path,
-                 dtype: str, max_len: int, kv_cache_gib: float = 1.0, max_num_seqs: int = 16):
+                 dtype: str, max_len: int, kv_cache_gib: float = 1.0, max_num_seqs: int = 16,
+                 engine_args: dict | None = None):
         from trtspec.deploy import vllm_engine
 
         if not vllm_engine.installed():
@@ -77,6 +78,7 @@ class VllmStates:
         self.folder = Path(folder)
         self.engine_args = dict(model=str(model_dir), dtype=dtype, max_model_len=max_len, max_num_seqs=max_num_seqs,
                                 kv_cache_gib=kv_cache_gib)
+        self.extra = dict(engine_args or {})  # train.states_engine: vLLM's parallelism
         self.llm: Any = None  # loaded on the first extract: a cache already complete loads no engine
         self.peak_disk = 0
 
@@ -106,7 +108,7 @@ class VllmStates:
 
         return LLM(
             model=a["model"], dtype=a["dtype"], max_model_len=a["max_model_len"], max_num_seqs=a["max_num_seqs"],
-            enforce_eager=not gpu, seed=0, **kv,
+            enforce_eager=not gpu, seed=0, **kv, **self.extra,
             speculative_config={"method": "extract_hidden_states", "num_speculative_tokens": 1,
                                 "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": self.ids}}},
             kv_transfer_config={**connector, "kv_role": "kv_producer",
