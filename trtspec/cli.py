@@ -273,11 +273,11 @@ def families(as_json):
         click.echo(json.dumps(rows, indent=2))
         return
     yes = lambda ok: "yes" if ok else "no"  # noqa: E731
-    click.echo(f"{'family':<12} {'runtime':<8} {'DFlash':<7} {'vLLM EAGLE-3':<13} {'vLLM DFlash':<12} {'vLLM CPU':<9} "
+    click.echo(f"{'family':<12} {'runtime':<8} {'vLLM EAGLE-3':<13} {'vLLM DFlash':<12} {'vLLM CPU':<9} {'vLLM states':<12} "
                "TensorRT-LLM EAGLE-3")
     for r in rows:
-        click.echo(f"{r['family']:<12} {r['runtime']:<8} {yes(r['dflash']):<7} {yes(r['vllm_eagle3']):<13} "
-                   f"{yes(r['vllm_dflash']):<12} {yes(r['vllm_cpu']):<9} {r['trtllm_eagle3'] or 'not served'}")
+        click.echo(f"{r['family']:<12} {r['runtime']:<8} {yes(r['vllm_eagle3']):<13} {yes(r['vllm_dflash']):<12} "
+                   f"{yes(r['vllm_cpu']):<9} {yes(r['vllm_states']):<12} {r['trtllm_eagle3'] or 'not served'}")
 
 
 @main.group(cls=Group, context_settings=CONTEXT)

@@ -144,14 +144,35 @@ def test_parse_override_never_crashes(text):
         pass
 
 
-@given(st.dictionaries(st.text(max_size=8), st.one_of(st.integers(), st.text(max_size=5), st.none()), max_size=4))
-def test_loader_rejects_or_accepts_but_never_crashes(extra):
-    raw = {**MINIMAL, "train": extra}
+TRAIN_FIELDS = {k: f for k, f in BuildConfig.model_fields["train"].annotation.model_fields.items()
+                if k != "states_engine"}
+
+
+def values_for(annotation) -> st.SearchStrategy:
+    """Values of the key's own type, in and out of its bounds, and of one wrong type: most draws reach its checks."""
+    import typing
+
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Literal:
+        return st.sampled_from([*typing.get_args(annotation), "x"])
+    kinds = args or [annotation]
+    own = st.one_of(*[st.booleans() if k is bool else st.integers(-3, 3000) if k is int
+                      else st.floats(-1, 1500, allow_nan=False) for k in kinds if k in (bool, int, float)])
+    return st.one_of(own, st.none(), st.just("x"))
+
+
+@given(st.dictionaries(st.sampled_from(sorted(TRAIN_FIELDS)), st.just(None), min_size=1, max_size=3).flatmap(
+    lambda keys: st.fixed_dictionaries({k: values_for(TRAIN_FIELDS[k].annotation) for k in keys})))
+def test_train_keys_are_kept_as_given_or_refused_by_name(extra):
+    """Real train keys with values of every type: accepted, each reads back as given (an int for a float key: its
+    value), or refused in one line that names a key of the draw."""
     try:
-        cfg = config_from_dict(raw)
-    except ConfigError:
+        cfg = config_from_dict({**MINIMAL, "train": extra})
+    except ConfigError as e:
+        assert any(f"train.{k}" in str(e) or k in str(e) for k in extra), str(e)
         return
-    assert isinstance(cfg, BuildConfig)
+    for k, v in extra.items():
+        assert getattr(cfg.train, k) == v, (k, v, getattr(cfg.train, k))
 
 
 def test_apply_overrides_refuses_setting_inside_a_value():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
@@ -74,12 +73,8 @@ def test_vllm_refusals_are_the_familys_own():
     assert vllm_refusal(BY_MODEL_TYPE["qwen3_moe"], "eagle3", on_gpu=True) is None
 
 
-def test_a_dflash_run_on_a_family_modelopt_refuses_is_one_line():
-    from trtspec.targets import check_dflash
+def test_vllm_states_follow_the_familys_eagle3_capture():
+    from trtspec.targets import matrix_rows
 
-    refused = [f for f in FAMILIES if f.dflash]
-    if not refused:
-        pytest.skip("Model Optimizer's dflash mode converts every declared family")
-    cfg = SimpleNamespace(model_type=refused[0].model_types[0], architectures=["XForCausalLM"])
-    with pytest.raises(ModelError, match="DFlash cannot draft"):
-        check_dflash(cfg)
+    rows = {r["family"]: r for r in matrix_rows()}
+    assert rows["qwen3_moe"]["vllm_states"] and not rows["mixtral"]["vllm_states"]

@@ -37,7 +37,6 @@ class TargetFamily:
     vllm_cpu: str | None = None  # None: vLLM's CPU build runs it (measured by scripts/family_matrix.py); else why not
     trtllm: str | None = None  # TensorRT-LLM's EAGLE-3 support for it (from its sources), None = not served
     trtllm_dflash: bool = False  # TensorRT-LLM's DFlash (one-model only) lists this target (tests or support matrix)
-    dflash: str | None = None  # None: Model Optimizer's dflash mode converts it; else why not
     note: str = ""  # what sets the family apart, for reports and the bundle README
 
 
@@ -108,14 +107,6 @@ def refuse_non_decoder(config: Any) -> None:
     if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         raise ModelError(f"'{arch}' ({model_type}) is not a causal LM (an embedding or classification model?)",
                          "give a checkpoint whose architectures name a …ForCausalLM")
-
-
-def check_dflash(config: Any) -> TargetFamily:
-    """The family, where Model Optimizer's dflash mode converts it; else one line naming it and the way out."""
-    family = family_of(config)
-    if family.dflash is not None:
-        raise ModelError(f"DFlash cannot draft for {family.name} targets: {family.dflash}", "use draft.method: eagle3")
-    return family
 
 
 def vllm_refusal(family: TargetFamily, method: str, on_gpu: bool) -> str | None:
@@ -206,5 +197,5 @@ def matrix_rows() -> list[dict]:
     return [{"family": f.name, "model_types": list(f.model_types), "runtime": f.runtime, "vllm": f.vllm,
              "vllm_eagle3": f.vllm_eagle3 is None, "vllm_dflash": f.vllm_eagle3 is None and f.vllm_dflash is None,
              "vllm_cpu": f.vllm_cpu is None, "trtllm_eagle3": f.trtllm, "trtllm_dflash": f.trtllm_dflash,
-             "dflash": f.dflash is None, "note": f.note}
+             "vllm_states": f.vllm_eagle3 is None, "note": f.note}
             for f in FAMILIES]
