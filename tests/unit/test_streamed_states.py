@@ -64,3 +64,57 @@ def test_the_buffer_budget_in_rows():
     # fp16: 2 bytes x 256 tokens x 576 wide x (3 aux + last) = 1,179,648 bytes a row
     assert window_rows(64, 256, 576, 3) == 56
     assert window_rows(1, 256, 576, 3) == 0
+
+
+def vllm_states_reading(tmp_path, aux_layers=(0, 2), layers=4, hidden=8):
+    """A VllmStates that never loads vLLM: what it does with the files vLLM writes."""
+    from trtspec.training.engine_states import VllmStates
+
+    return VllmStates(tmp_path, list(aux_layers), layers, torch.nn.Identity(), tmp_path / "states", "float32", 64)
+
+
+def test_vllm_files_are_read_in_trtspecs_numbering_and_deleted(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    from trtspec.deploy import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "installed", lambda: True)
+    states = vllm_states_reading(tmp_path)
+    assert states.ids == [1, 3, 4]  # aux 0 -> id 1, aux 2 -> id 3, the last layer's output -> id 4
+    hs = torch.stack([torch.full((5, 8), float(i)) for i in states.ids], dim=1)  # [tokens, ids, hidden]
+    path = tmp_path / "r.safetensors"
+    save_file({"hidden_states": hs, "token_ids": torch.arange(5)}, str(path))
+    aux, last = states.read(path, torch.arange(5))
+    assert aux.shape == (5, 16) and (aux[:, :8] == 1).all() and (aux[:, 8:] == 3).all() and (last == 4).all()
+    assert not path.exists()
+
+
+def test_vllm_states_of_other_tokens_are_refused(tmp_path, monkeypatch):
+    import pytest
+    from safetensors.torch import save_file
+
+    from trtspec.deploy import vllm_engine
+    from trtspec.errors import DataError
+
+    monkeypatch.setattr(vllm_engine, "installed", lambda: True)
+    states = vllm_states_reading(tmp_path)
+    path = tmp_path / "r.safetensors"
+    save_file({"hidden_states": torch.zeros(3, 3, 8), "token_ids": torch.tensor([5, 6, 7])}, str(path))
+    with pytest.raises(DataError, match="other token ids than the data stage's row"):
+        states.read(path, torch.tensor([5, 6, 8]))
+
+
+def test_an_unwritable_states_folder_and_aux_layers_past_the_target_are_refused(tmp_path, monkeypatch):
+    import pytest
+
+    from trtspec.deploy import vllm_engine
+    from trtspec.errors import ConfigError
+    from trtspec.training.engine_states import VllmStates
+
+    monkeypatch.setattr(vllm_engine, "installed", lambda: True)
+    (tmp_path / "a-file").write_text("")
+    states = VllmStates(tmp_path, [0], 4, torch.nn.Identity(), tmp_path / "a-file" / "states", "float32", 64)
+    with pytest.raises(ConfigError, match="cannot write vLLM's hidden states"):
+        states.load()
+    with pytest.raises(ConfigError, match=r"aux layers \[3\] are not inside the target's 4 layers"):
+        VllmStates(tmp_path, [0, 3], 4, torch.nn.Identity(), tmp_path / "s", "float32", 64)

@@ -153,7 +153,8 @@ class VllmStates:
         hs = data["hidden_states"].float()
         aux = torch.cat([hs[:, i] for i in self.aux_at], dim=-1)
         with torch.no_grad():
-            last = self.final_norm(hs[:, self.last_at].to(next(self.final_norm.parameters()).dtype)).float()
+            weight = next(self.final_norm.parameters(), None)
+            last = self.final_norm(hs[:, self.last_at].to(weight.dtype if weight is not None else hs.dtype)).float()
         return aux.to(torch.float16).numpy(), last.to(torch.float16).numpy()
 
     def close(self) -> None:
