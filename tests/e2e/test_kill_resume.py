@@ -121,6 +121,7 @@ def test_killed_in_every_stage_resumes_to_the_same_result(tmp_path, tiny_model_d
 
 
 @pytest.mark.integration
+@pytest.mark.full
 def test_same_seed_same_head_and_figures(tmp_path, tiny_model_dir):
     cfg = write_config(tmp_path, tiny_model_dir)
     run_to_end(cfg, tmp_path / "a")

@@ -143,6 +143,7 @@ def kill_rank_1_after_a_checkpoint(cfg: Path, out: Path) -> None:
     assert not (out / "train" / "manifest.json").exists()
 
 
+@pytest.mark.full
 def test_a_killed_rank_is_resumed_from_the_last_checkpoint(tmp_path, tiny_model_dir):
     cfg = write_config(tmp_path, tiny_model_dir, 2, epochs=40.0, save_steps=20)  # 360 steps
     out = tmp_path / "run"

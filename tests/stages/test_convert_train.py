@@ -231,7 +231,7 @@ def test_cached_states_equal_a_direct_forward_and_resume(tiny_model_dir, tmp_pat
     base = load_model(tiny_model_dir, "float32")
     tokens = _tokens([5, 40, 17, 9, 23], width=40)
     tokens["input_ids"] = tokens["input_ids"] * 3 + 7
-    full = target_states.cache_states(base, tokens, [1, 2], tmp_path / "a", 2, print)
+    full = target_states.cache_states(target_states.HFStates(base, [1, 2]), tokens, base.config.hidden_size, [1, 2], tmp_path / "a", print, 2)
     for r, n in enumerate([5, 40, 17, 9, 23]):  # each row as if run alone, cut to its length
         aux, last = target_states.base_states(base, tokens["input_ids"][r : r + 1, :n], tokens["attention_mask"][r : r + 1, :n], [1, 2])
         assert torch.allclose(torch.from_numpy(full["aux"][r, :n].astype("float32")), aux[0], atol=2e-3)
@@ -246,7 +246,7 @@ def test_cached_states_equal_a_direct_forward_and_resume(tiny_model_dir, tmp_pat
         m[wiped] = 0  # what the kill left unwritten (resume) / a cache that must not be trusted (redo)
         m.flush()
         progress.write_text(json.dumps(saved))
-        again = target_states.cache_states(base, tokens, [1, 2], tmp_path / "a", 2, print)
+        again = target_states.cache_states(target_states.HFStates(base, [1, 2]), tokens, base.config.hidden_size, [1, 2], tmp_path / "a", print, 2)
         assert (again["aux"] == expected).all() and json.loads(progress.read_text())["rows"] == 5
 
 
@@ -257,7 +257,7 @@ def test_training_rows_set_reads_the_cached_states_and_starts_at_the_first_label
     tokens = _tokens([12, 30, 9, 20])
     tokens["loss_mask"][:, :4] = False  # a 4-token prompt before each answer
     tokens["loss_mask"][1] = False  # a row with nothing to score is passed over
-    cached = target_states.cache_states(base, tokens, [1, 2], tmp_path / "s", 2, print)
+    cached = target_states.CachedStates(target_states.cache_states(target_states.HFStates(base, [1, 2]), tokens, base.config.hidden_size, [1, 2], tmp_path / "s", print, 2))
     offline = head_eval.training_rows_set(tokens, cached, base, [1, 2], 2)
     online = head_eval.training_rows_set(tokens, None, base, [1, 2], 2)
     assert [len(r["input_ids"]) for r in offline] == [12, 9] and [r["start"] for r in offline] == [4, 4]

@@ -248,6 +248,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, run_inputs):
         validate.run(ctx)
 
 
+@pytest.mark.full
 def test_bench_speculative_script(tmp_path, run_inputs):
     """scripts/bench_speculative.py on the tiny run: one row per k, and the speculative outputs equal HF generate's."""
     import subprocess
@@ -263,6 +264,7 @@ def test_bench_speculative_script(tmp_path, run_inputs):
     assert all(r["exact"] == 2 and r["acceptance_length"] >= 1.0 and r["hf_generate"] > 0 for r in rows)
 
 
+@pytest.mark.full
 def test_bench_compile_script(tmp_path, run_inputs):
     """scripts/bench_compile.py: a process with an empty inductor cache, then one reusing it; both compile."""
     import subprocess

@@ -459,6 +459,7 @@ def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts,
     assert [generate(target, p, NEW, eos={2}).tokens for p in prompts] == hf_greedy
 
 
+@pytest.mark.full
 def test_compiled_passes_hold_a_graph_for_every_row_count(target_dir, monkeypatch):
     """The products' kernel is chosen per row count, so a compiled pass holds one graph per count: verifying 1..9 rows
     (a DSpark block of 8) must stay within dynamo's recompile limit, past which a pass silently runs eager inside
@@ -475,6 +476,7 @@ def test_compiled_passes_hold_a_graph_for_every_row_count(target_dir, monkeypatc
 
 
 @pytest.mark.parametrize(("family", "shape"), [("eagle3", "chain"), ("dflash", "chain"), ("eagle3", "dynamic_tree")])
+@pytest.mark.full
 def test_generations_after_the_warm_up_compile_nothing(eagle_export, target_dir, prompts, family, shape, monkeypatch,
                                                        tmp_path):
     """validate compiles every pass for every row count before timing (measure.warm_up); a generation after it
