@@ -60,6 +60,7 @@ class VllmStates:
     target's final norm (a torch module) that turns the last layer's output into the post-norm state."""
 
     name = "vllm"
+    batch_rows = 128  # rows cache_states hands over at once: vLLM schedules them itself, and each call has a fixed cost
 
     def __init__(self, model_dir: Path, aux_layers: list[int], num_layers: int, final_norm: Any, folder: Path,
                  dtype: str, max_len: int, kv_cache_gib: float = 1.0, max_num_seqs: int = 16,

@@ -69,6 +69,7 @@ class HFStates:
     """States from the HF target's forward in this process, a batch at a time (rows padded to the batch's longest)."""
 
     name = "hf"
+    batch_rows = 16  # rows cache_states hands over at once
 
     def __init__(self, base: Any, aux_layers: list[int], bf16: bool = False, batch_size: int = 16):
         self.base, self.aux_layers, self.bf16, self.batch_size = base, aux_layers, bf16, batch_size
@@ -156,15 +157,16 @@ def window_rows(budget_mib: float, seq_len: int, hidden: int, aux: int) -> int:
 
 
 def cache_states(source: Any, tokens: dict, hidden: int, aux_layers: list[int], folder: Path, log: Any,
-                 batch_size: int = 16) -> dict:
+                 batch_size: int | None = None) -> dict:
     """Target hidden states of every training row in fp16 memmaps under `folder`, from `source` (HFStates or an
-    engine's); resumes after a kill. Rows go to the source shortest first, a batch at a time: little compute on
-    padding."""
+    engine's); resumes after a kill. Rows go to the source shortest first, `batch_size` at a time (default: the
+    source's `batch_rows`): little compute on padding."""
     import numpy as np
     from tqdm import tqdm
 
     n, t = tokens["input_ids"].shape
     h = hidden
+    batch_size = batch_size or source.batch_rows
     folder.mkdir(parents=True, exist_ok=True)
     shapes = {"aux": (n, t, h * len(aux_layers)), "last": (n, t, h)}
     progress = folder / "rows_done.json"
