@@ -108,13 +108,7 @@ def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_s
     method = speculative_method(draft) if draft else None
     if why := refusal(method, target):
         raise MissingDependency(why)
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # progress on stderr, results on stdout
-    kv = {}
-    if not torch.cuda.is_available():
-        for key, value in cpu_environment().items():
-            if key != "VLLM_CPU_KVCACHE_SPACE":
-                os.environ.setdefault(key, value)
-        kv = {"kv_cache_memory_bytes": int(kv_cache_gib * 2**30)}
+    kv = prepare_environment(kv_cache_gib)
     from vllm import LLM
 
     spec = {"speculative_config": {"method": method, "model": str(draft), "num_speculative_tokens": k}} if draft else {}
@@ -124,6 +118,20 @@ def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_s
         spec["speculative_config"] = with_schedule_vllm(spec["speculative_config"], schedule)
     return LLM(model=str(target), dtype=dtype or target_dtype(target), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                enforce_eager=not torch.cuda.is_available(), disable_log_stats=False, seed=0, **kv, **spec)
+
+
+def prepare_environment(kv_cache_gib: float) -> dict:
+    """Before vllm is imported: progress on stderr, and on a CPU its variables (cpu_environment, those the user set
+    kept) -> the LLM arguments of a KV cache of kv_cache_gib GiB of RAM ({} on a GPU)."""
+    import torch
+
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # progress on stderr, results on stdout
+    if torch.cuda.is_available():
+        return {}
+    for key, value in cpu_environment().items():
+        if key != "VLLM_CPU_KVCACHE_SPACE":
+            os.environ.setdefault(key, value)
+    return {"kv_cache_memory_bytes": int(kv_cache_gib * 2**30)}
 
 
 def kv_cache_gib_for(target: Path, tokens: int, draft_layers: int = 1) -> float:

@@ -337,8 +337,8 @@ def run(ctx: StageContext) -> dict:
     if not ranks.is_main():
         return {}
     fit_set = training_rows_set(tokens, states, model, aux_layers, len(eval_set))
-    if states is not None and hasattr(states, "source"):
-        states.source.close()
+    if states is not None:
+        states.close()  # the engine streamed states came from
     ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts and {len(fit_set)} training rows")
     acc = evaluate_acceptance(model, eval_set, k, fam.drafts)
     fit = evaluate_acceptance(model, fit_set, k, fam.drafts)

@@ -13,8 +13,6 @@ vLLM id a + 1, and the last, post-norm state the draft is scored against is the 
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,14 @@ def extraction_ids(aux_layers: list[int], num_layers: int) -> list[int]:
     return sorted({a + 1 for a in aux_layers} | {num_layers})
 
 
+def require_vllm() -> None:
+    """vLLM missing: one line with its install command (exit 3)."""
+    from trtspec.deploy import vllm_engine
+
+    if not vllm_engine.installed():
+        raise MissingDependency("train.states_from: vllm needs vLLM", vllm_engine.INSTALL_HINT)
+
+
 def refusal(model_config: Any) -> str | None:
     """Why vLLM cannot extract this target's states here, or None: a family whose vLLM file hands no hidden states to
     drafts, or that vLLM does not run on this machine."""
@@ -44,10 +50,7 @@ def refusal(model_config: Any) -> str | None:
 def check_engine_states(model_config: Any) -> None:
     """train.states_from: vllm refused in one line before any stage spends minutes: vLLM missing (exit 3), a
     family it cannot extract from (exit 2)."""
-    from trtspec.deploy import vllm_engine
-
-    if not vllm_engine.installed():
-        raise MissingDependency("train.states_from: vllm needs vLLM", vllm_engine.INSTALL_HINT)
+    require_vllm()
     if why := refusal(model_config):
         raise ConfigError(f"train.states_from: vllm cannot extract this target's states: {why}",
                           "set train.states_from: hf (the HF forward in the training process)")
@@ -65,10 +68,7 @@ class VllmStates:
     def __init__(self, model_dir: Path, aux_layers: list[int], num_layers: int, final_norm: Any, folder: Path,
                  dtype: str, max_len: int, kv_cache_gib: float = 1.0, max_num_seqs: int = 16,
                  engine_args: dict | None = None):
-        from trtspec.deploy import vllm_engine
-
-        if not vllm_engine.installed():
-            raise MissingDependency("train.states_from: vllm needs vLLM", vllm_engine.INSTALL_HINT)
+        require_vllm()
         if bad := [a for a in aux_layers if not 0 <= a < num_layers - 1]:
             raise ConfigError(f"aux layers {bad} are not inside the target's {num_layers} layers (0..{num_layers - 2})",
                               "fix convert.aux_layers")
@@ -95,14 +95,8 @@ class VllmStates:
         except OSError as e:
             raise ConfigError(f"cannot write vLLM's hidden states to '{self.folder}': {e.strerror}",
                               "point TRTSPEC_CACHE or the run directory at a writable disk") from e
-        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-        kv = {}
+        kv = vllm_engine.prepare_environment(a["kv_cache_gib"])
         gpu = torch.cuda.is_available()
-        if not gpu:
-            for key, value in vllm_engine.cpu_environment().items():
-                if key != "VLLM_CPU_KVCACHE_SPACE":
-                    os.environ.setdefault(key, value)
-            kv = {"kv_cache_memory_bytes": int(a["kv_cache_gib"] * 2**30)}
         connector = ({"kv_connector": GPU_CONNECTOR} if gpu else
                      {"kv_connector": CPU_CONNECTOR[0], "kv_connector_module_path": CPU_CONNECTOR[1]})
         from vllm import LLM
@@ -182,7 +176,9 @@ def final_norm(base: Any) -> Any:
 
 def target_dtype_for_states(bf16: bool, model_dir: Path) -> str:
     """vLLM's dtype for the extraction: bf16 where the HF path would autocast to it, else the target's own."""
+    from trtspec.deploy.vllm_engine import target_dtype
+
     if bf16:
         return "bfloat16"
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+    dtype = target_dtype(model_dir)
+    return "float32" if dtype == "auto" else dtype  # a config that names none: HF loads float32

@@ -108,6 +108,9 @@ class CachedStates:
     def rows(self, picked: list[tuple[int, int]]) -> list[tuple[Any, Any]]:
         return [self.row(i, n) for i, n in picked]
 
+    def close(self) -> None:
+        pass  # its source closed once the cache was full
+
 
 class StreamedStates:
     """States extracted by `source` as training reads them, through a bounded buffer.
@@ -149,6 +152,9 @@ class StreamedStates:
         """The states of (row, length) pairs now, outside the trainer's order (the fit measure after training)."""
         got = self.source.extract([self.tokens["input_ids"][i, :n] for i, n in picked])
         return [(a[:n], b[:n]) for (a, b), (_, n) in zip(got, picked, strict=True)]
+
+    def close(self) -> None:
+        self.source.close()
 
 
 def window_rows(budget_mib: float, seq_len: int, hidden: int, aux: int) -> int:
