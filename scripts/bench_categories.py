@@ -5,6 +5,7 @@ draft, and tokens/s against it (each prompt decoded without and with the draft b
 
     python scripts/bench_categories.py runs/demo                        # every held-out prompt, 128 new tokens
     python scripts/bench_categories.py runs/demo --prompts 32 --max-new-tokens 64 --json
+    python scripts/bench_categories.py runs/demo --suite build_configs/prompts/unseen_prompts.jsonl   # prompts of yours
 
 The same per-category summary validate writes into report.json (checks.acceptance_summary), on more prompts than
 validate times (eval.num_prompts), with the no-draft runtime as the greedy reference instead of HF generate.
@@ -23,6 +24,7 @@ def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--prompts", type=int, default=1000, help="held-out prompts at most")
+    ap.add_argument("--suite", type=Path, help="a JSONL suite (prompt or messages, category) instead of the held-out split")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--json", action="store_true")
     add_runtime_flags(ap)
@@ -41,7 +43,7 @@ def main() -> None:
 
     settings = runtime_settings(a)
     bundle = open_bundle(a.run_dir)
-    rows = load_prompt_rows(a.run_dir, a.prompts)
+    rows = suite_rows(a.suite)[: a.prompts] if a.suite else load_prompt_rows(a.run_dir, a.prompts)
     prompts = [torch.tensor(encode_prompt(bundle.tok, r["messages"])) for r in rows]
     target, drafter = bundle.runtime(settings=settings)
     k = bundle.draft_length
@@ -59,20 +61,36 @@ def main() -> None:
         s[0], s[1], s[2], s[3] = s[0] + s0, s[1] + s1, s[2] + len(g0.tokens), s[3] + len(g1.tokens)
     summary = acceptance_summary(rows, spec_runs, k, plain)
     for c, v in summary["per_category"].items():
-        s = seconds[c]
-        v["speedup_vs_no_draft"] = round((s[3] / s[1]) / (s[2] / s[0]), 3)
-    result = {"run": str(a.run_dir), "draft": draft_family(a.run_dir / "bundle" / "draft"), "k": k, "prompts": len(rows),
-              "max_new_tokens": new, **summary}
+        v["speedup_vs_no_draft"] = speedup(seconds[c])
+    result = {"run": str(a.run_dir), "prompts_from": str(a.suite or "heldout"),
+              "draft": draft_family(a.run_dir / "bundle" / "draft"), "k": k, "prompts": len(rows),
+              "max_new_tokens": new, "speedup_vs_no_draft": speedup([sum(x) for x in zip(*seconds.values(), strict=True)]), **summary}
     if a.json:
         print(json.dumps(result))
         return
-    print(f"{result['draft']} k={k}, {len(rows)} held-out prompts, {new} new tokens; AL {summary['acceptance_length']:.2f} "
-          f"over all; per position {summary['per_position_acceptance']}")
+    print(f"{result['draft']} k={k}, {len(rows)} prompts ({result['prompts_from']}), {new} new tokens; AL "
+          f"{summary['acceptance_length']:.2f} over all, {result['speedup_vs_no_draft']:.2f}x the runtime without the draft; "
+          f"per position {summary['per_position_acceptance']}")
     print(f"{'category':<12} {'prompts':>7} {'AL':>5} {'95% interval':>13} {'per position':>20} {'identical':>9} {'vs no draft':>11}")
     for c, v in summary["per_category"].items():
         pos = " ".join(f"{x:.2f}" for x in v["per_position"])
         print(f"{c:<12} {v['prompts']:>7} {v['acceptance_length']:>5.2f} {v['ci95'][0]:>6.2f}-{v['ci95'][1]:<6.2f} {pos:>20} "
               f"{v['exact']:>4}/{v['prompts']:<4} {v['speedup_vs_no_draft']:>10.2f}x")
+
+
+def speedup(s: list[float]) -> float:
+    """Tokens/s with the draft over tokens/s without, from [s without, s with, tokens without, tokens with]."""
+    return round((s[3] / s[1]) / (s[2] / s[0]), 3)
+
+
+def suite_rows(path: Path) -> list[dict]:
+    """A JSONL suite's rows {id, category, messages}, read as validate reads eval.suites."""
+    from collections import Counter
+
+    from trtspec.config import EvalSuite
+    from trtspec.suites import read_suite_file
+
+    return read_suite_file(path, Counter(), EvalSuite(kind="jsonl", path=str(path)), "--suite")
 
 
 if __name__ == "__main__":

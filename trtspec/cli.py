@@ -204,6 +204,50 @@ _validate.callback = _validate_callback
 
 @main.command(context_settings=CONTEXT)
 @click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--prompts", "prompts", required=True, type=click.Path(dir_okay=False),
+              help="Prompts the service received: chat JSONL (messages|prompt, category), an OpenAI batch file or a "
+              "vLLM request log (--enable-log-requests --log-level DEBUG).")
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="The new run directory.")
+@click.option("--format", "fmt", type=click.Choice(["auto", "chat", "openai-batch", "vllm-log"]), default="auto",
+              show_default=True, help="The --prompts file's format.")
+@click.option("--category", help="Category of the prompts that name none (default: traffic).")
+@click.option("--epochs", type=click.FloatRange(min=0.01, max=1000), default=2.0, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True, max=1), default=3e-4, show_default=True,
+              help="Learning rate (the earlier draft's is usually higher: this is a fine-tune).")
+@click.option("--replay", type=click.FloatRange(min=0, max=1000), default=1.0, show_default=True,
+              help="Earlier training rows kept per traffic training row (what keeps old categories from falling).")
+@click.option("--holdout", type=click.FloatRange(min=0.01, max=0.9), default=0.2, show_default=True,
+              help="Share of the traffic's prompts held out and measured, never trained on.")
+@click.option("--tolerance", type=click.FloatRange(min=0, max=1), default=None,
+              help="Relative held-out AL drop per category that refuses the adapted draft (default: the earlier "
+              "run's validate.baseline_tolerance).")
+@click.option("--until", metavar="STAGE", default="export", show_default=True, help="Stop after this stage.")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value.")
+@click.option("--json", "as_json", is_flag=True, help="Print the stage summary as JSON.")
+def adapt(run_dir, prompts, out, fmt, category, epochs, lr, replay, holdout, tolerance, until, overrides, as_json):
+    """Adapt a run's draft to the prompts its service received: answered again by the target, trained on from
+    the run's draft (a warm start), every category measured before and after on held-out rows; a draft that falls
+    behind on any category is refused, so no bundle is written from it.
+
+    The new run's config is written to OUT/adapt/adapt.yaml (rerun the command, or `trtspec build` on it, to resume).
+
+    \b
+    Examples:
+      trtspec adapt runs/demo --prompts traffic.jsonl --out runs/demo-adapted
+      trtspec adapt runs/demo --prompts vllm.log --format vllm-log --category support --out runs/demo-support
+      trtspec adapt runs/demo --prompts batch.jsonl --out runs/a2 --epochs 1 --until validate
+    """
+    from trtspec.adapt import AdaptOptions, prepare
+
+    o = AdaptOptions(fmt=fmt, category=category, epochs=epochs, lr=lr, replay=replay, holdout=holdout, tolerance=tolerance)
+    config, summary = prepare(Path(run_dir), Path(prompts), Path(out), o)
+    click.echo(f"{summary['prompts']} prompts ({summary['format']}; categories {', '.join(summary['categories'])})"
+               + (f", skipped: {summary['skipped']}" if summary["skipped"] else "") + f"; config {config}", err=True)
+    _build(config, out, overrides, None, until, False, as_json)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifests as JSON.")
 def inspect(run_dir, as_json):
     """Show what each stage of a run produced: status, time, headline metrics, versions.

@@ -56,12 +56,16 @@ class ModelSection(Section):
 
 
 class DataSource(Section):
-    kind: Literal["regenerate", "jsonl", "text", "hf"] = key(
+    kind: Literal["regenerate", "jsonl", "text", "hf", "run"] = key(
         description="regenerate: the target answers the prompts in `path` itself; jsonl: OpenAI/HF `messages` or "
-        "ShareGPT `conversations`; text: one document per line; hf: a datasets name (needs a network)")
-    path: str = key(description="a file relative to the YAML, or the datasets name for kind: hf", min_length=1)
+        "ShareGPT `conversations`; text: one document per line; hf: a datasets name (needs a network); run: an "
+        "earlier run's answered conversations of the same target (its data stage, checked against its manifest, the "
+        "target's tokens kept), its held-out rows held out here too")
+    path: str = key(description="a file relative to the YAML, the datasets name for kind: hf, the run folder for "
+                    "kind: run", min_length=1)
     split: str = key("train", "the datasets split (kind: hf)", min_length=1)
-    limit: int | None = key(None, "rows taken from this source at most (null = all)", ge=1, le=BIG)
+    limit: int | None = key(None, "rows taken from this source at most (null = all; kind: run: its training rows)",
+                            ge=1, le=BIG)
     regenerate: bool = key(False, "jsonl/hf: drop the rows' own answers and have the target answer their prompts "
                            "(the turns before each last answer), as kind: regenerate does with a prompt file")
 
@@ -125,6 +129,13 @@ class DraftSection(Section):
                           "reports which pays on its prompts", ge=0, le=64)
     suffix_min_match: int = key(4, "suffix drafting in front of the head: a match of at least this many tokens drafts, "
                                 "the head otherwise", ge=1, le=64)
+    init_from: str | None = key(None, "warm start: an earlier run (folder, relative to the YAML) whose trained draft "
+                                "this one continues from, its draft vocabulary and weights; same target, method and "
+                                "length (trtspec adapt sets it). null = a new draft", min_length=1)
+    max_category_drop: float | None = key(
+        0.02, "with init_from: the train stage fails when a category's held-out AL falls more than this (relative) "
+        "below the earlier draft's on the same rows, so no bundle is exported from it (vLLM's MT-Bench gate: 2%); "
+        "null = report only", ge=0, le=1)
 
 
 class ConvertSection(Section):

@@ -183,3 +183,143 @@ def build(n: int, seed: int) -> list[dict]:
         rows += [{"prompt": p, "category": cat} for p in picked]
     rng.shuffle(rows)
     return rows
+
+
+# --- kinds beyond the six: a passage handed over (extract, summarise, rewrite), a role to play, step-by-step
+# reasoning, history and ideas. Passages are made from random names, places, numbers and times, so the answers
+# copy from the prompt as they do on real traffic (the draft learns to look back at the context).
+NAMES = """Alice, Ben, Chen, Dana, Eli, Fatima, Gus, Hana, Ivan, Jade, Kofi, Lena, Marco, Nadia, Omar, Pia, Quinn, Rosa,
+Sami, Tara, Uma, Victor, Wen, Yara, Zoe, Hugo, Ines, Jonas, Kira, Luis, Mei, Nils, Olga, Pavel, Rita, Sven""".split(",")
+PLACES = """Lisbon, Oslo, Nairobi, Lima, Hanoi, Dublin, Krakow, Osaka, Quebec, Perth, Bogota, Tunis, Riga, Seville,
+Adelaide, Porto, Vienna, Accra, Bergen, Cusco, Leeds, Malmo, Tartu, Split, Ghent, Turin, Busan, Cork""".split(",")
+JOBS = """baker, pilot, nurse, plumber, librarian, chemist, carpenter, florist, teacher, dentist, journalist, farmer,
+electrician, architect, accountant, translator, mechanic, gardener, pharmacist, photographer""".split(",")
+ITEMS = """desk lamp, rain jacket, water filter, camping stove, coffee grinder, phone charger, travel pillow, yoga mat,
+bike lock, kettle, backpack, blender, bookshelf, thermos, wireless mouse, sleeping bag, umbrella, tent""".split(",")
+EVENTS = """book fair, bake sale, charity run, chess tournament, film night, science fair, farmers market, concert,
+swimming gala, art show, quiz night, plant swap, coding workshop, dance class, open day""".split(",")
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December"]
+
+
+def passage(rng: random.Random) -> str:
+    """A short made-up text full of facts: a notice, people, a product, an email, a schedule or a report."""
+    n = lambda a, b: rng.randint(a, b)  # noqa: E731
+    name, place, job, item, event = (rng.choice(clean(x)) for x in (NAMES, PLACES, JOBS, ITEMS, EVENTS))
+    other, day, month = rng.choice(clean(NAMES)), rng.choice(DAYS), rng.choice(MONTHS)
+    kinds = [
+        lambda: (f"The {place} {event} takes place on {day}, {month} {n(1, 28)}, from {n(8, 11)} a.m. to {n(1, 6)} p.m. "
+                 f"Tickets cost ${n(3, 25)} for adults and ${n(1, 9)} for children. About {n(2, 40) * 50} visitors are "
+                 f"expected. {name}, who organizes it, asks volunteers to arrive by {n(6, 8)}:{rng.choice(['00', '30'])} a.m."),
+        lambda: (f"{name} is {n(22, 70)} and works as a {job} in {place}. {other}, {n(18, 70)}, moved there from "
+                 f"{rng.choice(clean(PLACES))} {n(2, 15)} years ago and is now a {rng.choice(clean(JOBS))}. They met at a "
+                 f"{event} in {month} and have run a small {rng.choice(['shop', 'club', 'podcast', 'garden'])} together "
+                 f"since {n(1995, 2024)}."),
+        lambda: (f"The {item} weighs {n(1, 30) * 50} grams and costs ${n(9, 199)}.{n(0, 99):02d}. It comes in "
+                 f"{rng.choice(['black', 'green', 'grey', 'blue', 'red'])} and {rng.choice(['white', 'orange', 'silver'])}, "
+                 f"has a {n(1, 5)}-year warranty and ships within {n(1, 10)} days. Customers rate it {n(30, 50) / 10} out "
+                 f"of 5 after {n(20, 3000)} reviews."),
+        lambda: (f"Hi {other}, can we move our call from {day} to {rng.choice(DAYS)} at {n(9, 17)}:00? I also need the "
+                 f"{rng.choice(['budget', 'report', 'slides', 'contract', 'invoice'])} by {month} {n(1, 28)}, and "
+                 f"{rng.choice(clean(NAMES))} is waiting for the list of {rng.choice(['suppliers', 'guests', 'speakers', 'rooms'])}. "
+                 f"Thanks, {name}"),
+        lambda: (f"Buses from {place} to {rng.choice(clean(PLACES))} leave at {n(5, 9)}:{n(10, 59)}, {n(10, 13)}:{n(10, 59)} "
+                 f"and {n(15, 22)}:{n(10, 59)}. The trip takes {n(1, 5)} hours {n(5, 55)} minutes, and a ticket costs "
+                 f"{n(8, 60)} euros, or {n(5, 40)} euros for students. The last bus on {day}s does not run."),
+        lambda: (f"In {month}, the {place} library lent {n(1000, 9000)} books, {n(10, 90)} percent more than a year "
+                 f"before. It added {n(100, 900)} new titles and {n(2, 12)} computers, and {n(20, 300)} children joined "
+                 f"its reading club. {name}, the head librarian, said the new {rng.choice(['café', 'garden', 'study room'])} "
+                 f"opens in {rng.choice(MONTHS)}."),
+    ]
+    return rng.choice(kinds)()
+
+
+EXTRACT_FORMS = ["List every number in this text and say what it counts.\n\n{}", "Extract the names, places and dates "
+                 "from the text below as a list.\n\n{}", "{}\n\nWhat are the key facts in this text? Answer as a list.",
+                 "Read this and answer: who, what, when and how much?\n\n{}", "Pull out the times and prices from this "
+                 "text.\n\n{}", "Turn the facts in this text into a short table.\n\n{}"]
+SUMMARY_FORMS = ["Summarize this in one sentence.\n\n{}", "Give me the main point of this text.\n\n{}",
+                 "{}\n\nSummarize the text above in two sentences.", "Write a short headline and a one-line summary for "
+                 "this:\n\n{}", "Explain this text to a child in simple words.\n\n{}"]
+REWRITE_FORMS = ["Rewrite this text to sound more formal.\n\n{}", "Rewrite this text in a friendly, casual tone.\n\n{}",
+                 "Rewrite this as a short announcement.\n\n{}", "Make this text shorter without losing any facts.\n\n{}",
+                 "Rewrite this text in the first person.\n\n{}"]
+ROLES = """a ship's cook, a museum guard, a lighthouse keeper, a friendly dragon, a train conductor, a space station
+commander, a fortune teller, a grumpy cat, a park ranger, a knight, a chef judging a cooking contest, a librarian from
+the future, a tailor, a mountain guide, a circus ringmaster, a radio host, a school principal, a gardener, a weather
+forecaster, a shopkeeper in a small village""".split(",")
+ROLE_SCENES = ["A visitor asks what your day is like. Answer in character.", "Introduce yourself to a newcomer.",
+               "Someone asks for your best advice. Reply in character.", "Describe the most surprising thing that happened "
+               "to you this week, in character.", "Welcome a group of children and tell them the rules.",
+               "A customer is unhappy. Calm them down, staying in character.", "Give a short speech to open the day."]
+ROLE_TASKS = ["tell me about your work.", "explain what you are most proud of.", "describe your favorite place.",
+              "give me a tip only you would know."]
+REASONING_FORMS = [
+    lambda r: (f"{r.choice(clean(NAMES))} has {r.randint(3, 40)} marbles and buys {r.randint(2, 9)} bags of "
+               f"{r.randint(2, 12)}. Then they give away {r.randint(1, 20)}. How many are left? Think step by step."),
+    lambda r: (f"A tank holds {r.randint(2, 20) * 50} liters and fills at {r.randint(5, 25)} liters a minute. How long until "
+               f"it is full? Explain your steps."),
+    lambda r: (f"A meeting starts at {r.randint(8, 16)}:{r.choice(['05', '20', '35', '50'])} and lasts "
+               f"{r.randint(35, 170)} minutes. When does it end? Show your reasoning."),
+    lambda r: (f"{', '.join(r.sample(clean(NAMES), 3))} ran a race. The first named was faster than the second, and the "
+               f"third was slower than the second. Who won? Reason it out."),
+    lambda r: (f"If {r.randint(2, 9)} workers build a wall in {r.randint(2, 12)} days, how long do "
+               f"{r.randint(2, 9)} workers take at the same speed? Explain step by step."),
+    lambda r: (f"A recipe for {r.randint(2, 6)} people needs {r.randint(100, 600)} grams of flour. How much for "
+               f"{r.randint(3, 12)} people? Show the calculation."),
+    lambda r: (f"Today is {r.choice(DAYS)}. What day is it in {r.randint(10, 400)} days? Explain how you worked it out."),
+    lambda r: (f"Is it cheaper to buy {r.randint(2, 6)} items at ${r.randint(2, 9)} each, or a pack of "
+               f"{r.randint(5, 12)} for ${r.randint(10, 40)}, if I need {r.randint(5, 12)}? Reason step by step."),
+]
+PEOPLE = """Aristotle, Cleopatra, Marie Curie, Leonardo da Vinci, Nelson Mandela, Simon Bolivar, Ada Lovelace, Genghis
+Khan, Jane Austen, Socrates, Mahatma Gandhi, Queen Victoria, Ibn Battuta, Frida Kahlo, Isaac Newton, Harriet Tubman,
+Immanuel Kant, Mansa Musa, William Shakespeare, Charles Darwin""".split(",")
+HISTORY = """the fall of the Berlin Wall, the Black Death, the Meiji Restoration, the American Civil War, the Cold War,
+the Age of Exploration, the Reformation, the Apollo moon landing, the invention of the steam engine, the Mongol Empire,
+the abolition of slavery, the founding of the United Nations, the Inca Empire, the spread of the printing press, the
+women's suffrage movement""".split(",")
+IDEAS = """utilitarianism, stoicism, free will, existentialism, the scientific method, human rights, romanticism in
+art, the golden rule, impressionism, minimalism, the tragedy of the commons, cultural relativism""".split(",")
+PERSON_FORMS = ["Who was {}, and why are they remembered?", "What did {} contribute to the world?", "Tell me about "
+                "the life of {}.", "What can we learn today from {}?", "What would {} think of the modern world?"]
+HISTORY_FORMS = ["What were the main causes of {}?", "Why was {} important?", "What were the consequences of {}?",
+                 "Describe daily life during {}.", "How did {} change ordinary people's lives?"]
+IDEA_FORMS = ["Explain {} in a few sentences.", "What are the main arguments for and against {}?",
+              "How does {} apply to everyday life?", "Who were the main thinkers behind {}?"]
+
+
+def broad_pools(rng: random.Random, n: int) -> dict[str, list[str]]:
+    """Prompts of the kinds beyond the six, by category (the passages and numbers drawn with `rng`)."""
+    humanities = [f.format(x) for forms, xs in ((PERSON_FORMS, PEOPLE), (HISTORY_FORMS, HISTORY), (IDEA_FORMS, IDEAS))
+                  for f, x in product(forms, clean(xs))]
+    return {
+        "extraction": [rng.choice(EXTRACT_FORMS).format(passage(rng)) for _ in range(n)],
+        "summarization": [rng.choice(SUMMARY_FORMS).format(passage(rng)) for _ in range(n)],
+        "rewriting": [rng.choice(REWRITE_FORMS).format(passage(rng)) for _ in range(n)],
+        "roleplay": [f"You are {r}. {s}" for r, s in product(clean(ROLES), ROLE_SCENES)]
+        + [f"Pretend to be {r} and {s}" for r, s in product(clean(ROLES), ROLE_TASKS)],
+        "reasoning": [rng.choice(REASONING_FORMS)(rng) for _ in range(n)],
+        "humanities": humanities,
+    }
+
+
+# the broad set: the six kinds and the six above, each its share
+BROAD_SHARE = {"explanation": 0.12, "lists": 0.09, "code": 0.1, "writing": 0.09, "chat": 0.06, "math": 0.08,
+               "extraction": 0.1, "summarization": 0.08, "rewriting": 0.06, "roleplay": 0.06, "reasoning": 0.08,
+               "humanities": 0.08}
+
+
+def build_broad(n: int, seed: int) -> list[dict]:
+    """n prompts of twelve kinds, each category its BROAD_SHARE, shuffled ({"prompt", "category"} rows)."""
+    rng = random.Random(seed)
+    by_category = {**pools(rng, 10 * n), **broad_pools(rng, 2 * n)}
+    rows, seen = [], set()
+    for cat, frac in BROAD_SHARE.items():
+        pool = list(dict.fromkeys(by_category[cat]))
+        rng.shuffle(pool)
+        picked = [p for p in pool if p not in seen][: round(frac * n)]
+        seen.update(picked)
+        rows += [{"prompt": p, "category": cat} for p in picked]
+    rng.shuffle(rows)
+    return rows

@@ -436,6 +436,67 @@ def case_baseline_not_a_report(tmp, model, mp):
     return build(tmp, config(tmp, model, validate={"baseline": "base.json"}))
 
 
+def finished_run(tmp: Path, model: Path, source: str | None = None, skip: str | None = None) -> Path:
+    """A run folder whose data, convert, train and export stages read as finished (manifests with the config keys
+    adapt reads back; no files vouched for), for the refusals `trtspec adapt` makes before any stage runs."""
+    from trtspec.artifacts import RunDir, write_json
+
+    run = tmp / "earlier"
+    RunDir(run).ensure()
+    configs = {"data": {"model": {"source": source or str(model)}, "data": {"sources": [], "seq_len": 32}, "seed": 0},
+               "convert": {"draft.method": "eagle3"}, "train": {"draft.method": "eagle3", "draft.length": 3},
+               "export": {"draft": {"length": 3}}}
+    for stage, cfg in configs.items():
+        if stage == skip:
+            continue
+        folder = run / ("bundle" if stage == "export" else stage)
+        folder.mkdir()
+        write_json(folder / "manifest.json", {"stage": stage, "status": "done", "config": cfg, "metrics": {}, "files": {}})
+    for split in ("train", "heldout"):
+        (run / "data" / f"{split}.jsonl").write_text(json.dumps(GOOD_ROWS[0]) + "\n")
+    if skip != "export":
+        shutil.copytree(model, run / "bundle" / "target")
+    return run
+
+
+def adapt(tmp: Path, run: Path, rows: list | None = None, *extra: str) -> list[str]:
+    traffic = write_jsonl(tmp / "traffic.jsonl", [{"prompt": "Name a color."}] if rows is None else rows)
+    return ["adapt", str(run), "--prompts", str(traffic), "--out", str(tmp / "run"), *extra]
+
+
+def case_adapt_not_a_run(tmp, model, mp):
+    (tmp / "folder").mkdir()
+    return adapt(tmp, tmp / "folder")
+
+
+def case_adapt_unfinished_run(tmp, model, mp):
+    return adapt(tmp, finished_run(tmp, model, skip="train"))
+
+
+def case_adapt_other_target(tmp, model, mp):
+    return adapt(tmp, finished_run(tmp, model, source="/models/another-model"), None, "--set", f"model.source={model}")
+
+
+def case_adapt_other_length(tmp, model, mp):
+    return adapt(tmp, finished_run(tmp, model), None, "--set", "draft.length=2")
+
+
+def case_adapt_other_method(tmp, model, mp):
+    return adapt(tmp, finished_run(tmp, model), None, "--set", "draft.method=dflash")
+
+
+def case_adapt_unknown_format(tmp, model, mp):
+    return adapt(tmp, finished_run(tmp, model), [{"text": "a document, not a request"}])
+
+
+def case_adapt_no_usable_prompt(tmp, model, mp):
+    return adapt(tmp, finished_run(tmp, model), [{"messages": [{"role": "assistant", "content": "an answer only"}]}])
+
+
+def case_adapt_empty_category(tmp, model, mp):
+    return adapt(tmp, finished_run(tmp, model), None, "--category", " ")
+
+
 def case_dflash_mask_token_outside_vocab(tmp, model, mp):
     return build(tmp, config(tmp, model, draft={"method": "dflash"}, dflash={"mask_token_id": 10**6, "target_layers": [0, 2]}))
 
@@ -606,6 +667,14 @@ CASES = [
     Case("convert-aux-layers", case_aux_layer_out_of_range, 2, r"aux_layers \[0, 40\]: need distinct layer ids in 0\.\.2", "convert", before_data=True),
     Case("convert-init-resized-head", case_init_from_resized_head, 2, r"init_from_target.*resizes the head \(intermediate_size\)", "convert", before_data=True),
     Case("quant-tied-lm-head", case_quant_tied_lm_head, 2, r"shares its weights with the embeddings", "quantize", before_data=True),
+    Case("adapt-not-a-run", case_adapt_not_a_run, 2, r"RUN: '.*folder' is not a trtspec run folder"),
+    Case("adapt-unfinished-run", case_adapt_unfinished_run, 2, r"RUN: '.*earlier' has no finished 'train' stage"),
+    Case("adapt-other-target", case_adapt_other_target, 2, r"data\.sources\[1\]\.path: '.*earlier' was built for another target \(/models/another-model; this build: ", "data", before_data=True),
+    Case("adapt-other-length", case_adapt_other_length, 2, r"draft\.init_from: '.*earlier' trained its draft for length 3, this build drafts 2", "data", before_data=True),
+    Case("adapt-other-method", case_adapt_other_method, 2, r"draft\.init_from: '.*earlier' trained a eagle3 draft, this build trains dflash", "data", before_data=True),
+    Case("adapt-unknown-format", case_adapt_unknown_format, 2, r"--prompts '.*traffic\.jsonl': not a traffic file this tool reads"),
+    Case("adapt-no-usable-prompt", case_adapt_no_usable_prompt, 2, r"--prompts '.*traffic\.jsonl' holds no usable prompt \(chat: 1 request without a usable chat turn\)"),
+    Case("adapt-empty-category", case_adapt_empty_category, 2, r"--category is empty"),
     Case("rundir-foreign", case_out_is_foreign_dir, 2, r"not a trtspec run directory; refusing to write"),
     Case("rundir-is-file", case_out_is_file, 2, r"is a file"),
     Case("rundir-locked", case_locked, 4, r"in use by another trtspec process"),

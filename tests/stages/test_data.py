@@ -298,8 +298,25 @@ def test_demo_prompts_are_what_the_generator_writes():
 
     root = Path(__file__).parents[2]
     gen = runpy.run_path(str(root / "scripts/make_demo_prompts.py"))
-    shipped = [json.loads(x) for x in (root / "build_configs/prompts/demo_prompts.jsonl").read_text().splitlines()]
-    assert gen["build"](len(shipped), 0) == shipped
+    for name, build in (("demo_prompts", gen["build"]), ("broad_prompts", gen["build_broad"])):
+        shipped = [json.loads(x) for x in (root / f"build_configs/prompts/{name}.jsonl").read_text().splitlines()]
+        assert build(len(shipped), 0) == shipped, name
+
+
+def test_broad_prompts_hand_over_passages_and_share_none_with_the_unseen_suite():
+    """The broad set's twelve kinds, a passage in a quarter of its prompts; build_configs/prompts/unseen_prompts.jsonl
+    (written by hand, measured on as prompts unlike the training ones) shares no prompt with it or the demo set."""
+    root = Path(__file__).parents[2] / "build_configs/prompts"
+    broad = [json.loads(x) for x in (root / "broad_prompts.jsonl").read_text().splitlines()]
+    cats = Counter(r["category"] for r in broad)
+    assert len(cats) == 12 and min(cats.values()) >= 100
+    assert 0.2 <= sum("\n\n" in r["prompt"] for r in broad) / len(broad) <= 0.3
+    unseen = [json.loads(x) for x in (root / "unseen_prompts.jsonl").read_text().splitlines()]
+    texts = {m["content"] for r in unseen for m in r.get("messages", [])} | {r["prompt"] for r in unseen if "prompt" in r}
+    demo = {json.loads(x)["prompt"] for x in (root / "demo_prompts.jsonl").read_text().splitlines()}
+    assert not texts & ({r["prompt"] for r in broad} | demo)
+    assert Counter(r["category"] for r in unseen) == {c: 8 for c in ("extraction", "summarization", "roleplay", "reasoning",
+                                                                      "stem", "humanities", "rewriting", "multiturn")}
 
 
 def test_bench_regenerate_reports_each_variant(tiny_model_dir, tiny_prompts_file, tmp_path):

@@ -3,6 +3,8 @@ an EAGLE-3 head (trtspec.eagle.convert) or a DFlash block drafter (trtspec.dflas
 
 Writes convert/eagle_config.json or dflash_config.json (the dict given to mtsp.convert) and
 convert/head_init.safetensors (the initial draft; an EAGLE-3 head's d2t included when its vocab is compressed).
+With draft.init_from, both are the earlier run's (its config and its trained draft, checked against its manifests):
+training continues from that draft, in its draft vocabulary (trtspec.warm_start).
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ if TYPE_CHECKING:
     from trtspec.config import BuildConfig
 
 UPSTREAM = ("data",)
-READS = ("convert", "draft.method", "dflash", "seed")
+READS = ("convert", "draft.method", "draft.init_from", "dflash", "seed")
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
-    """The convert settings checked against the model's config alone, before the data stage spends minutes."""
+    """The convert settings checked against the model's config alone, and the run draft.init_from names, before the
+    data stage spends minutes."""
+    from trtspec.warm_start import check_init_from
+
+    if cfg.draft.init_from:  # first: a draft of another method is refused as that, not by the new method's rules
+        check_init_from(cfg)
     family(cfg.draft.method).check_convert(cfg, model_config)
 
 
@@ -28,9 +35,24 @@ def run(ctx: StageContext) -> dict:
     from transformers import AutoConfig
 
     fam = family(ctx.cfg.draft.method)
+    if ctx.cfg.draft.init_from:
+        return continue_from(ctx, fam)
     base_config = AutoConfig.from_pretrained(ctx.model_path)
     tokens = ctx.inputs["data"] / "train_tokens.pt"
     draft_cfg, model, metrics = fam.convert(base_config, ctx.model_path, ctx.cfg, tokens, ctx.log)
     fam.write_config(ctx.out, draft_cfg)
     fam.save_head(model, ctx.out / "head_init.safetensors")
     return metrics
+
+
+def continue_from(ctx: StageContext, fam: Any) -> dict:
+    """draft.init_from: the earlier run's draft config and trained weights as this run's starting draft."""
+    import shutil
+
+    from trtspec.warm_start import initial_draft
+
+    config, head, lineage = initial_draft(ctx.cfg, fam.config_file, fam.head_file)
+    shutil.copyfile(config, ctx.out / fam.config_file)
+    shutil.copyfile(head, ctx.out / "head_init.safetensors")
+    ctx.log(f"continuing from the draft of {lineage['run']} (held-out AL@{ctx.cfg.draft.length} {lineage['heldout_al']})")
+    return {"init_from": lineage, "headline": f"warm start from {lineage['run']}"}

@@ -6,6 +6,8 @@ Sources (data.sources[*].kind):
   jsonl       conversations: OpenAI/HF `messages` [{role, content}] or ShareGPT `conversations` [{from, value}]
   text        one document per line (no chat template; every token is a label)
   hf          a `datasets` name (needs a network); rows parsed like jsonl rows, or a `text` column
+  run         an earlier run of the same target (trtspec.warm_start): its answered conversations with the target's
+              tokens, its training rows trained on (`limit` of them) and its held-out rows held out here too
 A jsonl or hf source with `regenerate: true` keeps each conversation's turns before its answer and has the target
 answer them again, as for a prompt file.
 
@@ -38,6 +40,7 @@ from trtspec.chat import (
 )
 from trtspec.errors import DataError
 from trtspec.pipeline.stage import InputFile, StageContext
+from trtspec.warm_start import run_rows
 
 if TYPE_CHECKING:
     from trtspec.config import BuildConfig
@@ -47,9 +50,16 @@ READS = ("model", "data", "seed")
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
-    """data.context_tokens and the answer after it within the target's window, before minutes of answering."""
+    """data.context_tokens and the answer after it within the target's window, and each kind: run source a run of
+    this target, before minutes of answering."""
     from trtspec.config import check_fits_window
     from trtspec.targets import text_config
+    from trtspec.warm_start import check_same_target, earlier_run
+
+    for i, s in enumerate(cfg.data.sources):
+        if s.kind == "run":
+            key = f"data.sources[{i}].path"
+            check_same_target(earlier_run(cfg.resolve_path(s.path), key), cfg, key)
 
     if d := cfg.data.context_tokens:
         check_fits_window(f"data.context_tokens {d}", d, "data.max_new_tokens", cfg.data.max_new_tokens,
@@ -62,8 +72,14 @@ def files_read(cfg: BuildConfig) -> list[InputFile]:
 
     from trtspec.chat import read_source, usable_row
 
-    return [InputFile(f"data.sources[{i}].path", "data file", s.path, cfg.resolve_path(s.path), usable_row(s.kind, s.regenerate),
-                      partial(read_source, kind=s.kind, limit=s.limit, regenerate=s.regenerate, name=Path(s.path).stem))
+    def read(s: Any) -> Callable:
+        if s.kind == "run":
+            return lambda path, skips: run_rows(cfg.resolve_path(s.path), skips, limit=s.limit)
+        return partial(read_source, kind=s.kind, limit=s.limit, regenerate=s.regenerate, name=Path(s.path).stem)
+
+    return [InputFile(f"data.sources[{i}].path", "data file", s.path,
+                      cfg.resolve_path(s.path) / "data" / "train.jsonl" if s.kind == "run" else cfg.resolve_path(s.path),
+                      usable_row(s.kind, s.regenerate), read(s))
             for i, s in enumerate(cfg.data.sources) if s.kind != "hf"]
 
 
@@ -220,15 +236,23 @@ def run(ctx: StageContext) -> dict:
 
     skips: Counter = Counter()
     rows: list[dict] = []
+    kept: dict[str, list[dict]] = {"train": [], "heldout": []}  # kind: run sources' rows, already split
     for src in ctx.cfg.data.sources:
+        if src.kind == "run":
+            for split in kept:
+                kept[split] += run_rows(ctx.cfg.resolve_path(src.path), skips, split, src.limit)
+            ctx.log(f"run '{src.path}': {len(kept['train'])} training and {len(kept['heldout'])} held-out conversations")
+            continue
         got = load_source(src, ctx, skips, target)
         ctx.log(f"{src.kind} '{src.path}': {len(got)} conversations")
         rows += got
     if skips:
         ctx.log("skipped: " + ", ".join(f"{n} {why}" for why, n in skips.items()))
-    if not rows:
+    if not rows and not kept["train"]:
         raise DataError("the data sources gave no usable conversation", "check data.sources (each row needs an assistant turn)")
     train, heldout = split_heldout(rows, ctx.cfg.data.holdout_fraction, ctx.cfg.seed)
+    train, heldout = train + kept["train"], kept["heldout"] + heldout
+    rows = rows + kept["train"] + kept["heldout"]
     if n := ctx.cfg.data.context_tokens:
         train = long_context_rows(train, tok, n, ctx.cfg.data.context_share, ctx.cfg.seed)
     seq_len = ctx.cfg.data.seq_len

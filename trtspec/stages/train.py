@@ -328,6 +328,7 @@ def run(ctx: StageContext) -> dict:
     cache_s = time.time() - t0
     model = fam.build(base, draft_cfg)
     fam.load_head(model, conv_dir / "head_init.safetensors")
+    before = evaluate_acceptance(model, eval_set, k, fam.drafts) if ctx.cfg.draft.init_from and ranks.is_main() else None
     head = sharding.shard_head(model, fam.module_attr) if t_cfg.sharding == "fsdp" and ranks.size() > 1 else None
     gc.collect()
 
@@ -344,6 +345,9 @@ def run(ctx: StageContext) -> dict:
     fit = evaluate_acceptance(model, fit_set, k, fam.drafts)
     write_outputs(ctx, fam, model, draft_cfg, eval_file)
     metrics = train_metrics(ctx, fam.name, tokens, trained, cache_s, head is not None, len(eval_set), acc, fit)
+    if before is not None:
+        metrics["before"] = {key: v for key, v in before.items() if "ci95" not in key}
+        metrics["gate"] = warm_start_gate(ctx, before, acc)
     metrics["states"] = {"from": t_cfg.states_from, **states_metrics(states)} if states is not None else None
     ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k} {fit[f'AL@{k}']:.2f}")
     if context_sets:
@@ -352,6 +356,28 @@ def run(ctx: StageContext) -> dict:
             ctx.log(f"context {r['bin']}: {r['context_tokens']} tokens, held-out AL@{k} {r[f'AL@{k}']:.2f} "
                     f"({r[f'AL@{k}_ci95'][0]:.2f}-{r[f'AL@{k}_ci95'][1]:.2f}), {r['vs_shortest']:.2f}x the shortest bin's")
     return metrics
+
+
+def warm_start_gate(ctx: StageContext, before: dict, after: dict) -> dict:
+    """draft.init_from: each category's held-out AL against the earlier draft's on the same rows; a fall past
+    draft.max_category_drop fails the stage (nothing is exported from it), its outputs kept in RUN/train-failed."""
+    from trtspec.checks import baseline_gate
+    from trtspec.errors import ValidationFailed
+
+    k, tolerance = ctx.cfg.draft.length, ctx.cfg.draft.max_category_drop
+    als = {name: {c: v[f"AL@{k}"] for c, v in m["per_category"].items()} for name, m in (("before", before), ("after", after))}
+    for c in als["after"]:
+        ctx.log(f"category {c}: held-out AL@{k} {als['before'][c]:.2f} -> {als['after'][c]:.2f}")
+    gate = baseline_gate({"per_category": {c: {"acceptance_length": v} for c, v in als["after"].items()}}, als["before"],
+                         tolerance or 0.0)
+    if tolerance is not None and not gate["passed"]:
+        failed = ctx.run.path / "train-failed"
+        shutil.rmtree(failed, ignore_errors=True)
+        shutil.copytree(ctx.out, failed)
+        raise ValidationFailed(f"the adapted draft falls behind the one it started from: {gate['message'].replace('baseline', 'earlier draft')}",
+                               f"its outputs are kept in {failed}; lower draft.init_from's learning rate (train.lr) or "
+                               "epochs, or keep more of the earlier rows (data.sources kind: run, limit)")
+    return gate
 
 
 def train_metrics(ctx: StageContext, method: str, tokens: dict, trained: dict, cache_s: float, sharded: bool,
