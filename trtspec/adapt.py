@@ -33,8 +33,8 @@ class AdaptOptions:
     fmt: str = "auto"  # the traffic file's format (trtspec.traffic.FORMATS)
     category: str | None = None  # the category of traffic rows that name none (None: "traffic")
     epochs: float = 2.0
-    lr: float = 3e-4
-    replay: float = 1.0  # earlier training rows per traffic training row
+    lr: float = 1e-4
+    replay: float = 3.0  # earlier training rows per traffic training row
     holdout: float = 0.2  # share of the traffic's prompts held out (measured before and after, never trained on)
     tolerance: float | None = None  # draft.max_category_drop (None: the earlier run's validate.baseline_tolerance)
 

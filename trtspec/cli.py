@@ -212,9 +212,9 @@ _validate.callback = _validate_callback
               show_default=True, help="The --prompts file's format.")
 @click.option("--category", help="Category of the prompts that name none (default: traffic).")
 @click.option("--epochs", type=click.FloatRange(min=0.01, max=1000), default=2.0, show_default=True)
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True, max=1), default=3e-4, show_default=True,
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True, max=1), default=1e-4, show_default=True,
               help="Learning rate (the earlier draft's is usually higher: this is a fine-tune).")
-@click.option("--replay", type=click.FloatRange(min=0, max=1000), default=1.0, show_default=True,
+@click.option("--replay", type=click.FloatRange(min=0, max=1000), default=3.0, show_default=True,
               help="Earlier training rows kept per traffic training row (what keeps old categories from falling).")
 @click.option("--holdout", type=click.FloatRange(min=0.01, max=0.9), default=0.2, show_default=True,
               help="Share of the traffic's prompts held out and measured, never trained on.")

@@ -43,13 +43,13 @@ def test_adapt_continues_the_draft_measures_every_category_and_records_lineage(c
     assert (new / "convert" / "head_init.safetensors").read_bytes() == (ci_run / "train" / "head.safetensors").read_bytes()
     assert (new / "convert" / "eagle_config.json").read_text() == (ci_run / "convert" / "eagle_config.json").read_text()
     # the earlier held-out rows stay held out, beside the traffic's own held-out share
-    old_heldout = {json.loads(x)["id"] for x in (ci_run / "data" / "heldout.jsonl").read_text().splitlines()}
+    old_heldout = [json.loads(x) for x in (ci_run / "data" / "heldout.jsonl").read_text().splitlines()]
     new_heldout = [json.loads(x) for x in (new / "data" / "heldout.jsonl").read_text().splitlines()]
-    assert old_heldout <= {x["id"] for x in new_heldout} and any(x["category"] == "traffic" for x in new_heldout)
+    assert {x["id"] for x in old_heldout} <= {x["id"] for x in new_heldout}
     # before and after on the same rows, every category, the earlier run's and the traffic's
     m = manifest(new, "train")["metrics"]
-    old_categories = manifest(ci_run, "train")["metrics"]["per_category"]
-    assert set(m["before"]["per_category"]) == set(m["per_category"]) == set(old_categories) | {"traffic"}
+    assert m["eval_prompts"] == len(new_heldout) == len(old_heldout) + 2
+    assert set(m["before"]["per_category"]) == set(m["per_category"]) == {x["category"] for x in old_heldout} | {"traffic"}
     assert m["before"]["per_category"]["traffic"]["prompts"] == m["per_category"]["traffic"]["prompts"] == 2
     assert m["gate"]["gate"] == "baseline" and m["gate"]["compared"] == sorted(m["per_category"])
     lineage = manifest(new, "bundle")["metrics"]["lineage"]
