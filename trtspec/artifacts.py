@@ -109,9 +109,11 @@ def file_table(folder: Path) -> dict[str, dict[str, Any]]:
 
 
 def verify_files(folder: Path, manifest: dict) -> list[str]:
-    """Problems with the files a manifest vouches for (empty list = all intact)."""
+    """Problems with the files a manifest vouches for, and files it does not know of (an extra weight shard is loaded
+    by engines that glob for them): an empty list = all intact."""
+    want_files = manifest.get("files", {})
     problems = []
-    for rel, want in manifest.get("files", {}).items():
+    for rel, want in want_files.items():
         p = folder / rel
         if not p.is_file():
             problems.append(f"{rel}: missing")
@@ -119,7 +121,15 @@ def verify_files(folder: Path, manifest: dict) -> list[str]:
             problems.append(f"{rel}: size {p.stat().st_size} != {want['size']}")
         elif sha256_file(p) != want["sha256"]:
             problems.append(f"{rel}: checksum differs")
+    if want_files and folder.is_dir():
+        problems += [f"{rel}: added after the stage wrote its folder" for rel in added_files(folder, want_files)]
     return problems
+
+
+def added_files(folder: Path, known: dict) -> list[str]:
+    """Files under `folder` (its manifest aside) that `known` does not list."""
+    return sorted(rel for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST
+                  and (rel := p.relative_to(folder).as_posix()) not in known)
 
 
 def keyed_scratch(root: Path, name: str, key: str) -> Path:

@@ -80,6 +80,22 @@ def hf_assisted_methods(cfg: BuildConfig, hf: Any, source: Path, eos: set[int]) 
     return methods, {}, notes
 
 
+def runnable_comparisons(methods: dict, prompt: list[int], skipped: dict[str, str], log: Any) -> dict:
+    """The optional comparisons (HF's own speed-ups) that run on this model, each tried once on one prompt: one that
+    raises inside the library (transformers' assisted generation fails on some layer patterns) is skipped with its
+    reason in the report, and the build goes on."""
+    kept = {}
+    for name, method in methods.items():
+        try:
+            method(prompt)
+        except Exception as e:  # noqa: BLE001 - a library's failure on this model: a comparison the report goes without
+            skipped[name] = f"transformers raised {type(e).__name__} on this model: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            log(f"{name} skipped: {skipped[name]}")
+            continue
+        kept[name] = method
+    return kept
+
+
 def sampling_check(target: Any, drafter: Any, prompt: list[int], spec: Any, temperature: float, eos: set[int], n: int, seed: int,
                    repeat: bool = False) -> dict:
     """Distribution of the first speculated token vs the target's exact one (chi-square, pooled small bins).

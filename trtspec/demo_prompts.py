@@ -173,9 +173,13 @@ def pools(rng: random.Random, n_math: int) -> dict[str, list[str]]:
 def build(n: int, seed: int) -> list[dict]:
     """The demo set: n prompts, each category its SHARE of them, shuffled ({"prompt", "category"} rows)."""
     rng = random.Random(seed)
-    by_category = pools(rng, 10 * n)
+    return draw(pools(rng, 10 * n), SHARE, n, rng)
+
+
+def draw(by_category: dict[str, list[str]], share: dict[str, float], n: int, rng: random.Random) -> list[dict]:
+    """n prompts, each category its share of them (no prompt twice), shuffled ({"prompt", "category"} rows)."""
     rows, seen = [], set()
-    for cat, frac in SHARE.items():
+    for cat, frac in share.items():
         pool = list(dict.fromkeys(by_category[cat]))
         rng.shuffle(pool)
         picked = [p for p in pool if p not in seen][: round(frac * n)]
@@ -313,13 +317,4 @@ BROAD_SHARE = {"explanation": 0.12, "lists": 0.09, "code": 0.1, "writing": 0.09,
 def build_broad(n: int, seed: int) -> list[dict]:
     """n prompts of twelve kinds, each category its BROAD_SHARE, shuffled ({"prompt", "category"} rows)."""
     rng = random.Random(seed)
-    by_category = {**pools(rng, 10 * n), **broad_pools(rng, 2 * n)}
-    rows, seen = [], set()
-    for cat, frac in BROAD_SHARE.items():
-        pool = list(dict.fromkeys(by_category[cat]))
-        rng.shuffle(pool)
-        picked = [p for p in pool if p not in seen][: round(frac * n)]
-        seen.update(picked)
-        rows += [{"prompt": p, "category": cat} for p in picked]
-    rng.shuffle(rows)
-    return rows
+    return draw({**pools(rng, 10 * n), **broad_pools(rng, 2 * n)}, BROAD_SHARE, n, rng)

@@ -591,6 +591,47 @@ def case_deploy_edited_bundle(tmp, model, mp):
     return ["deploy", "triton", str(run.path), "--out", str(tmp / "triton")]
 
 
+def exported_run(tmp: Path):
+    """A run whose export stage committed a small bundle (its manifest vouching for each file)."""
+    from trtspec.artifacts import RunDir
+
+    run = RunDir(tmp / "run")
+    run.ensure()
+    with run.staging("export") as out:
+        for rel in ("target/config.json", "draft/config.json"):
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (out / rel).write_text("{}\n")
+        (out / "llm_api_options.yaml").write_text(yaml.safe_dump({"max_batch_size": 8, "speculative_config": {
+            "decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": "./draft"}}))
+        run.commit("export", out, {"stage": "export", "status": "done", "fingerprint": "f"})
+    return run
+
+
+def case_deploy_added_shard(tmp, model, mp):
+    run = exported_run(tmp)
+    (run.stage_dir("export") / "draft" / "model-00002-of-00002.safetensors").write_bytes(b"x" * 64)  # added by hand
+    return ["deploy", "triton", str(run.path), "--out", str(tmp / "triton")]
+
+
+def case_deploy_edited_report(tmp, model, mp):
+    from trtspec.artifacts import output_fingerprint
+
+    run = exported_run(tmp)
+    with run.staging("validate") as out:
+        (out / "report.json").write_text(json.dumps({"drafting": {"fastest": "speculative", "methods": {}}}))
+        run.commit("validate", out, {"stage": "validate", "status": "done", "fingerprint": "v",
+                                     "inputs": {"export": output_fingerprint(run.manifest("export"))}})
+    (run.stage_dir("validate") / "report.json").write_text(json.dumps({"drafting": {"fastest": "suffix", "methods": {}}}))
+    return ["deploy", "triton", str(run.path), "--out", str(tmp / "triton")]
+
+
+def case_deploy_unmanifested_sweep(tmp, model, mp):
+    run = exported_run(tmp)
+    (run.path / "bench").mkdir()
+    (run.path / "bench" / "sweep.json").write_text(json.dumps({"schedule": {"1": 3, "8": 0}}))
+    return ["deploy", "triton", str(run.path), "--out", str(tmp / "triton"), "--measured-schedule"]
+
+
 CLEANUPS: list[Callable[[], object]] = []
 
 
@@ -682,6 +723,9 @@ CASES = [
     Case("rundir-disk-full", case_disk_full, 2, r"(?i)no space|free some disk", "data"),
     Case("env-cache-not-a-folder", case_cache_is_a_file, 2, r"the cache folder '.*cache-file' cannot be created \(File exists\)", "data", before_data=True),
     Case("deploy-edited-bundle", case_deploy_edited_bundle, 2, r"bundle/draft/config\.json' no longer matches what the export stage wrote \(size"),
+    Case("deploy-added-shard", case_deploy_added_shard, 2, r"bundle/draft/model-00002-of-00002\.safetensors' no longer matches what the export stage wrote \(added after the stage wrote its folder"),
+    Case("deploy-edited-report", case_deploy_edited_report, 2, r"validate/report\.json' no longer matches what the validate stage wrote \(size"),
+    Case("deploy-unmanifested-sweep", case_deploy_unmanifested_sweep, 2, r"bench/sweep\.json' has no manifest \(bench/manifest\.json\) vouching for it"),
     Case("inspect-corrupt-manifest", case_inspect_truncated_manifest, 2, r"stage convert: '.*convert/manifest\.json' is not valid JSON"),
 ]
 

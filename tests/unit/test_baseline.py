@@ -65,3 +65,26 @@ def test_category_speeds_sum_each_categorys_runs_over_repetitions():
     got = category_speeds(rows, timed)
     assert got["a"]["tokens_per_s"] == {"speculative": round(32 / 6, 1), "runtime_no_draft": 4.0}
     assert got["b"]["tokens_per_s"] == {"speculative": 4.0, "runtime_no_draft": 4.0} and got["b"]["speedup_vs_no_draft"] == 1.0
+
+
+def test_a_comparison_the_library_cannot_run_on_the_model_is_skipped_with_its_reason():
+    """HF assisted generation with early exit raises IndexError inside transformers' cache on a GPT-OSS of 8
+    alternating sliding/full layers (transformers 5.19); validate reports it skipped and keeps the other methods."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.checks import runnable_comparisons
+    from trtspec.generation import hf_answer
+    from trtspec.targets.tiny import tiny_config
+
+    cfg = tiny_config("gpt_oss", 256, dict(bos_token_id=1, eos_token_id=2, pad_token_id=0))
+    cfg.num_hidden_layers, cfg.layer_types = 8, ["sliding_attention", "full_attention"] * 4
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    methods = {"hf_prompt_lookup": lambda p: hf_answer(hf, p, 8, {2}, prompt_lookup_num_tokens=3),
+               "hf_assisted": lambda p: hf_answer(hf, p, 24, {2}, assistant_early_exit=2)}
+    skipped, logged = {}, []
+    kept = runnable_comparisons(methods, list(range(3, 40)), skipped, logged.append)
+    assert list(kept) == ["hf_prompt_lookup"]
+    assert skipped["hf_assisted"].startswith("transformers raised IndexError on this model: list index out of range")
+    assert logged == [f"hf_assisted skipped: {skipped['hf_assisted']}"]

@@ -357,7 +357,8 @@ def measured_drafting(run: Any) -> tuple[str | None, int | None, str]:
         return None, None, "no finished validate stage: the bundle's own drafting"
     if m.get("inputs", {}).get("export") != output_fingerprint(export):
         return None, None, "validate measured an older bundle: the bundle's own drafting"
-    report = read_json(run.stage_dir("validate") / "report.json")
+    folder, _ = run.require("validate", verify=True)  # an edited report is refused by name, never served
+    report = read_json(folder / "report.json")
     drafting = report.get("drafting")
     if not drafting:
         return None, None, "validate compared no drafting methods (draft.suffix_len: 0): the bundle's own drafting"
@@ -371,6 +372,27 @@ def measured_drafting(run: Any) -> tuple[str | None, int | None, str]:
     return fastest, drafting.get("suffix_len"), f"the fastest validate measured (tokens/s: {speeds})"
 
 
+def verified_sweep_folders(run: Any) -> list[Path]:
+    """The folders holding a sweep.json that their manifest vouches for: the engine stage's and RUN/bench (written by
+    the bench scripts, trtspec.deploy.sweep.save_sweep). An edited, added or unmanifested sweep is refused by name."""
+    from trtspec.artifacts import read_json, sha256_file
+
+    folders = []
+    if (m := run.manifest("engine")) and m.get("status") == "done" and (run.stage_dir("engine") / SWEEP_FILE).is_file():
+        folders.append(run.require("engine", verify=True)[0])
+    bench = run.path / "bench"
+    if (bench / SWEEP_FILE).is_file():
+        if not (bench / "manifest.json").is_file():
+            raise ArtifactError(f"'{bench / SWEEP_FILE}' has no manifest (bench/manifest.json) vouching for it",
+                                "measure it again with the bench script (it writes both), or delete it")
+        want = (read_json(bench / "manifest.json").get("files") or {}).get(SWEEP_FILE) or {}
+        if sha256_file(bench / SWEEP_FILE) != want.get("sha256"):
+            raise ArtifactError(f"'{bench / SWEEP_FILE}' no longer matches what the bench script wrote (checksum "
+                                "differs)", "measure it again, or delete it")
+        folders.append(bench)
+    return folders
+
+
 def measured_schedule(run: Any, options: dict) -> tuple[dict[int, int] | None, str]:
     """(the draft length per batch size a serving sweep measured on this very bundle, why): the engine stage's
     (engine.sweep) or scripts/bench_serving.py's (RUN/bench), the newer of those that measured this export. (None,
@@ -379,8 +401,10 @@ def measured_schedule(run: Any, options: dict) -> tuple[dict[int, int] | None, s
     from trtspec.artifacts import output_fingerprint, read_json
 
     spec = options["speculative_config"]
-    paths = [p for p in (run.stage_dir("engine") / SWEEP_FILE, run.path / "bench" / SWEEP_FILE) if p.is_file()]
-    if not paths or spec.get("decoding_type") != "Eagle3" or spec.get("draft_len_schedule"):
+    if spec.get("decoding_type") != "Eagle3" or spec.get("draft_len_schedule"):
+        return None, ""
+    paths = [folder / SWEEP_FILE for folder in verified_sweep_folders(run)]
+    if not paths:
         return None, ""
     bundle = output_fingerprint(run.manifest("export"))
     sweeps = sorted(((p.stat().st_mtime, p, read_json(p)) for p in paths), key=lambda t: t[0], reverse=True)

@@ -27,6 +27,7 @@ from trtspec.checks import (
     hf_assisted_methods,
     quantized_reference,
     read_baseline,
+    runnable_comparisons,
     sampling_check,
     target_identity,
 )
@@ -239,7 +240,7 @@ def timed_methods(ctx: StageContext, b: Bench, hf: Any) -> tuple[dict[str, Any],
         b.drafters.update(suffix=suffix_alone, eagle3_suffix=suffix_first)
     drafting = [m for m in ("speculative", "suffix", "eagle3_suffix") if m in methods]
     assisted, skipped, method_notes = hf_assisted_methods(ctx.cfg, hf, ctx.model_path, eos)
-    methods.update(assisted)
+    methods.update(runnable_comparisons(assisted, b.prompts[0], skipped, ctx.log))
     return methods, drafting, skipped, method_notes
 
 
