@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from trtspec.cli import main
@@ -57,6 +58,7 @@ def test_adapt_continues_the_draft_measures_every_category_and_records_lineage(c
     assert lineage["head_sha256"] == manifest(ci_run, "train")["files"]["head.safetensors"]["sha256"]
 
 
+@pytest.mark.full  # the gate's refusal itself: tests/unit/test_adapt_config.py (no training)
 def test_adapt_refuses_a_draft_that_falls_behind(ci_run, tmp_path):
     r = adapt(ci_run, tmp_path, "--epochs", "4", "--lr", "0.5", "--tolerance", "0.02")
     errors = [x for x in r.output.splitlines() if x.startswith("Error:")]

@@ -50,3 +50,30 @@ def test_adapt_config_trains_on_the_traffic_beside_the_earlier_rows_from_the_ear
     assert cfg.eval.acceptance_prompts == 5 + 20 and cfg.eval.prompts is None  # every held-out row, old and new
     assert cfg.validate_.baseline == str((run.path / "validate" / "report.json").resolve())
     assert cfg.seed == 3 and cfg.convert.draft_vocab_size == 4096
+
+
+def test_the_warm_start_gate_refuses_a_draft_that_fell_behind_and_keeps_its_outputs(tmp_path):
+    """The train stage's gate (stages.train.warm_start_gate): a category past draft.max_category_drop fails the stage
+    in one line naming it, the outputs kept in RUN/train-failed; within it, the comparison is the stage's metric."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from trtspec.errors import ValidationFailed
+    from trtspec.stages.train import warm_start_gate
+
+    def acc(**als):
+        return {"per_category": {c: {"AL@3": v} for c, v in als.items()}}
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "head.safetensors").write_text("weights")
+    ctx = SimpleNamespace(cfg=config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]},
+                                                "draft": {"max_category_drop": 0.02}}),
+                          run=SimpleNamespace(path=tmp_path), out=out, log=lambda m: None)
+    gate = warm_start_gate(ctx, acc(chat=2.0, code=1.5), acc(chat=1.97, code=1.9))  # -1.5%: within
+    assert gate["passed"] and gate["compared"] == ["chat", "code"]
+    with pytest.raises(ValidationFailed, match=r"falls behind the one it started from: category 'chat': AL 1\.90 is "
+                                               r"5\.0% below the earlier draft's 2\.00 \(tolerance 2%\)"):
+        warm_start_gate(ctx, acc(chat=2.0, code=1.5), acc(chat=1.9, code=1.9))
+    assert (tmp_path / "train-failed" / "head.safetensors").read_text() == "weights"

@@ -12,6 +12,7 @@ from trtllm_helpers import fake_trtllm, make_bundle, make_cfg  # noqa: F401 - fi
 from trtspec.artifacts import RunDir, output_fingerprint
 from trtspec.config import config_from_dict
 from trtspec.deploy.serving import llm_api_options, vllm_speculative_config, write_triton_repo
+from trtspec.deploy.sweep import vouch_for_sweep
 from trtspec.draft_schedule import (
     SWEEP_FILE,
     best_lengths,
@@ -129,6 +130,7 @@ def finished_run(tmp_path, sweep: dict | None, of_export: str | None = None, **s
         (run.path / "bench").mkdir()
         bundle = of_export or output_fingerprint(run.manifest("export"))
         (run.path / "bench" / SWEEP_FILE).write_text(json.dumps({"bundle": bundle, **sweep}))
+        vouch_for_sweep(run.path / "bench")  # as the bench scripts' save_sweep does
     return run.path
 
 

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from trtspec.config import STAGES, config_from_dict
-from trtspec.errors import ConfigError, DataError
+from trtspec.errors import ArtifactError, ConfigError, DataError
 from trtspec.pipeline import runner as pipeline
 
 RAW = {"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}}
@@ -209,6 +209,14 @@ def test_preflight_checks_only_stages_that_will_run_before_any_stage(tmp_path, c
     assert calls == []  # not even the data stage ran
 
 
+def as_written_by_validate(run) -> None:
+    """The validate folder's manifest vouching for its files as they are now (a report validate itself wrote)."""
+    from trtspec.artifacts import file_table, write_json
+
+    m = run.manifest("validate")
+    write_json(run.stage_dir("validate") / "manifest.json", {**m, "files": file_table(run.stage_dir("validate"))})
+
+
 def test_validate_records_the_export_it_measured_as_deploy_reads_it(tmp_path, calls, monkeypatch):
     """deploy's drafting choice trusts validate's report only for the bundle it measured: the runner's record of
     validate's input and deploy's reading of it must agree (and disagree once export is redone with other outputs)."""
@@ -242,9 +250,13 @@ def test_validate_records_the_export_it_measured_as_deploy_reads_it(tmp_path, ca
     data = {**json.loads(report.read_text()), "draft_method": "dflash"}
     data["drafting"]["fastest"] = "speculative"
     report.write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=r"validate/report\.json' no longer matches what the validate stage wrote"):
+        measured_drafting(run)  # edited by hand: refused by name, never served
+    as_written_by_validate(run)
     assert measured_drafting(run)[0] == "dflash"
     data["drafting"]["fastest"] = "eagle3_suffix"
     report.write_text(json.dumps(data))
+    as_written_by_validate(run)
     assert measured_drafting(run)[0] is None and "do not serve together" in measured_drafting(run)[2]
     pipeline.run_build(config_from_dict(RAW), tmp_path / "r", start="export", until="export")  # validate not redone
     assert "older bundle" in measured_drafting(run)[2]

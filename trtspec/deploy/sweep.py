@@ -67,7 +67,7 @@ def find_aiperf(given: str | None = None) -> str:
 def save_sweep(run: Path, result: dict, folder: Path) -> dict:
     """folder/sweep.json: a sweep's result tied to the run's exported bundle (its fingerprint), which is how
     `deploy --drafting auto` tells a schedule measured on this bundle from one of an older export -> what was saved."""
-    from trtspec.artifacts import RunDir, output_fingerprint, sha256_file, write_json
+    from trtspec.artifacts import RunDir, output_fingerprint, write_json
     from trtspec.draft_schedule import SWEEP_FILE
 
     export = RunDir(run).manifest("export")
@@ -75,10 +75,18 @@ def save_sweep(run: Path, result: dict, folder: Path) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / SWEEP_FILE, result)
     if folder.resolve() == (Path(run) / "bench").resolve():  # RUN/bench has no stage manifest: its own vouches for it
-        sweep = folder / SWEEP_FILE
-        write_json(folder / "manifest.json", {"kind": "trtspec/bench-sweep", "status": "done", "files": {
-            SWEEP_FILE: {"size": sweep.stat().st_size, "sha256": sha256_file(sweep)}}})
+        vouch_for_sweep(folder)
     return result
+
+
+def vouch_for_sweep(folder: Path) -> None:
+    """folder/manifest.json with sweep.json's size and checksum: what `deploy` verifies before it serves a schedule."""
+    from trtspec.artifacts import sha256_file, write_json
+    from trtspec.draft_schedule import SWEEP_FILE
+
+    sweep = folder / SWEEP_FILE
+    write_json(folder / "manifest.json", {"kind": "trtspec/bench-sweep", "status": "done", "files": {
+        SWEEP_FILE: {"size": sweep.stat().st_size, "sha256": sha256_file(sweep)}}})
 
 
 def write_prompts(texts: list[str], out: Path) -> int:

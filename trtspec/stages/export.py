@@ -18,7 +18,6 @@ served with the quantized one: when the base is quantized, acceptance with both 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtspec.deploy.bundle import ExportedDraft, export_target
@@ -137,17 +136,10 @@ def run(ctx: StageContext) -> dict:
     fam.write_readme(out, cfg, info, metrics)
     serving_files = [] if draft.no_engine else serving.write_serving_files(out, cfg, info, skip=set(not_served) | fam.no_launcher)
     metrics.update(info, serving_files=serving_files, export_s=round(export_s, 1), stage_s=round(time.time() - t0, 1))
-    if lineage := lineage_of(ctx.inputs["convert"]):
+    if lineage := (ctx.manifests.get("convert", {}).get("metrics") or {}).get("init_from"):
         metrics["lineage"] = lineage  # the draft this one was adapted from (draft.init_from), and its own lineage
     metrics["headline"] = f"target ({quant['format']}) + {draft.label} written in {export_s:.0f}s" + checks_note(metrics)
     return metrics
-
-
-def lineage_of(convert_dir: Path) -> dict | None:
-    """The earlier run's draft this draft continued from, as the convert stage recorded it (None for a new draft)."""
-    from trtspec.artifacts import read_json
-
-    return ((read_json(convert_dir / "manifest.json") or {}).get("metrics") or {}).get("init_from")
 
 
 def checks_note(metrics: dict) -> str:
