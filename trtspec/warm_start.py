@@ -78,11 +78,11 @@ def read_lineage(run: RunDir) -> dict | None:
     return (m.get("metrics") or {}).get("init_from")
 
 
-def run_rows(path: Path, skips: Counter, split: str = "train", limit: int | None = None) -> list[dict]:
-    """An earlier run's answered conversations of `split` (train | heldout), the target's tokens kept, its data stage's
-    files checked first. The data stage's reader of kind: run sources (the preflight reads through it too)."""
+def run_rows(path: Path, skips: Counter, limit: int | None = None) -> tuple[list[dict], list[dict]]:
+    """An earlier run's answered conversations (its training rows, `limit` of them, and its held-out rows), the
+    target's tokens kept, its data stage's files checked once first. The data stage's reader of kind: run sources
+    (the preflight reads through it too)."""
     from trtspec.chat import read_rows
 
     folder, _ = stage_of(earlier_run(path, "data.sources"), "data", "data.sources")
-    rows = read_rows(folder / f"{split}.jsonl")
-    return rows[:limit] if split == "train" else rows
+    return read_rows(folder / "train.jsonl")[:limit], read_rows(folder / "heldout.jsonl")

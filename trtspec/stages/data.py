@@ -74,7 +74,7 @@ def files_read(cfg: BuildConfig) -> list[InputFile]:
 
     def read(s: Any) -> Callable:
         if s.kind == "run":
-            return lambda path, skips: run_rows(cfg.resolve_path(s.path), skips, limit=s.limit)
+            return lambda path, skips: run_rows(cfg.resolve_path(s.path), skips, s.limit)[0]
         return partial(read_source, kind=s.kind, limit=s.limit, regenerate=s.regenerate, name=Path(s.path).stem)
 
     return [InputFile(f"data.sources[{i}].path", "data file", s.path,
@@ -239,9 +239,10 @@ def run(ctx: StageContext) -> dict:
     kept: dict[str, list[dict]] = {"train": [], "heldout": []}  # kind: run sources' rows, already split
     for src in ctx.cfg.data.sources:
         if src.kind == "run":
-            for split in kept:
-                kept[split] += run_rows(ctx.cfg.resolve_path(src.path), skips, split, src.limit)
-            ctx.log(f"run '{src.path}': {len(kept['train'])} training and {len(kept['heldout'])} held-out conversations")
+            train_rows, heldout_rows = run_rows(ctx.cfg.resolve_path(src.path), skips, src.limit)
+            kept["train"] += train_rows
+            kept["heldout"] += heldout_rows
+            ctx.log(f"run '{src.path}': {len(train_rows)} training and {len(heldout_rows)} held-out conversations")
             continue
         got = load_source(src, ctx, skips, target)
         ctx.log(f"{src.kind} '{src.path}': {len(got)} conversations")
