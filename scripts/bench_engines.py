@@ -13,7 +13,7 @@ on the original model, against the runtime, and against vLLM without the draft. 
 without the draft at each concurrency (that many requests submitted together), measured one engine after the
 other in this run. Needs vLLM (bash scripts/setup.sh --engines vllm).
 
---lockstep: the engine stage's concurrency sweep (engine.sweep_method lockstep, trtspec.deploy.sweep): vLLM without
+--lockstep: the engine stage's concurrency sweep (engine.sweep_method lockstep, trtspec.engines.vllm.sweep): vLLM without
 the draft and with it at each --draft-lengths, loaded at once in this process; at each concurrency every engine keeps
 that many requests in flight and the engines take one scheduler step each in turn, each step timed alone
 (vllm_engine.lockstep), --rounds times. Then the draft length per batch size the lengths imply, measured again
@@ -57,7 +57,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from trtspec.bench import load_prompts, model_source, open_bundle
-    from trtspec.deploy import vllm_engine
+    from trtspec.engines import vllm as vllm_engine
     from trtspec.generation import compare, hf_answer
     from trtspec.models import load_model
     from trtspec.runtime import DraftSpec, speculative_on_prompts
@@ -72,7 +72,7 @@ def main() -> None:
     if a.draft_off or a.lockstep:
         out = lockstep(bundle, prompts, a, levels)
         if a.write_schedule and out["decided"] != "given":
-            from trtspec.deploy.sweep import save_sweep
+            from trtspec.engines.vllm.sweep import save_sweep
 
             out = save_sweep(run, out, run / "bench")
             print(f"wrote {run / 'bench'}/sweep.json: schedule {out['schedule']}", file=sys.stderr)
@@ -150,8 +150,8 @@ def lockstep(bundle: Path, prompts: list[list[int]], a: argparse.Namespace, leve
     """vLLM without the draft and at each draft length, loaded together and stepped in lockstep at each concurrency,
     --rounds times. With a schedule (--schedule, --draft-off) it runs beside them in the same rounds; else the sweep
     finds the schedule the lengths imply and measures it again beside no draft and the fastest length
-    (trtspec.deploy.sweep.run_sweep)."""
-    from trtspec.deploy.sweep import LockstepPool, SweepPlan, run_sweep, sweep_table
+    (trtspec.engines.vllm.sweep.run_sweep)."""
+    from trtspec.engines.vllm.sweep import LockstepPool, SweepPlan, run_sweep, sweep_table
 
     lengths, schedule = lockstep_engines(a)
     plan = SweepPlan(levels, lengths, a.max_new_tokens, min_requests=a.requests, repeats=a.rounds)

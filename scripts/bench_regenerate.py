@@ -38,7 +38,7 @@ def start_server(model_dir: Path, dtype: str, max_len: int, log: Path) -> tuple[
     """`vllm serve` the target on 127.0.0.1 -> (process, base URL, seconds until it answered /v1/models)."""
     import urllib.request
 
-    from trtspec.deploy.vllm_engine import cpu_environment
+    from trtspec.engines.vllm import cpu_environment
 
     port = free_port()
     env = {**cpu_environment(), **os.environ}
@@ -71,7 +71,7 @@ def main() -> None:
     from trtspec import answering
     from trtspec.chat import encode_prompt, read_prompt_file
     from trtspec.config import load_config
-    from trtspec.deploy import vllm_engine
+    from trtspec.engines import vllm as vllm_engine
     from trtspec.generation import eos_ids
     from trtspec.models import (
         load_answering_model,

@@ -21,7 +21,14 @@ import sys
 from pathlib import Path
 
 from trtspec.bench import arg_parser
-from trtspec.deploy.sweep import ServerPool, SweepPlan, find_aiperf, run_sweep, save_sweep, write_prompts
+from trtspec.engines.vllm.sweep import (
+    ServerPool,
+    SweepPlan,
+    find_aiperf,
+    run_sweep,
+    save_sweep,
+    write_prompts,
+)
 from trtspec.errors import TrtspecError
 
 

@@ -41,7 +41,7 @@ def answer_vllm(model_dir: Path, dtype: str, prompts: list[list[int]], max_new: 
                 temperature: float, chunk: int = 256) -> Answers:
     """vLLM's offline engine in this process (continuous batching), `chunk` prompts per call so that answers are
     saved as they come."""
-    from trtspec.deploy import vllm_engine
+    from trtspec.engines import vllm as vllm_engine
 
     if not vllm_engine.installed():
         raise DataError("data.answer_with: vllm, but vllm is not installed", vllm_engine.INSTALL_HINT)

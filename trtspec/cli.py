@@ -294,14 +294,14 @@ def doctor(as_json):
         click.echo(f"{k:<16} {v}")
     click.echo("")
     for stage, (ok, why) in info["stages"].items():
-        click.echo(f"{stage:<14} {'yes' if ok else 'no ':<4} {why}")
+        click.echo(f"{stage:<16} {'yes' if ok else 'no ':<4} {why}")
 
 
 @main.command(context_settings=CONTEXT)
 @click.option("--json", "as_json", is_flag=True, help="Print the families as JSON.")
 def families(as_json):
     """List the decoder families trtspec drafts for: the runtime path validate serves each with, and which engines
-    serve an EAGLE-3 or DFlash draft for it (vLLM, TensorRT-LLM by its sources). `model.source: tiny:FAMILY` builds a
+    serve an EAGLE-3 or DFlash draft for it (vLLM, SGLang and TensorRT-LLM by their sources: trtspec.engines). `model.source: tiny:FAMILY` builds a
     tiny random model of one in code.
 
     \b
@@ -310,7 +310,7 @@ def families(as_json):
       trtspec families --json
       trtspec build build_configs/tiny-families.yaml --out runs/gemma3 --set model.source=tiny:gemma3
     """
-    from trtspec.targets import matrix_rows
+    from trtspec.engines import matrix_rows
 
     rows = matrix_rows()
     if as_json:
@@ -318,10 +318,11 @@ def families(as_json):
         return
     yes = lambda ok: "yes" if ok else "no"  # noqa: E731
     click.echo(f"{'family':<12} {'runtime':<8} {'vLLM EAGLE-3':<13} {'vLLM DFlash':<12} {'vLLM CPU':<9} {'vLLM states':<12} "
-               "TensorRT-LLM EAGLE-3")
+               f"{'SGLang EAGLE-3':<15} TensorRT-LLM EAGLE-3")
     for r in rows:
         click.echo(f"{r['family']:<12} {r['runtime']:<8} {yes(r['vllm_eagle3']):<13} {yes(r['vllm_dflash']):<12} "
-                   f"{yes(r['vllm_cpu']):<9} {yes(r['vllm_states']):<12} {r['trtllm_eagle3'] or 'not served'}")
+                   f"{yes(r['vllm_cpu']):<9} {yes(r['vllm_states']):<12} {yes(r['sglang_eagle3']):<15} "
+                   f"{r['trtllm_eagle3'] or 'not served'}")
 
 
 @main.group(cls=Group, context_settings=CONTEXT)
@@ -340,11 +341,14 @@ def deploy():
               help="Serve plain EAGLE-3 with the draft length per batch size the engine stage's sweep (engine.sweep) "
                    "or a bench script measured on this bundle, even where validate found another method fastest "
                    "at one request; refused in one line when none was measured.")
+@click.option("--schedule-from", "schedule_from", type=click.Choice(("vllm/cpu", "vllm/gpu", "trtllm/cpu")),
+              help="Also serve a draft-length schedule measured on this engine/device (a sweep records where it ran); "
+                   "by default only one measured in TensorRT-LLM on a GPU is served, as Triton serves it there.")
 @click.option("--streaming", is_flag=True,
               help="A decoupled model (model.yaml triton_config): answers stream step by step through gRPC streams and "
                    "HTTP generate_stream; plain HTTP/gRPC infer then refuse it.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
-def deploy_triton(run_dir, out, drafting, measured, streaming, as_json):
+def deploy_triton(run_dir, out, drafting, measured, schedule_from, streaming, as_json):
     """Write a Triton model repository (TensorRT-LLM LLM-API backend) for RUN_DIR's bundle.
 
     \b
@@ -352,11 +356,12 @@ def deploy_triton(run_dir, out, drafting, measured, streaming, as_json):
       trtspec deploy triton runs/demo --out model_repo
       trtspec deploy triton runs/demo --out model_repo --drafting suffix
       trtspec deploy triton runs/demo --out model_repo --measured-schedule
+      trtspec deploy triton runs/demo --out model_repo --measured-schedule --schedule-from vllm/cpu
       trtspec deploy triton runs/demo --out model_repo --streaming
     """
     from trtspec.deploy.serving import write_triton_repo
 
-    info = write_triton_repo(Path(run_dir), Path(out), drafting, streaming, measured)
+    info = write_triton_repo(Path(run_dir), Path(out), drafting, streaming, measured, schedule_from)
     d = info["drafting"]
     click.echo(json.dumps(info, indent=2) if as_json else "\n".join(
         [f"wrote {p}" for p in info["files"]] + [f"drafting: {d['method']} ({d['decoding_type']}"

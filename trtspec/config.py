@@ -285,10 +285,11 @@ class ServeSection(Section):
 
 
 class EngineSection(Section):
-    backend: Literal["auto", "pytorch", "vllm"] = key(
-        "pytorch", "where the engine stage runs the bundle: pytorch = TensorRT-LLM's LLM API (needs a GPU); vllm = "
-        "vLLM (its CPU build runs here: bash scripts/setup.sh --engines vllm); auto = TensorRT-LLM where it and a GPU "
-        "exist, else vLLM where it is installed, else skipped")
+    backend: Literal["auto", "trtllm", "vllm"] = key(
+        "trtllm", "where the engine stage runs the bundle (trtspec.engines): trtllm = TensorRT-LLM's LLM API on its "
+        "PyTorch backend (needs a GPU; the old spelling pytorch is read as trtllm); vllm = vLLM (its CPU build runs "
+        "here: bash scripts/setup.sh --engines vllm); auto = TensorRT-LLM where it and a GPU exist, else vLLM where it "
+        "is installed, else skipped")
     batch_sizes: list[BatchSize] = Field(default_factory=lambda: [1, 8], min_length=1, max_length=16,
                                          description="requests submitted together when timing (1 = one at a time; "
                                          "the first is the headline)")
@@ -605,9 +606,27 @@ def _coerce_numbers(raw: Any, model: Any = BuildConfig) -> Any:
     return out
 
 
+RENAMED_VALUES = {("engine", "backend"): {"pytorch": "trtllm"}}  # old spellings still read, with one line saying so
+
+
+def rename_old_values(raw: dict, source: str) -> dict:
+    """A value spelt the old way (RENAMED_VALUES) read as its new name, with a one-line deprecation on stderr."""
+    import sys
+
+    for (section, field), renames in RENAMED_VALUES.items():
+        node = raw.get(section)
+        if isinstance(node, dict) and isinstance(node.get(field), str) and node[field] in renames:
+            new = renames[node[field]]
+            print(f"trtspec: {source}: {section}.{field}: {node[field]} is deprecated, read as {new} (write {new})",
+                  file=sys.stderr)
+            raw = {**raw, section: {**node, field: new}}
+    return raw
+
+
 def config_from_dict(raw: Any, source: str = "<config>", base_dir: Path | None = None) -> BuildConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    raw = rename_old_values(raw, source)
     try:
         cfg = BuildConfig.model_validate(_coerce_numbers(raw))
     except ValidationError as e:

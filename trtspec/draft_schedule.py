@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 Schedule = dict[int, int]  # batch size threshold -> draft length from there on (TensorRT-LLM's form)
-SWEEP_FILE = "sweep.json"  # a serving sweep's rows and schedule (RUN/engine/, RUN/bench/): trtspec.deploy.sweep
+SWEEP_FILE = "sweep.json"  # a serving sweep's rows and schedule (RUN/engine/, RUN/bench/): trtspec.engines.vllm.sweep
 
 
 def schedule_problem(schedule: Schedule, max_draft_len: int) -> str | None:

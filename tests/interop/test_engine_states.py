@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from trtspec.engines.vllm.support import refusal_for
 from trtspec.targets import BY_MODEL_TYPE
 from trtspec.targets.tiny import TINY
 
@@ -16,8 +17,7 @@ DEFAULT_TIER = ("llama3", "qwen3_moe", "gpt_oss")
 
 
 def extractable(name: str) -> bool:
-    fam = BY_MODEL_TYPE[TINY[name][0]]
-    return not (fam.vllm_eagle3 or fam.vllm_cpu)
+    return refusal_for(BY_MODEL_TYPE[TINY[name][0]].name, "eagle3", on_gpu=False) is None
 
 
 FAMILIES = [pytest.param(n, marks=() if n in DEFAULT_TIER else pytest.mark.full) for n in TINY if extractable(n)]
@@ -64,3 +64,4 @@ def test_a_family_vllm_cannot_extract_from_is_refused_by_name():
     config = SimpleNamespace(model_type="mixtral")
     with pytest.raises(ConfigError, match="mixtral.*train.states_from: hf"):
         check_engine_states(config)
+

@@ -181,7 +181,7 @@ def test_engine_stage_runs_the_bundle_in_vllm(ci_run, ci_config, tmp_path):
 def test_vllm_serves_a_draft_length_schedule_losslessly(ci_bundle, prompts, hf_outputs):
     """serve.draft_len_schedule in vLLM's form (num_speculative_tokens_per_batch_size): greedy answers are HF's, one
     request drafts K (acceptance counted), four together draft nothing."""
-    from trtspec.deploy import vllm_engine
+    from trtspec.engines import vllm as vllm_engine
 
     got = vllm_engine.measure(ci_bundle / "target", {"scheduled": (ci_bundle / "draft", {1: K, 4: 0})}, K, prompts[:2],
                               MAX_NEW, [1, 4])["scheduled"]
@@ -199,8 +199,8 @@ def test_engine_stage_sweeps_draft_lengths_and_deploy_serves_the_schedule(ci_run
     from trtspec.artifacts import read_json
     from trtspec.config import load_config
     from trtspec.deploy.serving import write_triton_repo
-    from trtspec.deploy.sweep import find_aiperf
     from trtspec.draft_schedule import trtllm_tiers
+    from trtspec.engines.vllm.sweep import find_aiperf
     from trtspec.pipeline import runner as pipeline
 
     if method == "aiperf":
@@ -222,7 +222,10 @@ def test_engine_stage_sweeps_draft_lengths_and_deploy_serves_the_schedule(ci_run
         assert all(row["acceptance_length"] >= 1 for row in sweep["rows"]["1"].values())
     m = read_json(run / "engine" / "manifest.json")["metrics"]["sweep"]
     assert m["table"].startswith("| concurrency | k=0 tok/s | k=1 tok/s | fastest k |") and m["decided"]
-    info = write_triton_repo(run, tmp_path / "deploy")
+    assert sweep["measured_on"]["engine"] == "vllm" and sweep["measured_on"]["device"] == "cpu"
+    info = write_triton_repo(run, tmp_path / "deploy")  # vLLM on a CPU is not where Triton serves the schedule
+    assert info["drafting"]["draft_len_schedule"] is None and (not sweep["schedule"] or "--schedule-from vllm/cpu" in info["drafting"]["why"])
+    info = write_triton_repo(run, tmp_path / "deploy", schedule_from="vllm/cpu")
     spec = yaml.safe_load((tmp_path / "deploy" / "model_repo" / "tensorrt_llm" / "1" / "model.yaml").read_text())["speculative_config"]
     if sweep["schedule"]:
         want = trtllm_tiers({int(b): k for b, k in sweep["schedule"].items()}, cfg.serve.max_batch_size)

@@ -62,11 +62,12 @@ def test_vllms_cpu_build_refuses_dspark_and_trtspec_says_why(bundle):
     """vLLM's own refusal, pinned; trtspec's adapter refuses first, in one line naming vLLM and the reason."""
     import torch
 
-    from trtspec.deploy import vllm_engine as vl
+    from trtspec.engines import vllm as vl
     from trtspec.errors import MissingDependency
+    from trtspec.runtime.draft_loader import speculative_method
 
     assert not torch.cuda.is_available()
-    assert vl.speculative_method(bundle / "draft") == "dspark"
+    assert speculative_method(bundle / "draft") == "dspark"
     with pytest.raises(MissingDependency, match="^vLLM's CPU build cannot run a DSpark draft: .*V2 model runner"):
         vl.load(bundle / "target", bundle / "draft", K, 256, 2)
     from vllm import LLM
@@ -96,7 +97,7 @@ def test_vllms_dspark_loader_reads_the_draft_as_trained(bundle, monkeypatch):
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
     from vllm.v1.worker.gpu.spec_decode.utils import get_parallel_drafting_token_id
 
-    from trtspec.deploy import vllm_engine as vl
+    from trtspec.engines import vllm as vl
 
     for key, value in vl.cpu_environment(1).items():
         monkeypatch.setenv(key, os.environ.get(key, value))

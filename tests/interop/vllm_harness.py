@@ -34,7 +34,7 @@ def eos_of(bundle: Path) -> set[int]:
 def vllm_run(bundle: Path, draft: Path | None, prompts: list[list[int]], k: int, max_new: int) -> tuple[list[list[int]], dict]:
     """Each prompt alone through vLLM (with `draft`, k tokens per step; None: the target alone) -> (greedy outputs,
     acceptance from vLLM's counters)."""
-    from trtspec.deploy import vllm_engine as vl
+    from trtspec.engines import vllm as vl
 
     llm = vl.load(bundle / "target", draft, k, max(map(len, prompts)) + max_new + 16, 4)
     try:

@@ -601,7 +601,8 @@ def test_a_vanilla_dspark_bundle_carries_what_tensorrt_llm_and_vllm_read(dspark_
     import yaml
     from safetensors import safe_open
 
-    from trtspec.deploy import trtllm, vllm_engine
+    from trtspec.engines import trtllm
+    from trtspec.engines import vllm as vllm_engine
     from trtspec.pipeline.stage import StageSkipped
     from trtspec.stages import engine
 
@@ -636,7 +637,7 @@ def test_a_vanilla_dspark_bundle_carries_what_tensorrt_llm_and_vllm_read(dspark_
         ctx.manifests = {"export": {"metrics": em}}
         return ctx
 
-    m = engine.run(engine_ctx("pytorch"))
+    m = engine.run(engine_ctx("trtllm"))
     built = CALLS[0]["speculative_config"]
     assert type(built).__name__ == "DSparkDecodingConfig" and built.max_total_draft_tokens == 4
     assert (built.block_size, built.markov_rank, built.target_layer_ids, built.mask_token_id) == (

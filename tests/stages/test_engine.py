@@ -8,8 +8,10 @@ import pytest
 from click.testing import CliRunner
 from trtllm_helpers import CONTRACT, fake_trtllm, make_bundle, make_cfg, purge_trtllm  # noqa: F401 - fixture
 
+from trtspec import engines
 from trtspec.artifacts import RunDir
-from trtspec.deploy import trtllm, vllm_engine
+from trtspec.engines import trtllm
+from trtspec.engines import vllm as vllm_engine
 from trtspec.errors import ArtifactError
 from trtspec.pipeline.stage import StageContext, StageSkipped
 from trtspec.stages import engine
@@ -45,14 +47,14 @@ def test_skipped_without_gpu_and_doctor_agrees(tmp_path, fake_trtllm, monkeypatc
         engine.run(ctx_for(tmp_path, make_cfg(tmp_path), tmp_path))
     from trtspec.doctor import diagnose
 
-    assert diagnose()["stages"]["engine"] == trtllm.availability() == (False, "no CUDA GPU")
+    assert diagnose()["stages"]["engine (trtllm)"] == trtllm.availability() == (False, "no CUDA GPU")
     # a machine that gains TensorRT-LLM gets another fingerprint, so the stage is re-attempted
     assert engine.environment_key() == {"tensorrt_llm": "1.2.0", "vllm": vllm_engine.version(), "cuda": False}
 
 
 def test_vllm_backend_skipped_without_vllm_and_doctor_agrees(tmp_path, monkeypatch):
-    from trtspec.deploy import vllm_engine as vl
     from trtspec.doctor import diagnose
+    from trtspec.engines import vllm as vl
 
     monkeypatch.setattr(vl, "installed", lambda: False)
     cfg = make_cfg(tmp_path, engine={"backend": "vllm"})
@@ -63,15 +65,15 @@ def test_vllm_backend_skipped_without_vllm_and_doctor_agrees(tmp_path, monkeypat
 
 def test_auto_backend_takes_tensorrt_llm_with_a_gpu_else_vllm_else_skips(tmp_path, monkeypatch):
     """engine.backend: auto -- TensorRT-LLM where it and a GPU exist, vLLM where only vLLM is, a skip naming both."""
-    for trt, cuda, vllm, want in ((True, True, True, "pytorch"), (True, False, True, "vllm"), (False, True, True, "vllm"),
-                                  (True, True, False, "pytorch")):
+    for trt, cuda, vllm, want in ((True, True, True, "trtllm"), (True, False, True, "vllm"), (False, True, True, "vllm"),
+                                  (True, True, False, "trtllm")):
         monkeypatch.setattr(trtllm, "installed", lambda trt=trt: trt)
         monkeypatch.setattr(trtllm, "version", lambda: "1.2.0")
         monkeypatch.setattr(trtllm, "cuda_available", lambda cuda=cuda: cuda)
         monkeypatch.setattr(vllm_engine, "installed", lambda vllm=vllm: vllm)
-        assert engine.resolve_backend("auto")[0] == want, (trt, cuda, vllm)
+        assert engines.resolve("auto")[0].SHORT == want, (trt, cuda, vllm)
     # a named backend is never swapped for the other
-    assert engine.resolve_backend("vllm")[0] is None and engine.resolve_backend("pytorch")[0] == "pytorch"
+    assert engines.resolve("vllm")[0] is None and engines.resolve("trtllm")[0] is trtllm
     monkeypatch.setattr(trtllm, "cuda_available", lambda: False)
     monkeypatch.setattr(vllm_engine, "installed", lambda: False)
     cfg = make_cfg(tmp_path, engine={"backend": "auto"})
@@ -81,7 +83,7 @@ def test_auto_backend_takes_tensorrt_llm_with_a_gpu_else_vllm_else_skips(tmp_pat
 
 def test_vllm_acceptance_from_its_counters():
     """10 verify steps drafting 3 each; 12 draft tokens accepted: 6 at position 1, 4 at 2, 2 at 3."""
-    from trtspec.deploy.vllm_engine import acceptance
+    from trtspec.engines.vllm import acceptance
 
     before = {"drafts": 5, "draft_tokens": 15, "accepted": 3, "accepted_per_pos": [2, 1, 0]}
     after = {"drafts": 15, "draft_tokens": 45, "accepted": 15, "accepted_per_pos": [8, 5, 2]}

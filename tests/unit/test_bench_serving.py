@@ -1,9 +1,9 @@
-"""The serving sweep's table (trtspec.deploy.sweep): aiperf's summary fields read, speedups, the schedule against the
+"""The serving sweep's table (trtspec.engines.vllm.sweep): aiperf's summary fields read, speedups, the schedule against the
 best fixed length and no draft, where speculation stops paying."""
 
 from __future__ import annotations
 
-from trtspec.deploy import sweep
+from trtspec.engines.vllm import sweep
 
 
 def row(tps, ttft=100.0, itl=20.0, al=None):

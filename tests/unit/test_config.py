@@ -56,8 +56,16 @@ def test_out_of_range_and_unknown_choice(tmp_path):
 def test_conflicting_options(tmp_path):
     with pytest.raises(ConfigError, match="kv_cache"):
         load_config(write(tmp_path, {**MINIMAL, "quantize": {"format": "none", "kv_cache": "fp8"}}))
-    with pytest.raises(ConfigError, match="engine.backend.*'pytorch' or 'vllm'"):  # the engine backend is gone
+    with pytest.raises(ConfigError, match="engine.backend.*'trtllm' or 'vllm'"):  # the engine backend is gone
         load_config(write(tmp_path, {**MINIMAL, "engine": {"backend": "tensorrt"}}))
+
+
+def test_old_spelling_of_the_trtllm_backend_is_read_with_one_line(tmp_path, capsys):
+    cfg = load_config(write(tmp_path, {**MINIMAL, "engine": {"backend": "pytorch"}}))
+    assert cfg.engine.backend == "trtllm"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "engine.backend: pytorch is deprecated, read as trtllm" in err[0]
+    assert load_config(write(tmp_path, MINIMAL), ["engine.backend=pytorch"]).engine.backend == "trtllm"
 
 
 def test_extends_merges_the_parent_under_the_child(tmp_path):

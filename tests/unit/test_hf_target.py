@@ -95,7 +95,7 @@ def test_hf_path_refuses_trees(tiny_family):
 
 
 def test_trtllm_refuses_families_its_sources_do_not_serve(tiny_family):
-    from trtspec.deploy import trtllm
+    from trtspec.engines import trtllm
 
     assert "no EAGLE-3 draft for gemma3" in trtllm.refusal(tiny_family("gemma3"), "eagle3")
     assert trtllm.refusal(tiny_family("qwen3_moe"), "eagle3") is None

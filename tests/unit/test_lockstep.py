@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trtspec.deploy import vllm_engine
+from trtspec.engines import vllm as vllm_engine
 
 
 class FakeEngine:

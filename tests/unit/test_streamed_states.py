@@ -76,7 +76,7 @@ def vllm_states_reading(tmp_path, aux_layers=(0, 2), layers=4, hidden=8):
 def test_vllm_files_are_read_in_trtspecs_numbering_and_deleted(tmp_path, monkeypatch):
     from safetensors.torch import save_file
 
-    from trtspec.deploy import vllm_engine
+    from trtspec.engines import vllm as vllm_engine
 
     monkeypatch.setattr(vllm_engine, "installed", lambda: True)
     states = vllm_states_reading(tmp_path)
@@ -93,7 +93,7 @@ def test_vllm_states_of_other_tokens_are_refused(tmp_path, monkeypatch):
     import pytest
     from safetensors.torch import save_file
 
-    from trtspec.deploy import vllm_engine
+    from trtspec.engines import vllm as vllm_engine
     from trtspec.errors import DataError
 
     monkeypatch.setattr(vllm_engine, "installed", lambda: True)
@@ -107,7 +107,7 @@ def test_vllm_states_of_other_tokens_are_refused(tmp_path, monkeypatch):
 def test_an_unwritable_states_folder_and_aux_layers_past_the_target_are_refused(tmp_path, monkeypatch):
     import pytest
 
-    from trtspec.deploy import vllm_engine
+    from trtspec.engines import vllm as vllm_engine
     from trtspec.errors import ConfigError
     from trtspec.training.engine_states import VllmStates
 

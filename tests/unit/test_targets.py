@@ -14,7 +14,6 @@ from trtspec.targets import (
     draft_dims,
     family_of,
     read_family,
-    vllm_refusal,
 )
 from trtspec.targets.tiny import TINY, tiny_config
 
@@ -67,14 +66,27 @@ def test_models_no_family_serves_are_refused_in_one_line(tmp_path, raw, words):
     assert words in e.value.message and "\n" not in e.value.message
 
 
-def test_vllm_refusals_are_the_familys_own():
-    gemma3 = BY_MODEL_TYPE["gemma3_text"]
-    assert "SupportsEagle3" in vllm_refusal(gemma3, "eagle3", on_gpu=False)
-    assert vllm_refusal(BY_MODEL_TYPE["qwen3_moe"], "eagle3", on_gpu=True) is None
+def test_vllm_refusals_are_its_support_tables():
+    from trtspec.engines.vllm.support import refusal_for
+
+    assert "SupportsEagle3" in refusal_for("gemma3", "eagle3", on_gpu=False)
+    assert refusal_for("qwen3_moe", "eagle3", on_gpu=True) is None
+    assert "KV block size" in refusal_for("deepseek_v3", "eagle3", on_gpu=False)
+    assert refusal_for("deepseek_v3", "eagle3", on_gpu=True) is None
+
+
+def test_every_engine_declares_every_family():
+    """A family added to trtspec.targets without a line in each engine's support table fails here, not in a build."""
+    from trtspec.engines import ENGINES, matrix_rows
+
+    for short, eng in ENGINES.items():
+        for f in FAMILIES:
+            assert isinstance(eng.support_row(f.name), dict), (short, f.name)
+    assert {r["family"] for r in matrix_rows()} == {f.name for f in FAMILIES}
 
 
 def test_vllm_states_follow_the_familys_eagle3_capture():
-    from trtspec.targets import matrix_rows
+    from trtspec.engines import matrix_rows
 
     rows = {r["family"]: r for r in matrix_rows()}
     assert rows["qwen3_moe"]["vllm_states"] and not rows["mixtral"]["vllm_states"]

@@ -58,18 +58,21 @@ def export_target(model: Any, tok: Any, out: Path, dtype: Any, quantized: bool) 
 
 
 def family_lines(target: Path) -> list[str]:
-    """The README's paragraph on the target's family: which engines serve a draft for it (trtspec.targets)."""
+    """The README's paragraph on the target's family: which engines serve a draft for it (their support tables)."""
+    from trtspec.engines import sglang, trtllm, vllm
     from trtspec.targets import family_if_known
 
     f = family_if_known(target)
     if f is None:
         return []
-    vllm = f"does not: {f.vllm_eagle3}" if f.vllm_eagle3 else "serves an EAGLE-3 draft for it" + (
-        f" (not a DFlash one: {f.vllm_dflash})" if f.vllm_dflash else ", and a DFlash one")
-    trt = f"serves EAGLE-3 {f.trtllm}" if f.trtllm else "serves no EAGLE-3 draft for it"
-    dflash = "and its DFlash (one-model) lists it" if f.trtllm_dflash else "and its DFlash lists no such target"
-    return [f"Target family `{f.name}`" + (f" ({f.note})" if f.note else "") + f". vLLM ({f.vllm}) {vllm}. "
-            f"TensorRT-LLM, by its sources, {trt}, {dflash}. trtspec validated it on its "
+    v, t, g = vllm.support.support(f.name), trtllm.support_row(f.name), sglang.support_row(f.name)
+    served = "serves an EAGLE-3 draft for it" + (f" (not a DFlash one: {v.dflash})" if v.dflash else ", and a DFlash one")
+    trt = f"serves EAGLE-3 {t['eagle3']}" if t["eagle3"] else "serves no EAGLE-3 draft for it"
+    dflash = "and its DFlash (one-model) lists it" if t["dflash"] else "and its DFlash lists no such target"
+    sgl = f"SGLang ({g['file']}) " + ("serves an EAGLE-3 draft for it." if g["eagle3"] else "serves no EAGLE-3 draft for it.")
+    return [f"Target family `{f.name}`" + (f" ({f.note})" if f.note else "") + f". vLLM ({v.file}) "
+            f"{f'does not: {v.eagle3}' if v.eagle3 else served}. TensorRT-LLM, by its sources, {trt}, {dflash}. {sgl} "
+            "trtspec validated it on its "
             + ("native runtime." if f.runtime == "native" else "runtime's HF path (the model's own forward and cache).")]
 
 

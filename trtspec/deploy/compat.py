@@ -34,7 +34,6 @@ ENGINES_CHECKED = {
     "SGLang": ">=0.5.12: sources read (0.4.10-0.5.11 load only `midlayer.*` weights and drop `layers.0.*` silently)",
     "speculators": "0.9.0: its Eagle3Converter run in CI (tests/interop)",
 }
-SGLANG_MIN = "0.5.12"
 
 
 def vllm_aux_ids(aux: list[int]) -> list[int]:

@@ -24,6 +24,7 @@ from trtspec.draft_schedule import (
     with_schedule_trtllm,
     with_schedule_vllm,
 )
+from trtspec.engines.measured import provenance
 from trtspec.errors import ArtifactError
 from trtspec.families import FAMILIES, family
 
@@ -374,7 +375,7 @@ def measured_drafting(run: Any) -> tuple[str | None, int | None, str]:
 
 def verified_sweep_folders(run: Any) -> list[Path]:
     """The folders holding a sweep.json that their manifest vouches for: the engine stage's and RUN/bench (written by
-    the bench scripts, trtspec.deploy.sweep.save_sweep). An edited, added or unmanifested sweep is refused by name."""
+    the bench scripts, trtspec.engines.vllm.sweep.save_sweep). An edited, added or unmanifested sweep is refused by name."""
     from trtspec.artifacts import read_json, sha256_file
 
     folders = []
@@ -393,11 +394,15 @@ def verified_sweep_folders(run: Any) -> list[Path]:
     return folders
 
 
-def measured_schedule(run: Any, options: dict) -> tuple[dict[int, int] | None, str]:
+TRITON_SERVES = "trtllm/gpu"  # the engine and device class a Triton repository's schedule is served on
+
+
+def measured_schedule(run: Any, options: dict, schedule_from: str | None = None) -> tuple[dict[int, int] | None, str]:
     """(the draft length per batch size a serving sweep measured on this very bundle, why): the engine stage's
     (engine.sweep) or scripts/bench_serving.py's (RUN/bench), the newer of those that measured this export. (None,
-    why) when there is none, only of another bundle, the bundle has a schedule of its own, or it does not draft
-    EAGLE-3."""
+    why) when there is none, only of another bundle, the bundle has a schedule of its own, it does not draft
+    EAGLE-3, or the sweep ran on another engine or device class than Triton's TensorRT-LLM on a GPU (where
+    speculation stops paying depends on both) and `schedule_from` does not name exactly where it ran."""
     from trtspec.artifacts import output_fingerprint, read_json
 
     spec = options["speculative_config"]
@@ -414,6 +419,11 @@ def measured_schedule(run: Any, options: dict) -> tuple[dict[int, int] | None, s
     path, sweep = current[0]
     if not sweep.get("schedule"):
         return None, f"; {path}: {sweep.get('decided', 'no schedule')}"
+    where = sweep.get("measured_on")
+    if provenance(where) not in (TRITON_SERVES, schedule_from):
+        place = f"in {where['engine']} {where['version']} on {where['device_name']}" if where else "where it does not say"
+        return None, (f"; {path}'s schedule was measured {place}, and Triton serves TensorRT-LLM on a GPU: not served "
+                      f"(--schedule-from {provenance(where)} serves it there anyway)")
     schedule = {int(b): int(k) for b, k in sweep["schedule"].items()}
     if why := schedule_problem(schedule, schedule.get(1, 0)):
         raise ArtifactError(f"'{path}' holds a schedule the engines refuse: {why}", "measure the sweep again")
@@ -421,13 +431,15 @@ def measured_schedule(run: Any, options: dict) -> tuple[dict[int, int] | None, s
 
 
 def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto", streaming: bool = False,
-                      measured: bool = False) -> dict:
+                      measured: bool = False, schedule_from: str | None = None) -> dict:
     """A self-contained Triton deployment of RUN_DIR's bundle: weights, model_repo/, launch.sh.
 
     drafting: auto = the method validate measured fastest on this bundle (else the bundle's own), with the draft
     length per batch size a sweep measured on it where that method is plain EAGLE-3; or one of eagle3, suffix,
     eagle3_suffix, at the bundle's fixed length. measured: plain EAGLE-3 with the measured draft length per batch
-    size, whichever method validate found fastest. streaming: a decoupled model (see triton_model_yaml)."""
+    size, whichever method validate found fastest. streaming: a decoupled model (see triton_model_yaml).
+    schedule_from: where a measured schedule may come from besides TensorRT-LLM on a GPU ('vllm/cpu'), asked for by
+    name."""
     from trtspec.artifacts import RunDir, write_json
 
     if measured and drafting not in ("auto", "eagle3"):
@@ -451,10 +463,11 @@ def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto", streamin
     if method:
         options = drafting_options(options, method, suffix_len)
     if drafting == "auto" or measured:
-        schedule, sweep_why = measured_schedule(run, options)
+        schedule, sweep_why = measured_schedule(run, options, schedule_from)
         if measured and not schedule:
-            raise ArtifactError(f"--measured-schedule: no draft length per batch size was measured on this bundle{sweep_why}",
-                                f"run `trtspec engine CONFIG --out {run_dir} --set 'engine.sweep=[1, 4, 16, 32]'` first")
+            raise ArtifactError(f"--measured-schedule: no draft length per batch size was measured on this bundle where Triton "
+                                f"serves it{sweep_why}", f"run `trtspec engine CONFIG --out {run_dir} --set 'engine.sweep=[1, 4, "
+                                "16, 32]'` first, or name where a sweep ran with --schedule-from")
         if schedule and method not in (None, "eagle3"):  # EAGLE-3's draft lengths: said, not served with another method
             why += (f"; the measured draft length by batch size {schedule} is EAGLE-3's alone (measured in vLLM, which "
                     f"serves no suffix matching in front of EAGLE-3): not served with {method} (--measured-schedule "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trtspec.engines import sglang
+
 VLLM_METHODS = {"DFlash": "dflash", "DSpark": "dspark"}  # LLM-API decoding_type -> vLLM's speculative method
 VLLM_DSPARK_NOTE = ("# DSpark: vLLM runs method dspark in its V2 model runner only, which needs Triton and a GPU; its CPU build\n"
                     "# refuses it ('Model Runner V1 does not support: dspark speculative decoding').\n")
@@ -15,9 +17,7 @@ SGLANG_DFLASH_SH = """\
 # too (drafts verified per step + 1). Mask token and target layers: draft/config.json's dflash_config.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python -m sglang.launch_server --model-path ./target --tp {tp} \\
-  --speculative-algorithm DFLASH --speculative-draft-model-path ./draft --speculative-num-draft-tokens {k1} "$@"
-"""
+{launch}"""
 
 SGLANG_DSPARK_SH = """\
 #!/usr/bin/env bash
@@ -29,13 +29,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang.srt.models.dspark') is None)" ||
   {{ echo "this sglang has no DSpark draft model (sglang/srt/models/dspark.py): install a newer sglang" >&2; exit 1; }}
-exec python -m sglang.launch_server --model-path ./target --tp {tp} \\
-  --speculative-algorithm DSPARK --speculative-draft-model-path ./draft --speculative-num-draft-tokens {k1} "$@"
-"""
+{launch}"""
 
 
 def sglang_script(decoding_type: str, tp: int, k: int) -> str:
-    return (SGLANG_DSPARK_SH if decoding_type == "DSpark" else SGLANG_DFLASH_SH).format(tp=tp, k1=k + 1)
+    script = SGLANG_DSPARK_SH if decoding_type == "DSpark" else SGLANG_DFLASH_SH
+    return script.format(launch=sglang.launch_command(decoding_type, tp, k))
 
 
 def vllm_note(decoding_type: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trtspec.deploy.compat import SGLANG_MIN
+from trtspec.engines import sglang
 
 VLLM_METHODS = {"Eagle3": "eagle3"}  # LLM-API decoding_type -> vLLM's speculative method
 
@@ -24,14 +24,11 @@ v = version("sglang")
 if Version(v) < Version("{sglang_min}"):
     sys.exit(f"sglang {{v}} cannot load this draft's layers.0.* weights: install sglang>={sglang_min}")
 PY
-exec python -m sglang.launch_server --model-path ./target --tp {tp} \\
-  --speculative-algorithm EAGLE3 --speculative-draft-model-path ./draft \\
-  --speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k1} "$@"
-"""
+{launch}"""
 
 
 def sglang_script(decoding_type: str, tp: int, k: int) -> str:
-    return SGLANG_EAGLE3_SH.format(tp=tp, k=k, k1=k + 1, sglang_min=SGLANG_MIN)
+    return SGLANG_EAGLE3_SH.format(launch=sglang.launch_command(decoding_type, tp, k), sglang_min=sglang.SGLANG_MIN)
 
 
 def trtllm_spec(cfg: Any, draft_rel: str, aux_layers: list[int] | None = None) -> dict[str, Any]:

@@ -28,6 +28,14 @@ def draft_family(draft_dir: Path) -> str:
                         f"trtspec loads {', '.join(sorted(declared))}")
 
 
+def speculative_method(draft_dir: Path) -> str:
+    """An exported draft's speculative method as the engines name it: eagle3, dflash, or dspark (a DFlash backbone with
+    a Markov head, dflash_config.projector_type dspark)."""
+    if (read_config(draft_dir).get("dflash_config") or {}).get("projector_type") == "dspark":
+        return "dspark"
+    return draft_family(draft_dir)
+
+
 def load_drafter(draft_dir: Path, target: Any, weights: str = "auto", settings: Any = None) -> Any:
     """The runtime drafter for an exported draft, by the family that declares its architecture (an unknown one is
     refused by name: draft_family). weights: how the draft's product weights are stored, auto (bfloat16 where timed

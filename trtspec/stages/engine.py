@@ -1,6 +1,7 @@
 """The engine stage: load the bundle in a serving engine and run the same checks as validate, through that engine.
 
-engine.backend=pytorch (default): TensorRT-LLM's LLM API, LLM(model=bundle/target, speculative_config=...) built
+The engines live in trtspec.engines, one package each behind one interface; this stage resolves engine.backend to one
+of them once and calls it. engine.backend=trtllm (default): TensorRT-LLM's LLM API, LLM(model=bundle/target, speculative_config=...) built
 from the bundle's llm_api_options.yaml — the very file trtllm-serve and Triton use; EAGLE-3, draft-target and
 n-gram drafting all run on its PyTorch backend. Measured: load time, GPU memory, greedy outputs vs Hugging Face
 generate on the original model, acceptance length from TensorRT-LLM's accepted/drafted token counts, tokens/s
@@ -17,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trtspec import engines
 from trtspec.chat import encode_prompt
-from trtspec.deploy import trtllm
 from trtspec.deploy.serving import llm_api_options, read_options, speculative_options
 from trtspec.errors import ArtifactError
 from trtspec.generation import compare, hf_reference
@@ -59,21 +60,19 @@ PROMPTS = [
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
-    """engine.backend: vllm with a target family vLLM cannot serve the draft for (trtspec.targets), engine.sweep
-    without what it drives (check_sweep): one line before any stage spends minutes (backend auto skips the stage
-    with the same reason and goes on)."""
-    import torch
-
+    """engine.backend naming an engine that serves no draft of this build's kind for the target's family
+    (engines/<name>/support.py), engine.sweep without what it drives (check_sweep): one line before any stage spends
+    minutes (backend auto skips the stage with the same reason and goes on)."""
     from trtspec.errors import ConfigError
-    from trtspec.targets import family_of, vllm_refusal
+    from trtspec.targets import family_of
 
     if cfg.engine.sweep:
         check_sweep(cfg)
-    if cfg.engine.backend != "vllm" or cfg.serve.decoding != "eagle3":
+    if cfg.engine.backend == "auto" or cfg.serve.decoding != "eagle3":
         return
     method = "dspark" if cfg.draft.method == "dflash" and cfg.dflash.projector == "dspark" else cfg.draft.method
-    if why := vllm_refusal(family_of(model_config), method, torch.cuda.is_available()):
-        raise ConfigError(f"engine.backend vllm cannot serve this build: {why}",
+    if why := engines.engine(cfg.engine.backend).build_refusal(family_of(model_config).name, method):
+        raise ConfigError(f"engine.backend {cfg.engine.backend} cannot serve this build: {why}",
                           "set engine.backend: auto (the engine stage is then skipped with this reason) or stop the build "
                           "before the engine (--until export)")
 
@@ -81,10 +80,10 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
 def check_sweep(cfg: BuildConfig) -> None:
     """engine.sweep needs vLLM (backend vllm or auto), an EAGLE-3 bundle served as such, and for sweep_method aiperf
     the load generator."""
-    from trtspec.deploy.sweep import find_aiperf
+    from trtspec.engines.vllm.sweep import find_aiperf
     from trtspec.errors import ConfigError
 
-    if cfg.engine.backend == "pytorch" or cfg.serve.decoding != "eagle3" or cfg.draft.method != "eagle3":
+    if cfg.engine.backend == "trtllm" or cfg.serve.decoding != "eagle3" or cfg.draft.method != "eagle3":
         raise ConfigError("engine.sweep runs the bundle's EAGLE-3 head in vLLM (engine.backend vllm or auto, "
                           f"serve.decoding eagle3); here engine.backend is {cfg.engine.backend}, "
                           f"serve.decoding {cfg.serve.decoding}, draft.method {cfg.draft.method}",
@@ -95,56 +94,20 @@ def check_sweep(cfg: BuildConfig) -> None:
 
 def environment_key() -> dict:
     """Part of the stage fingerprint: a machine that gains tensorrt_llm, vllm or a GPU re-attempts the stage."""
-    from trtspec.deploy import vllm_engine
-
-    return {"tensorrt_llm": trtllm.version(), "vllm": vllm_engine.version(), "cuda": trtllm.cuda_available()}
-
-
-def vllm_refusal(draft: Path) -> str | None:
-    """Why this machine's vLLM cannot run the bundle's draft for its target (vllm_engine.refusal, the target family's
-    declared reason: trtspec.targets), or None."""
-    from trtspec.deploy import vllm_engine
-
-    if not (draft / "config.json").is_file():
-        return None
-    return vllm_engine.refusal(vllm_engine.speculative_method(draft), draft.parent / "target")
-
-
-def trtllm_refusal(bundle: Path) -> str | None:
-    """Why TensorRT-LLM serves no draft of this bundle's kind for its target's family (trtllm.refusal), or None."""
-    from trtspec.deploy import vllm_engine
-
-    draft = bundle / "draft"
-    return trtllm.refusal(bundle / "target", vllm_engine.speculative_method(draft)) if (draft / "config.json").is_file() else None
-
-
-def resolve_backend(backend: str) -> tuple[str | None, str]:
-    """(the engine that runs the bundle here, why); (None, why) when the configured one (or, for auto, neither)
-    can run. auto: TensorRT-LLM where it and a GPU exist, else vLLM where it is installed."""
-    from trtspec.deploy import vllm_engine
-
-    trt_ok, trt_why = trtllm.availability()
-    if backend == "pytorch" or (backend == "auto" and trt_ok):
-        return ("pytorch", trt_why) if trt_ok else (None, f"{trt_why}; the bundle's serve.sh and triton/ run on a GPU server")
-    vllm_ok, vllm_why = vllm_engine.availability()
-    if backend == "auto":
-        return ("vllm", f"{trt_why}: {vllm_why} instead") if vllm_ok else (None, f"{trt_why}; {vllm_why}")
-    return ("vllm", vllm_why) if vllm_ok else (None, f"{vllm_why}; the bundle's snippets/vllm.sh serves it wherever vLLM is installed")
+    return engines.environment_key()
 
 
 def run(ctx: StageContext) -> dict:
     if no_engine := ctx.manifests.get("export", {}).get("metrics", {}).get("no_engine"):  # a draft no engine loads as trained
         raise StageSkipped(no_engine)
-    backend, why = resolve_backend(ctx.cfg.engine.backend)
-    if backend is None:
+    eng, why = engines.resolve(ctx.cfg.engine.backend)
+    if eng is None:
         raise StageSkipped(why)
-    if backend == "vllm" and ctx.cfg.serve.decoding == "eagle3" and (refused := vllm_refusal(ctx.inputs["export"] / "draft")):
-        raise StageSkipped(refused)
-    if backend == "pytorch" and ctx.cfg.serve.decoding == "eagle3" and (refused := trtllm_refusal(ctx.inputs["export"])):
+    if ctx.cfg.serve.decoding == "eagle3" and (refused := engines.bundle_refusal(eng, ctx.inputs["export"])):
         raise StageSkipped(refused)
     if ctx.cfg.engine.backend == "auto":
         ctx.log(f"engine.backend auto: {why}")
-    return measure_engine(ctx, ctx.inputs["export"], backend)
+    return measure_engine(ctx, ctx.inputs["export"], eng)
 
 
 # --- inputs ---------------------------------------------------------------------------------------
@@ -177,19 +140,12 @@ def options_for(ctx: StageContext, bundle: Path) -> dict:
     return options
 
 
-# --- measuring: one engine interface (deploy/trtllm.py, deploy/vllm_engine.py) -----------------------------------
+# --- measuring: one engine interface (trtspec.engines) ----------------------------------------------------
 
 
-def engine_for(backend: str) -> Any:
-    """The adapter of a resolved backend: describe(options), run_bundle(...), report_options(options), NAME, SHORT."""
-    from trtspec.deploy import vllm_engine
-
-    return {"pytorch": trtllm, "vllm": vllm_engine}[backend]
-
-
-def measure_engine(ctx: StageContext, bundle: Path, backend: str) -> dict:
+def measure_engine(ctx: StageContext, bundle: Path, engine: engines.Engine) -> dict:
     """The bundle in the engine with its draft and without, and HF generate on the original model, same prompts."""
-    engine, e, new = engine_for(backend), ctx.cfg.engine, ctx.cfg.eval.max_new_tokens
+    e, new = ctx.cfg.engine, ctx.cfg.eval.max_new_tokens
     options = options_for(ctx, bundle)
     prompts = prompt_ids(bundle / "target", ctx.cfg.eval.num_prompts)
     # HF first: vLLM's Transformers backend (OLMo 2, SmolLM3, ...) swaps transformers' layers for its own in the
@@ -197,38 +153,38 @@ def measure_engine(ctx: StageContext, bundle: Path, backend: str) -> dict:
     ctx.log("Hugging Face generate on the original model")
     hf = hf_reference(ctx.model_path, prompts, new, e.batch_sizes, ctx.cfg.model.dtype)
     ctx.log(f"{engine.describe(options)}; {len(prompts)} prompts, batch sizes {e.batch_sizes}")
-    run = in_own_process if backend == "vllm" and vllm_patches_transformers(bundle / "target") else in_this_process
+    run = in_own_process if engine.own_process(bundle / "target") else in_this_process
     ctx.log(f"{engine.NAME} with the draft and without it")
     both = run(engine.run_bundle, bundle, options, prompts, new, e.batch_sizes)
     spec, base = both["speculative"], both["base"]
-    report = engine_report(ctx, engine, backend, options, spec, base, hf)
-    if backend == "vllm" and ctx.cfg.serve.decoding == "eagle3" and report.get("acceptance_length"):
+    report = engine_report(ctx, engine, options, spec, base, hf)
+    if engine.SHORT == "vllm" and ctx.cfg.serve.decoding == "eagle3" and report.get("acceptance_length"):
         ctx.log("trtspec's runtime on the same prompts, for its acceptance length beside the engine's")
         report["runtime_agreement"] = runtime_agreement(bundle, prompts, new, options, report["acceptance_length"])
     if e.sweep:
-        report["sweep"] = serving_sweep(ctx, bundle, backend)
+        report["sweep"] = serving_sweep(ctx, bundle, engine)
         report["headline"] += f"; sweep: {report['sweep'].get('decided') or report['sweep'].get('skipped')}"
     return report
 
 
-def serving_sweep(ctx: StageContext, bundle: Path, backend: str) -> dict:
+def serving_sweep(ctx: StageContext, bundle: Path, engine: engines.Engine) -> dict:
     """engine.sweep: the bundle in vLLM at each draft length and concurrency, in lockstep in this process or in its
-    OpenAI server under aiperf (engine.sweep_method; trtspec.deploy.sweep); engine/sweep.json keeps the rows and the
+    OpenAI server under aiperf (engine.sweep_method; trtspec.engines.vllm.sweep); engine/sweep.json keeps the rows and the
     schedule they imply, for deploy --drafting auto."""
     from trtspec.artifacts import output_fingerprint, write_json
-    from trtspec.deploy import sweep
     from trtspec.draft_schedule import SWEEP_FILE
+    from trtspec.engines.vllm import sweep
 
     e, k = ctx.cfg.engine, ctx.cfg.draft.length
-    if backend != "vllm" or ctx.cfg.serve.decoding != "eagle3":
+    if engine.SHORT != "vllm" or ctx.cfg.serve.decoding != "eagle3":
         return {"skipped": f"engine.sweep runs the bundle's draft in vLLM; here the engine is "
-                           f"{backend} and decoding {ctx.cfg.serve.decoding}"}
+                           f"{engine.SHORT} and decoding {ctx.cfg.serve.decoding}"}
     plan = sweep.SweepPlan(sorted(set(e.sweep)), sorted(set(e.sweep_draft_lengths or range(k + 1))), e.sweep_max_tokens,
                            min_requests=16, repeats=e.sweep_repeats)
     ctx.log(f"concurrency sweep ({e.sweep_method}): concurrency {plan.concurrency} x draft lengths {plan.draft_lengths}")
     if e.sweep_method == "lockstep":
         prompts = prompt_ids(bundle / "target", len(PROMPTS))
-        own = vllm_patches_transformers(bundle / "target")
+        own = engine.own_process(bundle / "target")
         log = {} if own else {"log": ctx.log}  # a spawned process prints its progress
         result = (in_own_process if own else in_this_process)(sweep.lockstep_sweep, bundle, prompts, plan, **log)
     else:
@@ -259,15 +215,6 @@ def runtime_agreement(bundle: Path, prompts: list[list[int]], new: int, options:
     _, stats = speculative_on_prompts(target, drafter, prompts, new, DraftSpec(shape="chain", k=k), eos)
     al = stats.acceptance_length()
     return {"runtime_acceptance_length": round(al, 4), "engine_over_runtime": round(engine_al / al, 4), "runtime_path": target.path}
-
-
-def vllm_patches_transformers(target: Path) -> bool:
-    """vLLM serves this family through its Transformers backend, which rewrites transformers' layers in the process
-    it runs in (trtspec.targets: the family's vllm file): validate, later in the same build, could not load the model."""
-    from trtspec.targets import family_if_known
-
-    family = family_if_known(target)
-    return family is not None and family.vllm.startswith("transformers/")
 
 
 def in_this_process(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -307,7 +254,7 @@ def crossover(speed: dict[str, dict], engine: str) -> str:
     return "; ".join(parts)
 
 
-def engine_report(ctx: StageContext, engine: Any, backend: str, options: dict, spec: dict, base: dict, hf: dict) -> dict:
+def engine_report(ctx: StageContext, engine: engines.Engine, options: dict, spec: dict, base: dict, hf: dict) -> dict:
     """The stage's metrics: greedy agreement with HF and with the engine alone, acceptance, speed by batch size."""
     short, e = engine.SHORT, ctx.cfg.engine
     speed = speed_table(spec, base, hf["tokens_per_s"], short)
@@ -319,7 +266,7 @@ def engine_report(ctx: StageContext, engine: Any, backend: str, options: dict, s
                 f"greedy = HF on {vs_hf['exact']}/{vs_hf['total']}; speculation {where}")
     return {
         "headline": headline,
-        "backend": backend,
+        "backend": engine.SHORT,
         "decoding": ctx.cfg.serve.decoding,
         **engine.report_options(options),
         "versions": {engine.PACKAGE: engine.version(), **_torch_versions()},

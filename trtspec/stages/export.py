@@ -91,7 +91,7 @@ def engines_not_served(ctx: StageContext, draft: ExportedDraft) -> dict[str, lis
     its family has that check (EAGLE-3); a required engine that would not load it is an error."""
     if draft.tensors is None:
         return {}
-    required = {"TensorRT-LLM"} if ctx.cfg.engine.backend == "pytorch" else {"TensorRT-LLM", "vLLM"}  # auto may run vLLM
+    required = {"TensorRT-LLM"} if ctx.cfg.engine.backend == "trtllm" else {"TensorRT-LLM", "vLLM"}  # auto may run vLLM
     not_served = check_engines_load(ctx.out / "draft", ctx.out / "target", draft.tensors, required)
     for engine, problems in not_served.items():
         ctx.log(f"warning: no {engine} launcher in the bundle: {'; '.join(problems)}")

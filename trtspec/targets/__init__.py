@@ -3,13 +3,8 @@
 A family is read from the model's HF config (`model_type`), never typed in a recipe. Each declares:
   runtime      which path of trtspec's runtime serves it in validate: "native" (runtime/model.py's Llama-style
                decoder with its native kernels) or "hf" (the model's own forward and cache, runtime/hf_target.py)
-  vllm         how vLLM names the target class and whether it serves an EAGLE-3 draft for it (`SupportsEagle3` in
-               vLLM 0.32's model file), or the one-line reason it does not
-  trtllm       what TensorRT-LLM's sources list for EAGLE-3 on this family (one-model / two-model), or None
-               (read from NVIDIA/TensorRT-LLM's tensorrt_llm/_torch/models: a target that subclasses
-               SpecDecOneEngineForCausalLM serves one-model drafts; a decoder layer that calls
-               spec_metadata.maybe_capture_hidden_states serves two-model ones; docs/families.md has the evidence)
-  dflash       None where Model Optimizer's `dflash` mode converts it under the transformers trtspec runs, else why not
+  note         what sets the family apart, for reports and the bundle README
+What each engine serves for a family is the engine's own table (trtspec.engines: engines/<name>/support.py).
 
 What the draft derives from the target (`draft_dims`: sizes, rope, positions, norms) and the default auxiliary
 layers (`default_aux_layers`) are read from the config the same way for every family; the few per-family facts
@@ -31,48 +26,26 @@ class TargetFamily:
     name: str
     model_types: tuple[str, ...]  # HF config.model_type values of this family
     runtime: str  # "native" | "hf"
-    vllm: str  # the vLLM model file whose class serves it with an EAGLE-3 draft
-    vllm_eagle3: str | None = None  # None: vLLM 0.32 hands its hidden states to a draft (EAGLE-3, DFlash); else why not
-    vllm_dflash: str | None = None  # None: vLLM 0.32 serves a DFlash draft for it (given the above); else why not
-    vllm_cpu: str | None = None  # None: vLLM's CPU build runs it (measured by scripts/family_matrix.py); else why not
-    trtllm: str | None = None  # TensorRT-LLM's EAGLE-3 support for it (from its sources), None = not served
-    trtllm_dflash: bool = False  # TensorRT-LLM's DFlash (one-model only) lists this target (tests or support matrix)
     note: str = ""  # what sets the family apart, for reports and the bundle README
 
 
-NO_EAGLE3_IN_VLLM = ("vLLM 0.32's {file} does not implement SupportsEagle3 (the target's hidden states for a draft): it "
-                     "serves no EAGLE-3 or DFlash draft for this target")
-
-ONE_AND_TWO = "one-model and two-model"
-TWO_UNTESTED = "two-model (the hidden-state capture is in its model file; no upstream test)"
-
 FAMILIES: tuple[TargetFamily, ...] = (
-    TargetFamily("llama", ("llama",), "native", "llama.py", trtllm=ONE_AND_TWO,
-                 note="Llama 2/3 (llama3 rope scaling), SmolLM2, TinyLlama"),
-    TargetFamily("mistral", ("mistral",), "native", "mistral.py (a LlamaForCausalLM)", trtllm=TWO_UNTESTED),
-    TargetFamily("qwen2", ("qwen2",), "native", "qwen2.py", trtllm=TWO_UNTESTED, note="q/k/v biases"),
-    TargetFamily("qwen3", ("qwen3",), "native", "qwen3.py", trtllm=ONE_AND_TWO, trtllm_dflash=True, note="q/k norms"),
-    TargetFamily("qwen3_moe", ("qwen3_moe",), "hf", "qwen3_moe.py", trtllm=ONE_AND_TWO, note="mixture of experts"),
-    TargetFamily("qwen2_moe", ("qwen2_moe",), "hf", "qwen2_moe.py", vllm_eagle3=NO_EAGLE3_IN_VLLM.format(file="qwen2_moe.py"),
-                 note="mixture of experts with a shared expert"),
-    TargetFamily("mixtral", ("mixtral",), "hf", "mixtral.py", vllm_eagle3=NO_EAGLE3_IN_VLLM.format(file="mixtral.py"),
-                 note="mixture of experts"),
-    TargetFamily("gemma3", ("gemma3_text",), "hf", "gemma3.py", vllm_eagle3=NO_EAGLE3_IN_VLLM.format(file="gemma3.py"),
-                 note="sliding-window layers, scaled embeddings, GELU"),
-    TargetFamily("gemma4", ("gemma4_text",), "hf", "gemma4.py", note="sliding-window layers, per-layer embeddings"),
-    TargetFamily("phi3", ("phi3",), "hf", "phi3.py (a LlamaForCausalLM)", note="Phi-3, Phi-4: fused qkv and gate_up"),
-    TargetFamily("gpt_oss", ("gpt_oss",), "hf", "gpt_oss.py", trtllm=ONE_AND_TWO, trtllm_dflash=True,
-                 vllm_dflash="vLLM 0.32 asserts that a DFlash draft's layers share one KV cache group, which its "
-                             "sliding-window and full-attention layers do not",
-                 note="mixture of experts, attention sinks, sliding-window layers"),
-    TargetFamily("deepseek_v3", ("deepseek_v3", "deepseek_v2"), "hf", "deepseek_v2.py",
-                 trtllm="one-model for DeepSeek-V3 (code and unit test; its support matrix says no; V2 not served)",
-                 vllm_cpu="vLLM 0.32's CPU build finds no KV block size for an MLA target beside a Llama-layer draft "
-                          "(its MLA attention takes 16, its other attention multiples of 32)",
+    TargetFamily("llama", ("llama",), "native", note="Llama 2/3 (llama3 rope scaling), SmolLM2, TinyLlama"),
+    TargetFamily("mistral", ("mistral",), "native"),
+    TargetFamily("qwen2", ("qwen2",), "native", note="q/k/v biases"),
+    TargetFamily("qwen3", ("qwen3",), "native", note="q/k norms"),
+    TargetFamily("qwen3_moe", ("qwen3_moe",), "hf", note="mixture of experts"),
+    TargetFamily("qwen2_moe", ("qwen2_moe",), "hf", note="mixture of experts with a shared expert"),
+    TargetFamily("mixtral", ("mixtral",), "hf", note="mixture of experts"),
+    TargetFamily("gemma3", ("gemma3_text",), "hf", note="sliding-window layers, scaled embeddings, GELU"),
+    TargetFamily("gemma4", ("gemma4_text",), "hf", note="sliding-window layers, per-layer embeddings"),
+    TargetFamily("phi3", ("phi3",), "hf", note="Phi-3, Phi-4: fused qkv and gate_up"),
+    TargetFamily("gpt_oss", ("gpt_oss",), "hf", note="mixture of experts, attention sinks, sliding-window layers"),
+    TargetFamily("deepseek_v3", ("deepseek_v3", "deepseek_v2"), "hf",
                  note="multi-head latent attention (MLA), mixture of experts"),
-    TargetFamily("granite", ("granite",), "hf", "granite.py", note="embedding, residual, attention and logit multipliers"),
-    TargetFamily("olmo2", ("olmo2",), "hf", "transformers/base.py (its Transformers backend)", note="norms after attention and MLP"),
-    TargetFamily("smollm3", ("smollm3",), "hf", "transformers/base.py (its Transformers backend)", note="NoPE layers"),
+    TargetFamily("granite", ("granite",), "hf", note="embedding, residual, attention and logit multipliers"),
+    TargetFamily("olmo2", ("olmo2",), "hf", note="norms after attention and MLP"),
+    TargetFamily("smollm3", ("smollm3",), "hf", note="NoPE layers"),
 )
 
 BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
@@ -107,18 +80,6 @@ def refuse_non_decoder(config: Any) -> None:
     if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         raise ModelError(f"'{arch}' ({model_type}) is not a causal LM (an embedding or classification model?)",
                          "give a checkpoint whose architectures name a …ForCausalLM")
-
-
-def vllm_refusal(family: TargetFamily, method: str, on_gpu: bool) -> str | None:
-    """Why vLLM cannot serve a `method` draft (its speculative method name: eagle3, dflash, dspark) for this family
-    here, or None."""
-    if family.vllm_eagle3:  # every draft trtspec trains reads the target's hidden states
-        return f"{family.name}: {family.vllm_eagle3}"
-    if method in ("dflash", "dspark") and family.vllm_dflash:
-        return f"{family.name}: {family.vllm_dflash}"
-    if family.vllm_cpu and not on_gpu:
-        return f"{family.name}: {family.vllm_cpu}"
-    return None
 
 
 def family_if_known(model_dir: Path) -> TargetFamily | None:
@@ -190,12 +151,3 @@ def draft_dims(config: Any) -> dict:
 def default_aux_layers(num_layers: int) -> list[int]:
     """TensorRT-LLM's default eagle3_layers_to_capture: {1, L//2-1, L-4} (clamped for tiny models)."""
     return sorted({min(1, num_layers - 1), max(0, num_layers // 2 - 1), max(0, num_layers - 4)})
-
-
-def matrix_rows() -> list[dict]:
-    """Every family as one row of facts (docs, `trtspec families`)."""
-    return [{"family": f.name, "model_types": list(f.model_types), "runtime": f.runtime, "vllm": f.vllm,
-             "vllm_eagle3": f.vllm_eagle3 is None, "vllm_dflash": f.vllm_eagle3 is None and f.vllm_dflash is None,
-             "vllm_cpu": f.vllm_cpu is None, "trtllm_eagle3": f.trtllm, "trtllm_dflash": f.trtllm_dflash,
-             "vllm_states": f.vllm_eagle3 is None, "note": f.note}
-            for f in FAMILIES]

@@ -31,7 +31,7 @@ def extraction_ids(aux_layers: list[int], num_layers: int) -> list[int]:
 
 def require_vllm() -> None:
     """vLLM missing: one line with its install command (exit 3)."""
-    from trtspec.deploy import vllm_engine
+    from trtspec.engines import vllm as vllm_engine
 
     if not vllm_engine.installed():
         raise MissingDependency("train.states_from: vllm needs vLLM", vllm_engine.INSTALL_HINT)
@@ -40,11 +40,10 @@ def require_vllm() -> None:
 def refusal(model_config: Any) -> str | None:
     """Why vLLM cannot extract this target's states here, or None: a family whose vLLM file hands no hidden states to
     drafts, or that vLLM does not run on this machine."""
-    import torch
+    from trtspec.engines import vllm as vllm_engine
+    from trtspec.targets import family_of
 
-    from trtspec.targets import family_of, vllm_refusal
-
-    return vllm_refusal(family_of(model_config), "eagle3", torch.cuda.is_available())
+    return vllm_engine.build_refusal(family_of(model_config).name, "eagle3")
 
 
 def check_engine_states(model_config: Any) -> None:
@@ -86,7 +85,7 @@ class VllmStates:
     def load(self) -> Any:
         import torch
 
-        from trtspec.deploy import vllm_engine
+        from trtspec.engines import vllm as vllm_engine
 
         a = self.engine_args
         shutil.rmtree(self.folder, ignore_errors=True)  # files of a killed run: never read as this run's
@@ -155,7 +154,7 @@ class VllmStates:
     def close(self) -> None:
         import gc
 
-        from trtspec.deploy import vllm_engine
+        from trtspec.engines import vllm as vllm_engine
 
         if self.llm is not None:
             vllm_engine.shutdown(self.llm)
@@ -176,7 +175,7 @@ def final_norm(base: Any) -> Any:
 
 def target_dtype_for_states(bf16: bool, model_dir: Path) -> str:
     """vLLM's dtype for the extraction: bf16 where the HF path would autocast to it, else the target's own."""
-    from trtspec.deploy.vllm_engine import target_dtype
+    from trtspec.engines.vllm import target_dtype
 
     if bf16:
         return "bfloat16"

@@ -18,10 +18,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from trtspec.engines.vllm import support
 from trtspec.errors import MissingDependency
 from trtspec.measure import timed
 
 NAME, SHORT, PACKAGE = "vLLM", "vllm", "vllm"  # as reports name it, its columns' suffix, its package
+RUNS_BUNDLE = True
 INSTALL_HINT = "bash scripts/setup.sh --engines vllm (vLLM's CPU build), or pip install vllm on a GPU machine"
 # vLLM implements speculative method dspark in its V2 model runner only (vllm/config/vllm.py:
 # _get_v1_model_runner_unsupported_features), and V2 needs Triton, which the CPU build has not: there VllmConfig fails
@@ -75,38 +77,54 @@ def target_dtype(target: Path) -> str:
     return str(cfg.get("dtype") or cfg.get("torch_dtype") or "auto")
 
 
-def speculative_method(draft: Path) -> str:
-    """vLLM's speculative method for an exported draft: eagle3, dflash, or dspark (a DFlash backbone with a Markov head,
-    dflash_config.projector_type dspark)."""
-    from trtspec.runtime.draft_loader import draft_family
-
-    cfg = json.loads((Path(draft) / "config.json").read_text())
-    return "dspark" if (cfg.get("dflash_config") or {}).get("projector_type") == "dspark" else draft_family(draft)
-
-
-def refusal(method: str | None, target: Path | None = None) -> str | None:
+def refusal(target: Path | None, method: str | None) -> str | None:
     """Why vLLM cannot run speculative `method` for the target folder `target` on this machine, or None: what its
-    family declares (trtspec.targets: vllm_eagle3, vllm_cpu), then DSpark's GPU-only kernels."""
+    support table says of the target's family (engines/vllm/support.py), then DSpark's GPU-only kernels."""
     import torch
 
     if target is not None and method is not None:
-        from trtspec.targets import family_if_known, vllm_refusal
+        from trtspec.targets import family_if_known
 
-        if (family := family_if_known(target)) and (why := vllm_refusal(family, method, torch.cuda.is_available())):
+        if (family := family_if_known(target)) and (why := support.refusal_for(family.name, method, torch.cuda.is_available())):
             return why
     return DSPARK_ON_CPU if method == "dspark" and not torch.cuda.is_available() else None
+
+
+def build_refusal(family: str, method: str) -> str | None:
+    """Why a build that names vLLM as its engine stops before its first stage: vLLM serves no `method` draft for the
+    family on this machine."""
+    import torch
+
+    return support.refusal_for(family, method, torch.cuda.is_available())
+
+
+def support_row(family: str) -> dict[str, Any]:
+    s = support.support(family)
+    return {"file": s.file, "eagle3": s.eagle3 is None, "dflash": s.eagle3 is None and s.dflash is None,
+            "cpu": s.cpu is None, "states": s.eagle3 is None}
+
+
+def own_process(target: Path) -> bool:
+    """vLLM serves this family through its Transformers backend, which rewrites transformers' layers in the process
+    it runs in: an HF load later in the same build (validate) could not build the model."""
+    from trtspec.targets import family_if_known
+
+    family = family_if_known(target)
+    return family is not None and support.patches_transformers(family.name)
 
 
 def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_seqs: int, dtype: str | None = None,
          schedule: dict[int, int] | None = None, kv_cache_gib: float = 4) -> Any:
     """vLLM's LLM over the bundle's target, in the target's dtype (or `dtype`); with `draft`, speculation of k tokens
-    by that draft (speculative_method: vLLM's method for the draft), or of schedule's length per batch size
+    by that draft (draft_loader.speculative_method: vLLM's method for the draft), or of schedule's length per batch size
     (trtspec.draft_schedule). On a CPU its KV cache takes kv_cache_gib GiB of RAM, unless VLLM_CPU_KVCACHE_SPACE is
     set (which the CPU build reads over the engine's own setting): engines loaded together each take their own."""
     import torch
 
+    from trtspec.runtime.draft_loader import speculative_method
+
     method = speculative_method(draft) if draft else None
-    if why := refusal(method, target):
+    if why := refusal(target, method):
         raise MissingDependency(why)
     kv = prepare_environment(kv_cache_gib)
     from vllm import LLM
@@ -289,7 +307,7 @@ def measure(target: Path, engines: dict[str, tuple[Path | None, dict[int, int] |
     return out
 
 
-# --- the engine interface (shared with deploy/trtllm.py): describe, run_bundle, report_options --------------------
+# --- the engine interface (trtspec.engines): describe, run_bundle, report_options --------------------
 
 
 def report_options(options: dict) -> dict:

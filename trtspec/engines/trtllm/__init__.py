@@ -19,9 +19,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from trtspec.engines.trtllm import support
 from trtspec.measure import tokens_per_s
 
 NAME, SHORT, PACKAGE = "TensorRT-LLM", "trtllm", "tensorrt_llm"  # as reports name it, its columns' suffix, its package
+RUNS_BUNDLE = True
 INSTALL_HINT = "pip install trtspec[trtllm] on a Linux x86_64/aarch64 machine with an NVIDIA GPU"
 SPEC_CLASSES = {"Eagle3": ("Eagle3DecodingConfig", "EagleDecodingConfig"), "NGram": ("NGramDecodingConfig",),
                 "DraftTarget": ("DraftTargetDecodingConfig",)}
@@ -58,20 +60,27 @@ def availability() -> tuple[bool, str]:
     return False, "; ".join(missing)
 
 
-def refusal(target: Path, method: str) -> str | None:
+def refusal(target: Path, method: str | None) -> str | None:
     """Why TensorRT-LLM serves no `method` draft (eagle3, dflash, dspark) for the target folder's family, by what its
-    sources say (trtspec.targets: trtllm; DFlash is one-model only), or None."""
+    sources say (engines/trtllm/support.py), or None."""
     from trtspec.targets import family_if_known
 
     family = family_if_known(target)
-    if family is None:
-        return None
-    if method == "eagle3" and family.trtllm is None:
-        return f"TensorRT-LLM's sources serve no EAGLE-3 draft for {family.name} targets (no hidden-state capture in its model)"
-    if method in ("dflash", "dspark") and "one-model" not in (family.trtllm or ""):
-        return (f"TensorRT-LLM's DFlash runs one-model only, and its {family.name} target serves no one-model draft "
-                "(it does not subclass SpecDecOneEngineForCausalLM)")
+    return support.refusal_for(family.name, method) if family is not None and method else None
+
+
+def build_refusal(family: str, method: str) -> str | None:
+    """None: TensorRT-LLM is the default engine and runs on a GPU server, not here; a family it serves no draft for
+    still gets its bundle (for vLLM and SGLang), and the engine stage skips saying why (refusal)."""
     return None
+
+
+def support_row(family: str) -> dict[str, Any]:
+    return {"eagle3": support.eagle3(family), "dflash": family in support.DFLASH}
+
+
+def own_process(target: Path) -> bool:
+    return False  # its LLM spawns its own workers and leaves this process as it was
 
 
 def spec_class(llmapi: Any, decoding_type: str) -> type:
@@ -156,7 +165,7 @@ def gpu_memory_used_gib() -> float | None:
     return round((total - free) / 2**30, 2)
 
 
-# --- the engine interface (shared with deploy/vllm_engine.py): describe, run_bundle, report_options ---------------
+# --- the engine interface (trtspec.engines): describe, run_bundle, report_options ---------------
 
 
 def describe(options: dict) -> str:

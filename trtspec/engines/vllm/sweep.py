@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtspec.deploy import vllm_engine
 from trtspec.draft_schedule import best_lengths, schedule_from_sweep, with_schedule_vllm
+from trtspec.engines import vllm as vllm_engine
 from trtspec.errors import MissingDependency, TrtspecError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SPEC_COUNTERS = {"drafts": "vllm:spec_decode_num_drafts", "accepted": "vllm:spec_decode_num_accepted_tokens"}
 
 
@@ -116,7 +116,7 @@ def free_port() -> int:
 
 def vllm_command(bundle: Path, port: int, spec: dict | None, max_seqs: int) -> list[str]:
     """vLLM's OpenAI server over bundle/target; spec: its speculative_config (None: no draft)."""
-    from trtspec.deploy.vllm_engine import target_dtype
+    from trtspec.engines.vllm import target_dtype
 
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(bundle / "target"),
            "--served-model-name", "bundle", "--dtype", target_dtype(bundle / "target"), "--max-model-len", "1024",
@@ -128,7 +128,7 @@ def server_environment(preload_iomp: bool) -> tuple[dict[str, str], list[str]]:
     """The server's environment and extra flags: on a CPU the build's KV cache, thread binding and Intel OpenMP."""
     import torch
 
-    from trtspec.deploy.vllm_engine import cpu_environment
+    from trtspec.engines.vllm import cpu_environment
 
     env = dict(os.environ)
     if torch.cuda.is_available():
@@ -305,7 +305,10 @@ def run_sweep(pool: Any, plan: SweepPlan, log: Any = print) -> dict:
             compared = {c: {"fastest": again[f"k{best[c]}"][c], "no_draft": again["k0"][c] if "k0" in again else None}
                         for c in levels}
     table, where = sweep_table(rows, scheduled, compared)
-    return {"kind": pool.KIND, "engine": "vllm", "concurrency": plan.concurrency, "draft_lengths": plan.draft_lengths,
+    from trtspec.engines.measured import measured_on
+
+    return {"kind": pool.KIND, "engine": "vllm", "measured_on": measured_on(vllm_engine),
+            "concurrency": plan.concurrency, "draft_lengths": plan.draft_lengths,
             "max_tokens": plan.max_tokens, "rows": rows, "schedule": schedule, "decided": decided, "scheduled": scheduled,
             "compared": compared, "table": table, "crossover": where}
 
