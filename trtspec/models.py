@@ -228,8 +228,12 @@ def load_tokenizer(path: Path):
     return tok
 
 
-def load_model(path: Path, dtype: str = "auto", device: str | None = None):
-    """Load an HF causal LM for inference (eval mode, no grad), checking the architecture first."""
+def load_model(path: Path, dtype: str = "auto", device: str | None = None, layers: bool = True):
+    """Load an HF causal LM for inference (eval mode, no grad), checking the architecture first.
+
+    layers=False: the model without its decoder layers (embeddings, final norm, output head; the layers' weights are
+    never read), for a trainer whose target states come from an engine -- Model Optimizer's own offline path
+    (num_hidden_layers=0, the real count kept as config.num_orig_hidden_layers, which its EAGLE and DFlash read)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -237,17 +241,40 @@ def load_model(path: Path, dtype: str = "auto", device: str | None = None):
 
     read_family(path)  # a model that needs its own code, or no family declares: one line, before transformers reads it
     try:
-        AutoConfig.from_pretrained(path)  # a config transformers cannot read: its own line, before the weights
+        config = AutoConfig.from_pretrained(path)  # a config transformers cannot read: its own line, before the weights
     except Exception as e:
         raise ModelError(f"cannot read the model config in '{path}': {first_words(e)}") from None
+    text = getattr(config, "text_config", None) or config
+    real_layers = text.num_hidden_layers
+    if not layers:
+        text.num_hidden_layers = 0
+        if getattr(text, "layer_types", None):  # sliding/full attention per layer: as many as the layers
+            text.layer_types = []
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
+        with quiet_transformers(not layers):  # its report lists every decoder weight left unread
+            model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype(dtype))
     except Exception as e:
         raise ModelError(f"cannot load model weights from '{path}': {e.__class__.__name__}: {first_words(e, 200)}", "the checkpoint may be corrupted") from None
     model.eval().requires_grad_(False)
+    if not layers:
+        model.config.num_orig_hidden_layers = real_layers
     contiguous_lm_head_input(model)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return model.to(device)
+
+
+@contextmanager
+def quiet_transformers(quiet: bool = True) -> Iterator[None]:
+    """transformers' warnings off for the block (its load report of weights a model leaves unread on purpose)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    if quiet:
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def contiguous_lm_head_input(model: Any) -> None:

@@ -65,3 +65,33 @@ def test_a_family_vllm_cannot_extract_from_is_refused_by_name():
     with pytest.raises(ConfigError, match="mixtral.*train.states_from: hf"):
         check_engine_states(config)
 
+
+def test_the_trainer_holds_no_target_layer_when_vllm_computes_the_states(tmp_path):
+    """train.states_from: vllm, streamed: the train stage loads the target without its decoder layers (embeddings,
+    final norm, output head only: Model Optimizer's offline path), its held-out greedy answers come from vLLM and
+    equal the HF forward's, and the draft it trains accepts as the one trained on the HF forward's states."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    root = Path(__file__).resolve().parents[2]
+    runs = {}
+    for name, extra in (("hf", []), ("vllm", ["--set", "train.states_from=vllm", "--set", "train.mode=streamed"])):
+        run = tmp_path / name
+        proc = subprocess.run([sys.executable, "-m", "trtspec.cli", "build", str(root / "build_configs" / "tiny-families.yaml"),
+                               "--out", str(run), "--set", "model.source=tiny:llama3", "--until", "train", *extra],
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = json.loads((run / "train" / "manifest.json").read_text())["metrics"]
+    hf, vllm = runs["hf"], runs["vllm"]
+    assert hf["target_in_trainer"]["decoder_layers"] == hf["target_in_trainer"]["of_layers"] == 4
+    assert vllm["target_in_trainer"]["decoder_layers"] == 0 and vllm["target_in_trainer"]["of_layers"] == 4
+    assert vllm["target_in_trainer"]["parameters"] < hf["target_in_trainer"]["parameters"]
+    assert vllm["states"]["from"] == "vllm" and vllm["states"]["rows_extracted"] > 0
+    answers = {name: torch.load(next((tmp_path / name).glob(f".work/target-*/eval_seqs-{tag}3x24.pt")), weights_only=True)
+               for name, tag in (("hf", ""), ("vllm", "vllm-"))}
+    assert [a["input_ids"].tolist() for a in answers["vllm"]] == [a["input_ids"].tolist() for a in answers["hf"]]
+    assert abs(vllm["AL@3"] - hf["AL@3"]) <= 0.1, (vllm["AL@3"], hf["AL@3"])

@@ -74,7 +74,9 @@ def convert_drafter(base_config: Any, model_path: Path, cfg: BuildConfig, tokens
     log(f"{name} draft: {arch['num_hidden_layers']} layers, block {section.block_size}, target layers "
         f"{arch['target_layer_ids']}, mask token {mask} ({why})")
     torch.manual_seed(cfg.seed)
-    model = dflash.build_dflash_model(load_model(model_path, cfg.model.dtype), draft_cfg)
+    # built on the target's embeddings and output head alone (the same draft as on the whole target, in Model
+    # Optimizer's offline form)
+    model = dflash.build_dflash_model(load_model(model_path, cfg.model.dtype, layers=False), {**draft_cfg, "dflash_offline": True})
     params = sum(p.numel() for p in model.dflash_module.parameters())
     return draft_cfg, model, {
         "draft_method": "dflash", "projector": section.projector, "head_params": params,

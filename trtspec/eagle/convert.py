@@ -78,9 +78,12 @@ def convert_head(base_config: Any, model_path: Path, cfg: BuildConfig, tokens_fi
         f"intermediate {arch['intermediate_size']}, aux layers {arch['eagle_aux_hidden_state_layer_ids']}, "
         f"draft vocab {arch['draft_vocab_size']}/{arch['vocab_size']}"
     )
-    base = load_model(model_path, cfg.model.dtype)
+    # the head is built on the target's embeddings and output head alone (the same head as on the whole target,
+    # in Model Optimizer's offline form); init_from_target copies one of its decoder layers
+    layers = cfg.convert.init_from_target
+    base = load_model(model_path, cfg.model.dtype, layers=layers)
     torch.manual_seed(cfg.seed)  # the head's initial weights: same seed, same head
-    model = eagle.build_eagle_model(base, draft_cfg)
+    model = eagle.build_eagle_model(base, {**draft_cfg, "eagle_offline": not layers})
     metrics: dict[str, Any] = {}
     if arch["draft_vocab_size"] < arch["vocab_size"]:
         metrics.update(compress_vocab(model, arch, base_config, tokens_file, log))

@@ -178,24 +178,26 @@ def first_rows(ctx: StageContext, tokens: dict) -> dict:
     return tokens
 
 
-def heldout_eval_set(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int], target_dir: Path) -> tuple[list | None, Path]:
+def heldout_eval_set(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int], target_dir: Path,
+                     engine: Any = None) -> tuple[list | None, Path]:
     """The unquantized target's greedy answers to the held-out prompts, with its states (rank 0 alone measures
-    acceptance: None on the other ranks), and the file that caches them."""
+    acceptance: None on the other ranks), and the file that caches them. engine: an EngineTarget, whose answers and
+    states come from the engine that serves the target (cached apart from the HF forward's)."""
     from trtspec.models import matmul_attention_on_cpu
 
     heldout = read_rows(ctx.inputs["data"] / "heldout.jsonl")[: ctx.cfg.eval.acceptance_prompts]
     n_new = ctx.cfg.data.max_new_tokens
-    eval_file = target_dir / f"eval_seqs-{len(heldout)}x{n_new}.pt"
+    eval_file = target_dir / f"eval_seqs-{'' if engine is None else 'vllm-'}{len(heldout)}x{n_new}.pt"
     if not ranks.is_main():
         return None, eval_file
     with matmul_attention_on_cpu(base):
-        return build_eval_set(base, tok, heldout, aux_layers, n_new, eval_file, ctx.log, EVAL_BATCH), eval_file
+        return build_eval_set(base, tok, heldout, aux_layers, n_new, eval_file, ctx.log, EVAL_BATCH, engine), eval_file
 
 
-def heldout_context_sets(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int]) -> list[dict] | None:
+def heldout_context_sets(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int], engine: Any = None) -> list[dict] | None:
     """eval.context_bins: the first eval.context_prompts held-out prompts after earlier training conversations or
     documents (suites.context_fill) filling each bin, with the target's greedy answers and states (rank 0 alone
-    measures)."""
+    measures; engine: as heldout_eval_set's)."""
     from trtspec.models import matmul_attention_on_cpu
     from trtspec.suites import context_fill
 
@@ -206,7 +208,7 @@ def heldout_context_sets(ctx: StageContext, base: Any, tok: Any, aux_layers: lis
     fill = context_fill(ctx.cfg, ctx.inputs["data"])
     with matmul_attention_on_cpu(base):
         return context_eval_sets(base, tok, prompts, fill, sorted(e.context_bins), aux_layers,
-                                 ctx.cfg.data.max_new_tokens, ctx.log, EVAL_BATCH)
+                                 ctx.cfg.data.max_new_tokens, ctx.log, EVAL_BATCH, engine)
 
 
 def states_source(ctx: StageContext, base: Any, aux_layers: list[int], target_dir: Path) -> Any:
@@ -217,18 +219,18 @@ def states_source(ctx: StageContext, base: Any, aux_layers: list[int], target_di
     bf16 = use_bf16(ctx.cfg.model.build_dtype)
     if ctx.cfg.train.states_from == "hf":
         return HFStates(base, aux_layers, bf16)
-    return VllmStates(ctx.model_path, aux_layers, base.config.num_hidden_layers, final_norm(base),
+    return VllmStates(ctx.model_path, aux_layers, base.config.num_orig_hidden_layers, final_norm(base),
                       target_dir / f"vllm-rank{ranks.rank()}", target_dtype_for_states(bf16, ctx.model_path),
                       ctx.cfg.data.seq_len + 8, engine_args=ctx.cfg.train.states_engine.engine_args())
 
 
-def target_states(ctx: StageContext, base: Any, tokens: dict, aux_layers: list[int], target_dir: Path) -> Any:
-    """offline mode: the target's states of every training row, computed once (rank 0 first, the others read them);
-    streamed: extracted a window ahead of the rows training reads; online: None (the target runs in every step)."""
+def target_states(ctx: StageContext, source: Any, base: Any, tokens: dict, aux_layers: list[int], target_dir: Path) -> Any:
+    """offline mode: the target's states of every training row from `source` (states_source), computed once (rank 0
+    first, the others read them); streamed: extracted a window ahead of the rows training reads; online: None (the
+    target runs in every step)."""
     t = ctx.cfg.train
     if t.mode == "online":
         return None
-    source = states_source(ctx, base, aux_layers, target_dir)
     if t.mode == "streamed":
         window = check_buffer_holds_a_batch(t, tokens["input_ids"].shape[1], base.config.hidden_size, len(aux_layers))
         ctx.log(f"streaming target states from {source.name}, {window} rows at a time")
@@ -238,6 +240,21 @@ def target_states(ctx: StageContext, base: Any, tokens: dict, aux_layers: list[i
         maps = cache_states(source, tokens, base.config.hidden_size, aux_layers, folder, ctx.log)
     source.close()
     return CachedStates(maps)
+
+
+def engine_target(ctx: StageContext, tok: Any, source: Any) -> Any:
+    """The held-out answers and states from the engine (training.engine_states.EngineTarget), in the dtype it
+    extracts in."""
+    from trtspec.training.engine_states import EngineTarget
+
+    return EngineTarget(ctx.model_path, source.engine_args["dtype"], source, {tok.eos_token_id})
+
+
+def target_in_trainer(base: Any) -> dict:
+    """What of the target this process holds: its decoder layers (of how many) and parameters."""
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
+    return {"decoder_layers": len(getattr(decoder, "layers", [])), "of_layers": base.config.num_orig_hidden_layers,
+            "parameters": sum(p.numel() for p in base.parameters())}
 
 
 def check_buffer_holds_a_batch(t: TrainSection, seq_len: int, hidden: int, aux: int) -> int:
@@ -313,16 +330,21 @@ def run(ctx: StageContext) -> dict:
     aux_layers = fam.state_layers(draft_cfg)
     tokens = training_tokens(ctx.inputs["data"])
     tok = load_tokenizer(ctx.model_path)
-    base = load_model(ctx.model_path, ctx.cfg.model.dtype)
-    base.config.num_orig_hidden_layers = base.config.num_hidden_layers
+    from_engine = t_cfg.states_from != "hf"  # the engine serving the target computes every state the draft reads
+    base = load_model(ctx.model_path, ctx.cfg.model.dtype, layers=not from_engine)  # engine: no decoder layer here
+    if not from_engine:
+        base.config.num_orig_hidden_layers = base.config.num_hidden_layers
+    target_held = target_in_trainer(base)
 
     target_dir = target_states_dir(ctx, aux_layers)
     if t_cfg.mode == "offline":  # before the held-out answers and the states: minutes a full disk would waste
         check_states_fit(target_dir / "states", tokens, base.config.hidden_size, len(aux_layers))
-    eval_set, eval_file = heldout_eval_set(ctx, base, tok, aux_layers, target_dir)
-    context_sets = heldout_context_sets(ctx, base, tok, aux_layers)
+    source = states_source(ctx, base, aux_layers, target_dir) if t_cfg.mode != "online" else None
+    engine = engine_target(ctx, tok, source) if from_engine else None
+    eval_set, eval_file = heldout_eval_set(ctx, base, tok, aux_layers, target_dir, engine)
+    context_sets = heldout_context_sets(ctx, base, tok, aux_layers, engine)
     t0 = time.time()
-    states = target_states(ctx, base, tokens, aux_layers, target_dir)
+    states = target_states(ctx, source, base, tokens, aux_layers, target_dir)
     if states is not None:
         fam.set_offline(draft_cfg, True)  # modelopt drops the target's decoder layers
     cache_s = time.time() - t0
@@ -349,6 +371,7 @@ def run(ctx: StageContext) -> dict:
         metrics["before"] = {key: v for key, v in before.items() if "ci95" not in key}
         metrics["gate"] = warm_start_gate(ctx, before, acc)
     metrics["states"] = {"from": t_cfg.states_from, **states_metrics(states)} if states is not None else None
+    metrics["target_in_trainer"] = target_held
     ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k} {fit[f'AL@{k}']:.2f}")
     if context_sets:
         metrics["per_context"] = context_acceptance(model, context_sets, k, fam.drafts)

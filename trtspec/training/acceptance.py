@@ -4,6 +4,7 @@ bootstrap interval over prompts."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -84,31 +85,35 @@ EVAL_SEQS = "eval_seqs.pt"  # the unquantized target's greedy answers to the fir
 
 
 def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int], max_new_tokens: int, cache: Path, log: Any,
-                   batch_size: int = 16) -> list[dict]:
-    """The target's greedy answers to held-out prompts, with their hidden states (cached in ctx.work)."""
+                   batch_size: int = 16, engine: Any = None) -> list[dict]:
+    """The target's greedy answers to held-out prompts, with their hidden states (the answers cached in ctx.work).
+    engine: answers and states from the engine that serves the target (EngineTarget), not from `base`."""
     import torch
 
     if cache.is_file():
         seqs = torch.load(cache, weights_only=True)
     else:
         log(f"generating greedy target answers for {len(rows)} held-out prompts (acceptance evaluation)")
-        seqs = greedy_answers(base, tok, prompt_rows(rows), max_new_tokens, batch_size)
+        answer = engine.greedy_answers if engine is not None else partial(greedy_answers, base)
+        seqs = answer(tok, prompt_rows(rows), max_new_tokens, batch_size)
         torch.save(seqs, cache)
-    return with_states(base, seqs, aux_layers)
+    return engine.with_states(seqs) if engine is not None else with_states(base, seqs, aux_layers)
 
 
 def context_eval_sets(base: Any, tok: Any, prompts: list[dict], fill: list, bins: list[int],
-                      aux_layers: list[int], max_new_tokens: int, log: Any, batch_size: int = 16) -> list[dict]:
+                      aux_layers: list[int], max_new_tokens: int, log: Any, batch_size: int = 16,
+                      engine: Any = None) -> list[dict]:
     """Acceptance sets by context length: the prompts after earlier conversations or documents (`fill`:
     chat.at_context, as validate's context curve builds them) filling each bin, the target's greedy answers and
-    states -> [{bin, context_tokens (mean), set}]."""
+    states -> [{bin, context_tokens (mean), set}]. engine: as build_eval_set's."""
+    answer = engine.greedy_answers if engine is not None else partial(greedy_answers, base)
     out = []
     for b in bins:
         rows = at_context(prompts, fill, tok, b)
         log(f"generating greedy target answers for {len(rows)} held-out prompts at {b} tokens of context")
-        seqs = greedy_answers(base, tok, [r for r, _ in rows], max_new_tokens, batch_size)
+        seqs = answer(tok, [r for r, _ in rows], max_new_tokens, batch_size)
         out.append({"bin": b, "context_tokens": round(sum(n for _, n in rows) / len(rows)),
-                    "set": with_states(base, seqs, aux_layers)})
+                    "set": engine.with_states(seqs) if engine is not None else with_states(base, seqs, aux_layers)})
     return out
 
 

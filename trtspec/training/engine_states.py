@@ -163,6 +163,39 @@ class VllmStates:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+class EngineTarget:
+    """The target as the trainer sees it when the engine that serves it computes every state (train.states_from:
+    vllm): greedy answers from vLLM's offline engine (trtspec.answering) and their states from the extraction
+    (`source`, a VllmStates), in the shape build_eval_set's HF path gives. The trainer then holds no decoder layer of
+    the target (models.load_model layers=False)."""
+
+    def __init__(self, model_dir: Path, dtype: str, source: Any, eos: set[int]):
+        self.model_dir, self.dtype, self.source, self.eos = Path(model_dir), dtype, source, eos
+
+    def greedy_answers(self, tok: Any, rows: list[dict], max_new_tokens: int, batch_size: int = 16) -> list[dict]:
+        """{input_ids: prompt + answer, start, category} per prompt row, as acceptance.greedy_answers."""
+        import torch
+
+        from trtspec.answering import answer_vllm
+        from trtspec.chat import encode_prompt
+
+        prompts = [encode_prompt(tok, r["messages"]) for r in rows]
+        answers = dict(answer_vllm(self.model_dir, self.dtype, prompts, max_new_tokens, self.eos, 0.0))
+        return [{"input_ids": torch.tensor(p + answers[i]), "start": len(p), "category": str(r.get("category", "chat"))}
+                for i, (p, r) in enumerate(zip(prompts, rows, strict=True))]
+
+    def with_states(self, seqs: list[dict]) -> list[dict]:
+        """Acceptance-set entries {input_ids, start, aux, last, category}, the states extracted by the engine."""
+        import torch
+
+        got = []
+        for i in range(0, len(seqs), self.source.batch_rows):
+            got += self.source.extract([s["input_ids"].tolist() for s in seqs[i : i + self.source.batch_rows]])
+        return [{"input_ids": s["input_ids"], "start": int(s["start"]), "aux": torch.from_numpy(aux.astype("float32")),
+                 "last": torch.from_numpy(last.astype("float32")), "category": s.get("category", "chat")}
+                for s, (aux, last) in zip(seqs, got, strict=True)]
+
+
 def final_norm(base: Any) -> Any:
     """The HF target's final norm (what turns the last layer's output into `last_hidden_state`)."""
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else base.model
