@@ -71,10 +71,13 @@ class Endpoint:
     context, tokenizes like the target, and returns token ids (vLLM/SGLang `return_token_ids`; trtllm-serve
     `detokenize: false`, which rejects unknown fields)."""
 
-    def __init__(self, cfg: EndpointSection, log: Any = print):
+    def __init__(self, cfg: EndpointSection, log: Any = print, key: str = "data.endpoint",
+                 start_hint: str = "start the server (e.g. vllm serve MODEL) or fix data.endpoint.url"):
         self.cfg = cfg
         self.url = cfg.url.rstrip("/")
         self.log = log
+        self.key, self.start_hint = key, start_hint  # the config section it comes from; how to start it
+        self.on_answer: Any = lambda out: None  # what a completion leaves on the server's side, dealt with
         self.model: str | None = cfg.model
         self.ids_field: dict[str, Any] = {}
 
@@ -109,17 +112,16 @@ class Endpoint:
         try:
             listed = self.with_retries("/v1/models").get("data", [])
         except EndpointError as e:
-            raise DataError(f"cannot reach the regeneration endpoint: {e}",
-                            "start the server (e.g. vllm serve MODEL) or fix data.endpoint.url") from None
+            raise DataError(f"cannot reach {self.key} ({self.url}): {e}", self.start_hint) from None
         names = [m.get("id") for m in listed]
         if self.model is None:
             if len(names) != 1:
                 raise DataError(f"the endpoint serves {len(names)} models ({', '.join(map(str, names)) or 'none'})",
-                                "name one in data.endpoint.model")
+                                f"name one in {self.key}.model")
             self.model = names[0]
         elif self.model not in names:
             raise DataError(f"the endpoint serves {', '.join(map(str, names)) or 'no model'}, not '{self.model}'",
-                            "set data.endpoint.model to the served name of the target")
+                            f"set {self.key}.model to the served name of the target")
         card = listed[names.index(self.model)]
         if card.get("max_model_len") and card["max_model_len"] < longest:
             raise DataError(f"the endpoint's model holds {card['max_model_len']} tokens; prompt + answer need {longest}",
@@ -157,6 +159,7 @@ class Endpoint:
                 if e.status is not None and 400 <= e.status < 500:
                     continue  # a field this server does not know (trtllm-serve rejects unknown fields)
                 raise DataError(f"the endpoint failed a probe completion: {e}") from None
+            self.on_answer(out)
             if isinstance(out.get("choices", [{}])[0].get("token_ids"), list):
                 self.ids_field = field
                 return
@@ -166,6 +169,7 @@ class Endpoint:
     def complete(self, prompt: list[int], max_new: int, eos: set[int], temperature: float) -> list[int]:
         out = self.with_retries("/v1/completions", {"model": self.model, "prompt": prompt, "max_tokens": max_new,
                                                     "temperature": temperature, **self.ids_field})
+        self.on_answer(out)
         choice = out["choices"][0]
         ids = choice.get("token_ids")
         if not isinstance(ids, list):
@@ -176,7 +180,7 @@ class Endpoint:
         return ids
 
     def answers(self, prompts: list[list[int]], max_new: int, eos: set[int], temperature: float) -> Answers:
-        """At most data.endpoint.concurrency requests in flight; when one fails for good, those in flight finish
+        """At most `concurrency` requests in flight; when one fails for good, those in flight finish
         (and are yielded) before the error is raised."""
         pending: dict[Future, int] = {}
         failure: EndpointError | None = None
@@ -195,5 +199,5 @@ class Endpoint:
                     except EndpointError as e:
                         failure = failure or e
         if failure:
-            raise DataError(f"the regeneration endpoint failed after {self.cfg.retries + 1} tries: {failure}",
+            raise DataError(f"{self.key} failed after {self.cfg.retries + 1} tries: {failure}",
                             "the answers so far are kept; re-run to resume")

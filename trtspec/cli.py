@@ -246,6 +246,47 @@ def adapt(run_dir, prompts, out, fmt, category, epochs, lr, replay, holdout, tol
     _build(config, out, overrides, None, until, False, as_json)
 
 
+@main.command(name="states-server", context_settings=CONTEXT)
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="The run directory (convert done).")
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value.")
+@click.option("--json", "as_json", is_flag=True, help="Print the launch line and where it writes as JSON.")
+def states_server(config, out, overrides, as_json):
+    """Print the launch line of the states server (vLLM's OpenAI server) a build with train.states_from: endpoint reads: the
+    target with vLLM's extraction of the layers the run's draft reads (known once its convert stage ran), writing
+    each request's states into train.states_endpoint.folder, on the port of train.states_endpoint.url. Start it
+    where the target fits (its GPUs; train.states_engine's parallelism is in the line), then run the build.
+
+    \b
+    Examples:
+      trtspec build build_configs/smollm2-135m-demo.yaml --out runs/demo --until convert \\
+          --set train.states_from=endpoint --set train.mode=streamed --set train.states_endpoint.folder=/shared/states
+      trtspec states-server build_configs/smollm2-135m-demo.yaml --out runs/demo --set train.states_from=endpoint ...
+    """
+    from trtspec.artifacts import RunDir
+    from trtspec.config import load_config
+    from trtspec.families import family
+    from trtspec.models import resolve_model
+    from trtspec.targets import read_family, text_config
+    from trtspec.training.engine_states import server_launch_line
+
+    cfg = load_config(config, overrides)
+    model_path = resolve_model(cfg.model.source)
+    read_family(model_path)
+    convert, _ = RunDir(Path(out)).require("convert", verify=True)
+    fam = family(cfg.draft.method)
+    aux = fam.state_layers(fam.read_config(convert))
+    from transformers import AutoConfig
+
+    layers = text_config(AutoConfig.from_pretrained(model_path)).num_hidden_layers
+    line = server_launch_line(cfg, model_path, aux, layers)
+    if as_json:
+        click.echo(json.dumps({"launch": line, "url": cfg.train.states_endpoint.url,
+                               "folder": cfg.train.states_endpoint.folder, "aux_layers": aux}, indent=2))
+    else:
+        click.echo(line)
+
+
 @main.command(context_settings=CONTEXT)
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the manifests as JSON.")

@@ -210,17 +210,29 @@ class StatesEngineSection(Section):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+class StatesEndpointSection(EndpointSection):
+    """The `vllm serve` a train.states_from: endpoint reads states from (started with the extraction)."""
+
+    folder: str | None = key(None, "the folder the server writes each request's states into, as this machine sees it "
+                             "(a shared mount); null = the very path the server reports (same host)", min_length=1)
+
+
 class TrainSection(Section):
     mode: Literal["offline", "online", "streamed"] = key(
         "offline", "offline: the target's hidden states computed once and read every epoch; online: the target runs "
         "in every step (for data whose states would not fit on disk); streamed: states extracted a window ahead of "
         "the rows training reads, each dropped once read and extracted again next epoch (train.states_buffer_mib)")
-    states_from: Literal["hf", "vllm"] = key(
+    states_from: Literal["hf", "vllm", "endpoint"] = key(
         "hf", "where offline and streamed states come from: hf = the HF model's forward in the training process; "
-        "vllm = vLLM serving the target (speculative method extract_hidden_states), for the families whose vLLM "
-        "file hands hidden states to drafts")
+        "vllm = vLLM serving the target in this process (speculative method extract_hidden_states), for the families "
+        "whose vLLM file hands hidden states to drafts; endpoint = a `vllm serve` started with that extraction "
+        "(`trtspec states-server CONFIG --out RUN` prints its launch line), on this host or another, writing the "
+        "states into a folder both see (train.states_endpoint). With vllm or endpoint the trainer loads no decoder "
+        "layer of the target")
     states_engine: StatesEngineSection = Field(default_factory=lambda: StatesEngineSection(),
                                                description="train.states_from: vllm: how vLLM spreads the target")
+    states_endpoint: StatesEndpointSection = Field(default_factory=lambda: StatesEndpointSection(),
+                                                   description="train.states_from: endpoint: the server and the folder")
     states_buffer_mib: float = key(64, "train.mode: streamed: MiB of states held at once (fp16, rows of data.seq_len "
                                    "tokens); the engine extracts this many rows' worth at a time", gt=0, le=BIG)
     epochs: float = key(3.0, "passes over the training rows", gt=0, le=1000)
@@ -415,6 +427,9 @@ class BuildConfig(Section):
             raise ValueError("quantize.kv_cache needs a quantize.format other than 'none'")
         if self.serve.decoding == "draft_target" and not self.serve.draft_model:
             raise ValueError("serve.decoding=draft_target needs serve.draft_model")
+        if self.train.mode == "online" and self.train.states_from != "hf":
+            raise ValueError(f"train.mode: online runs the target in every training step; train.states_from: "
+                             f"{self.train.states_from} hands states to offline or streamed training")
         if self.train.mode == "streamed" and self.train.states_from == "hf":
             raise ValueError("train.mode: streamed reads states from an engine (set train.states_from: vllm); with the "
                              "HF forward in the training process, train.mode: online is the streamed form")

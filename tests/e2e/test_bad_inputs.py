@@ -411,6 +411,11 @@ def case_states_vllm_missing(tmp, model, mp):
     return build(tmp, config(tmp, model), "--set", "train.states_from=vllm")
 
 
+def case_states_endpoint_down(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "train.states_from=endpoint", "--set", "train.mode=streamed",
+                 "--set", "train.states_endpoint.url=http://127.0.0.1:9", "--set", "train.states_endpoint.retries=0")
+
+
 def case_states_buffer_too_small(tmp, model, mp):
     return build(tmp, config(tmp, model), "--set", "train.states_from=vllm", "--set", "train.mode=streamed",
                  "--set", "train.states_buffer_mib=0.001")
@@ -709,6 +714,8 @@ CASES = [
     Case("train-streamed-from-hf", case_streamed_from_hf, 2, r"train\.mode: streamed reads states from an engine \(set train\.states_from: vllm\)"),
     Case("train-states-vllm-family", case_states_vllm_family, 2, r"train\.states_from: vllm cannot extract this target's states: mixtral: vLLM 0\.32's mixtral\.py does not implement SupportsEagle3", "train", before_data=True),
     Case("train-states-vllm-missing", case_states_vllm_missing, 3, r"train\.states_from: vllm needs vLLM", "train", before_data=True),
+    Case("train-states-endpoint-down", case_states_endpoint_down, 2,
+         r"cannot reach train\.states_endpoint \(http://127\.0\.0\.1:9\): .*Connection refused", "train"),
     Case("train-states-buffer-too-small", case_states_buffer_too_small, 2, r"train\.states_buffer_mib 0\.001 holds 0 rows of 32 tokens, fewer than one batch \(4\)", "train", before_data=True),
     Case("config-not-finite", case_config_not_finite, 2, r"'train\.epochs': Input should be a finite number"),
     Case("config-seed-too-large", case_config_seed_too_large, 2, r"'seed': Input should be less than or equal to 4294967295"),

@@ -95,3 +95,67 @@ def test_the_trainer_holds_no_target_layer_when_vllm_computes_the_states(tmp_pat
                for name, tag in (("hf", ""), ("vllm", "vllm-"))}
     assert [a["input_ids"].tolist() for a in answers["vllm"]] == [a["input_ids"].tolist() for a in answers["hf"]]
     assert abs(vllm["AL@3"] - hf["AL@3"]) <= 0.1, (vllm["AL@3"], hf["AL@3"])
+
+
+def test_a_draft_trained_on_states_from_a_vllm_server_it_was_launched_for(tmp_path):
+    """train.states_from: endpoint, as a user runs it: convert, `trtspec states-server` prints the launch line, the
+    server started by that very line (vLLM's OpenAI server with the extraction, on a CPU trtspec's connector), then the
+    build trains on its states (streamed) and its greedy answers, holding no decoder layer of the target; every file the
+    server wrote is read and deleted."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    port = free_port()
+    folder = tmp_path / "shared"
+    run = tmp_path / "run"
+    base = [sys.executable, "-m", "trtspec.cli"]
+    sets = ["--set", "model.source=tiny:llama3", "--set", "train.states_from=endpoint", "--set", "train.mode=streamed",
+            "--set", f"train.states_endpoint.url=http://127.0.0.1:{port}", "--set", f"train.states_endpoint.folder={folder}"]
+    recipe = str(root / "build_configs" / "tiny-families.yaml")
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        proc = subprocess.run([*base, *args], capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc
+
+    cli("build", recipe, "--out", str(run), "--until", "convert", *sets)
+    line = json.loads(cli("states-server", recipe, "--out", str(run), "--json", *sets).stdout)["launch"]
+    assert f"--port {port}" in line and str(folder) in line and "extract_hidden_states" in line
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    with (tmp_path / "server.log").open("w") as log:
+        server = subprocess.Popen(["bash", "-c", line], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while True:
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5).read()
+                break
+            except OSError:
+                assert time.time() < deadline, "the states server did not start"
+                time.sleep(2)
+        cli("build", recipe, "--out", str(run), "--until", "train", *sets)
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(60)
+    m = json.loads((run / "train" / "manifest.json").read_text())["metrics"]
+    assert m["states"]["from"] == "endpoint" and m["states"]["rows_extracted"] > 0
+    assert m["target_in_trainer"]["decoder_layers"] == 0 and m["AL@3"] >= 1.0
+    assert not list(folder.glob("*.safetensors")), "every states file the server wrote was read and deleted"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

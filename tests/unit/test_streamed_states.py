@@ -4,6 +4,7 @@ than a window held, every epoch extracted again; a run resumed mid-epoch extract
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from trtspec.training.states import StreamedStates, window_rows
@@ -118,3 +119,30 @@ def test_an_unwritable_states_folder_and_aux_layers_past_the_target_are_refused(
         states.load()
     with pytest.raises(ConfigError, match=r"aux layers \[3\] are not inside the target's 4 layers"):
         VllmStates(tmp_path, [0, 3], 4, torch.nn.Identity(), tmp_path / "s", "float32", 64)
+
+
+def test_the_states_servers_launch_line_and_its_absence_in_one_line(tmp_path):
+    """train.states_from: endpoint: the launch line names the draft's layer ids, the folder and the port (the reference
+    connector on a GPU, trtspec's plain-copy one and the CPU build's variables on a CPU); a server that does not answer
+    is one line whose hint is that launch line; a file the server reported but never wrote is one line naming the
+    folder setting."""
+    import torch
+
+    from trtspec.config import StatesEndpointSection
+    from trtspec.errors import DataError
+    from trtspec.training.engine_states import EndpointStates, launch_line, wait_written
+
+    cpu = launch_line("/models/t", "float32", 200, [2, 3, 5], str(tmp_path), gpu=False, port=9)
+    assert cpu.startswith("VLLM_CPU_KVCACHE_SPACE=") and "--port 9 " in cpu and "--enforce-eager" in cpu
+    assert '"eagle_aux_hidden_state_layer_ids": [2, 3, 5]' in cpu and "CPUHiddenStatesConnector" in cpu and str(tmp_path) in cpu
+    gpu = launch_line("/models/t", "bfloat16", 200, [2, 3, 5], "/shared", gpu=True, engine_args={"tensor_parallel_size": 4,
+                                                                                                "enable_expert_parallel": True})
+    assert gpu.startswith("python -m vllm.entrypoints.openai.api_server --model /models/t")
+    assert "ExampleHiddenStatesConnector" in gpu and "--tensor-parallel-size 4 --enable-expert-parallel" in gpu
+    source = EndpointStates(StatesEndpointSection(url="http://127.0.0.1:9", retries=0), [1, 2], 5, torch.nn.Identity(), cpu)
+    with pytest.raises(DataError, match=r"^cannot reach train.states_endpoint \(http://127.0.0.1:9\)") as e:
+        source.check(None, 100)
+    assert e.value.hint == f"start it: {cpu}"
+    with pytest.raises(DataError, match="did not appear within 0 s") as e:
+        wait_written(tmp_path / "never.safetensors", 0.2, cpu)
+    assert "train.states_endpoint.folder" in e.value.hint

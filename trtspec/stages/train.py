@@ -62,10 +62,10 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     from trtspec.targets import text_config
 
     check_trainer_api()
-    if cfg.train.states_from == "vllm" and cfg.train.mode != "online":
+    if cfg.train.states_from != "hf":
         from trtspec.training.engine_states import check_engine_states
 
-        check_engine_states(model_config)
+        check_engine_states(model_config, cfg.train.states_from)
     if cfg.train.mode == "streamed":  # with the fewest aux layers a draft reads (1): only budgets surely too small
         check_buffer_holds_a_batch(cfg.train, cfg.data.seq_len, text_config(model_config).hidden_size, 1)
     for b in sorted(cfg.eval.context_bins or []):
@@ -212,13 +212,28 @@ def heldout_context_sets(ctx: StageContext, base: Any, tok: Any, aux_layers: lis
 
 
 def states_source(ctx: StageContext, base: Any, aux_layers: list[int], target_dir: Path) -> Any:
-    """Where the target's states come from (train.states_from): the HF forward here, or vLLM serving the target."""
+    """Where the target's states come from (train.states_from): the HF forward here, vLLM serving the target in this
+    process, or a states server (checked before anything else runs against it)."""
     from trtspec.models import use_bf16
-    from trtspec.training.engine_states import VllmStates, final_norm, target_dtype_for_states
+    from trtspec.training.engine_states import (
+        EndpointStates,
+        VllmStates,
+        final_norm,
+        server_launch_line,
+        target_dtype_for_states,
+    )
 
     bf16 = use_bf16(ctx.cfg.model.build_dtype)
     if ctx.cfg.train.states_from == "hf":
         return HFStates(base, aux_layers, bf16)
+    if ctx.cfg.train.states_from == "endpoint":
+        layers = base.config.num_orig_hidden_layers
+        launch = server_launch_line(ctx.cfg, ctx.model_path, aux_layers, layers)
+        source = EndpointStates(ctx.cfg.train.states_endpoint, aux_layers, layers, final_norm(base), launch)
+        from trtspec.models import load_tokenizer
+
+        source.check(load_tokenizer(ctx.model_path), ctx.cfg.data.seq_len + ctx.cfg.data.max_new_tokens)
+        return source
     return VllmStates(ctx.model_path, aux_layers, base.config.num_orig_hidden_layers, final_norm(base),
                       target_dir / f"vllm-rank{ranks.rank()}", target_dtype_for_states(bf16, ctx.model_path),
                       ctx.cfg.data.seq_len + 8, engine_args=ctx.cfg.train.states_engine.engine_args())
@@ -243,11 +258,11 @@ def target_states(ctx: StageContext, source: Any, base: Any, tokens: dict, aux_l
 
 
 def engine_target(ctx: StageContext, tok: Any, source: Any) -> Any:
-    """The held-out answers and states from the engine (training.engine_states.EngineTarget), in the dtype it
-    extracts in."""
+    """The held-out answers and states from the engine (training.engine_states.EngineTarget): the source's own
+    answers (the states server's, or vLLM's offline engine in the dtype it extracts in)."""
     from trtspec.training.engine_states import EngineTarget
 
-    return EngineTarget(ctx.model_path, source.engine_args["dtype"], source, {tok.eos_token_id})
+    return EngineTarget(source.answers, source, {tok.eos_token_id})
 
 
 def target_in_trainer(base: Any) -> dict:
