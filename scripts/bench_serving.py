@@ -39,7 +39,7 @@ def heldout_prompts(run: Path) -> list[str]:
 
 
 def main() -> int:
-    from trtspec.deploy.serving import read_options
+    from trtspec.engines import read_options
 
     ap = arg_parser(__doc__)
     ap.add_argument("run", type=Path, help="a trtspec run directory with a finished export (its bundle/)")

@@ -131,6 +131,18 @@ class DraftFamily(Protocol):
 FAMILIES: dict[str, str] = {"eagle3": "trtspec.eagle.family:EAGLE3", "dflash": "trtspec.dflash.family:DFLASH"}
 
 
+def served_family(spec: dict) -> DraftFamily:
+    """The draft family a bundle's LLM-API speculative_config serves (DraftFamily.vllm_methods' keys)."""
+    from trtspec.errors import ArtifactError
+
+    kind = spec.get("decoding_type")
+    for method in FAMILIES:
+        if kind in (fam := family(method)).vllm_methods:
+            return fam
+    raise ArtifactError(f"the bundle's speculative_config serves decoding_type {kind}, which no draft family of trtspec "
+                        "serves", "export the bundle again with this trtspec")
+
+
 def family(method: str) -> DraftFamily:
     """The family of draft.method."""
     module, name = FAMILIES[method].split(":")

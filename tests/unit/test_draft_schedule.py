@@ -11,7 +11,7 @@ from trtllm_helpers import fake_trtllm, make_bundle, make_cfg  # noqa: F401 - fi
 
 from trtspec.artifacts import RunDir, output_fingerprint
 from trtspec.config import config_from_dict
-from trtspec.deploy.serving import llm_api_options, vllm_speculative_config, write_triton_repo
+from trtspec.deploy.serving import llm_api_options, write_triton_repo
 from trtspec.draft_schedule import (
     SWEEP_FILE,
     best_lengths,
@@ -21,6 +21,7 @@ from trtspec.draft_schedule import (
     trtllm_tiers,
     vllm_ranges,
 )
+from trtspec.engines.vllm import from_options as vllm_speculative_config
 from trtspec.engines.vllm.sweep import vouch_for_sweep
 from trtspec.errors import ConfigError
 

@@ -127,8 +127,8 @@ def test_suffix_drafting_options(tmp_path, fake_trtllm):  # noqa: F811
     = draft.suffix_min_match); serve.decoding suffix: SA alone, which vLLM serves as method suffix. Both build the
     installed release's strict classes."""
     fake_trtllm("1.3.0.dev")
-    from trtspec.deploy.serving import vllm_speculative_config
     from trtspec.engines import trtllm
+    from trtspec.engines.vllm import from_options as vllm_speculative_config
 
     cfg = make_cfg(tmp_path, draft={"suffix_len": 8, "suffix_min_match": 5})
     spec = llm_api_options(cfg)["speculative_config"]
@@ -250,8 +250,9 @@ def test_dflash_options_build_the_installed_config_class(tmp_path, fake_trtllm):
     the draft's dflash_config), which builds the installed release's DFlashDecodingConfig; vLLM serves it as method
     dflash; a release without DFlash refuses the bundle with one line naming the decoding type."""
     fake_trtllm("1.3.0.dev")
-    from trtspec.deploy.serving import drafting_options, vllm_speculative_config
+    from trtspec.deploy.serving import drafting_options
     from trtspec.engines import trtllm
+    from trtspec.engines.vllm import from_options as vllm_speculative_config
 
     cfg = make_cfg(tmp_path, draft={"method": "dflash", "length": 7})
     opts = llm_api_options(cfg)
@@ -278,8 +279,9 @@ def test_dspark_options_build_the_installed_config_class(tmp_path, fake_trtllm):
     serves it as method dspark (its snippet says the CPU build refuses it); SGLang as algorithm DSPARK, verifying
     gamma + 1 = block_size + 1 tokens a step (its speculative_hook refuses any other --speculative-num-draft-tokens)."""
     fake_trtllm("1.3.0.dev")
-    from trtspec.deploy.serving import drafting_options, vllm_speculative_config
+    from trtspec.deploy.serving import drafting_options
     from trtspec.engines import trtllm
+    from trtspec.engines.vllm import from_options as vllm_speculative_config
 
     cfg = make_cfg(tmp_path, draft={"method": "dflash", "length": 4}, dflash={"projector": "dspark", "block_size": 4})
     opts = llm_api_options(cfg)

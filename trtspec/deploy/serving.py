@@ -19,16 +19,15 @@ import yaml
 from trtspec.deploy.compat import ENGINES_CHECKED, vllm_aux_ids
 from trtspec.draft_schedule import (
     SWEEP_FILE,
-    from_trtllm_tiers,
     schedule_problem,
     with_schedule_trtllm,
-    with_schedule_vllm,
 )
+from trtspec.engines import OPTIONS_FILE, read_options
+from trtspec.engines import vllm as vllm_engine
 from trtspec.engines.measured import provenance
 from trtspec.errors import ArtifactError
-from trtspec.families import FAMILIES, family
+from trtspec.families import family, served_family
 
-OPTIONS_FILE = "llm_api_options.yaml"
 TRITON_MARKER = "trtspec-triton.json"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"  # any tag whose TensorRT-LLM is >= 1.0
 
@@ -109,19 +108,6 @@ def llm_api_options(cfg, draft_rel: str = "./draft", info: dict | None = None, d
         "tensor_parallel_size": s.tensor_parallel_size,
         "max_batch_size": s.max_batch_size,
     }
-
-
-def read_options(bundle_dir: Path) -> dict:
-    p = Path(bundle_dir) / OPTIONS_FILE
-    try:
-        opts = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise ArtifactError(f"'{p}' is missing", "re-run the export stage") from None
-    except yaml.YAMLError:
-        raise ArtifactError(f"'{p}' is not valid YAML", "re-run the export stage") from None
-    if not isinstance(opts, dict) or "speculative_config" not in opts:
-        raise ArtifactError(f"'{p}' has no speculative_config", "re-run the export stage")
-    return opts
 
 
 # --- file writers ---------------------------------------------------------------------------------
@@ -248,27 +234,6 @@ def _script(path: Path, text: str) -> Path:
     return path
 
 
-def served_family(spec: dict) -> Any:
-    """The draft family a bundle's LLM-API speculative_config serves (DraftFamily.vllm_methods' keys)."""
-    kind = spec.get("decoding_type")
-    for method in FAMILIES:
-        if kind in (fam := family(method)).vllm_methods:
-            return fam
-    raise ArtifactError(f"the bundle's speculative_config serves decoding_type {kind}, which no draft family of trtspec "
-                        "serves", "export the bundle again with this trtspec")
-
-
-def vllm_speculative_config(options: dict, draft: str = "./draft") -> dict:
-    """vLLM's `speculative_config` for the bundle's draft (the aux layers come from the draft's config.json), or for
-    suffix decoding alone. vLLM serves one method at a time: no suffix matching in front of EAGLE-3."""
-    spec = options["speculative_config"]
-    if spec.get("decoding_type") == "SA":
-        return {"method": "suffix", "num_speculative_tokens": spec["max_draft_len"]}
-    method = served_family(spec).vllm_methods[spec["decoding_type"]]
-    vllm = {"method": method, "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
-    return with_schedule_vllm(vllm, from_trtllm_tiers(spec["draft_len_schedule"])) if spec.get("draft_len_schedule") else vllm
-
-
 def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[str] = frozenset(),
                    variant: dict | None = None) -> list[Path]:
     """vllm.sh, sglang.sh and speculators.sh, less those of the engines in `skip` (which cannot load the draft).
@@ -279,7 +244,7 @@ def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[s
     aux = spec.get("eagle3_layers_to_capture")
     kwargs = json.dumps({**({"eagle_aux_hidden_state_layer_ids": vllm_aux_ids(aux)} if aux else {}), **(variant or {})})
     fam, kind = served_family(spec), spec["decoding_type"]
-    vllm_sh = VLLM_SH.format(tp=tp, dtype=dtype, spec=json.dumps(vllm_speculative_config(options)), checked=ENGINES_CHECKED["vLLM"])
+    vllm_sh = VLLM_SH.format(tp=tp, dtype=dtype, spec=json.dumps(vllm_engine.from_options(options)), checked=ENGINES_CHECKED["vLLM"])
     vllm_sh = vllm_sh.replace("set -euo pipefail", fam.vllm_note(kind) + "set -euo pipefail", 1)
     scripts = {
         "vLLM": ("vllm.sh", vllm_sh),

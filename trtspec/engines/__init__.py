@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from trtspec.engines import sglang, trtllm, vllm
+from trtspec.errors import ArtifactError
+
+OPTIONS_FILE = "llm_api_options.yaml"  # the bundle's launch options, TensorRT-LLM's LLM-API form, which every engine reads
 
 
 class Engine(Protocol):
@@ -38,6 +41,22 @@ class Engine(Protocol):
 
 
 ENGINES: dict[str, Engine] = {"trtllm": trtllm, "vllm": vllm, "sglang": sglang}  # type: ignore[dict-item]
+
+
+def read_options(bundle_dir: Path) -> dict:
+    """The bundle's launch options (OPTIONS_FILE), refused in one line when missing or not the export's."""
+    import yaml
+
+    p = Path(bundle_dir) / OPTIONS_FILE
+    try:
+        opts = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ArtifactError(f"'{p}' is missing", "re-run the export stage") from None
+    except yaml.YAMLError:
+        raise ArtifactError(f"'{p}' is not valid YAML", "re-run the export stage") from None
+    if not isinstance(opts, dict) or "speculative_config" not in opts:
+        raise ArtifactError(f"'{p}' has no speculative_config", "re-run the export stage")
+    return opts
 
 
 def engine(name: str) -> Engine:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from trtspec import engines
 from trtspec.chat import encode_prompt
-from trtspec.deploy.serving import llm_api_options, read_options, speculative_options
+from trtspec.deploy.serving import llm_api_options, speculative_options
+from trtspec.engines import read_options
 from trtspec.errors import ArtifactError
 from trtspec.generation import compare, hf_reference
 from trtspec.models import resolve_model

@@ -236,7 +236,8 @@ def states_source(ctx: StageContext, base: Any, aux_layers: list[int], target_di
         return source
     return VllmStates(ctx.model_path, aux_layers, base.config.num_orig_hidden_layers, final_norm(base),
                       target_dir / f"vllm-rank{ranks.rank()}", target_dtype_for_states(bf16, ctx.model_path),
-                      ctx.cfg.data.seq_len + 8, engine_args=ctx.cfg.train.states_engine.engine_args())
+                      ctx.cfg.data.seq_len + ctx.cfg.data.max_new_tokens + 8,  # the held-out prompts and answers too
+                      engine_args=ctx.cfg.train.states_engine.engine_args())
 
 
 def target_states(ctx: StageContext, source: Any, base: Any, tokens: dict, aux_layers: list[int], target_dir: Path) -> Any:

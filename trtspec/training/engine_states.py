@@ -195,10 +195,21 @@ class VllmStates(ExtractedStates):
         return [self.read(p, r) for p, r in zip(paths, rows, strict=True)]
 
     def answers(self, prompts: list[list[int]], max_new: int, eos: set[int], temperature: float = 0.0) -> Any:
-        """Greedy answers from vLLM's offline engine in the dtype this source extracts in (trtspec.answering)."""
-        from trtspec.answering import answer_vllm
+        """Greedy answers from the extraction's own engine (one engine for answers and states: it generates as the
+        target does, greedy equal to HF's, tests/interop/test_engine_states.py); the states file it writes for each
+        is deleted."""
+        from trtspec.engines import vllm as vllm_engine
+        from trtspec.generation import cut_after_eos
 
-        return answer_vllm(Path(self.engine_args["model"]), self.engine_args["dtype"], prompts, max_new, eos, temperature)
+        if self.llm is None:
+            self.llm = self.load()
+        outs = vllm_engine.submit(self.llm, [[int(t) for t in p] for p in prompts], max_new, temperature, sorted(eos))
+        paths = [Path(o.kv_transfer_params["hidden_states_path"]) for o in outs if o.kv_transfer_params]
+        self.flush(paths)
+        for p in paths:
+            p.unlink()
+            Path(str(p) + ".lock").unlink(missing_ok=True)
+        return enumerate(cut_after_eos(a, eos) for a in vllm_engine.answer_ids(outs))
 
     def flush(self, paths: list[Path]) -> None:
         """In one process, vLLM writes a finished request's states on its next scheduler step: step it until every

@@ -310,10 +310,23 @@ def measure(target: Path, engines: dict[str, tuple[Path | None, dict[int, int] |
 # --- the engine interface (trtspec.engines): describe, run_bundle, report_options --------------------
 
 
-def report_options(options: dict) -> dict:
-    from trtspec.deploy.serving import vllm_speculative_config
+def from_options(options: dict, draft: str = "./draft") -> dict:
+    """vLLM's `speculative_config` for the bundle's draft from its launch options (the aux layers come from the
+    draft's config.json; a draft length per batch size read back from TensorRT-LLM's form), or for suffix decoding
+    alone. vLLM serves one method at a time: no suffix matching in front of EAGLE-3."""
+    from trtspec.draft_schedule import from_trtllm_tiers, with_schedule_vllm
+    from trtspec.families import served_family
 
-    return {"vllm_speculative_config": vllm_speculative_config(options)}
+    spec = options["speculative_config"]
+    if spec.get("decoding_type") == "SA":
+        return {"method": "suffix", "num_speculative_tokens": spec["max_draft_len"]}
+    method = served_family(spec).vllm_methods[spec["decoding_type"]]
+    vllm = {"method": method, "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
+    return with_schedule_vllm(vllm, from_trtllm_tiers(spec["draft_len_schedule"])) if spec.get("draft_len_schedule") else vllm
+
+
+def report_options(options: dict) -> dict:
+    return {"vllm_speculative_config": from_options(options)}
 
 
 def describe(options: dict) -> str:

@@ -98,11 +98,11 @@ def write_prompts(texts: list[str], out: Path) -> int:
 def speculative_config(bundle: Path, k: int, schedule: dict[int, int] | None = None) -> dict | None:
     """vLLM's speculative_config drafting k tokens with the bundle's draft, or schedule's length per batch size (k
     = schedule[1]); None for k = 0 (no draft)."""
-    from trtspec.deploy.serving import read_options, vllm_speculative_config
+    from trtspec.engines import read_options
 
     if not k:
         return None
-    spec = vllm_speculative_config(read_options(bundle), str(bundle / "draft"))
+    spec = vllm_engine.from_options(read_options(bundle), str(bundle / "draft"))
     spec.pop("num_speculative_tokens_per_batch_size", None)
     spec["num_speculative_tokens"] = k
     return with_schedule_vllm(spec, schedule) if schedule else spec
