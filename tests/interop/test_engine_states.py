@@ -100,8 +100,8 @@ def test_the_trainer_holds_no_target_layer_when_vllm_computes_the_states(tmp_pat
 def test_a_draft_trained_on_states_from_a_vllm_server_it_was_launched_for(tmp_path):
     """train.states_from: endpoint, as a user runs it: convert, `trtspec states-server` prints the launch line, the
     server started by that very line (vLLM's OpenAI server with the extraction, on a CPU trtspec's connector), then the
-    build trains on its states (streamed) and its greedy answers, holding no decoder layer of the target; every file the
-    server wrote is read and deleted."""
+    build trains on its states (streamed) and its greedy answers in two processes (torchrun), each fetching only the
+    rows it reads, holding no decoder layer of the target; every file the server wrote is read and deleted."""
     import json
     import os
     import signal
@@ -117,11 +117,12 @@ def test_a_draft_trained_on_states_from_a_vllm_server_it_was_launched_for(tmp_pa
     run = tmp_path / "run"
     base = [sys.executable, "-m", "trtspec.cli"]
     sets = ["--set", "model.source=tiny:llama3", "--set", "train.states_from=endpoint", "--set", "train.mode=streamed",
+            "--set", "train.batch_size=2",
             "--set", f"train.states_endpoint.url=http://127.0.0.1:{port}", "--set", f"train.states_endpoint.folder={folder}"]
     recipe = str(root / "build_configs" / "tiny-families.yaml")
 
-    def cli(*args: str) -> subprocess.CompletedProcess:
-        proc = subprocess.run([*base, *args], capture_output=True, text=True, timeout=900)
+    def cli(*args: str, launcher: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        proc = subprocess.run([*(launcher or base), *args], capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc
 
@@ -142,13 +143,16 @@ def test_a_draft_trained_on_states_from_a_vllm_server_it_was_launched_for(tmp_pa
             except OSError:
                 assert time.time() < deadline, "the states server did not start"
                 time.sleep(2)
-        cli("build", recipe, "--out", str(run), "--until", "train", *sets)
+        two = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "trtspec.cli")
+        cli("build", recipe, "--out", str(run), "--until", "train", *sets, launcher=two)
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(60)
     m = json.loads((run / "train" / "manifest.json").read_text())["metrics"]
-    assert m["states"]["from"] == "endpoint" and m["states"]["rows_extracted"] > 0
+    assert m["states"]["from"] == "endpoint" and m["world_size"] == 2
+    # rank 0 reads half of each step's 4 rows; it extracts those (and a batch wrapped round at an epoch's end), not all
+    assert m["steps"] * 2 <= m["states"]["rows_extracted"] < m["steps"] * 3, (m["steps"], m["states"])
     assert m["target_in_trainer"]["decoder_layers"] == 0 and m["AL@3"] >= 1.0
     assert not list(folder.glob("*.safetensors")), "every states file the server wrote was read and deleted"
 

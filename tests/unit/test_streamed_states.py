@@ -146,3 +146,26 @@ def test_the_states_servers_launch_line_and_its_absence_in_one_line(tmp_path):
     with pytest.raises(DataError, match="did not appear within 0 s") as e:
         wait_written(tmp_path / "never.safetensors", 0.2, cpu)
     assert "train.states_endpoint.folder" in e.value.hint
+
+
+def test_each_rank_extracts_only_the_rows_accelerate_deals_it():
+    """Two processes: accelerate deals the sampler's batches in turn (BatchSamplerShard); each rank's streamed states
+    extract exactly the rows that rank reads (with 11 batches, the second rank's last batch wraps round to the first
+    rows: those are read, and extracted, on both), not every rank all the rows."""
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler
+
+    tok = tokens(n=22)
+    extracted, read = [], []
+    for rank in range(2):
+        src = CountingSource()
+        states = StreamedStates(src, tok, window=5)
+        ds = HeadDataset(tok, states)
+        sampler = LengthGroupedEpochSampler(ds.lengths, 4, seed=1)
+        states.follow(sampler.order, 2, 2, rank)
+        read.append([i for batch in BatchSamplerShard(BatchSampler(sampler, 2, drop_last=False), 2, rank) for i in batch])
+        for i in read[-1]:
+            assert int(ds[i]["aux_hidden_states"][0, 0]) == 1000 + i
+        extracted.append(sorted(r - 1000 for call in src.calls for r in call))
+        assert extracted[-1] == sorted(read[-1]) and not states.buffer
+    assert set(extracted[0]) | set(extracted[1]) == set(range(22)) and len(extracted[0]) + len(extracted[1]) == 24

@@ -127,8 +127,10 @@ class StreamedStates:
         self.order: Any = None  # () -> the rows in the order the trainer reads them this epoch
         self.stats = {"rows_extracted": 0, "windows": 0, "peak_buffer_bytes": 0}
 
-    def follow(self, order: Any) -> None:
-        self.order = order
+    def follow(self, order: Any, batch_size: int = 1, world: int = 1, rank: int = 0) -> None:
+        """order: () -> this epoch's rows in the order the trainer reads them. With several processes each reads the
+        batches of `batch_size` rows dealt to it in turn (accelerate's BatchSamplerShard), and extracts those only."""
+        self.order = order if world == 1 else lambda: rank_share(order(), batch_size, world, rank)
 
     def row(self, i: int, n: int) -> tuple[Any, Any]:
         if i not in self.buffer:
@@ -138,7 +140,7 @@ class StreamedStates:
 
     def fill_from(self, i: int) -> None:
         order = list(self.order()) if self.order else [i]
-        at = order.index(i) if i in order else 0
+        at = order.index(i) if i in order else len(order)  # a row out of order (a last batch wrapped round): alone
         wanted = [r for r in dict.fromkeys([i] + order[at : at + self.window]) if r not in self.buffer][: self.window]
         for r, states in zip(wanted, self.source.extract([self.tokens["input_ids"][r, : self.lengths[r]] for r in wanted]),
                              strict=True):
@@ -155,6 +157,11 @@ class StreamedStates:
 
     def close(self) -> None:
         self.source.close()
+
+
+def rank_share(order: list[int], batch_size: int, world: int, rank: int) -> list[int]:
+    """The rows one of `world` processes reads, in order: batch b of `order` goes to process b % world."""
+    return [r for b in range(rank, -(-len(order) // batch_size), world) for r in order[b * batch_size : (b + 1) * batch_size]]
 
 
 def window_rows(budget_mib: float, seq_len: int, hidden: int, aux: int) -> int:

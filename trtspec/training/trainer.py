@@ -170,8 +170,8 @@ def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: A
             ds = train_dataset or self.train_dataset
             step_rows = self.args.train_batch_size * self.args.gradient_accumulation_steps * self.args.world_size
             sampler = LengthGroupedEpochSampler(ds.lengths, step_rows, self.args.seed)
-            if hasattr(ds.states, "follow"):  # streamed states: extracted in the order the rows are read
-                ds.states.follow(sampler.order)
+            if hasattr(ds.states, "follow"):  # streamed states: each rank extracts the rows it reads, in that order
+                ds.states.follow(sampler.order, self.args.train_batch_size, self.args.world_size, self.args.process_index)
             return sampler
 
         def _save(self, output_dir=None, state_dict=None):
