@@ -91,6 +91,32 @@ def check_sweep(cfg: BuildConfig) -> None:
                           "set engine.backend: vllm, or engine.sweep: null")
     if cfg.engine.sweep_method == "aiperf":
         find_aiperf()
+    check_sweep_memory(cfg)
+
+
+def check_sweep_memory(cfg: BuildConfig) -> None:
+    """A sweep holds every draft length's engine at once (in this process, or as servers beside it): on a CPU, refused
+    in one line when the memory free now cannot hold them, before any stage runs (a GPU's engines size themselves)."""
+    import torch
+
+    from trtspec.engines import vllm as vllm_engine
+    from trtspec.errors import ConfigError
+    from trtspec.models import resolve_model
+    from trtspec.runtime.kernels import available_memory_mb
+
+    free_mb = available_memory_mb()
+    if torch.cuda.is_available() or free_mb is None:
+        return
+    e, target = cfg.engine, resolve_model(cfg.model.source)
+    engines = len(set(e.sweep_draft_lengths or range(cfg.draft.length + 1)))
+    kv = vllm_engine.kv_cache_gib_for(target, max(e.sweep) * (e.sweep_max_tokens + 64 + cfg.draft.length))
+    need = vllm_engine.engines_memory_gib(target, engines, kv)
+    if need > free_mb / 1024:
+        raise ConfigError(f"engine.sweep loads {engines} vLLM engines of the target at once, about {need} GiB (weights, "
+                          f"{kv} GiB of KV cache and vLLM's own ~{vllm_engine.ENGINE_OWN_GIB} GiB each), more than the "
+                          f"{free_mb / 1024:.1f} GiB free here",
+                          "sweep fewer draft lengths (engine.sweep_draft_lengths), lower concurrencies (engine.sweep), "
+                          "or run the sweep on a machine with more memory")
 
 
 def environment_key() -> dict:

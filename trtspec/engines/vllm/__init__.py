@@ -165,6 +165,16 @@ def kv_cache_gib_for(target: Path, tokens: int, draft_layers: int = 1) -> float:
     return max(0.5, round(1.5 * per_token * tokens / 2**30, 2))
 
 
+ENGINE_OWN_GIB = 1.0  # vLLM's own memory per engine on a CPU beyond weights and KV cache (five demo engines: 10.45 GiB)
+
+
+def engines_memory_gib(target: Path, engines: int, kv_cache_gib: float) -> float:
+    """RAM that `engines` vLLM engines of the target hold together on a CPU: each its weights (the checkpoint's size
+    on disk), its KV cache and vLLM's own."""
+    weights = sum(p.stat().st_size for p in Path(target).glob("*.safetensors")) / 2**30
+    return round(engines * (weights + kv_cache_gib + ENGINE_OWN_GIB), 1)
+
+
 def submit(llm: Any, prompts: list[list[int]], max_tokens: int, temperature: float = 0.0,
            stop_ids: list[int] | None = None) -> list[Any]:
     """vLLM's RequestOutputs for prompts given as token ids, submitted together (vLLM batches them); greedy at
