@@ -90,9 +90,13 @@ def _build(config, out, overrides, start, until, force, as_json, stage_command: 
 
     cfg = load_config(config, overrides)
     if check:
+        from trtspec import resources
+
         stages = check_build(cfg, out, start=start, until=until, force=force)
-        click.echo(json.dumps({"ok": True, "would_run": stages}) if as_json else
-                   f"config, inputs and model checked; would run: {', '.join(stages) or 'nothing (all finished)'}")
+        est = resources.estimate(cfg, Path(out))
+        click.echo(json.dumps({"ok": True, "would_run": stages, "resources": est}) if as_json else
+                   "\n".join([f"config, inputs and model checked; would run: {', '.join(stages) or 'nothing (all finished)'}",
+                              *resources.lines(est)]))
         return
     if not ranks.is_main():  # a multi-process launch: rank 0 runs the build, this rank joins its training
         follow_build(cfg)

@@ -215,5 +215,15 @@ def test_check_runs_no_stage_and_writes_nothing(walk_config):
     run = walk_config.parent / "run"
     result = CliRunner().invoke(main, ["build", str(walk_config), "--out", str(run), "--check", "--json", "--until", "train"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output.splitlines()[-1]) == {"ok": True, "would_run": ["data", "convert", "train"]}
+    out = json.loads(result.output.splitlines()[-1])
+    assert (out["ok"], out["would_run"]) == (True, ["data", "convert", "train"])
+    # what the build will take: the target's checkpoint, the rows the sources hold, their offline states (fp16)
+    from trtspec.config import load_config
+    from trtspec.models import resolve_model
+
+    cfg, est = load_config(walk_config), out["resources"]
+    weights = sum(p.stat().st_size for p in resolve_model(cfg.model.source).glob("*.safetensors")) / 2**30
+    assert est["target_weights_gib"] == round(weights, 2) and est["trainer_loads"] == "the whole target"
+    assert est["free_memory_gib"] > 0 and est["free_disk_gib"] > 0
+    assert est["training_rows"] is None or (est["training_rows"] >= 1 and est["states_gib"] >= 0)
     assert not run.exists()
