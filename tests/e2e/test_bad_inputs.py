@@ -691,7 +691,7 @@ CASES = [
     Case("data-context-past-window", case_data_context_past_window, 2, r"data\.context_tokens 2000: with data\.max_new_tokens 160 it needs 2160 tokens, more than the target's window of 1024", "data", before_data=True),
     Case("data-context-past-seq-len", case_data_context_past_seq_len, 2, r"data\.context_tokens 512 with data\.max_new_tokens 160 needs data\.seq_len >= 672 \(it is 32\)"),
     Case("serve-schedule-refused", case_schedule_refused, 2, r"serve\.draft_len_schedule \{4: 3\} cannot be served: it has no entry for batch size 1"),
-    Case("engine-sweep-needs-vllm", case_sweep_needs_vllm, 2, r"engine\.sweep runs the bundle's EAGLE-3 head in vLLM .*here engine\.backend is pytorch", "engine", before_data=True),
+    Case("engine-sweep-needs-vllm", case_sweep_needs_vllm, 2, r"engine\.sweep runs the bundle's EAGLE-3 head in vLLM .*here engine\.backend is trtllm", "engine", before_data=True),
     Case("engine-sweep-longer-than-draft", case_sweep_longer_than_draft, 2, r"engine\.sweep_draft_lengths 5 is more than draft\.length 3"),
     Case("engine-sweep-without-aiperf", case_sweep_without_aiperf, 3, r"aiperf \(NVIDIA's load generator\) is not installed", "engine", before_data=True),
     Case("eval-suite-hf-offline", case_eval_suite_hf_offline, 2, r"eval\.suites\[0\] dataset 'nobody-here/no-such-suite' split 'test': the hub cannot be reached \(.*\); a local copy needs no network: a JSONL file \(kind: jsonl\), .*save_to_disk", "validate", before_data=True),
