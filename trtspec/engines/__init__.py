@@ -8,11 +8,11 @@ Each engine module (engines/trtllm, engines/vllm, engines/sglang) has:
   version()                  the installed release, or None
   refusal(target, method)    why it serves no `method` draft (eagle3, dflash, dspark) for the target folder, or None
   build_refusal(family, m)   why a build that names it as engine.backend stops before its first stage, or None
-  support_row(family)        what its sources serve for a target family (`trtspec families`, docs/families.md)
+  support_row(family)        what its sources serve for a target family (`trtspec families`, docs/engines.md)
   own_process(target)        whether a run leaves this process changed (then it runs in a spawned one)
 and, where RUNS_BUNDLE: describe(options), run_bundle(bundle, options, prompts, max_new, batch_sizes) and
-report_options(options). The options are the bundle's llm_api_options.yaml (trtspec.deploy.serving), which each
-engine reads in its own terms.
+report_options(options). The options are the bundle's llm_api_options.yaml (read_options; deploy.serving writes it),
+which each engine reads in its own terms (vLLM: vllm.from_options).
 """
 
 from __future__ import annotations
