@@ -66,6 +66,7 @@ def test_a_family_vllm_cannot_extract_from_is_refused_by_name():
         check_engine_states(config)
 
 
+@pytest.mark.full  # the default tier's states-server test trains with no target layer too
 def test_the_trainer_holds_no_target_layer_when_vllm_computes_the_states(tmp_path):
     """train.states_from: vllm, streamed: the train stage loads the target without its decoder layers (embeddings,
     final norm, output head only: Model Optimizer's offline path), its held-out greedy answers come from vLLM and
