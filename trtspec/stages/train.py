@@ -251,11 +251,16 @@ def target_states(ctx: StageContext, source: Any, base: Any, tokens: dict, aux_l
         window = check_buffer_holds_a_batch(t, tokens["input_ids"].shape[1], base.config.hidden_size, len(aux_layers))
         ctx.log(f"streaming target states from {source.name}, {window} rows at a time")
         return StreamedStates(source, tokens, window)
-    folder = target_dir / ("states" if t.states_from == "hf" else f"states-{t.states_from}")
     with ranks.main_first():
-        maps = cache_states(source, tokens, base.config.hidden_size, aux_layers, folder, ctx.log)
+        maps = cache_states(source, tokens, base.config.hidden_size, aux_layers, states_folder(target_dir, t.states_from),
+                            ctx.log)
     source.close()
     return CachedStates(maps)
+
+
+def states_folder(target_dir: Path, states_from: str) -> Path:
+    """Where the offline states of one source are cached (each source its own: their rounding differs)."""
+    return target_dir / ("states" if states_from == "hf" else f"states-{states_from}")
 
 
 def engine_target(ctx: StageContext, tok: Any, source: Any) -> Any:
@@ -354,7 +359,7 @@ def run(ctx: StageContext) -> dict:
 
     target_dir = target_states_dir(ctx, aux_layers)
     if t_cfg.mode == "offline":  # before the held-out answers and the states: minutes a full disk would waste
-        check_states_fit(target_dir / "states", tokens, base.config.hidden_size, len(aux_layers))
+        check_states_fit(states_folder(target_dir, t_cfg.states_from), tokens, base.config.hidden_size, len(aux_layers))
     source = states_source(ctx, base, aux_layers, target_dir) if t_cfg.mode != "online" else None
     engine = engine_target(ctx, tok, source) if from_engine else None
     eval_set, eval_file = heldout_eval_set(ctx, base, tok, aux_layers, target_dir, engine)
