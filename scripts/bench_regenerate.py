@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,13 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from trtspec.bench import arg_parser
+from trtspec.engines.vllm.sweep import free_port
 from trtspec.measure import timed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(model_dir: Path, dtype: str, max_len: int, log: Path) -> tuple[subprocess.Popen, str, float]:

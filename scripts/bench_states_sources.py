@@ -18,12 +18,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from trtspec.engines.vllm.sweep import free_port
 
 CLI = [sys.executable, "-m", "trtspec.cli"]
 SOURCES = {  # name -> the train section's overrides
@@ -42,12 +43,6 @@ def run(args: list[str]) -> str:
     if proc.returncode:
         sys.exit(f"{' '.join(args[:3])} failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}")
     return proc.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(line: str, log: Path) -> subprocess.Popen:

@@ -112,6 +112,8 @@ def test_a_draft_trained_on_states_from_a_vllm_server_it_was_launched_for(tmp_pa
     import urllib.request
     from pathlib import Path
 
+    from trtspec.engines.vllm.sweep import free_port
+
     root = Path(__file__).resolve().parents[2]
     port = free_port()
     folder = tmp_path / "shared"
@@ -156,11 +158,3 @@ def test_a_draft_trained_on_states_from_a_vllm_server_it_was_launched_for(tmp_pa
     assert m["steps"] * 2 <= m["states"]["rows_extracted"] < m["steps"] * 3, (m["steps"], m["states"])
     assert m["target_in_trainer"]["decoder_layers"] == 0 and m["AL@3"] >= 1.0
     assert not list(folder.glob("*.safetensors")), "every states file the server wrote was read and deleted"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

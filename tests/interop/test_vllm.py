@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -16,6 +15,7 @@ import pytest
 from vllm_harness import eos_of, vllm_run
 
 from trtspec import answering
+from trtspec.engines.vllm.sweep import free_port
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of RAM per engine: plenty for a few short prompts
@@ -93,12 +93,6 @@ def test_without_vllm_numbering_the_draft_reads_other_layers(ci_bundle, prompts,
     # greedy drafting is deterministic, so any gap is the wrong layers; how wide depends on the head (this CI head:
     # 8-12% on the machines seen; the demo head: 3%)
     assert acc["acceptance_length"] < runtime[1].acceptance_length() * 0.95
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(url: str, body: dict) -> dict:

@@ -10,7 +10,6 @@ import re
 import shutil
 import signal
 import site
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -19,6 +18,8 @@ import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from trtspec.engines.vllm.sweep import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TRITON_DIR = Path(os.environ.get("TRTSPEC_TRITONSERVER_DIR") or Path(sys.prefix) / "triton" / "pytriton" / "tritonserver")
@@ -50,12 +51,6 @@ def missing() -> str | None:
     except ImportError:
         return "tritonclient[http,grpc] is not installed (pip install -e '.[triton]')"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stub_environment() -> dict[str, str]:

@@ -211,7 +211,7 @@ def heldout_context_sets(ctx: StageContext, base: Any, tok: Any, aux_layers: lis
                                  ctx.cfg.data.max_new_tokens, ctx.log, EVAL_BATCH, engine)
 
 
-def states_source(ctx: StageContext, base: Any, aux_layers: list[int], target_dir: Path) -> Any:
+def states_source(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int], target_dir: Path) -> Any:
     """Where the target's states come from (train.states_from): the HF forward here, vLLM serving the target in this
     process, or a states server (checked before anything else runs against it)."""
     from trtspec.models import use_bf16
@@ -230,9 +230,7 @@ def states_source(ctx: StageContext, base: Any, aux_layers: list[int], target_di
         layers = base.config.num_orig_hidden_layers
         launch = server_launch_line(ctx.cfg, ctx.model_path, aux_layers, layers)
         source = EndpointStates(ctx.cfg.train.states_endpoint, aux_layers, layers, final_norm(base), launch)
-        from trtspec.models import load_tokenizer
-
-        source.check(load_tokenizer(ctx.model_path), ctx.cfg.data.seq_len + ctx.cfg.data.max_new_tokens)
+        source.check(tok, ctx.cfg.data.seq_len + ctx.cfg.data.max_new_tokens)
         return source
     return VllmStates(ctx.model_path, aux_layers, base.config.num_orig_hidden_layers, final_norm(base),
                       target_dir / f"vllm-rank{ranks.rank()}", target_dtype_for_states(bf16, ctx.model_path),
@@ -360,7 +358,7 @@ def run(ctx: StageContext) -> dict:
     target_dir = target_states_dir(ctx, aux_layers)
     if t_cfg.mode == "offline":  # before the held-out answers and the states: minutes a full disk would waste
         check_states_fit(states_folder(target_dir, t_cfg.states_from), tokens, base.config.hidden_size, len(aux_layers))
-    source = states_source(ctx, base, aux_layers, target_dir) if t_cfg.mode != "online" else None
+    source = states_source(ctx, base, tok, aux_layers, target_dir) if t_cfg.mode != "online" else None
     engine = engine_target(ctx, tok, source) if from_engine else None
     eval_set, eval_file = heldout_eval_set(ctx, base, tok, aux_layers, target_dir, engine)
     context_sets = heldout_context_sets(ctx, base, tok, aux_layers, engine)

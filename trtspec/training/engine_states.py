@@ -81,7 +81,7 @@ def launch_line(model: str, dtype: str, max_len: int, ids: list[int], folder: st
     from trtspec.engines.vllm import cpu_environment
 
     spec, kv = extraction_config(ids, folder, gpu)
-    env = "" if gpu else " ".join(f"{k}={v}" for k, v in cpu_environment().items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING") + " "
+    env = "" if gpu else " ".join(f"{k}={v}" for k, v in cpu_environment(server=True).items()) + " "
     flags = "".join(f" --{k.replace('_', '-')}" + ("" if v is True else f" {v}")
                     for k, v in (engine_args or {}).items() if v not in (None, False))  # train.states_engine's
     return (f"{env}python -m vllm.entrypoints.openai.api_server --model {shlex.quote(model)} --dtype {dtype} --max-model-len {max_len} --port {port}{flags}"
@@ -92,12 +92,14 @@ def launch_line(model: str, dtype: str, max_len: int, ids: list[int], folder: st
 def server_launch_line(cfg: Any, model_path: Path, aux_layers: list[int], num_layers: int) -> str:
     """The launch line of the states server a build with train.states_from: endpoint reads: the target (as this
     machine names it), the extraction of the draft's layers, the folder of train.states_endpoint, the port of its url."""
+    from urllib.parse import urlparse
+
     import torch
 
     from trtspec.models import use_bf16
 
     section = cfg.train.states_endpoint
-    port = int(section.url.rsplit(":", 1)[-1].split("/")[0]) if section.url.rsplit(":", 1)[-1].split("/")[0].isdigit() else 8000
+    port = urlparse(section.url).port or 8000
     return launch_line(str(model_path), target_dtype_for_states(use_bf16(cfg.model.build_dtype), model_path),
                        cfg.data.seq_len + cfg.data.max_new_tokens + 8, extraction_ids(aux_layers, num_layers),
                        section.folder or "/shared/trtspec-states", torch.cuda.is_available(), port,
@@ -124,8 +126,7 @@ class ExtractedStates:
         from safetensors.torch import load_file
 
         data = load_file(str(path))
-        path.unlink()
-        Path(str(path) + ".lock").unlink(missing_ok=True)
+        remove_states_file(path)
         if data["token_ids"].tolist() != [int(t) for t in row]:
             raise DataError(f"vLLM's hidden states in {path.name} are of other token ids than the data stage's row",
                             "the target vLLM loaded is not the one trained on: rebuild the data stage or set "
@@ -207,8 +208,7 @@ class VllmStates(ExtractedStates):
         paths = [Path(o.kv_transfer_params["hidden_states_path"]) for o in outs if o.kv_transfer_params]
         self.flush(paths)
         for p in paths:
-            p.unlink()
-            Path(str(p) + ".lock").unlink(missing_ok=True)
+            remove_states_file(p)
         return enumerate(cut_after_eos(a, eos) for a in vllm_engine.answer_ids(outs))
 
     def flush(self, paths: list[Path]) -> None:
@@ -302,11 +302,16 @@ class EndpointStates(ExtractedStates):
         if reported := (out.get("kv_transfer_params") or {}).get("hidden_states_path"):
             path = self.local(reported)
             wait_written(path, self.section.timeout_s, self.launch)
-            path.unlink()
-            Path(str(path) + ".lock").unlink(missing_ok=True)
+            remove_states_file(path)
 
     def close(self) -> None:
         pass  # the server is the user's; every file it wrote for us was read and deleted
+
+
+def remove_states_file(path: Path) -> None:
+    """A request's states file and the connector's lock file beside it."""
+    path.unlink()
+    Path(str(path) + ".lock").unlink(missing_ok=True)
 
 
 def wait_written(path: Path, timeout_s: float, launch: str) -> None:

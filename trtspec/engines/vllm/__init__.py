@@ -60,11 +60,12 @@ def availability() -> tuple[bool, str]:
     return True, f"vllm {version()}"
 
 
-def cpu_environment(kv_cache_gib: int = 4) -> dict[str, str]:
-    """The variables vLLM's CPU build reads, with this process's defaults (set before vllm is imported)."""
+def cpu_environment(kv_cache_gib: int = 4, server: bool = False) -> dict[str, str]:
+    """The variables vLLM's CPU build reads, with this process's defaults (set before vllm is imported); server: for
+    vLLM's OpenAI server in a process of its own (its engine core in a subprocess, as it runs by default)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return {
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        **({} if server else {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
         "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}" if cores > 1 else "0",
     }
@@ -85,7 +86,7 @@ def refusal(target: Path | None, method: str | None) -> str | None:
     if target is not None and method is not None:
         from trtspec.targets import family_if_known
 
-        if (family := family_if_known(target)) and (why := support.refusal_for(family.name, method, torch.cuda.is_available())):
+        if (family := family_if_known(target)) and (why := build_refusal(family.name, method)):
             return why
     return DSPARK_ON_CPU if method == "dspark" and not torch.cuda.is_available() else None
 

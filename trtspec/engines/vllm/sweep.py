@@ -133,7 +133,7 @@ def server_environment(preload_iomp: bool) -> tuple[dict[str, str], list[str]]:
     env = dict(os.environ)
     if torch.cuda.is_available():
         return env, []
-    cpu = {k: v for k, v in cpu_environment(kv_cache_gib=2).items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    cpu = cpu_environment(kv_cache_gib=2, server=True)
     env = {**cpu, **env}
     iomp = Path(sys.prefix) / "lib" / "libiomp5.so"  # installed with vLLM's CPU build
     if preload_iomp and iomp.is_file() and "libiomp" not in env.get("LD_PRELOAD", ""):
