@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Draft families side by side on one target: EAGLE-3 and DFlash drafts (each from its own finished run) timed in
-one process, interleaved prompt by prompt, on held-out chat prompts and on code prompts.
+"""Draft families side by side on one target: EAGLE-3, DFlash and DFlash2 drafts (each from its own finished run)
+timed in one process, interleaved prompt by prompt, on held-out chat prompts and on code prompts.
 
-    python scripts/bench_drafters.py runs/demo runs/demo-dflash                      # table on stdout
+    python scripts/bench_drafters.py runs/demo runs/demo-dflash runs/demo-dflash2    # table on stdout
     python scripts/bench_drafters.py runs/demo runs/demo-dflash --ks eagle3=3 --ks dflash=3,7 --json
     python scripts/bench_drafters.py runs/demo --draft-weights float32,bfloat16       # the draft's storage, side by side
 
@@ -36,7 +36,7 @@ def prompt_sets(run: Path, tok, n: int) -> dict[str, list[list[int]]]:
 
 
 def parse_ks(items: list[str]) -> dict[str, list[int]]:
-    ks = {"eagle3": [3], "dflash": [3, 7]}
+    ks = {"eagle3": [3], "dflash": [3, 7], "dflash2": [3, 7]}
     for item in items:
         method, _, values = item.partition("=")
         ks[method] = [int(v) for v in values.split(",")]
@@ -47,7 +47,7 @@ def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("runs", type=Path, nargs="+", help="finished runs (bundle/ and data/), one per draft")
     ap.add_argument("--ks", action="append", default=[], help="METHOD=K[,K...]: draft lengths per family "
-                    "(default eagle3=3, dflash=3,7)")
+                    "(default eagle3=3, dflash=3,7, dflash2=3,7)")
     ap.add_argument("--prompts", type=int, default=4, help="prompts per set (chat, code)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1)
@@ -76,7 +76,7 @@ def main() -> None:
     for run in a.runs:
         for storage in storages:
             drafter = load_drafter(run / "bundle" / "draft", target, weights=storage)
-            limit = drafter.info.block_size - 1 if drafter.name == "dflash" else 16
+            limit = drafter.info.guesses if hasattr(drafter, "info") else 16  # a block drafts at most its guesses
             label = f"{drafter.name}:{run.name}" + (f":{drafter.net.kernel_choice['draft_weights']['weights']}" if len(storages) > 1 else "")
             drafts[label] = (drafter, target.aux_layers, [k for k in ks.get(drafter.name, [3]) if k <= limit])
     sets = prompt_sets(a.runs[0], tok, a.prompts)

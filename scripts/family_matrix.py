@@ -23,7 +23,8 @@ from pathlib import Path
 from trtspec.measure import timed
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPES = {"eagle3": ROOT / "build_configs" / "tiny-families.yaml", "dflash": ROOT / "build_configs" / "tiny-families-dflash.yaml"}
+RECIPES = {"eagle3": ROOT / "build_configs" / "tiny-families.yaml", "dflash": ROOT / "build_configs" / "tiny-families-dflash.yaml",
+           "dflash2": ROOT / "build_configs" / "tiny-families-dflash.yaml"}  # with draft.method dflash2
 STAGES = ("convert", "train", "export", "engine", "validate")
 
 
@@ -31,7 +32,7 @@ def run_family(family: str, method: str, out: Path, extra: list[str]) -> dict:
     """`trtspec build` of one family -> its row: stage outcomes and figures from the manifests."""
     run = out / f"{family}-{method}"
     cmd = [sys.executable, "-m", "trtspec.cli", "build", str(RECIPES[method]), "--out", str(run),
-           "--set", f"model.source=tiny:{family}", *extra]
+           "--set", f"model.source=tiny:{family}", "--set", f"draft.method={method}", *extra]
     proc, seconds = timed(partial(subprocess.run, cmd, capture_output=True, text=True))
     row = {"family": family, "method": method, "rc": proc.returncode, "seconds": round(seconds, 1)}
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
@@ -80,7 +81,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--families", default=",".join(TINY), help="comma-separated, from trtspec.targets.tiny.TINY")
-    ap.add_argument("--method", default="eagle3", choices=("eagle3", "dflash"))
+    ap.add_argument("--method", default="eagle3", choices=tuple(RECIPES))
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "families")
     ap.add_argument("--set", action="append", default=[], help="more config overrides, KEY=VALUE")
     ap.add_argument("--json", action="store_true")

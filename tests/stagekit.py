@@ -201,6 +201,39 @@ def export_random_dflash(target_dir: Path, out: Path, block_size: int = 8, **sec
 MARKOV_HEAD = ("markov_w1", "markov_w2", "gate_proj", "joint_proj")  # DSpark's head in modelopt's DSparkModule
 
 
+def export_random_dflash2(target_dir: Path, out: Path, block_size: int = 8, **own):
+    """A random DFlash2 drafter (DFlash's 2 layers on target layers 0 and 2, convolutions and a rank-8 selector over
+    the top 4) on `target_dir`, its weights drawn away from the identity convolutions and the zero-mean selector, saved
+    as the train stage leaves it and exported by the family's export into `out`. Returns the trained-side model."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.config import DFlash2Section, DFlashSection
+    from trtspec.dflash.head import derive_dflash_config, save_head
+    from trtspec.dflash2 import head
+    from trtspec.dflash2.export import export_dflash2_draft
+
+    base = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    sec = DFlashSection(block_size=block_size, num_layers=2, target_layers=[0, 2])
+    settings = head.settings(DFlash2Section(**{"selector_rank": 8, "selector_top_k": 4, "conv_group_size": 8, **own}))
+    cfg = {**derive_dflash_config(base.config, sec, mask_token_id=16), head.KEY: settings}
+    torch.manual_seed(0)
+    model = head.build_dflash2_model(base, cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.dflash_module.named_parameters():  # a draft whose every part moves its guesses
+            p.add_(torch.randn(p.shape, generator=g) * (1.0 if "codebook" in name else 0.2 if "conv" in name else 0.05))
+    train = out.parent / "train"
+    train.mkdir(parents=True, exist_ok=True)
+    (train / "dflash2_config.json").write_text(json.dumps(cfg))
+    save_head(model, train / "head.safetensors")
+    fresh = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    export_dflash2_draft(fresh, train, out, torch.float32, target_dir)
+    return model
+
+
 def small_lm(seed: int, sharpness: float):
     """A random 8-token runtime LM whose next-token distributions are sharp enough to tell samplers apart."""
     import torch

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from trtspec.errors import ConfigError
-from trtspec.families import family
+from trtspec.families import check_sections, family
 
 STAGES = ("data", "convert", "train", "quantize", "export", "engine", "validate")
 QUANT_FORMATS = ("none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4")
@@ -107,9 +107,11 @@ class DataSection(Section):
 
 
 class DraftSection(Section):
-    method: Literal["eagle3", "dflash"] = key(
+    method: Literal["eagle3", "dflash", "dflash2"] = key(
         "eagle3", "the draft model trained and shipped: eagle3 = an EAGLE-3 head drafting one token per pass "
-        "(convert section); dflash = a DFlash block drafter proposing a whole block in one pass (dflash section)")
+        "(convert section); dflash = a DFlash block drafter proposing a whole block in one pass (dflash section); "
+        "dflash2 = DFlash2, a DFlash block with causal convolutions along the block and a candidate selector "
+        "(dflash and dflash2 sections)")
     length: int = key(3, "tokens drafted and verified per step, everywhere: the train-time-test steps of an EAGLE-3 "
                       "head's loss, the k of the acceptance measure, the engines' max_draft_len and what validate "
                       "runs; a DFlash block of dflash.block_size drafts up to block_size - 1, a DSpark block up to "
@@ -195,6 +197,20 @@ class DFlashSection(Section):
     def guesses(self) -> int:
         """Tokens one block drafts: DFlash's rows 1..block_size - 1, DSpark's rows 0..block_size - 1."""
         return self.block_size if self.projector == "dspark" else self.block_size - 1
+
+
+class DFlash2Section(Section):
+    """DFlash2's own settings (draft.method: dflash2); its backbone is the dflash section's."""
+
+    conv_kernel_size: int = key(2, "taps of the causal convolutions around each draft layer's attention and MLP, along "
+                                "the block's rows (z-lab's and speculators' default: 2)", ge=1, le=16)
+    conv_group_size: int = key(16, "channels sharing one token-dependent kernel coefficient (must divide the hidden "
+                               "size; speculators' default: 16)", ge=1, le=4096)
+    selector_rank: int = key(64, "rank r of the candidate selector's bilinear score from the previous token (2 x "
+                             "vocab x r parameters; speculators' default 256 is for 150k-token vocabularies)", ge=1, le=4096)
+    selector_top_k: int = key(16, "candidates per block row the selector re-scores: the top of the row's own logits "
+                              "(a token outside them is never drafted)", ge=2, le=1024)
+    selector_weight: float = key(1.0, "weight of the selector's cross-entropy beside the block's own loss", ge=0, le=100)
 
 
 class StatesEngineSection(Section):
@@ -409,6 +425,7 @@ class BuildConfig(Section):
     draft: DraftSection = Field(default_factory=DraftSection)
     convert: ConvertSection = Field(default_factory=ConvertSection)
     dflash: DFlashSection = Field(default_factory=DFlashSection)
+    dflash2: DFlash2Section = Field(default_factory=DFlash2Section)
     train: TrainSection = Field(default_factory=TrainSection)
     quantize: QuantizeSection = Field(default_factory=QuantizeSection)
     export: ExportSection = Field(default_factory=ExportSection)
@@ -493,6 +510,7 @@ class BuildConfig(Section):
         """Options that belong to the other draft method are refused, naming the key, before anything runs: the rules
         are the family's own (trtspec.families.DraftFamily.check_config)."""
         family(self.draft.method).check_config(self)
+        check_sections(self)
 
     def resolve_model_source(self, source: str) -> str:
         """A model named by a relative local path (a folder or a .gguf file) as an absolute one, relative to the

@@ -43,6 +43,9 @@ class DraftFamily(Protocol):
     no_launcher: ClassVar[frozenset[str]] = frozenset()  # engines that load no draft of this family: no launcher
     vllm_methods: ClassVar[dict[str, str]]  # TensorRT-LLM decoding_type serving this family's draft -> vLLM's method
     drafting: ClassVar[tuple[str, ...]]  # `deploy --drafting` methods its bundle serves, besides suffix drafting alone
+    sections: ClassVar[tuple[str, ...]]  # the build config's sections it reads (set under another method: refused)
+    architectures: ClassVar[tuple[str, ...]]  # what its exported draft's config.json names (the runtime's loader picks by it)
+    no_engine: ClassVar[str | None] = None  # why no engine serves its drafts here (no launcher, no engine stage), or None
 
     # --- the build config ---
     def check_config(self, cfg: Any) -> None:
@@ -128,7 +131,24 @@ class DraftFamily(Protocol):
 
 
 # draft.method -> the module and object of its family (imported when first asked for)
-FAMILIES: dict[str, str] = {"eagle3": "trtspec.eagle.family:EAGLE3", "dflash": "trtspec.dflash.family:DFLASH"}
+FAMILIES: dict[str, str] = {
+    "eagle3": "trtspec.eagle.family:EAGLE3",
+    "dflash": "trtspec.dflash.family:DFLASH",
+    "dflash2": "trtspec.dflash2.family:DFLASH2",
+}
+
+
+def check_sections(cfg: Any) -> None:
+    """A section another draft family reads, set (to other than its default) while draft.method is this one: refused,
+    naming the first key (BuildConfig's validator, after the family's own rules)."""
+    own = family(cfg.draft.method).sections
+    for method in FAMILIES:
+        for name in (s for s in family(method).sections if s not in own):
+            section = getattr(cfg, name)
+            defaults = type(section).model_fields
+            if keys := sorted(k for k in section.model_fields_set if getattr(section, k) != defaults[k].default):
+                raise ValueError(f"{name}.{keys[0]} is a {family(method).title} option, but draft.method is "
+                                 f"{cfg.draft.method} (set draft.method: {method}, or drop the {name} section)")
 
 
 def served_family(spec: dict) -> DraftFamily:

@@ -384,6 +384,20 @@ def case_eagle3_option_with_dflash(tmp, model, mp):
     return build(tmp, config(tmp, model, draft={"method": "dflash"}, convert={"draft_vocab_size": 64}))
 
 
+def case_dflash2_option_with_eagle3(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "dflash2.selector_rank=32")
+
+
+def case_dflash2_group_size(tmp, model, mp):
+    return build(tmp, config(tmp, model, draft={"method": "dflash2", "length": 3}, dflash={"num_layers": 2, "target_layers": [0, 2]},
+                             dflash2={"conv_group_size": 7}))
+
+
+def case_dflash2_engine_named(tmp, model, mp):
+    return build(tmp, config(tmp, model, draft={"method": "dflash2", "length": 3}, dflash={"num_layers": 2, "target_layers": [0, 2]},
+                             engine={"backend": "vllm"}))
+
+
 def case_dflash_block_too_small(tmp, model, mp):
     return build(tmp, config(tmp, model, draft={"method": "dflash", "length": 7}, dflash={"block_size": 4}))
 
@@ -708,6 +722,13 @@ CASES = [
     Case("quant-int4-block-size", case_int4_block_size, 2, r"block", "quantize"),
     Case("dflash-option-with-eagle3", case_dflash_option_with_eagle3, 2, r"dflash\.block_size is a DFlash option, but draft\.method is eagle3"),
     Case("eagle3-option-with-dflash", case_eagle3_option_with_dflash, 2, r"convert\.draft_vocab_size is an EAGLE-3 option, but draft\.method is dflash"),
+    Case("dflash2-option-with-eagle3", case_dflash2_option_with_eagle3, 2,
+         r"dflash2\.selector_rank is a DFlash2 block drafter option, but draft\.method is eagle3"),
+    Case("dflash2-group-size", case_dflash2_group_size, 2, r"dflash2\.conv_group_size 7 does not divide the hidden size 64",
+         "convert", before_data=True),
+    Case("dflash2-engine-named", case_dflash2_engine_named, 2,
+         r"engine\.backend vllm cannot serve this build: a DFlash2 draft is served by vLLM's V2 model runner on a GPU only",
+         before_data=True),
     Case("dflash-block-too-small", case_dflash_block_too_small, 2, r"draft\.length 7 is more than a DFlash block of 4 drafts"),
     Case("dflash-more-layers-than-target", case_dflash_more_layers_than_target, 2, r"dflash\.num_layers 8: each draft layer reads its own target layer, and this target has 4", "convert", before_data=True),
     Case("convert-override-bad-value", case_convert_override_bad_value, 2, r"convert\.overrides\.intermediate_size: -5 is not a whole number in 1\.\.1048576", "convert", before_data=True),

@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from trtspec.engines.vllm.support import refusal_for
+from trtspec.families import family as draft_family
 from trtspec.targets import BY_MODEL_TYPE
 from trtspec.targets.tiny import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPES = {"eagle3": ROOT / "build_configs" / "tiny-families.yaml", "dflash": ROOT / "build_configs" / "tiny-families-dflash.yaml"}
+RECIPES = {"eagle3": ROOT / "build_configs" / "tiny-families.yaml", "dflash": ROOT / "build_configs" / "tiny-families-dflash.yaml",
+           "dflash2": ROOT / "build_configs" / "tiny-families-dflash.yaml"}  # with draft.method dflash2
 
 
 def has_vllm() -> bool:
@@ -27,8 +29,9 @@ def has_vllm() -> bool:
 
 
 # The default tier builds one row per runtime path and engine outcome (native and hf runtime paths, a mixture of
-# experts, vLLM serving and vLLM refusing, both draft methods); the full tier (TRTSPEC_TIER=full) every row.
-DEFAULT_TIER = {("llama3", "eagle3"), ("qwen3_moe", "eagle3"), ("gpt_oss", "eagle3"), ("qwen3", "dflash"), ("gemma3", "dflash")}
+# experts, vLLM serving and vLLM refusing, every draft method); the full tier (TRTSPEC_TIER=full) every row.
+DEFAULT_TIER = {("llama3", "eagle3"), ("qwen3_moe", "eagle3"), ("gpt_oss", "eagle3"), ("qwen3", "dflash"), ("gemma3", "dflash"),
+                ("llama3", "dflash2")}
 ROWS = [pytest.param(name, method, marks=() if (name, method) in DEFAULT_TIER else pytest.mark.full)
         for method in RECIPES for name in TINY]
 
@@ -37,7 +40,7 @@ ROWS = [pytest.param(name, method, marks=() if (name, method) in DEFAULT_TIER el
 def test_family_end_to_end(name, method, tmp_path, demo_model_dir):
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "trtspec.cli", "build", str(RECIPES[method]), "--out", str(run),
-                           "--set", f"model.source=tiny:{name}", "--set", "engine.backend=auto"],
+                           "--set", f"model.source=tiny:{name}", "--set", "engine.backend=auto", "--set", f"draft.method={method}"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     family = BY_MODEL_TYPE[TINY[name][0]]
@@ -48,7 +51,9 @@ def test_family_end_to_end(name, method, tmp_path, demo_model_dir):
     assert match["matched"] == match["total"] == 2
     engine = json.loads((run / "engine" / "manifest.json").read_text())
     refusal = refusal_for(family.name, method, on_gpu=False)
-    if not has_vllm():
+    if no_engine := draft_family(method).no_engine:  # a draft no engine serves here: the stage says why
+        assert engine["status"] == "skipped" and engine["reason"] == no_engine, engine
+    elif not has_vllm():
         assert engine["status"] == "skipped"
     elif refusal:  # vLLM cannot serve this family's draft: the manifest says why, in the family's own words
         assert engine["status"] == "skipped" and refusal in engine["reason"], engine

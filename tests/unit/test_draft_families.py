@@ -22,6 +22,7 @@ def draft(tmp_path, **cfg):
     (["LlamaForCausalLMEagle3"], "eagle3"),
     (["DFlashDraftModel"], "dflash"),
     (["Qwen3DSparkModel", "DFlashDraftModel"], "dflash"),  # a DSpark export names vLLM's and SGLang's class first
+    (["DFlash2DraftModel"], "dflash2"),
 ])
 def test_each_declared_architecture_loads_as_its_family(tmp_path, archs, method):
     assert draft_family(draft(tmp_path, architectures=archs)) == method
@@ -38,8 +39,11 @@ def test_an_undeclared_draft_is_refused_by_name(tmp_path, archs):
         draft_family(draft(tmp_path, architectures=archs))
 
 
-def test_every_family_has_a_loader_that_declares_its_architectures():
-    assert eagle3.ARCHITECTURES and dflash.ARCHITECTURES and set(FAMILIES) == {"eagle3", "dflash"}
+def test_every_family_declares_its_architectures_apart_from_the_others():
+    declared = [a for m in FAMILIES for a in family(m).architectures]
+    assert set(FAMILIES) == {"eagle3", "dflash", "dflash2"} and len(declared) == len(set(declared))
+    assert set(eagle3.ARCHITECTURES) <= set(family("eagle3").architectures)  # the runtime loaders accept what they declare
+    assert set(dflash.ARCHITECTURES) == set(family("dflash").architectures)
 
 
 # what each family must provide itself (the protocol's bodies are docstrings); the rest is shared
@@ -56,3 +60,4 @@ def test_each_family_is_one_object_in_its_own_package_implementing_the_interface
     assert not missing, f"{method} does not implement {missing}"
     for attr in ("title", "config_file", "head_file", "offline_key", "module_attr"):
         assert isinstance(getattr(fam, attr), str) and getattr(fam, attr)
+    assert fam.sections and fam.architectures

@@ -24,11 +24,11 @@ def check_build_config(cfg: BuildConfig) -> None:
                   "convert.overrides": bool(cfg.convert.overrides), "convert.fc_norm": cfg.convert.fc_norm,
                   "convert.norm_output": cfg.convert.norm_output}
     if bad := [k for k, v in eagle_only.items() if v]:
-        raise ValueError(f"{bad[0]} is an EAGLE-3 option, but draft.method is dflash "
+        raise ValueError(f"{bad[0]} is an EAGLE-3 option, but draft.method is {cfg.draft.method} "
                          "(a DFlash block drafts a chain from the target's full vocabulary; see the dflash section)")
     if cfg.serve.draft_len_schedule is not None:
         raise ValueError("serve.draft_len_schedule is checked against the engines for an EAGLE-3 chain only, but "
-                         "draft.method is dflash (drop the schedule: a DFlash block drafts its fixed length)")
+                         f"draft.method is {cfg.draft.method} (drop the schedule: a DFlash block drafts its fixed length)")
     if cfg.train.sharding == "fsdp":
         raise ValueError("train.sharding fsdp shards an EAGLE-3 head; a DFlash draft trains with ddp (the default)")
     if cfg.draft.length > cfg.dflash.guesses:

@@ -21,11 +21,7 @@ def export_dflash_draft(base: Any, train_dir: Path, out: Path, dtype: Any, targe
 
     model = head.build_dflash_model(base, json.loads((train_dir / "dflash_config.json").read_text()))
     head.load_head(model, train_dir / head.HEAD_FILE)
-    model.eval().dflash_module.to(dtype)
-    model.get_exporter().export(out, dtype)  # modelopt's DFlashExporter, or DSparkExporter for a DSpark draft
-    cfg = json.loads((out / "config.json").read_text())
-    cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    cfg = write_block_draft(model, out, dtype)
     dc = cfg["dflash_config"]
     info = {
         "draft_method": "dflash",
@@ -44,3 +40,15 @@ def export_dflash_draft(base: Any, train_dir: Path, out: Path, dtype: Any, targe
     name = head.draft_name(info["projector"], info.get("markov_head"), info.get("markov_rank"))
     return ExportedDraft(info, f"{name} draft ({info['draft_dtype']}, block {info['block_size']})")
 
+
+
+def write_block_draft(model: Any, out: Path, dtype: Any, **fields: Any) -> dict:
+    """A trained block draft written by Model Optimizer's exporter (DFlashExporter, or DSparkExporter for a DSpark
+    draft) in `dtype`, its config.json given torch_dtype and `fields` (dflash_config's entries merged) -> that config."""
+    model.eval().dflash_module.to(dtype)
+    model.get_exporter().export(out, dtype)
+    cfg = json.loads((out / "config.json").read_text())
+    dc = {**cfg.get("dflash_config", {}), **fields.pop("dflash_config", {})}
+    cfg.update(torch_dtype=str(dtype).removeprefix("torch."), **fields, dflash_config=dc)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return cfg

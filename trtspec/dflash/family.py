@@ -23,6 +23,8 @@ class DFlashFamily(DraftFamily):
 
     vllm_methods = serving.VLLM_METHODS
     drafting = ("dflash",)
+    sections = ("dflash",)
+    architectures = ("DFlashDraftModel", "Qwen3DSparkModel")  # a DSpark export names vLLM's and SGLang's class first
 
     check_config = staticmethod(check_build_config)
     check_convert = staticmethod(check_convert_config)

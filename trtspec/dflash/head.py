@@ -194,12 +194,13 @@ def train_forward(model: Any, batch: dict, unwrapped: Any = None) -> Any:
     return model(**batch, **kwargs)
 
 
-def block_drafts(model: Any, input_ids: Any, aux: Any, k: int, first: int = 1, chunk: int = 64) -> Any:
+def block_drafts(model: Any, input_ids: Any, aux: Any, k: int, first: int = 1, chunk: int = 64, pick: Any = None) -> Any:
     """Greedy block drafts from every anchor at once (teacher-forced): drafts[j, s] = the draft's guess for token
     j + 2 + s from the block anchored at token j + 1 with the target's states of positions 0..j (the verified
     context at that step), for anchors j + 1 >= first. Same layout as the EAGLE-3 head's chain drafts, so the
     same acceptance count applies; exact for greedy decoding, as the block sees only verified tokens. DFlash guesses
-    from block rows 1..k, DSpark from rows 0..k-1 with its Markov bias (markov_drafts)."""
+    from block rows 1..k, DSpark from rows 0..k-1 with its Markov bias (markov_drafts); `pick(module, logits, rows,
+    anchors)` -> [n, k] chooses the guesses of a family built on DFlash's block (default: each row's argmax)."""
     import torch
 
     module, B, dspark = model.dflash_module, model.dflash_block_size, is_dspark(model)
@@ -222,7 +223,10 @@ def block_drafts(model: Any, input_ids: Any, aux: Any, k: int, first: int = 1, c
             hidden = module(noise_embedding=noise, target_hidden=ctx, position_ids=pos[None], attention_mask=mask)
             rows = hidden.view(n, B, -1)[:, row0 : row0 + k]
             logits = model._base_model_lm_head(rows)
-            out[anchors - 1] = markov_drafts(module, logits, rows, ids[anchors]) if dspark else logits.argmax(-1)
+            if pick is not None:
+                out[anchors - 1] = pick(module, logits, rows, anchors)
+            else:
+                out[anchors - 1] = markov_drafts(module, logits, rows, ids[anchors]) if dspark else logits.argmax(-1)
     return out
 
 

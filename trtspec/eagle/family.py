@@ -24,6 +24,8 @@ class Eagle3Family(DraftFamily):
 
     vllm_methods = serving.VLLM_METHODS
     drafting = ("eagle3", "eagle3_suffix")
+    sections = ("convert",)
+    architectures = ("LlamaForCausalLMEagle3",)
 
     check_config = staticmethod(check_build_config)
     check_convert = staticmethod(check_convert_config)

@@ -25,6 +25,7 @@ token L+j+1, up to block_size guesses), then its Markov head, one row after anot
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,25 +94,30 @@ class DFlashLayer(nn.Module):
         self.k_cache.index_copy_(1, slots, k)
         self.v_cache.index_copy_(1, slots, v)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, length: int, mask: Tensor | None) -> Tensor:
-        """x [B, H] (the block) attends to `length` cached context rows and to the whole block."""
-        q, k, v = self.qkv(rms_norm(x, self.input_layernorm, self.args.norm_eps), cos, sin)
+    def attend(self, h: Tensor, cos: Tensor, sin: Tensor, length: int, mask: Tensor | None) -> Tensor:
+        """The block's normed rows h [B, H] attend to `length` cached context rows and to the whole block."""
+        q, k, v = self.qkv(h, cos, sin)
         k = torch.cat((self.k_cache[:, :length], k), dim=1)
         v = torch.cat((self.v_cache[:, :length], v), dim=1)
         y = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, enable_gqa=True)[0]
-        x = x + self.o_proj(y.transpose(0, 1).reshape(x.shape[0], -1))
+        return self.o_proj(y.transpose(0, 1).reshape(h.shape[0], -1))
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, length: int, mask: Tensor | None) -> Tensor:
+        """x [B, H] (the block) attends to `length` cached context rows and to the whole block."""
+        x = x + self.attend(rms_norm(x, self.input_layernorm, self.args.norm_eps), cos, sin, length, mask)
         return x + self.mlp(rms_norm(x, self.post_attention_layernorm, self.args.norm_eps))
 
 
 class DFlashDraft(Stepper):
-    def __init__(self, args: ModelArgs, num_target_layers: int, causal: bool, first_row: int = 1):
+    def __init__(self, args: ModelArgs, num_target_layers: int, causal: bool, first_row: int = 1,
+                 layer: Callable[[ModelArgs], DFlashLayer] = DFlashLayer):
         super().__init__()
         self.first_row = first_row  # the block row guessing token L+1: 1 (DFlash), 0 (DSpark)
         H = args.hidden_size
         self.args = args
         self.fc = Linear(num_target_layers * H, H, bias=False)
         self.hidden_norm = nn.Parameter(torch.ones(H))
-        self.layers = nn.ModuleList(DFlashLayer(args) for _ in range(args.num_layers))
+        self.layers = nn.ModuleList(layer(args) for _ in range(args.num_layers))
         self.norm = nn.Parameter(torch.ones(H))
         self.causal = causal
         self.lm_head: Linear | None = None  # set by the loader: the target's weight, or its bfloat16 copy (store_bf16)
@@ -230,14 +236,18 @@ class DFlashDrafter:
             pending = pending[excess:].clone()
         logits, rows = self.net.step(pending, self.length, self.embed(block), k, mode)
         self.first, self.pending = False, None
-        if self.markov is None:
-            ids, q = choose(logits, temperature, generator)
-        else:
-            ids, q = self.markov_chain(root, logits, rows, temperature, generator)
+        ids, q = self.guesses(root, logits, rows, temperature, generator)
         tree = Tree.root(root)
         for j, t in enumerate(ids):
             tree.add(t, j)
         return tree, q
+
+    def guesses(self, root: int, logits: Tensor, rows: Tensor, temperature: float, generator=None) -> tuple[list[int], Tensor | None]:
+        """The chain's tokens from the block rows' logits [k, V] and normed states [k, H] (and, sampled, each guess's
+        q [k, V]): each row's own choice, or DSpark's Markov chain."""
+        if self.markov is None:
+            return choose(logits, temperature, generator)
+        return self.markov_chain(root, logits, rows, temperature, generator)
 
     def markov_chain(self, root: int, logits: Tensor, rows: Tensor, temperature: float, generator=None) -> tuple[list[int], Tensor | None]:
         """DSpark's guesses, one row after another: row j's logits plus the Markov bias from guess j - 1 (the root's
@@ -273,13 +283,17 @@ UNREAD_KEYS = ("confidence_proj.", "confidence_head.")
 
 
 def load_dflash(folder: Path, target_hidden: int | None, target_layers: int | None,
-                dtype: torch.dtype = torch.float32) -> tuple[DFlashDraft, DFlashInfo, MarkovHead | None]:
-    """(block network, its settings, DSpark's Markov head or None) from an exported DFlash or DSpark draft."""
+                dtype: torch.dtype = torch.float32, architecture: str = "DFlashDraftModel",
+                layer: Callable[[ModelArgs], DFlashLayer] = DFlashLayer,
+                own: tuple[str, ...] = ()) -> tuple[DFlashDraft, DFlashInfo, MarkovHead | None, dict[str, Tensor]]:
+    """(block network, its settings, DSpark's Markov head or None, the weights named `own`) from an exported DFlash
+    or DSpark draft, or a draft of a family built on DFlash's block (its `architecture`, its `layer`, its own weights
+    beside the block's, left for it to load)."""
     folder = Path(folder)
     cfg = read_config(folder)
-    if "DFlashDraftModel" not in (cfg.get("architectures") or []):
-        raise ArtifactError(f"'{folder}' is not a DFlash draft (architectures {cfg.get('architectures')})",
-                            "expected DFlashDraftModel (Model Optimizer's DFlash export)")
+    if architecture not in (cfg.get("architectures") or []):
+        raise ArtifactError(f"'{folder}' is not a {architecture.removesuffix('DraftModel')} draft (architectures "
+                            f"{cfg.get('architectures')})", f"expected {architecture}")
     dc = cfg.get("dflash_config") or {}
     layers = tuple(dc.get("target_layer_ids") or ())
     if not layers or "mask_token_id" not in dc or "block_size" not in cfg:
@@ -297,14 +311,16 @@ def load_dflash(folder: Path, target_hidden: int | None, target_layers: int | No
     state = {k.removeprefix(NESTED_MARKOV): v.to(dtype) for k, v in read_safetensors(folder).items()
              if not k.startswith(UNREAD_KEYS)}
     head = {k: state.pop(k) for k in [k for k in state if k.startswith(MARKOV_KEYS)]}
+    extra = {k: state.pop(k) for k in [k for k in state if k.startswith(own)]} if own else {}
     state = {k.removesuffix(".weight") if k.endswith("norm.weight") else k: v for k, v in fuse_projections(state).items()}
     state = {k.replace("self_attn.", ""): v for k, v in state.items()}
     with torch.device("meta"):
-        model = DFlashDraft(args, len(layers), bool(dc.get("causal", False)), first_row=0 if projector == "dspark" else 1)
+        model = DFlashDraft(args, len(layers), bool(dc.get("causal", False)), first_row=0 if projector == "dspark" else 1,
+                            layer=layer)
     load_weights(model, state, folder)
     info = DFlashInfo(layers, int(cfg["block_size"]), int(dc["mask_token_id"]), bool(dc.get("causal", False)), projector)
     markov = load_markov(head, dc, args, folder) if projector == "dspark" else None
-    return model.eval().requires_grad_(False), info, markov
+    return model.eval().requires_grad_(False), info, markov, extra
 
 
 def load_markov(state: dict[str, Tensor], dc: dict, args: ModelArgs, folder: Path) -> MarkovHead:
@@ -332,9 +348,18 @@ def load_dflash_drafter(draft_dir: Path, target, dtype=torch.float32, weights: s
     its use of the lm_head included, in bfloat16 where `kernels.store_bf16` finds that faster: `weights`); the
     target is set to hand out the states of the layers the draft reads. Run as `settings` say (default: as the
     target runs)."""
+    net, info, markov, _ = load_dflash(draft_dir, target.args.hidden_size, target.args.num_layers, dtype)
+    share_target(net, info, target, list(markov.modules()) if markov is not None else [], weights, settings)
+    return DFlashDrafter(net, target.embed_tokens, info, markov)
+
+
+def share_target(net: DFlashDraft, info: DFlashInfo, target, extra: list[nn.Module], weights: str = "auto",
+                 settings: RuntimeSettings | None = None) -> None:
+    """A loaded block draft joined to its target: the target's lm_head (in bfloat16 with the draft's products and
+    those of `extra` where `kernels.store_bf16` finds that faster: `weights`), its settings, and the target set to
+    hand out the states of the layers the draft reads."""
     from trtspec.runtime.kernels import Linear, choose_kernels, store_bf16
 
-    net, info, markov = load_dflash(draft_dir, target.args.hidden_size, target.args.num_layers, dtype)
     if not 0 <= info.mask_token_id < target.args.vocab_size:
         raise ArtifactError(f"the draft's mask token {info.mask_token_id} is outside the target's vocabulary")
     net.settings = settings or getattr(target, "settings", DEFAULT_SETTINGS)
@@ -345,8 +370,7 @@ def load_dflash_drafter(draft_dir: Path, target, dtype=torch.float32, weights: s
     # (an HF-path target's lm_head is a plain nn.Linear: the default kernels, nothing packed)
     lm_head.weight = target.lm_head.weight
     lm_head.kernels, lm_head.packed = getattr(target.lm_head, "kernels", Linear.kernels), getattr(target.lm_head, "packed", None)
-    extra = [lm_head] + ([m for m in markov.modules() if isinstance(m, Linear)] if markov is not None else [])
-    net.kernel_choice["draft_weights"] = store_bf16(net, extra, weights)
+    products = [lm_head] + [m for m in extra if isinstance(m, Linear)]
+    net.kernel_choice["draft_weights"] = store_bf16(net, products, weights)
     net.lm_head = lm_head
     target.aux_layers = info.target_layers
-    return DFlashDrafter(net, target.embed_tokens, info, markov)

@@ -1,5 +1,5 @@
 """The draft families the runtime loads, told apart by the architectures an exported draft's config.json names: each
-family's loader declares its own (eagle3.ARCHITECTURES, dflash.ARCHITECTURES)."""
+family declares its own (DraftFamily.architectures)."""
 
 from __future__ import annotations
 
@@ -7,19 +7,18 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import ArtifactError
-from trtspec.families import family
-from trtspec.runtime import dflash, eagle3
+from trtspec.families import FAMILIES, family
 from trtspec.runtime.model import read_config
 
 
 def draft_family(draft_dir: Path) -> str:
-    """Which draft family ("eagle3" | "dflash", the draft.method) an exported draft folder holds, from the
-    architectures its config.json names (each family's loader declares its own: eagle3.ARCHITECTURES,
-    dflash.ARCHITECTURES); an EAGLE-3 checkpoint as its authors publish it (LlamaForCausalLM with a draft_vocab_size
-    and an eagle_config) is EAGLE-3. A draft no family declares is refused by name, never loaded as another."""
+    """Which draft family (its draft.method) an exported draft folder holds, from the architectures its config.json
+    names (DraftFamily.architectures); an EAGLE-3 checkpoint as its authors publish it (LlamaForCausalLM with a
+    draft_vocab_size and an eagle_config) is EAGLE-3. A draft no family declares is refused by name, never loaded as
+    another."""
     cfg = read_config(draft_dir)
     archs = cfg.get("architectures") or []
-    declared = {**dict.fromkeys(eagle3.ARCHITECTURES, "eagle3"), **dict.fromkeys(dflash.ARCHITECTURES, "dflash")}
+    declared = {a: method for method in FAMILIES for a in family(method).architectures}
     if known := [declared[a] for a in archs if a in declared]:
         return known[0]
     if "draft_vocab_size" in cfg and "eagle_config" in cfg:
@@ -29,8 +28,8 @@ def draft_family(draft_dir: Path) -> str:
 
 
 def speculative_method(draft_dir: Path) -> str:
-    """An exported draft's speculative method as the engines name it: eagle3, dflash, or dspark (a DFlash backbone with
-    a Markov head, dflash_config.projector_type dspark)."""
+    """An exported draft's speculative method as the engines name it: its family's (eagle3, dflash, dflash2), or dspark
+    (a DFlash backbone with a Markov head, dflash_config.projector_type dspark)."""
     if (read_config(draft_dir).get("dflash_config") or {}).get("projector_type") == "dspark":
         return "dspark"
     return draft_family(draft_dir)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from trtspec.config import BuildConfig
 
 UPSTREAM = ("data",)
-READS = ("convert", "draft.method", "draft.init_from", "dflash", "seed")
+READS = ("convert", "draft.method", "draft.init_from", "dflash", "dflash2", "seed")
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:

@@ -23,6 +23,7 @@ from trtspec.chat import encode_prompt
 from trtspec.deploy.serving import llm_api_options, speculative_options
 from trtspec.engines import read_options
 from trtspec.errors import ArtifactError
+from trtspec.families import family
 from trtspec.generation import compare, hf_reference
 from trtspec.models import resolve_model
 from trtspec.pipeline.stage import StageContext, StageSkipped
@@ -71,6 +72,9 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
         check_sweep(cfg)
     if cfg.engine.backend == "auto" or cfg.serve.decoding != "eagle3":
         return
+    if "backend" in cfg.engine.model_fields_set and (why := family(cfg.draft.method).no_engine):  # named, not the default
+        raise ConfigError(f"engine.backend {cfg.engine.backend} cannot serve this build: {why}",
+                          "set engine.backend: auto (the engine stage is then skipped with this reason)")
     method = "dspark" if cfg.draft.method == "dflash" and cfg.dflash.projector == "dspark" else cfg.draft.method
     if why := engines.engine(cfg.engine.backend).build_refusal(family_of(model_config).name, method):
         raise ConfigError(f"engine.backend {cfg.engine.backend} cannot serve this build: {why}",

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from trtspec.config import BuildConfig, TrainSection
 
 UPSTREAM = ("data", "convert")
-READS = ("train", "draft.method", "draft.length", "draft.max_category_drop", "dflash", "eval.acceptance_prompts", "eval.context_bins",
+READS = ("train", "draft.method", "draft.length", "draft.max_category_drop", "dflash", "dflash2", "eval.acceptance_prompts", "eval.context_bins",
          "eval.context_prompts", "eval.context_source", "eval.context_documents", "seed")
 ALL_RANKS = True  # every process of a multi-process launch trains
 
