@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 from stagekit import export_random_dflash2, rerandomized
+from vllm_harness import vllm_model
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
 pytest.importorskip("speculators", reason="speculators is not installed (bash scripts/setup.sh --engines vllm)")
@@ -54,12 +54,6 @@ def test_vllms_cpu_build_refuses_the_dflash2_draft(bundle, monkeypatch):
         engine_args(bundle).create_engine_config()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_vllms_dflash2_model_loads_the_draft_and_computes_as_the_runtime(bundle, monkeypatch):
     """vLLM's engine config and its DFlash2Qwen3ForCausalLM, built as its V2 runner builds them (the V1 runner's
     refusal stepped over): every weight loaded as the file holds it; its convolution (`_grouped_conv`, the torch path
@@ -68,8 +62,7 @@ def test_vllms_dflash2_model_loads_the_draft_and_computes_as_the_runtime(bundle,
     import torch
     import torch.nn.functional as F
     from safetensors.torch import load_file
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.config import VllmConfig
     from vllm.model_executor.models.qwen3_dflash2 import DFlash2Qwen3ForCausalLM, _grouped_conv, _score_edges
 
     from trtspec.dflash2.runtime import load_dflash2_drafter
@@ -82,11 +75,7 @@ def test_vllms_dflash2_model_loads_the_draft_and_computes_as_the_runtime(bundle,
     vc = engine_args(bundle).create_engine_config()
     assert vc.speculative_config.draft_model_config.architectures[0] == "DFlash2DraftModel"
     weights = load_file(str(bundle / "draft" / "model.safetensors"))
-    with set_current_vllm_config(vc):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
-        ensure_model_parallel_initialized(1, 1)
-        model = DFlash2Qwen3ForCausalLM(vllm_config=vc)
+    with vllm_model(vc, DFlash2Qwen3ForCausalLM) as model:
         model.load_weights(weights.items())
     vm = model.model
     for name in ("layers.1.attention_conv.base_kernel", "layers.0.mlp_conv.kernel_projection.weight",

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
-from vllm_harness import build_on_ci_data, eos_of
+from vllm_harness import build_on_ci_data, eos_of, vllm_model
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -77,12 +76,6 @@ def test_vllms_cpu_build_refuses_dspark_and_trtspec_says_why(bundle):
             enforce_eager=True, speculative_config={"method": "dspark", "model": str(bundle / "draft"), "num_speculative_tokens": K})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_vllms_dspark_loader_reads_the_draft_as_trained(bundle, monkeypatch):
     """vLLM's engine config and its Qwen3DSparkForCausalLM, built as its V2 runner builds them (the V1 runner's refusal
     stepped over): method dspark, K speculative tokens, the target layers it captures (trtspec's + 1: vLLM counts the
@@ -90,8 +83,7 @@ def test_vllms_dspark_loader_reads_the_draft_as_trained(bundle, monkeypatch):
     Model Optimizer's flat names (markov_w1/markov_w2) its loader would refuse the Markov head."""
     import torch
     from safetensors.torch import load_file
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.config import VllmConfig
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
@@ -113,11 +105,7 @@ def test_vllms_dspark_loader_reads_the_draft_as_trained(bundle, monkeypatch):
     assert sc.draft_model_config.hf_config.sample_from_anchor is True and vc.num_lookahead_tokens == K
 
     weights = load_file(str(bundle / "draft" / "model.safetensors"))
-    with set_current_vllm_config(vc):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
-        ensure_model_parallel_initialized(1, 1)
-        model = Qwen3DSparkForCausalLM(vllm_config=vc)
+    with vllm_model(vc, Qwen3DSparkForCausalLM) as model:
         flat = {k.removeprefix("markov_head."): v for k, v in weights.items()}  # as Model Optimizer names them
         with pytest.raises(ValueError, match="markov_w1"):
             model.load_weights(flat.items())

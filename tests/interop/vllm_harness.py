@@ -3,6 +3,8 @@ vLLM's own acceptance counters read around them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -43,3 +45,21 @@ def vllm_run(bundle: Path, draft: Path | None, prompts: list[list[int]], k: int,
         return outputs, vl.acceptance(before, vl.spec_counters(llm)) if draft else {}
     finally:
         vl.shutdown(llm)
+
+
+@contextmanager
+def vllm_model(vc, cls) -> Iterator:
+    """vLLM's model class `cls` built under the engine config `vc` as its model runner builds it (world size 1, this
+    process; the distributed state made once per process), the config current while the caller loads weights."""
+    import torch.distributed as dist
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+
+    from trtspec.engines.vllm.sweep import free_port
+
+    with set_current_vllm_config(vc):
+        if not dist.is_initialized():
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
+        ensure_model_parallel_initialized(1, 1)
+        yield cls(vllm_config=vc)
