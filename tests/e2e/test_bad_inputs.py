@@ -398,6 +398,10 @@ def case_dflash2_engine_named(tmp, model, mp):
                              engine={"backend": "vllm"}))
 
 
+def case_tree_on_hf_family(tmp, model, mp):
+    return build(tmp, config(tmp, "tiny:gemma3", draft={"shape": "dynamic_tree"}))
+
+
 def case_dflash_block_too_small(tmp, model, mp):
     return build(tmp, config(tmp, model, draft={"method": "dflash", "length": 7}, dflash={"block_size": 4}))
 
@@ -728,6 +732,9 @@ CASES = [
          "convert", before_data=True),
     Case("dflash2-engine-named", case_dflash2_engine_named, 2,
          r"engine\.backend vllm cannot serve this build: a DFlash2 draft is served by vLLM's V2 model runner on a GPU only",
+         before_data=True),
+    Case("draft-tree-on-hf-family", case_tree_on_hf_family, 2,
+         r"draft\.shape dynamic_tree: validate runs gemma3 targets on the runtime's hf path, which verifies chains only",
          before_data=True),
     Case("dflash-block-too-small", case_dflash_block_too_small, 2, r"draft\.length 7 is more than a DFlash block of 4 drafts"),
     Case("dflash-more-layers-than-target", case_dflash_more_layers_than_target, 2, r"dflash\.num_layers 8: each draft layer reads its own target layer, and this target has 4", "convert", before_data=True),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from trtspec.config import config_from_dict
-from trtspec.resources import lines, training_rows
+from trtspec.resources import FEW_ROWS, few_rows_warning, lines, training_rows
 
 BASE = {"model": {"source": "demo:smollm2-135m-instruct"}}
 
@@ -31,3 +31,18 @@ def test_the_lines_flag_what_exceeds_the_machine():
     assert "weights 30.0 GiB (MORE than is free)" in memory and "20.0 GiB free now" in memory
     assert "at most 1000" in disk and "offline states at most 80.0 GiB (MORE than is free)" in disk
     assert "MORE" not in lines({**est, "target_weights_gib": 1.0})[0]
+
+
+def test_few_training_rows_are_said_before_the_build_and_in_check(tmp_path):
+    """A build whose sources hold fewer than FEW_ROWS training rows says so in one line before its data stage (and
+    --check says it on its data line); one with enough says nothing."""
+    def cfg(n):
+        (tmp_path / f"p{n}.jsonl").write_text("".join(json.dumps({"text": f"q{i}"}) + "\n" for i in range(n)))
+        return config_from_dict({**BASE, "data": {"sources": [{"kind": "regenerate", "path": f"p{n}.jsonl"}],
+                                                  "holdout_fraction": 0.25}}, base_dir=tmp_path)
+
+    assert few_rows_warning(cfg(12)).startswith("warning: the data sources give at most 9 training rows (FEW")
+    assert few_rows_warning(cfg(2 * FEW_ROWS)) is None
+    est = {"target_weights_gib": 1.0, "trainer_loads": "the whole target", "free_memory_gib": 20.0,
+           "training_rows": 9, "states_gib": None, "free_disk_gib": 50.0}
+    assert "at most 9 (FEW" in lines(est)[1] and "FEW" not in lines({**est, "training_rows": FEW_ROWS})[1]

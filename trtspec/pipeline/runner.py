@@ -277,10 +277,13 @@ def preflight(cfg: BuildConfig, run: RunDir, needed: list[str], redo: set[str]) 
     the model's config can judge (convert's aux layers, quantize's lm_head...). A bad one fails in seconds, not after
     the data stage's regeneration."""
     from trtspec.models import check_environment
+    from trtspec.resources import few_rows_warning
 
     check_environment()
     stages = likely_to_run(cfg, run, needed, redo)
     check_inputs(cfg, stages)
+    if "data" in stages and (warning := few_rows_warning(cfg)):
+        print(warning, file=sys.stderr, flush=True)
     checks = [f for s in stages if (f := getattr(stage_module(s), "preflight", None))]
     if checks:
         model_config = load_model_config(cfg.model.source)

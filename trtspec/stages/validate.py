@@ -109,14 +109,19 @@ def taken_rows(sources: list[tuple[str, str, list[dict]]], n: int) -> list[dict]
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
-    """validate.baseline read and matched to this target and draft length; eval.prompts and eval.suites read (an hf
+    """A draft tree on a family validate runs on the runtime's hf path (chains only) refused; validate.baseline read
+    and matched to this target and draft length; eval.prompts and eval.suites read (an hf
     suite loaded: with no network, one line) and the prompts the stage will take encoded as it will encode them,
     each with eval.max_new_tokens, against the target's window: a prompt no context holds is refused before any
     stage spends minutes (held-out prompts come from the data stage, cut to data.seq_len)."""
     from trtspec.config import check_fits_window
+    from trtspec.errors import ConfigError
     from trtspec.models import load_tokenizer, resolve_model
-    from trtspec.targets import text_config
+    from trtspec.targets import family_of, text_config
 
+    if cfg.draft.shape != "chain" and (family := family_of(model_config)).runtime == "hf":
+        raise ConfigError(f"draft.shape {cfg.draft.shape}: validate runs {family.name} targets on the runtime's hf path, "
+                          "which verifies chains only", "set draft.shape: chain (engines serve a chain or their own tree)")
     if cfg.validate_.baseline:
         read_baseline(cfg.resolve_path(cfg.validate_.baseline), target_identity(model_config), cfg.draft.length)
     window = text_config(model_config).max_position_embeddings
