@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtspec.deploy.bundle import ExportedDraft, built_with, family_lines, source_name
-from trtspec.dflash2.family import ARCHITECTURE, NO_ENGINE
+from trtspec.dflash2 import ARCHITECTURE, NO_ENGINE
 
 if TYPE_CHECKING:
     from trtspec.config import BuildConfig

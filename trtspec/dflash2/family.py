@@ -8,17 +8,7 @@ from typing import Any
 
 from trtspec.dflash.convert import check_build_config as check_dflash_config
 from trtspec.dflash.family import DFlashFamily
-
-ARCHITECTURE = "DFlash2DraftModel"  # what an exported DFlash2 draft's config.json names (vLLM's registry entry)
-SELECTOR_KEY = "candidate_selector."  # the selector's weights in the export, beside the block's
-# why trtspec runs no engine with it and writes no launcher: in the engines' sources read, only vLLM's V2 model
-# runner drafts with DFlash2 (vllm/config/vllm.py refuses it on V1: "DFlash candidate-head drafts"; V1 would load it
-# as DFlash and drop the selector silently), and that runner's DFlash2 speculator is Triton kernels on a GPU
-NO_ENGINE = ("a DFlash2 draft is served by vLLM's V2 model runner on a GPU only (VLLM_USE_V2_MODEL_RUNNER=1, "
-             "--speculative-config '{\"method\": \"dflash\", \"model\": \"draft\", \"num_speculative_tokens\": K}'): "
-             "vLLM's CPU build refuses it ('Model Runner V1 does not support: DFlash candidate-head drafts') and "
-             "TensorRT-LLM and SGLang have no DFlash2 drafter, so the bundle has no launcher and trtspec's runtime "
-             "serves it in validate")
+from trtspec.dflash2 import ARCHITECTURE, NO_ENGINE
 
 
 class DFlash2Family(DFlashFamily):

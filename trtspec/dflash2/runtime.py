@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from trtspec.dflash2.family import ARCHITECTURE, SELECTOR_KEY
+from trtspec.dflash2 import ARCHITECTURE, SELECTOR_KEY
 from trtspec.errors import ArtifactError
 from trtspec.runtime.dflash import DFlashDrafter, DFlashLayer, load_dflash, load_weights, share_target
 from trtspec.runtime.drafters import softmax_t
