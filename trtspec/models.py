@@ -84,12 +84,31 @@ def _plain_copy(model: Any) -> Any:
 
 
 def gguf_to_hf(gguf: Path, out: Path) -> Path:
-    """Dequantize a GGUF file into an HF folder (float32 safetensors + tokenizer), atomically."""
+    """Dequantize a GGUF file into an HF folder (float32 safetensors + tokenizer), atomically and once."""
+    if out.is_dir() and (out / "config.json").is_file():
+        return out
+    with cache_lock(out):
+        if (out / "config.json").is_file():  # another process converted it while this one waited
+            return out
+        return _convert_gguf(gguf, out)
+
+
+@contextmanager
+def cache_lock(out: Path) -> Iterator[None]:
+    """One process at a time writes the cache folder `out` (two builds started at once on an empty cache: one
+    converts, the other waits and then reads what it wrote; a folder is replaced only under the lock)."""
+    import fcntl
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _convert_gguf(gguf: Path, out: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if out.is_dir() and (out / "config.json").is_file():
-        return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -144,7 +163,9 @@ def tiny_model(family: str) -> Path:
     out = cache_dir() / "models" / f"tiny-{family}"
     if (out / "config.json").is_file():
         return out
-    return build_tiny(family, out, load_tokenizer(resolve_model("demo:smollm2-135m-instruct")))
+    tok = load_tokenizer(resolve_model("demo:smollm2-135m-instruct"))
+    with cache_lock(out):
+        return out if (out / "config.json").is_file() else build_tiny(family, out, tok)
 
 
 def model_stamp(source: str) -> dict | None:
