@@ -37,7 +37,7 @@ ROWS = [pytest.param(name, method, marks=() if (name, method) in DEFAULT_TIER el
 
 
 @pytest.mark.parametrize(("name", "method"), ROWS)
-def test_family_end_to_end(name, method, tmp_path, demo_model_dir):
+def test_family_end_to_end(name, method, tmp_path, demo_model_dir, finished_runs):
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "trtspec.cli", "build", str(RECIPES[method]), "--out", str(run),
                            "--set", f"model.source=tiny:{name}", "--set", "engine.backend=auto", "--set", f"draft.method={method}"],
@@ -63,3 +63,4 @@ def test_family_end_to_end(name, method, tmp_path, demo_model_dir):
         assert m["exact"] == m["total"] == 2
         # the same draft on the same prompts: vLLM's counters and trtspec's runtime accept alike
         assert abs(engine["metrics"]["runtime_agreement"]["engine_over_runtime"] - 1) <= 0.02, engine["metrics"]
+    finished_runs[("tiny-families", name, method)] = run  # notebook 01 builds tiny:qwen3_moe with EAGLE-3 too
