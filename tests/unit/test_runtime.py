@@ -286,6 +286,25 @@ def test_native_pass_equals_forward(kernel, family):
             model.step(torch.tensor([1]), torch.tensor([128]), torch.tensor([20]), 21, None)
 
 
+def test_native_pass_follows_a_change_of_aux_layers():
+    """One target serving drafts that read different layers (bench_drafters.py: EAGLE-3 beside DFlash): the native
+    pass hands out the layers set now, not those of its first pass of that many rows."""
+    args = ModelArgs(vocab_size=96, hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=96)
+    model = Transformer(args, aux_layers=(0,)).eval().requires_grad_(False)
+    assert model.use_native_pass()
+    model.setup_cache(32)
+    with torch.inference_mode():
+        model(torch.arange(5), torch.arange(5), torch.arange(5), 5, "causal")
+        widths = []
+        for layers in [(0,), (0, 1, 2), (2,)]:
+            model.aux_layers = layers
+            _, aux = model.step(torch.tensor([7]), torch.tensor([5]), torch.tensor([5]), 6, None)
+            _, want = model.forward(torch.tensor([7]), torch.tensor([5]), torch.tensor([5]), 6, None)
+            torch.testing.assert_close(aux, want, atol=1e-5, rtol=1e-5)
+            widths.append(aux.shape[-1])
+    assert widths == [64, 192, 64]
+
+
 def test_compact_cache_moves_the_accepted_path_natively_as_in_torch():
     """A tree step's accepted path (node ids) moved next to the prefix: the native move of every layer's rows (the
     target's pass native) leaves the caches as the torch loop does; rows out of order are refused."""

@@ -274,7 +274,7 @@ class Transformer(Stepper):
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         self.native_pass = (on and self.settings.uses_native_pass and attention_usable(p.dtype, p.device, self.args.head_dim)
                             and all(m.weight.dtype == torch.float32 for m in linears))
-        self._native_args: dict[int, tuple] = {}
+        self._native_args: dict[tuple, tuple] = {}
         return self.native_pass
 
     def setup_cache(self, max_len: int) -> None:
@@ -290,10 +290,10 @@ class Transformer(Stepper):
                        logits_from: int = 0) -> tuple[Tensor, Tensor | None]:
         """`forward` over a few new rows (tokens/positions/slots [T], the cache holding `length` rows after them)
         by native.decoder_step, with each product's kernel chosen for T rows."""
-        rows = tokens.numel()
-        if rows not in self._native_args:
-            self._native_args[rows] = self.native_arguments(rows)
-        embed, cos, sin, weights, codes, biases, norms, caches, dims, aux = self._native_args[rows]
+        key = (tokens.numel(), self.aux_layers)  # a caller may change aux_layers between passes (one per draft)
+        if key not in self._native_args:
+            self._native_args[key] = self.native_arguments(*key)
+        embed, cos, sin, weights, codes, biases, norms, caches, dims, aux = self._native_args[key]
         logits, aux_out = decoder_step(tokens, positions, slots, length, mask, embed, cos, sin, weights, codes, biases,
                                        norms, caches, dims, aux, logits_from, self.args.norm_eps)
         return logits, aux_out if self.aux_layers else None
@@ -305,8 +305,9 @@ class Transformer(Stepper):
         weights.append(operand)
         codes.append(KERNEL_CODES[kernel])
 
-    def native_arguments(self, rows: int) -> tuple:
-        """decoder_step's arguments that do not change between passes of `rows` rows (see its C++ for their order)."""
+    def native_arguments(self, rows: int, aux_layers: tuple[int, ...]) -> tuple:
+        """decoder_step's arguments that do not change between passes of `rows` rows handing out the outputs of
+        `aux_layers` (see its C++ for their order)."""
         weights, codes, biases, norms, caches = [], [], [], [], []
         for layer in self.layers:
             a = layer.self_attn
@@ -318,7 +319,7 @@ class Transformer(Stepper):
         self.add_product(rows, self.lm_head, weights, codes)
         norms.append(self.norm)
         dims = [self.args.num_heads, self.args.num_kv_heads, self.args.head_dim, int(self.args.qk_norm)]
-        return self.embed_tokens.weight, self.cos, self.sin, weights, codes, biases, norms, caches, dims, list(self.aux_layers)
+        return self.embed_tokens.weight, self.cos, self.sin, weights, codes, biases, norms, caches, dims, list(aux_layers)
 
 
 COMPILED = ("draft passes, and the target's where it has no native pass, compiled with torch.compile (inductor); "
