@@ -4,6 +4,7 @@
     python scripts/family_matrix.py                         # every family, EAGLE-3, into runs/families/
     python scripts/family_matrix.py --families qwen3_moe,gemma3 --method dflash
     python scripts/family_matrix.py --json
+    python scripts/family_matrix.py --method dflash --write # and rewrite docs/families.md's DFlash table with it
 
 Each family is a tiny random model built in code (`model.source: tiny:FAMILY`, the demo model's tokenizer) run
 through build_configs/tiny-families.yaml (tiny-families-dflash.yaml with --method dflash) by `trtspec build` in a process of its own. Per family the table gives each
@@ -43,7 +44,7 @@ def run_family(family: str, method: str, out: Path, extra: list[str]) -> dict:
         row[stage] = m.get("status", "done") if m else ("failed" if row["error"] else "not run")
         metrics = (m or {}).get("metrics") or {}
         if stage == "train":
-            row["heldout_al"] = metrics.get(next((k for k in metrics if k.startswith("AL@") and "_" not in k), ""), None)
+            row["heldout_al"] = metrics.get("AL@3")  # null where the recipe measures no held-out acceptance
         if stage == "engine":
             row["engine_note"] = m.get("reason") if m and m.get("status") == "skipped" else None
             row["vllm_al"] = metrics.get("acceptance_length")
@@ -59,21 +60,50 @@ def run_family(family: str, method: str, out: Path, extra: list[str]) -> dict:
     return row
 
 
+def cell(value, fmt: str = "{:.2f}") -> str:
+    return "not measured" if value is None else fmt.format(value)
+
+
 def table(rows: list[dict]) -> str:
-    head = ("| family | method | convert | train (AL@3) | export | vLLM (AL; the runtime's on the same prompts; greedy) "
-            "| runtime (path, AL, greedy) | s |")
+    """The matrix as a markdown table: each stage's outcome; vLLM's AL beside trtspec's runtime's on the same prompts
+    (the engine stage's `runtime_agreement`) and vLLM's greedy match; the runtime's path, held-out AL and greedy match."""
+    head = ("| family | method | convert | train (held-out AL@3) | export | vLLM: AL (runtime's, same prompts), greedy "
+            "| runtime: path, AL, greedy | s |")
     lines = [head, "|" + "---|" * 8]
     for r in rows:
-        engine = r["engine"] if r["engine"] != "done" else (f"AL {r['vllm_al']} (runtime {r.get('runtime_al_same_prompts')}), "
-                                                             f"{r['vllm_exact']}")
+        engine = r["engine"]
         if r.get("engine_note"):
             engine = f"skipped: {r['engine_note']}"
-        runtime = r["validate"] if r["validate"] != "done" else f"{r['runtime_path']}, AL {r['runtime_al']:.2f}, {r['runtime_exact']}"
-        train = r["train"] if r["train"] != "done" else f"done ({r['heldout_al']})"
+        elif engine == "done":
+            engine = f"AL {cell(r['vllm_al'])} ({cell(r.get('runtime_al_same_prompts'))}), {r['vllm_exact']}"
+        runtime = r["validate"] if r["validate"] != "done" else f"{r['runtime_path']}, AL {cell(r['runtime_al'])}, {r['runtime_exact']}"
+        train = r["train"] if r["train"] != "done" else f"done ({cell(r['heldout_al'])})"
         lines.append(f"| {r['family']} | {r['method']} | {r['convert']} | {train} | {r['export']} | {engine} | {runtime} | {r['seconds']} |")
         if r["error"]:
             lines.append(f"|  | | {r['error'][:200]} | | | | | |")
     return "\n".join(lines)
+
+
+def write_table(page: Path, method: str, text: str) -> None:
+    """Replace what stands between the method's markers in `page` with `text`."""
+    start, end = f"<!-- family-matrix:{method}:start -->", f"<!-- family-matrix:{method}:end -->"
+    doc = page.read_text()
+    if start not in doc or end not in doc:
+        sys.exit(f"{page}: no {start} ... {end} markers to write the {method} table between")
+    head, rest = doc.split(start, 1)
+    page.write_text(f"{head}{start}\n{text}\n{end}{rest.split(end, 1)[1]}")
+
+
+def measured_on(method: str, families: list[str]) -> str:
+    import datetime
+
+    from trtspec.runtime.kernels import cpu_description
+    from trtspec.targets.tiny import TINY
+
+    machine = cpu_description()
+    which = "every family" if families == list(TINY) else ", ".join(families)
+    return (f"Measured {datetime.date.today()} on {machine['model']} ({machine['cores']} cores), {which}, by "
+            f"`python scripts/family_matrix.py --method {method} --write`:\n")
 
 
 def main() -> None:
@@ -85,6 +115,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "families")
     ap.add_argument("--set", action="append", default=[], help="more config overrides, KEY=VALUE")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write", action="store_true", help="also write the table into docs/families.md (between its markers)")
     a = ap.parse_args()
     families = a.families.split(",")
     unknown = [f for f in families if f not in TINY]
@@ -96,6 +127,8 @@ def main() -> None:
         rows.append(run_family(f, a.method, a.out, extra))
         print(f"{f}: rc {rows[-1]['rc']} in {rows[-1]['seconds']} s", file=sys.stderr, flush=True)
     print(json.dumps(rows, indent=2) if a.json else table(rows))
+    if a.write:
+        write_table(ROOT / "docs" / "families.md", a.method, measured_on(a.method, families) + "\n" + table(rows))
 
 
 if __name__ == "__main__":
