@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 
-class DraftFamily(Protocol):
-    """What a draft family provides, one object in its own package (trtspec/<package>/family.py). The stages, the
-    trainer and the runtime reach a family through this interface only; the methods with bodies are shared."""
+class TrainableDraft(Protocol):
+    """What the convert and train stages and the trainer (training.trainer) need of a family: its draft converted
+    from the base, trained, measured and saved. The methods with bodies are shared."""
 
     name: ClassVar[str]  # draft.method
     title: ClassVar[str]  # how reports and logs name it
@@ -39,20 +39,7 @@ class DraftFamily(Protocol):
     offline_key: ClassVar[str]  # the config key saying the draft reads cached target states (Model Optimizer's name)
     module_attr: ClassVar[str]  # the converted model's attribute holding the draft's own network
     length_key: ClassVar[str | None] = None  # the config key draft.length trains (EAGLE-3's train-time-test steps)
-    exports_onnx: ClassVar[bool] = False  # export_onnx writes the draft as ONNX, checked against PyTorch
-    no_launcher: ClassVar[frozenset[str]] = frozenset()  # engines that load no draft of this family: no launcher
-    vllm_methods: ClassVar[dict[str, str]]  # TensorRT-LLM decoding_type serving this family's draft -> vLLM's method
-    drafting: ClassVar[tuple[str, ...]]  # `deploy --drafting` methods its bundle serves, besides suffix drafting alone
-    sections: ClassVar[tuple[str, ...]]  # the build config's sections it reads (set under another method: refused)
-    architectures: ClassVar[tuple[str, ...]]  # what its exported draft's config.json names (the runtime's loader picks by it)
-    no_engine: ClassVar[str | None] = None  # why no engine serves its drafts here (no launcher, no engine stage), or None
 
-    # --- the build config ---
-    def check_config(self, cfg: Any) -> None:
-        """The build config's rules of this family, from BuildConfig's validator before anything runs: options of
-        another family are refused, naming the key (ValueError, as every config check raises)."""
-
-    # --- convert and train ---
     def check_convert(self, cfg: Any, model_config: Any) -> None:
         """The convert settings against the target, before any stage (one line per problem)."""
 
@@ -75,7 +62,38 @@ class DraftFamily(Protocol):
     def drafts(self, model: Any, ids: Any, aux: Any, last: Any, k: int) -> Any:
         """Greedy drafts of k tokens from every position: (ids [1,T], aux [1,T,A], last [1,T,H]) -> [1,T,k]."""
 
-    # --- export and serve ---
+    def module(self, model: Any) -> Any:
+        """The draft's own network inside the converted model."""
+        return getattr(model, self.module_attr)
+
+    def read_config(self, folder: Path) -> dict:
+        return json.loads((Path(folder) / self.config_file).read_text())
+
+    def write_config(self, folder: Path, cfg: dict) -> None:
+        (Path(folder) / self.config_file).write_text(json.dumps(cfg, indent=2) + "\n")
+
+    def set_offline(self, cfg: dict, offline: bool) -> None:
+        """Offline: the draft reads cached target states and Model Optimizer drops the target's decoder layers."""
+        cfg[self.offline_key] = offline
+
+    def set_length(self, cfg: dict, k: int) -> None:
+        """Train for drafts of k tokens where the draft's loss depends on it (EAGLE-3: chains as long as the
+        engines will draft); a block drafter's block is fixed at convert."""
+        if self.length_key:
+            cfg[self.length_key] = k
+
+
+class ExportableDraft(Protocol):
+    """What the export stage, the engines and deploy need of a family: its trained draft written for the engines
+    and what each engine serves of it."""
+
+    title: ClassVar[str]
+    exports_onnx: ClassVar[bool] = False  # export_onnx writes the draft as ONNX, checked against PyTorch
+    no_launcher: ClassVar[frozenset[str]] = frozenset()  # engines that load no draft of this family: no launcher
+    vllm_methods: ClassVar[dict[str, str]]  # TensorRT-LLM decoding_type serving this family's draft -> vLLM's method
+    drafting: ClassVar[tuple[str, ...]]  # `deploy --drafting` methods its bundle serves, besides suffix drafting alone
+    no_engine: ClassVar[str | None] = None  # why no engine serves its drafts here (no launcher, no engine stage), or None
+
     def check_export(self, cfg: Any) -> None:
         """The export settings, before any stage."""
 
@@ -104,30 +122,26 @@ class DraftFamily(Protocol):
     def write_readme(self, bundle: Path, cfg: Any, info: dict, metrics: dict) -> None:
         """bundle/README.md: what the draft is and how each engine serves it."""
 
-    # --- the runtime ---
+
+class RunnableDraft(Protocol):
+    """What trtspec's runtime needs of a family: its exported draft loaded beside the target."""
+
+    architectures: ClassVar[tuple[str, ...]]  # what its exported draft's config.json names (the runtime's loader picks by it)
+
     def load_drafter(self, draft_dir: Path, target: Any, weights: str = "auto", settings: Any = None) -> Any:
         """The runtime's drafter for an exported draft, sharing the target's embedding and lm_head."""
 
-    # --- shared ---
-    def module(self, model: Any) -> Any:
-        """The draft's own network inside the converted model."""
-        return getattr(model, self.module_attr)
 
-    def read_config(self, folder: Path) -> dict:
-        return json.loads((Path(folder) / self.config_file).read_text())
+class DraftFamily(TrainableDraft, ExportableDraft, RunnableDraft, Protocol):
+    """A draft family, one object in its own package (trtspec/<package>/family.py): trainable, exportable and
+    runnable, and the rules of its build-config sections. The stages, the trainer and the runtime reach a family
+    through these interfaces only, each typed by the part it uses."""
 
-    def write_config(self, folder: Path, cfg: dict) -> None:
-        (Path(folder) / self.config_file).write_text(json.dumps(cfg, indent=2) + "\n")
+    sections: ClassVar[tuple[str, ...]]  # the build config's sections it reads (set under another method: refused)
 
-    def set_offline(self, cfg: dict, offline: bool) -> None:
-        """Offline: the draft reads cached target states and Model Optimizer drops the target's decoder layers."""
-        cfg[self.offline_key] = offline
-
-    def set_length(self, cfg: dict, k: int) -> None:
-        """Train for drafts of k tokens where the draft's loss depends on it (EAGLE-3: chains as long as the
-        engines will draft); a block drafter's block is fixed at convert."""
-        if self.length_key:
-            cfg[self.length_key] = k
+    def check_config(self, cfg: Any) -> None:
+        """The build config's rules of this family, from BuildConfig's validator before anything runs: options of
+        another family are refused, naming the key (ValueError, as every config check raises)."""
 
 
 # draft.method -> the module and object of its family (imported when first asked for)

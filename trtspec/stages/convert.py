@@ -16,6 +16,7 @@ from trtspec.pipeline.stage import StageContext
 
 if TYPE_CHECKING:
     from trtspec.config import BuildConfig
+    from trtspec.families import TrainableDraft
 
 UPSTREAM = ("data",)
 READS = ("convert", "draft.method", "draft.init_from", "dflash", "dflash2", "seed")
@@ -45,7 +46,7 @@ def run(ctx: StageContext) -> dict:
     return metrics
 
 
-def continue_from(ctx: StageContext, fam: Any) -> dict:
+def continue_from(ctx: StageContext, fam: TrainableDraft) -> dict:
     """draft.init_from: the earlier run's draft config and trained weights as this run's starting draft."""
     import shutil
 

@@ -45,6 +45,7 @@ from trtspec.training.trainer import HeadDataset, check_trainer_api, make_traine
 
 if TYPE_CHECKING:
     from trtspec.config import BuildConfig, TrainSection
+    from trtspec.families import TrainableDraft
 
 UPSTREAM = ("data", "convert")
 READS = ("train", "draft.method", "draft.length", "draft.max_category_drop", "dflash", "dflash2", "eval.acceptance_prompts", "eval.context_bins",
@@ -292,7 +293,7 @@ def states_metrics(states: Any) -> dict:
     return {**states.stats, "peak_engine_files_bytes": getattr(states.source, "peak_disk", 0)}
 
 
-def train_head(ctx: StageContext, fam: Any, model: Any, head: Any, tokens: dict, states: dict | None,
+def train_head(ctx: StageContext, fam: TrainableDraft, model: Any, head: Any, tokens: dict, states: dict | None,
                eval_set: list | None) -> tuple[dict, dict]:
     """The HF Trainer run, resumed from the last checkpoint in ctx.work; returns the rows it trained on
     (train.max_rows) and what the run did (steps, loss, seconds, per-rank memory and head parameters)."""
@@ -321,7 +322,7 @@ def train_head(ctx: StageContext, fam: Any, model: Any, head: Any, tokens: dict,
     }
 
 
-def write_outputs(ctx: StageContext, fam: Any, model: Any, draft_cfg: dict, eval_file: Path) -> None:
+def write_outputs(ctx: StageContext, fam: TrainableDraft, model: Any, draft_cfg: dict, eval_file: Path) -> None:
     """The trained draft, its config (for a full target), the held-out answers and the training log; the
     checkpoints go."""
     ckpt_dir, log_file = ctx.work / "checkpoints", ctx.work / "train_log.jsonl"

@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtspec import ranks
 from trtspec.errors import MissingDependency
 from trtspec.training.sharding import ShardedHead
 from trtspec.training.states import row_lengths
+
+if TYPE_CHECKING:
+    from trtspec.families import TrainableDraft
 
 # The HF Trainer's private methods the head's trainer overrides or calls (all in make_trainer), with the parameters
 # it relies on, as in transformers 5.0-5.19 (pyproject pins <5.20; tests/unit/test_trainer_private.py checks each).
@@ -120,10 +123,10 @@ class LengthGroupedEpochSampler:
 
 
 def make_trainer(model: Any, dataset: Any, args: Any, log_file: Path, eval_fn: Any, eval_steps: int,
-                 head: ShardedHead | None, family: Any):
+                 head: ShardedHead | None, family: TrainableDraft):
     """The HF Trainer of the head. `eval_fn` is called on every rank at eval steps (gathering a sharded head is
     collective) and returns rank 0's measurement. `head`: the FSDP-sharded head (train.sharding: fsdp), whose
-    checkpoints hold each rank's optimizer shard. `family`: the draft's trtspec.families.DraftFamily (its training
+    checkpoints hold each rank's optimizer shard. `family`: the draft's family (its training
     forward and how its weights are saved)."""
     import torch
     from transformers import Trainer, TrainerCallback
