@@ -291,9 +291,10 @@ class ExportSection(Section):
 
 
 class ServeSection(Section):
-    decoding: Literal["eagle3", "draft_target", "ngram", "suffix"] = key(
-        "eagle3", "what the engine stage speculates with: the trained EAGLE-3 head (with draft.suffix_len > 0, "
-        "TensorRT-LLM's suffix-automaton enhancer in front of it), a small draft model (draft_model), n-gram matches "
+    decoding: Literal["draft", "draft_target", "ngram", "suffix"] = key(
+        "draft", "what the engine stage speculates with: draft = the run's trained draft, of its draft.method (an "
+        "EAGLE-3 head: with draft.suffix_len > 0, "
+        "TensorRT-LLM's suffix-automaton enhancer in front of it; the old spelling eagle3 is read as draft), a small draft model (draft_model), n-gram matches "
         "against the prompt and answer so far, or suffix-automaton drafting alone (TensorRT-LLM SA, vLLM suffix)")
     draft_model: str | None = key(None, "decoding: draft_target: the draft model (HF folder relative to the YAML, "
                                   "demo:..., or a hub id)", min_length=1)
@@ -497,7 +498,7 @@ class BuildConfig(Section):
                              "(the bundle drafts at most draft.length tokens)")
         if self.serve.draft_len_schedule is None:
             return
-        if self.serve.decoding != "eagle3":  # the draft's family has its own rules (DraftFamily.check_config)
+        if self.serve.decoding != "draft":  # the draft's family has its own rules (DraftFamily.check_config)
             raise ValueError(f"serve.draft_len_schedule schedules the bundle's draft, served as decoding eagle3; "
                              f"serve.decoding is {self.serve.decoding} (drop the schedule)")
         if self.draft.shape != "chain":
@@ -640,7 +641,7 @@ def _coerce_numbers(raw: Any, model: Any = BuildConfig) -> Any:
     return out
 
 
-RENAMED_VALUES = {("engine", "backend"): {"pytorch": "trtllm"}}  # old spellings still read, with one line saying so
+RENAMED_VALUES = {("engine", "backend"): {"pytorch": "trtllm"}, ("serve", "decoding"): {"eagle3": "draft"}}  # old spellings still read, with one line saying so
 
 
 def rename_old_values(raw: dict, source: str) -> dict:

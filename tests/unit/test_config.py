@@ -68,6 +68,15 @@ def test_old_spelling_of_the_trtllm_backend_is_read_with_one_line(tmp_path, caps
     assert load_config(write(tmp_path, MINIMAL), ["engine.backend=pytorch"]).engine.backend == "trtllm"
 
 
+def test_old_spelling_of_the_runs_own_draft_is_read_with_one_line(tmp_path, capsys):
+    """serve.decoding eagle3 meant the run's own draft of any family (a DFlash bundle's too): now `draft`."""
+    cfg = load_config(write(tmp_path, {**MINIMAL, "draft": {"method": "dflash"}, "serve": {"decoding": "eagle3"}}))
+    assert cfg.serve.decoding == "draft" and load_config(write(tmp_path, MINIMAL)).serve.decoding == "draft"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "serve.decoding: eagle3 is deprecated, read as draft" in err[0]
+    assert load_config(write(tmp_path, MINIMAL), ["serve.decoding=eagle3"]).serve.decoding == "draft"
+
+
 def test_extends_merges_the_parent_under_the_child(tmp_path):
     (tmp_path / "parent.yaml").write_text(yaml.safe_dump({**MINIMAL, "seed": 3, "train": {"epochs": 5.0, "lr": 1e-3}}))
     (tmp_path / "child.yaml").write_text(yaml.safe_dump({"extends": "parent.yaml", "train": {"lr": 2e-4}}))

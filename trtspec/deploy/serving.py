@@ -257,7 +257,7 @@ def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[s
 def write_serving_files(bundle_dir: Path, cfg, info: dict, skip: set[str] = frozenset()) -> list[str]:
     """Write llm_api_options.yaml, serve.sh, triton/ and snippets/ into the bundle; returns relative paths."""
     bundle_dir = Path(bundle_dir)
-    options = llm_api_options(cfg, "./draft", info, decoding="eagle3")
+    options = llm_api_options(cfg, "./draft", info, decoding="draft")
     (bundle_dir / OPTIONS_FILE).write_text(OPTIONS_HEADER + yaml.safe_dump(options, sort_keys=False))
     written = [bundle_dir / OPTIONS_FILE, _script(bundle_dir / "serve.sh", SERVE_SH.format(target="./target", options=OPTIONS_FILE))]
     written += write_model_repo(bundle_dir / "triton", options)

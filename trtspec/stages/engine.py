@@ -70,7 +70,7 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
 
     if cfg.engine.sweep:
         check_sweep(cfg)
-    if cfg.engine.backend == "auto" or cfg.serve.decoding != "eagle3":
+    if cfg.engine.backend == "auto" or cfg.serve.decoding != "draft":
         return
     if "backend" in cfg.engine.model_fields_set and (why := family(cfg.draft.method).no_engine):  # named, not the default
         raise ConfigError(f"engine.backend {cfg.engine.backend} cannot serve this build: {why}",
@@ -88,9 +88,9 @@ def check_sweep(cfg: BuildConfig) -> None:
     from trtspec.engines.vllm.sweep import find_aiperf
     from trtspec.errors import ConfigError
 
-    if cfg.engine.backend == "trtllm" or cfg.serve.decoding != "eagle3" or cfg.draft.method != "eagle3":
+    if cfg.engine.backend == "trtllm" or cfg.serve.decoding != "draft" or cfg.draft.method != "eagle3":
         raise ConfigError("engine.sweep runs the bundle's EAGLE-3 head in vLLM (engine.backend vllm or auto, "
-                          f"serve.decoding eagle3); here engine.backend is {cfg.engine.backend}, "
+                          f"serve.decoding draft); here engine.backend is {cfg.engine.backend}, "
                           f"serve.decoding {cfg.serve.decoding}, draft.method {cfg.draft.method}",
                           "set engine.backend: vllm, or engine.sweep: null")
     if cfg.engine.sweep_method == "aiperf":
@@ -134,7 +134,7 @@ def run(ctx: StageContext) -> dict:
     eng, why = engines.resolve(ctx.cfg.engine.backend)
     if eng is None:
         raise StageSkipped(why)
-    if ctx.cfg.serve.decoding == "eagle3" and (refused := engines.bundle_refusal(eng, ctx.inputs["export"])):
+    if ctx.cfg.serve.decoding == "draft" and (refused := engines.bundle_refusal(eng, ctx.inputs["export"])):
         raise StageSkipped(refused)
     if ctx.cfg.engine.backend == "auto":
         ctx.log(f"engine.backend auto: {why}")
@@ -154,7 +154,7 @@ def prompt_ids(target: Path, n: int) -> list[list[int]]:
 def options_for(ctx: StageContext, bundle: Path) -> dict:
     """The LLM-API options: the bundle's llm_api_options.yaml for EAGLE-3, the same builder for the others."""
     s = ctx.cfg.serve
-    if s.decoding != "eagle3":
+    if s.decoding != "draft":
         draft = str(resolve_model(s.draft_model)) if s.draft_model else "./draft"
         return llm_api_options(ctx.cfg, draft, decoding=s.decoding)
     from trtspec.artifacts import read_json
@@ -162,7 +162,7 @@ def options_for(ctx: StageContext, bundle: Path) -> dict:
     options = read_options(bundle)
     # an EAGLE-3 head's aux layers; a block drafter's (DFlash, DSpark) are in its dflash_config, which no option names
     aux = (read_json(bundle / "draft" / "config.json").get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    want = speculative_options(ctx.cfg, "./draft", "eagle3", aux)
+    want = speculative_options(ctx.cfg, "./draft", "draft", aux)
     if options["speculative_config"] != want:
         raise ArtifactError(
             f"{bundle}/llm_api_options.yaml was written for other engine settings ({options['speculative_config']})",
@@ -189,7 +189,7 @@ def measure_engine(ctx: StageContext, bundle: Path, engine: engines.Engine) -> d
     both = run(engine.run_bundle, bundle, options, prompts, new, e.batch_sizes)
     spec, base = both["speculative"], both["base"]
     report = engine_report(ctx, engine, options, spec, base, hf)
-    if engine.SHORT == "vllm" and ctx.cfg.serve.decoding == "eagle3" and report.get("acceptance_length"):
+    if engine.SHORT == "vllm" and ctx.cfg.serve.decoding == "draft" and report.get("acceptance_length"):
         ctx.log("trtspec's runtime on the same prompts, for its acceptance length beside the engine's")
         report["runtime_agreement"] = runtime_agreement(bundle, prompts, new, options, report["acceptance_length"])
     if e.sweep:
@@ -207,7 +207,7 @@ def serving_sweep(ctx: StageContext, bundle: Path, engine: engines.Engine) -> di
     from trtspec.engines.vllm import sweep
 
     e, k = ctx.cfg.engine, ctx.cfg.draft.length
-    if engine.SHORT != "vllm" or ctx.cfg.serve.decoding != "eagle3":
+    if engine.SHORT != "vllm" or ctx.cfg.serve.decoding != "draft":
         return {"skipped": f"engine.sweep runs the bundle's draft in vLLM; here the engine is "
                            f"{engine.SHORT} and decoding {ctx.cfg.serve.decoding}"}
     plan = sweep.SweepPlan(sorted(set(e.sweep)), sorted(set(e.sweep_draft_lengths or range(k + 1))), e.sweep_max_tokens,
