@@ -271,6 +271,8 @@ def load_model(path: Path, dtype: str = "auto", device: str | None = None, layer
         text.num_hidden_layers = 0
         if getattr(text, "layer_types", None):  # sliding/full attention per layer: as many as the layers
             text.layer_types = []
+        if getattr(text, "hidden_size_per_layer_input", None):  # Gemma 4's per-layer embeddings feed only the layers
+            text.hidden_size_per_layer_input = 0
     try:
         with quiet_transformers(not layers):  # its report lists every decoder weight left unread
             model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype(dtype))

@@ -21,7 +21,7 @@ SPECIAL = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
 def test_every_tiny_model_is_a_declared_family_and_back():
-    assert {BY_MODEL_TYPE[model_type].name for model_type, _ in TINY.values()} | {"gemma4"} == {f.name for f in FAMILIES}
+    assert {BY_MODEL_TYPE[model_type].name for model_type, _ in TINY.values()} == {f.name for f in FAMILIES}
 
 
 @pytest.mark.parametrize("name", list(TINY))
@@ -44,6 +44,11 @@ def test_draft_dims_of_special_layouts():
         gemma.rope_parameters["full_attention"]["rope_theta"])}
     llama3 = draft_dims(tiny_config("llama3", 1000, SPECIAL))["rope_parameters"]
     assert llama3["rope_type"] == "llama3" and llama3["factor"] == 8.0
+    gemma4 = tiny_config("gemma4", 1000, SPECIAL)  # a wider head on its full-attention layer, which transformers
+    with pytest.raises(RuntimeError, match="per-layer attribute"):  # refuses to read as one value
+        getattr(gemma4, "head_dim")  # noqa: B009
+    assert draft_dims(gemma4)["head_dim"] == 32  # the model-wide value: the draft is a layer of its own
+    assert gemma4.vocab_size_per_layer_input == 1000  # its per-layer embeddings sized by the tokenizer too
 
 
 def test_default_aux_layers_follow_tensorrt_llm():

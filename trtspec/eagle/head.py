@@ -71,7 +71,9 @@ def derive_eagle_config(base: Any, convert: Any) -> dict:
     if getattr(text, "layer_types", None) is not None:
         arch["layer_types"] = ["full_attention"] * convert.num_layers
     if getattr(text, "sliding_window", None) is not None:
-        arch["sliding_window"] = None
+        arch["sliding_window"] = None if window_may_be_none(type(text)) else dims["max_position_embeddings"]
+    if hasattr(text, "per_layer_config"):  # Gemma 4's per-layer shapes (and its class's default ones): one layer, one shape
+        arch["per_layer_config"] = {}
     if convert.init_from_target and getattr(text, "attention_bias", text.model_type == "qwen2"):
         arch["attention_bias"] = True  # the copied layer's q/k/v biases need a place (o_proj's stays zero for Qwen2)
     for key, value in convert.overrides.items():
@@ -86,6 +88,13 @@ def derive_eagle_config(base: Any, convert: Any) -> dict:
     # default rope; the draft would then be served with a rope it was never trained with. Export what we train.
     cfg.update(eagle_decoder_type="llama", eagle_offline=False, eagle_use_torch_compile=False, eagle_export_rope_scaling={})
     return cfg
+
+
+def window_may_be_none(config_class: type) -> bool:
+    """Whether the config class takes sliding_window None (no window); Gemma 4's wants a number: a window as long
+    as any sequence attends to all the same."""
+    field = getattr(config_class, "__dataclass_fields__", {}).get("sliding_window")
+    return field is None or "None" in str(field.type)
 
 
 def check_override(key: str, value: Any, default: Any) -> None:

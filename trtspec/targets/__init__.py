@@ -121,6 +121,16 @@ def rope_parameters(text: Any) -> dict:
     return params
 
 
+def global_attr(config: Any, name: str, default: Any = None) -> Any:
+    """config.name as the config states it for the whole model, also where transformers (5.19+) refuses to read an
+    attribute that varies by layer (Gemma 4's per_layer_config: a wider head on its full-attention layers). The
+    draft is a layer of its own, sized by the model-wide value."""
+    try:
+        return getattr(config, name, default)
+    except RuntimeError:  # AmbiguousGlobalPerLayerAttributeError
+        return vars(config).get(name, default)
+
+
 def draft_dims(config: Any) -> dict:
     """The sizes a draft layer takes from its target: a Llama-style layer as wide as the target's residual stream.
 
@@ -128,17 +138,17 @@ def draft_dims(config: Any) -> dict:
     gives its dense width (intermediate_size) where it has one, else experts_per_token x the expert width."""
     text = text_config(config)
     heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None)
+    head_dim = global_attr(text, "head_dim")
     if getattr(text, "kv_lora_rank", None):  # MLA: qk and v head sizes differ
         head_dim = None
-    intermediate = getattr(text, "intermediate_size", None)
+    intermediate = global_attr(text, "intermediate_size")
     if not intermediate:
         per_expert = getattr(text, "moe_intermediate_size", None) or 4 * text.hidden_size
         intermediate = per_expert * (getattr(text, "num_experts_per_tok", None) or 1)
     return {
         "hidden_size": text.hidden_size,
         "num_attention_heads": heads,
-        "num_key_value_heads": getattr(text, "num_key_value_heads", None) or heads,
+        "num_key_value_heads": global_attr(text, "num_key_value_heads") or heads,
         "head_dim": head_dim or text.hidden_size // heads,
         "intermediate_size": intermediate,
         "vocab_size": text.vocab_size,

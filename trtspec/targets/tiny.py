@@ -31,6 +31,9 @@ TINY = {
     "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)),
     "gemma3": ("gemma3_text", dict(head_dim=32, sliding_window=16, layer_types=[
         "sliding_attention", "sliding_attention", "sliding_attention", "full_attention"], query_pre_attn_scalar=32)),
+    "gemma4": ("gemma4_text", dict(head_dim=32, sliding_window=16, layer_types=[  # per-layer embeddings, a wider full-attention head
+        "sliding_attention", "sliding_attention", "sliding_attention", "full_attention"], hidden_size_per_layer_input=16,
+        per_layer_config={"03": {"head_dim": 64}})),
     "phi3": ("phi3", dict(num_key_value_heads=4, tie_word_embeddings=False)),  # fused qkv and gate_up projections
     "gpt_oss": ("gpt_oss", dict(head_dim=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
                                 layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=False,
@@ -52,7 +55,10 @@ def tiny_config(family: str, vocab_size: int, special: dict[str, int]) -> Any:
     from transformers import CONFIG_MAPPING
 
     model_type, extra = TINY[family]
-    return CONFIG_MAPPING[model_type](vocab_size=vocab_size, **{**COMMON, **extra}, **special)
+    config = CONFIG_MAPPING[model_type](vocab_size=vocab_size, **{**COMMON, **extra}, **special)
+    if hasattr(config, "vocab_size_per_layer_input"):  # Gemma 4's per-layer embeddings: the tokenizer's vocabulary too
+        config.vocab_size_per_layer_input = vocab_size
+    return config
 
 
 def build_tiny(family: str, out: Path, tok: Any, seed: int = 0) -> Path:

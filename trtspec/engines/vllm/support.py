@@ -20,6 +20,8 @@ class VllmSupport:
 NO_EAGLE3 = ("vLLM 0.32's {file} does not implement SupportsEagle3 (the target's hidden states for a draft): it "
              "serves no EAGLE-3 or DFlash draft for this target")
 TRANSFORMERS_BACKEND = "transformers/base.py (its Transformers backend)"
+SLIDING_DFLASH = ("vLLM 0.32 asserts that a DFlash draft's layers share one KV cache group, which its sliding-window "
+                  "and full-attention layers do not")
 
 SUPPORT: dict[str, VllmSupport] = {
     "llama": VllmSupport("llama.py"),
@@ -30,10 +32,9 @@ SUPPORT: dict[str, VllmSupport] = {
     "qwen2_moe": VllmSupport("qwen2_moe.py", eagle3=NO_EAGLE3.format(file="qwen2_moe.py")),
     "mixtral": VllmSupport("mixtral.py", eagle3=NO_EAGLE3.format(file="mixtral.py")),
     "gemma3": VllmSupport("gemma3.py", eagle3=NO_EAGLE3.format(file="gemma3.py")),
-    "gemma4": VllmSupport("gemma4.py"),
+    "gemma4": VllmSupport("gemma4.py", dflash=SLIDING_DFLASH),
     "phi3": VllmSupport("phi3.py (a LlamaForCausalLM)"),
-    "gpt_oss": VllmSupport("gpt_oss.py", dflash="vLLM 0.32 asserts that a DFlash draft's layers share one KV cache "
-                           "group, which its sliding-window and full-attention layers do not"),
+    "gpt_oss": VllmSupport("gpt_oss.py", dflash=SLIDING_DFLASH),
     "deepseek_v3": VllmSupport("deepseek_v2.py", cpu="vLLM 0.32's CPU build finds no KV block size for an MLA target "
                                "beside a Llama-layer draft (its MLA attention takes 16, its other attention multiples "
                                "of 32)"),
