@@ -18,7 +18,6 @@ from trtspec.errors import ConfigError
 from trtspec.families import check_sections, family
 
 STAGES = ("data", "convert", "train", "quantize", "export", "engine", "validate")
-QUANT_FORMATS = ("none", "fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4")
 # the drafting a deployment can serve: from an EAGLE-3 bundle the head, suffix matches alone, or both (sa_config);
 # from a DFlash bundle its block draft or suffix matches alone
 DRAFTING = ("eagle3", "suffix", "eagle3_suffix", "dflash")
