@@ -30,6 +30,10 @@ def _fail(e: BaseException, debug: bool) -> None:
         hint = f"\n  hint: {e.hint}" if e.hint else ""
         click.echo(f"Error: {e.message}{hint}", err=True)
         sys.exit(e.exit_code)
+    if isinstance(e, BrokenPipeError):  # the reader went away (`trtspec families | head`): nothing left to say
+        sys.stderr.close()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        sys.exit(0)
     if isinstance(e, KeyboardInterrupt):
         click.echo("Error: interrupted; finished stages are kept and the next run resumes", err=True)
         sys.exit(130)
@@ -269,7 +273,7 @@ def states_server(config, out, overrides, as_json):
     """
     from trtspec.artifacts import RunDir
     from trtspec.config import load_config
-    from trtspec.families import family
+    from trtspec.draft_families import family
     from trtspec.models import resolve_model
     from trtspec.targets import read_family, text_config
     from trtspec.training.engine_states import server_launch_line

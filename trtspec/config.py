@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trtspec.draft_families import check_sections, family
 from trtspec.errors import ConfigError
-from trtspec.families import check_sections, family
 
 STAGES = ("data", "convert", "train", "quantize", "export", "engine", "validate")
 # the drafting a deployment can serve: from an EAGLE-3 bundle the head, suffix matches alone, or both (sa_config);
@@ -508,7 +508,7 @@ class BuildConfig(Section):
 
     def _check_draft_method(self) -> None:
         """Options that belong to the other draft method are refused, naming the key, before anything runs: the rules
-        are the family's own (trtspec.families.DraftFamily.check_config)."""
+        are the family's own (trtspec.draft_families.DraftFamily.check_config)."""
         family(self.draft.method).check_config(self)
         check_sections(self)
 

@@ -115,6 +115,14 @@ def test_debug_shows_traceback_real_entry_point(tmp_path):
     assert debug.returncode == 2 and "Traceback" in debug.stderr
 
 
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`trtspec families | head -0`: the pipe is closed before the table is written; no 'internal error', no
+    traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "trtspec.cli", "families"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 0 and proc.stderr.read() == b""
+
+
 def test_shipped_configs_validate():
     from trtspec.config import load_config
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from trtspec.draft_families import family as draft_family
 from trtspec.engines.vllm.support import refusal_for
-from trtspec.families import family as draft_family
 from trtspec.targets import BY_MODEL_TYPE
 from trtspec.targets.tiny import TINY
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from trtspec.draft_families import DRAFT_FAMILIES, DraftFamily, family
 from trtspec.errors import ArtifactError
-from trtspec.families import FAMILIES, DraftFamily, family
 from trtspec.runtime import dflash, eagle3
 from trtspec.runtime.draft_loader import draft_family
 
@@ -40,8 +40,8 @@ def test_an_undeclared_draft_is_refused_by_name(tmp_path, archs):
 
 
 def test_every_family_declares_its_architectures_apart_from_the_others():
-    declared = [a for m in FAMILIES for a in family(m).architectures]
-    assert set(FAMILIES) == {"eagle3", "dflash", "dflash2"} and len(declared) == len(set(declared))
+    declared = [a for m in DRAFT_FAMILIES for a in family(m).architectures]
+    assert set(DRAFT_FAMILIES) == {"eagle3", "dflash", "dflash2"} and len(declared) == len(set(declared))
     assert set(eagle3.ARCHITECTURES) <= set(family("eagle3").architectures)  # the runtime loaders accept what they declare
     assert set(dflash.ARCHITECTURES) == set(family("dflash").architectures)
 
@@ -51,10 +51,10 @@ OWN = ("check_config", "check_convert", "convert", "build", "save_head", "load_h
        "drafts", "check_export", "export_draft", "write_readme", "load_drafter")
 
 
-@pytest.mark.parametrize("method", sorted(FAMILIES))
+@pytest.mark.parametrize("method", sorted(DRAFT_FAMILIES))
 def test_each_family_is_one_object_in_its_own_package_implementing_the_interface(method):
     fam = family(method)
-    assert fam.name == method and type(fam).__module__ == f"trtspec.{FAMILIES[method].split('.')[1]}.family"
+    assert fam.name == method and type(fam).__module__ == f"trtspec.{DRAFT_FAMILIES[method].split('.')[1]}.family"
     onnx = ("export_onnx", "format_onnx_check") if fam.exports_onnx else ()
     missing = [m for m in OWN + onnx if getattr(type(fam), m) is getattr(DraftFamily, m)]
     assert not missing, f"{method} does not implement {missing}"

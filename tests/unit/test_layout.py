@@ -50,7 +50,7 @@ def test_scripts_use_the_library_only():
 
 def test_shared_code_imports_no_draft_family_and_no_family_another():
     """The stages, trtspec.deploy, trtspec.training and the config are every family's (they reach one through
-    trtspec.families.family, what they need of it through families.DraftFamily); a family's package may import them,
+    trtspec.draft_families.family, what they need of it through draft_families.DraftFamily); a family's package may import them,
     never another family's package."""
     families = ("trtspec.eagle", "trtspec.dflash")
     shared = ("trtspec.stages", "trtspec.deploy", "trtspec.training", "trtspec.config")

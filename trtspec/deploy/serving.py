@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from trtspec.deploy.compat import ENGINES_CHECKED, vllm_aux_ids
+from trtspec.draft_families import family, served_family
 from trtspec.draft_schedule import (
     SWEEP_FILE,
     schedule_problem,
@@ -26,7 +27,6 @@ from trtspec.engines import OPTIONS_FILE, read_options
 from trtspec.engines import vllm as vllm_engine
 from trtspec.engines.measured import provenance
 from trtspec.errors import ArtifactError
-from trtspec.families import family, served_family
 
 TRITON_MARKER = "trtspec-triton.json"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"  # any tag whose TensorRT-LLM is >= 1.0

@@ -1,4 +1,4 @@
-"""The DFlash block drafter as a draft family (trtspec.families.DraftFamily): block_size - 1 tokens in one pass
+"""The DFlash block drafter as a draft family (trtspec.draft_families.DraftFamily): block_size - 1 tokens in one pass
 (dflash.projector: dspark: DSpark, block_size tokens, each biased by a Markov head from the one before)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from trtspec.dflash import export, head, readme, serving
 from trtspec.dflash.convert import check_build_config, check_convert_config, convert_drafter
-from trtspec.families import DraftFamily
+from trtspec.draft_families import DraftFamily
 
 
 class DFlashFamily(DraftFamily):

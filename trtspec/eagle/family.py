@@ -1,4 +1,4 @@
-"""The EAGLE-3 head as a draft family (trtspec.families.DraftFamily): one token per pass, chained k times, reading
+"""The EAGLE-3 head as a draft family (trtspec.draft_families.DraftFamily): one token per pass, chained k times, reading
 three of the target's layers (EAGLE-3.1: convert.fc_norm, convert.norm_output, a few lines in head.py)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trtspec.draft_families import DraftFamily
 from trtspec.eagle import export, head, onnx_export, readme, serving, train_step
 from trtspec.eagle.convert import check_build_config, check_convert_config, convert_head
-from trtspec.families import DraftFamily
 
 
 class Eagle3Family(DraftFamily):

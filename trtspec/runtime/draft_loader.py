@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trtspec.draft_families import DRAFT_FAMILIES, family
 from trtspec.errors import ArtifactError
-from trtspec.families import FAMILIES, family
 from trtspec.runtime.model import read_config
 
 
@@ -18,7 +18,7 @@ def draft_family(draft_dir: Path) -> str:
     another."""
     cfg = read_config(draft_dir)
     archs = cfg.get("architectures") or []
-    declared = {a: method for method in FAMILIES for a in family(method).architectures}
+    declared = {a: method for method in DRAFT_FAMILIES for a in family(method).architectures}
     if known := [declared[a] for a in archs if a in declared]:
         return known[0]
     if "draft_vocab_size" in cfg and "eagle_config" in cfg:

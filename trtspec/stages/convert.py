@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trtspec.families import family
+from trtspec.draft_families import family
 from trtspec.pipeline.stage import StageContext
 
 if TYPE_CHECKING:
     from trtspec.config import BuildConfig
-    from trtspec.families import TrainableDraft
+    from trtspec.draft_families import TrainableDraft
 
 UPSTREAM = ("data",)
 READS = ("convert", "draft.method", "draft.init_from", "dflash", "dflash2", "seed")

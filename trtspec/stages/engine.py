@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 from trtspec import engines
 from trtspec.chat import encode_prompt
 from trtspec.deploy.serving import llm_api_options, speculative_options
+from trtspec.draft_families import family
 from trtspec.engines import read_options
 from trtspec.errors import ArtifactError
-from trtspec.families import family
 from trtspec.generation import compare, hf_reference
 from trtspec.models import resolve_model
 from trtspec.pipeline.stage import StageContext, StageSkipped

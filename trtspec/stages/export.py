@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtspec.deploy.bundle import ExportedDraft, export_target
 from trtspec.deploy.compat import check_engines_load, dspark_no_engine, dspark_problems
-from trtspec.families import family
+from trtspec.draft_families import family
 from trtspec.pipeline.stage import StageContext
 
 if TYPE_CHECKING:

@@ -45,7 +45,7 @@ from trtspec.training.trainer import HeadDataset, check_trainer_api, make_traine
 
 if TYPE_CHECKING:
     from trtspec.config import BuildConfig, TrainSection
-    from trtspec.families import TrainableDraft
+    from trtspec.draft_families import TrainableDraft
 
 UPSTREAM = ("data", "convert")
 READS = ("train", "draft.method", "draft.length", "draft.max_category_drop", "dflash", "dflash2", "eval.acceptance_prompts", "eval.context_bins",
@@ -339,7 +339,7 @@ def write_outputs(ctx: StageContext, fam: TrainableDraft, model: Any, draft_cfg:
 def run(ctx: StageContext) -> dict:
     import time
 
-    from trtspec.families import family
+    from trtspec.draft_families import family
     from trtspec.models import load_model, load_tokenizer
 
     t_cfg, k = ctx.cfg.train, ctx.cfg.draft.length

@@ -312,7 +312,7 @@ def run(ctx: StageContext) -> dict:
     import torch
     from transformers import AutoConfig
 
-    from trtspec.families import family
+    from trtspec.draft_families import family
     from trtspec.models import load_model
     from trtspec.report import write_report
     from trtspec.runtime.kernels import cpu_description, row_labels

@@ -325,8 +325,8 @@ def from_options(options: dict, draft: str = "./draft") -> dict:
     """vLLM's `speculative_config` for the bundle's draft from its launch options (the aux layers come from the
     draft's config.json; a draft length per batch size read back from TensorRT-LLM's form), or for suffix decoding
     alone. vLLM serves one method at a time: no suffix matching in front of EAGLE-3."""
+    from trtspec.draft_families import served_family
     from trtspec.draft_schedule import from_trtllm_tiers, with_schedule_vllm
-    from trtspec.families import served_family
 
     spec = options["speculative_config"]
     if spec.get("decoding_type") == "SA":

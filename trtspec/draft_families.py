@@ -145,7 +145,7 @@ class DraftFamily(TrainableDraft, ExportableDraft, RunnableDraft, Protocol):
 
 
 # draft.method -> the module and object of its family (imported when first asked for)
-FAMILIES: dict[str, str] = {
+DRAFT_FAMILIES: dict[str, str] = {
     "eagle3": "trtspec.eagle.family:EAGLE3",
     "dflash": "trtspec.dflash.family:DFLASH",
     "dflash2": "trtspec.dflash2.family:DFLASH2",
@@ -156,7 +156,7 @@ def check_sections(cfg: Any) -> None:
     """A section another draft family reads, set (to other than its default) while draft.method is this one: refused,
     naming the first key (BuildConfig's validator, after the family's own rules)."""
     own = family(cfg.draft.method).sections
-    for method in FAMILIES:
+    for method in DRAFT_FAMILIES:
         for name in (s for s in family(method).sections if s not in own):
             section = getattr(cfg, name)
             defaults = type(section).model_fields
@@ -170,7 +170,7 @@ def served_family(spec: dict) -> DraftFamily:
     from trtspec.errors import ArtifactError
 
     kind = spec.get("decoding_type")
-    for method in FAMILIES:
+    for method in DRAFT_FAMILIES:
         if kind in (fam := family(method)).vllm_methods:
             return fam
     raise ArtifactError(f"the bundle's speculative_config serves decoding_type {kind}, which no draft family of trtspec "
@@ -179,5 +179,5 @@ def served_family(spec: dict) -> DraftFamily:
 
 def family(method: str) -> DraftFamily:
     """The family of draft.method."""
-    module, name = FAMILIES[method].split(":")
+    module, name = DRAFT_FAMILIES[method].split(":")
     return getattr(importlib.import_module(module), name)
