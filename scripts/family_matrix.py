@@ -5,6 +5,7 @@
     python scripts/family_matrix.py --families qwen3_moe,gemma3 --method dflash
     python scripts/family_matrix.py --json
     python scripts/family_matrix.py --method dflash --write # and rewrite docs/families.md's DFlash table with it
+    python scripts/family_matrix.py --shape deep            # each family's second shape (tiny:FAMILY:deep)
 
 Each family is a tiny random model built in code (`model.source: tiny:FAMILY`, the demo model's tokenizer) run
 through build_configs/tiny-families.yaml (tiny-families-dflash.yaml with --method dflash) by `trtspec build` in a process of its own. Per family the table gives each
@@ -31,7 +32,7 @@ STAGES = ("convert", "train", "export", "engine", "validate")
 
 def run_family(family: str, method: str, out: Path, extra: list[str]) -> dict:
     """`trtspec build` of one family -> its row: stage outcomes and figures from the manifests."""
-    run = out / f"{family}-{method}"
+    run = out / f"{family.replace(':', '-')}-{method}"
     cmd = [sys.executable, "-m", "trtspec.cli", "build", str(RECIPES[method]), "--out", str(run),
            "--set", f"model.source=tiny:{family}", "--set", f"draft.method={method}", *extra]
     proc, seconds = timed(partial(subprocess.run, cmd, capture_output=True, text=True))
@@ -94,23 +95,24 @@ def write_table(page: Path, method: str, text: str) -> None:
     page.write_text(f"{head}{start}\n{text}\n{end}{rest.split(end, 1)[1]}")
 
 
-def measured_on(method: str, families: list[str]) -> str:
+def measured_on(method: str, families: list[str], shape: str) -> str:
     import datetime
 
     from trtspec.runtime.kernels import cpu_description
     from trtspec.targets.tiny import TINY
 
     machine = cpu_description()
-    which = "every family" if families == list(TINY) else ", ".join(families)
+    which = "every family" if [f.partition(":")[0] for f in families] == list(TINY) else ", ".join(families)
     return (f"Measured {datetime.date.today()} on {machine['model']} ({machine['cores']} cores), {which}, by "
-            f"`python scripts/family_matrix.py --method {method} --write`:\n")
+            f"`python scripts/family_matrix.py --method {method}{'' if shape == 'base' else ' --shape ' + shape} --write`:\n")
 
 
 def main() -> None:
-    from trtspec.targets.tiny import TINY
+    from trtspec.targets.tiny import SHAPES, TINY
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--families", default=",".join(TINY), help="comma-separated, from trtspec.targets.tiny.TINY")
+    ap.add_argument("--shape", default="base", choices=SHAPES, help="the tiny models' shape (trtspec.targets.tiny.SHAPES)")
     ap.add_argument("--method", default="eagle3", choices=tuple(RECIPES))
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "families")
     ap.add_argument("--set", action="append", default=[], help="more config overrides, KEY=VALUE")
@@ -121,6 +123,7 @@ def main() -> None:
     unknown = [f for f in families if f not in TINY]
     if unknown:
         sys.exit(f"unknown families {unknown}; known: {', '.join(TINY)}")
+    families = [f if a.shape == "base" else f"{f}:{a.shape}" for f in families]
     extra = [x for kv in a.set for x in ("--set", kv)]
     rows = []
     for f in families:
@@ -128,7 +131,8 @@ def main() -> None:
         print(f"{f}: rc {rows[-1]['rc']} in {rows[-1]['seconds']} s", file=sys.stderr, flush=True)
     print(json.dumps(rows, indent=2) if a.json else table(rows))
     if a.write:
-        write_table(ROOT / "docs" / "families.md", a.method, measured_on(a.method, families) + "\n" + table(rows))
+        key = a.method if a.shape == "base" else f"{a.method}:{a.shape}"
+        write_table(ROOT / "docs" / "families.md", key, measured_on(a.method, families, a.shape) + "\n" + table(rows))
 
 
 if __name__ == "__main__":

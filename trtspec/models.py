@@ -154,18 +154,21 @@ def resolve_model(source: str) -> Path:
     return _download_hub(source)
 
 
-def tiny_model(family: str) -> Path:
-    """A tiny random decoder of `family` with the demo model's tokenizer (trtspec.targets.tiny), built once."""
-    from trtspec.targets.tiny import TINY, build_tiny
+def tiny_model(name: str) -> Path:
+    """A tiny random decoder, `FAMILY` or `FAMILY:SHAPE`, with the demo model's tokenizer (trtspec.targets.tiny),
+    built once."""
+    from trtspec.targets.tiny import SHAPES, TINY, build_tiny, split_source
 
-    if family not in TINY:
-        raise ModelError(f"unknown tiny model 'tiny:{family}'", f"known: {', '.join('tiny:' + k for k in TINY)}")
-    out = cache_dir() / "models" / f"tiny-{family}"
+    family, shape = split_source(name)
+    if family not in TINY or shape not in SHAPES:
+        raise ModelError(f"unknown tiny model 'tiny:{name}'", f"known: {', '.join('tiny:' + k for k in TINY)}, each "
+                         f"also as tiny:FAMILY:SHAPE, SHAPE one of {', '.join(SHAPES)}")
+    out = cache_dir() / "models" / ("tiny-" + family + ("" if shape == "base" else f"-{shape}"))
     if (out / "config.json").is_file():
         return out
     tok = load_tokenizer(resolve_model("demo:smollm2-135m-instruct"))
     with cache_lock(out):
-        return out if (out / "config.json").is_file() else build_tiny(family, out, tok)
+        return out if (out / "config.json").is_file() else build_tiny(family, out, tok, shape=shape)
 
 
 def model_stamp(source: str) -> dict | None:

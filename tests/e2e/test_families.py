@@ -15,7 +15,7 @@ import pytest
 from trtspec.draft_families import family as draft_family
 from trtspec.engines.vllm.support import refusal_for
 from trtspec.targets import BY_MODEL_TYPE
-from trtspec.targets.tiny import TINY
+from trtspec.targets.tiny import TINY, split_source
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = {"eagle3": ROOT / "build_configs" / "tiny-families.yaml", "dflash": ROOT / "build_configs" / "tiny-families-dflash.yaml",
@@ -32,8 +32,11 @@ def has_vllm() -> bool:
 # experts, vLLM serving and vLLM refusing, every draft method); the full tier (TRTSPEC_TIER=full) every row.
 DEFAULT_TIER = {("llama3", "eagle3"), ("qwen3_moe", "eagle3"), ("gpt_oss", "eagle3"), ("qwen3", "dflash"), ("gemma3", "dflash"),
                 ("llama3", "dflash2")}
+# Each family in its second shape too (tiny:FAMILY:deep: more layers, other head groups and layer-type patterns),
+# EAGLE-3 and DFlash, in the full tier.
 ROWS = [pytest.param(name, method, marks=() if (name, method) in DEFAULT_TIER else pytest.mark.full)
-        for method in RECIPES for name in TINY]
+        for method in RECIPES for name in TINY] + [
+        pytest.param(f"{name}:deep", method, marks=pytest.mark.full) for method in ("eagle3", "dflash") for name in TINY]
 
 
 @pytest.mark.parametrize(("name", "method"), ROWS)
@@ -43,7 +46,7 @@ def test_family_end_to_end(name, method, tmp_path, demo_model_dir, finished_runs
                            "--set", f"model.source=tiny:{name}", "--set", "engine.backend=auto", "--set", f"draft.method={method}"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    family = BY_MODEL_TYPE[TINY[name][0]]
+    family = BY_MODEL_TYPE[TINY[split_source(name)[0]][0]]
     report = json.loads((run / "validate" / "report.json").read_text())
     assert report["target_family"] == family.name
     assert report["target_path"] == family.runtime

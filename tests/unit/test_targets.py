@@ -15,7 +15,7 @@ from trtspec.targets import (
     family_of,
     read_family,
 )
-from trtspec.targets.tiny import TINY, tiny_config
+from trtspec.targets.tiny import SHAPES, TINY, tiny_config
 
 SPECIAL = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
@@ -24,14 +24,34 @@ def test_every_tiny_model_is_a_declared_family_and_back():
     assert {BY_MODEL_TYPE[model_type].name for model_type, _ in TINY.values()} == {f.name for f in FAMILIES}
 
 
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", list(TINY))
-def test_draft_dims_come_from_the_config(name):
-    cfg = tiny_config(name, 1000, SPECIAL)
+def test_draft_dims_come_from_the_config(name, shape):
+    cfg = tiny_config(name, 1000, SPECIAL, shape)
     dims = draft_dims(cfg)
     assert dims["hidden_size"] == cfg.hidden_size and dims["vocab_size"] == 1000
     assert dims["num_attention_heads"] % dims["num_key_value_heads"] == 0
     assert dims["rope_parameters"]["rope_type"] and dims["rope_parameters"]["rope_theta"] > 0
     assert family_of(cfg).name == BY_MODEL_TYPE[TINY[name][0]].name
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_every_family_builds_and_generates_in_its_deep_shape(name):
+    """The second shape of each family (6 layers, 8 query heads over 2 KV heads, alternating layer types) is a model
+    transformers builds and runs, and its draft takes its sizes (the matrix's full tier runs it through the pipeline)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    base, cfg = tiny_config(name, 600, SPECIAL), tiny_config(name, 600, SPECIAL, "deep")
+    assert cfg.num_hidden_layers == 6 != base.num_hidden_layers and cfg.num_attention_heads == 8
+    if types := getattr(cfg, "layer_types", None):
+        assert types != getattr(base, "layer_types", None) and len(types) == 6
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([[1, 5, 7, 9]]), max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert out.shape == (1, 7)
+    assert draft_dims(cfg)["num_attention_heads"] == 8
 
 
 def test_draft_dims_of_special_layouts():

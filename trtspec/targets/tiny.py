@@ -51,18 +51,49 @@ TINY = {
 }
 
 
-def tiny_config(family: str, vocab_size: int, special: dict[str, int]) -> Any:
+# A second shape of every family (`tiny:FAMILY:deep`), so that the matrix tests the family, not one model of it:
+# 6 layers, 8 query heads over 2 KV heads (groups of 4, against 2), sliding and full attention alternating (GPT-OSS's
+# own pattern, against three sliding then one full), the per-layer lists (NoPE layers, a wider full-attention head)
+# drawn anew for 6 layers.
+SHAPES = ("base", "deep")
+
+
+def deep(family: str, extra: dict) -> dict:
+    """The family's overrides in the deep shape."""
+    layers = 6
+    shaped = {**extra, "num_hidden_layers": layers, "num_attention_heads": 8, "num_key_value_heads": 2}
+    if "kv_lora_rank" in extra:  # MLA: heads of their own sizes, one KV head per query head
+        shaped["num_key_value_heads"] = 8
+    else:
+        shaped["head_dim"] = 32
+    if "layer_types" in extra:
+        shaped["layer_types"] = ["sliding_attention", "full_attention"] * (layers // 2)
+    if "per_layer_config" in extra:
+        shaped["per_layer_config"] = {f"{i:02d}": {"head_dim": 64} for i in range(1, layers, 2)}
+    if "no_rope_layers" in extra:
+        shaped["no_rope_layers"] = [1, 1, 0] * (layers // 3)
+    return shaped
+
+
+def split_source(name: str) -> tuple[str, str]:
+    """`FAMILY` or `FAMILY:SHAPE` (tiny:qwen3:deep) -> (family, shape)."""
+    family, _, shape = name.partition(":")
+    return family, shape or "base"
+
+
+def tiny_config(family: str, vocab_size: int, special: dict[str, int], shape: str = "base") -> Any:
     from transformers import CONFIG_MAPPING
 
     model_type, extra = TINY[family]
+    extra = deep(family, extra) if shape == "deep" else extra
     config = CONFIG_MAPPING[model_type](vocab_size=vocab_size, **{**COMMON, **extra}, **special)
     if hasattr(config, "vocab_size_per_layer_input"):  # Gemma 4's per-layer embeddings: the tokenizer's vocabulary too
         config.vocab_size_per_layer_input = vocab_size
     return config
 
 
-def build_tiny(family: str, out: Path, tok: Any, seed: int = 0) -> Path:
-    """A tiny random `family` decoder saved as an HF folder at `out` (atomically), with the tokenizer `tok`."""
+def build_tiny(family: str, out: Path, tok: Any, seed: int = 0, shape: str = "base") -> Path:
+    """A tiny random `family` decoder of `shape` saved as an HF folder at `out` (atomically), with the tokenizer `tok`."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -70,7 +101,7 @@ def build_tiny(family: str, out: Path, tok: Any, seed: int = 0) -> Path:
         return out
     special = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family, len(tok), special), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(tiny_config(family, len(tok), special, shape), dtype=torch.float32)
     with torch.no_grad():  # random init of this size gives near-uniform logits: spread them so argmax is well defined
         for p in model.parameters():
             if p.dim() >= 2:
@@ -80,7 +111,7 @@ def build_tiny(family: str, out: Path, tok: Any, seed: int = 0) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    (tmp / "trtspec-source.json").write_text(json.dumps({"tiny": family, "seed": seed}) + "\n")
+    (tmp / "trtspec-source.json").write_text(json.dumps({"tiny": family, "shape": shape, "seed": seed}) + "\n")
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
