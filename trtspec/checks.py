@@ -171,20 +171,35 @@ def read_baseline(path: Path, identity: dict, draft_len: int) -> dict[str, float
     return {c: float(v["acceptance_length"]) for c, v in cats.items()}
 
 
+def check_baseline_categories(baseline: dict[str, float], categories: set[str], where: str) -> None:
+    """A baseline that shares no category with the prompts this run measures gates nothing: refused, naming both."""
+    from trtspec.errors import ConfigError
+
+    if categories and not categories & set(baseline):
+        raise ConfigError(f"validate.baseline '{where}' shares no category with this run's prompts (baseline: "
+                          f"{', '.join(sorted(baseline))}; this run: {', '.join(sorted(categories))})",
+                          "name a report measured on the same prompt set, or give prompts of its categories")
+
+
 def describe(identity: dict) -> str:
     return (f"{identity.get('model_type')} {identity.get('hidden_size')} wide, {identity.get('layers')} layers, "
             f"vocab {identity.get('vocab_size')}")
 
 
-def baseline_gate(report: dict, baseline: dict[str, float], tolerance: float) -> dict:
-    """Per category measured in both: AL may fall at most `tolerance` (relative) below the baseline's."""
-    now = {c: v["acceptance_length"] for c, v in report["per_category"].items()}
+def baseline_gate(report: dict, baseline: dict[str, float], tolerance: float, min_prompts: int = 1) -> dict:
+    """Per category measured in both: AL may fall at most `tolerance` (relative) below the baseline's. A category
+    this run measured on fewer than `min_prompts` prompts is listed (too_few_prompts), not gated."""
+    cats = report["per_category"]
+    few = sorted(c for c in baseline if c in cats and cats[c].get("prompts", min_prompts) < min_prompts)
+    now = {c: v["acceptance_length"] for c, v in cats.items() if c not in few}
     dropped = {c: (now[c], base) for c, base in baseline.items() if c in now and now[c] < base * (1 - tolerance)}
     worst = min(dropped, key=lambda c: dropped[c][0] / dropped[c][1]) if dropped else None
     message = (f"category '{worst}': AL {dropped[worst][0]:.2f} is {1 - dropped[worst][0] / dropped[worst][1]:.1%} below "
                f"the baseline's {dropped[worst][1]:.2f} (tolerance {tolerance:.0%})" if worst else
                f"per-category AL within {tolerance:.0%} of the baseline")
-    return {"gate": "baseline", "passed": not dropped, "message": message,
+    if few:
+        message += f"; not gated, fewer than {min_prompts} prompts: {', '.join(few)}"
+    return {"gate": "baseline", "passed": not dropped, "message": message, "too_few_prompts": few,
             "compared": sorted(set(now) & set(baseline)), "not_measured": sorted(set(baseline) - set(now)),
             "dropped": {c: {"now": a, "baseline": b} for c, (a, b) in dropped.items()}}
 
@@ -202,7 +217,7 @@ def check_gates(v: Any, report: dict, baseline: dict[str, float] | None = None) 
         gates.append({"gate": "min_speedup", "passed": report["speedup_vs_hf"] >= v.min_speedup,
                       "message": f"speedup {report['speedup_vs_hf']:.2f}x over HF generate < required {v.min_speedup}x"})
     if baseline is not None:
-        gates.append(baseline_gate(report, baseline, v.baseline_tolerance))
+        gates.append(baseline_gate(report, baseline, v.baseline_tolerance, v.baseline_min_prompts))
     return gates
 
 

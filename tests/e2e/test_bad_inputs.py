@@ -459,6 +459,11 @@ def case_baseline_not_a_report(tmp, model, mp):
     return build(tmp, config(tmp, model, validate={"baseline": "base.json"}))
 
 
+def case_baseline_no_shared_category(tmp, model, mp):
+    (tmp / "base.json").write_text(json.dumps({"per_category": {"rag": {"acceptance_length": 2.0}}}))
+    return build(tmp, config(tmp, model, validate={"baseline": "base.json"}, eval={"suites": [{"kind": "builtin"}]}))
+
+
 def finished_run(tmp: Path, model: Path, source: str | None = None, skip: str | None = None) -> Path:
     """A run folder whose data, convert, train and export stages read as finished (manifests with the config keys
     adapt reads back; no files vouched for), for the refusals `trtspec adapt` makes before any stage runs."""
@@ -748,6 +753,7 @@ CASES = [
     Case("config-not-finite", case_config_not_finite, 2, r"'train\.epochs': Input should be a finite number"),
     Case("config-seed-too-large", case_config_seed_too_large, 2, r"'seed': Input should be less than or equal to 4294967295"),
     Case("baseline-other-model", case_baseline_other_model, 2, r"validate\.baseline '.*base\.json' was measured on another target \(qwen3 1024 wide, 28 layers, vocab 151936; this build: llama", "validate", before_data=True),
+    Case("baseline-no-shared-category", case_baseline_no_shared_category, 2, r"validate\.baseline 'base\.json' shares no category with this run's prompts \(baseline: rag; this run: ", "validate", before_data=True),
     Case("baseline-not-a-report", case_baseline_not_a_report, 2, r"validate\.baseline '.*base\.json' has no per_category acceptance lengths", "validate", before_data=True),
     Case("dflash-mask-token-outside-vocab", case_dflash_mask_token_outside_vocab, 2, r"dflash\.mask_token_id 1000000 is outside the vocabulary", "convert", before_data=True),
     Case("convert-aux-layers", case_aux_layer_out_of_range, 2, r"aux_layers \[0, 40\]: need distinct layer ids in 0\.\.2", "convert", before_data=True),

@@ -30,9 +30,28 @@ def test_a_category_that_dropped_past_the_tolerance_fails_by_name():
     assert not gate["passed"] and gate["message"].startswith("category 'code': AL 1.50 is 6.2% below the baseline's 1.60")
     assert gate["compared"] == ["code", "math"] and gate["not_measured"] == ["rag"]
     assert baseline_gate(report(math=1.97), {"math": 2.0}, 0.02)["passed"]  # 1.5% down: within 2%
-    v = SimpleNamespace(require_exact=False, min_acceptance_length=None, min_speedup=None, baseline_tolerance=0.1)
+    v = SimpleNamespace(require_exact=False, min_acceptance_length=None, min_speedup=None, baseline_tolerance=0.1,
+                        baseline_min_prompts=1)
     assert check_gates(v, report(code=1.5), {"code": 1.6})[0]["passed"]
     assert check_gates(v, report(code=1.5), None) == []
+
+
+def test_a_category_of_too_few_prompts_is_reported_not_gated():
+    """One prompt's AL is no estimate of a category's: below validate.baseline_min_prompts a fall does not fail."""
+    now = report(math=1.0, code=1.5)
+    now["per_category"]["math"]["prompts"], now["per_category"]["code"]["prompts"] = 1, 4
+    gate = baseline_gate(now, {"math": 2.0, "code": 1.5}, 0.02, min_prompts=3)
+    assert gate["passed"] and gate["too_few_prompts"] == ["math"] and gate["compared"] == ["code"]
+    assert gate["message"].endswith("not gated, fewer than 3 prompts: math")
+    assert not baseline_gate(now, {"math": 2.0, "code": 1.5}, 0.02, min_prompts=1)["passed"]
+
+
+def test_a_baseline_sharing_no_category_with_the_run_is_refused():
+    from trtspec.checks import check_baseline_categories
+
+    check_baseline_categories({"math": 2.0, "code": 1.6}, {"code", "chat"}, "b.json")  # one shared: gated on it
+    with pytest.raises(ConfigError, match=r"shares no category .*baseline: code, math; this run: chat, writing"):
+        check_baseline_categories({"math": 2.0, "code": 1.6}, {"chat", "writing"}, "b.json")
 
 
 def test_an_earlier_report_is_read(tmp_path):

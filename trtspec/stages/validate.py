@@ -19,6 +19,7 @@ from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
 from trtspec.checks import (
     acceptance_summary,
     category_speeds,
+    check_baseline_categories,
     check_context_length,
     check_gates,
     context_curve,
@@ -122,8 +123,8 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     if cfg.draft.shape != "chain" and (family := family_of(model_config)).runtime == "hf":
         raise ConfigError(f"draft.shape {cfg.draft.shape}: validate runs {family.name} targets on the runtime's hf path, "
                           "which verifies chains only", "set draft.shape: chain (engines serve a chain or their own tree)")
-    if cfg.validate_.baseline:
-        read_baseline(cfg.resolve_path(cfg.validate_.baseline), target_identity(model_config), cfg.draft.length)
+    baseline = read_baseline(cfg.resolve_path(cfg.validate_.baseline), target_identity(model_config),
+                             cfg.draft.length) if cfg.validate_.baseline else None
     window = text_config(model_config).max_position_embeddings
     for b in sorted(cfg.eval.context_bins or []):
         check_fits_window(f"eval.context_bins {b}", b, "eval.max_new_tokens", cfg.eval.max_new_tokens, window)
@@ -131,6 +132,8 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
         return
     sources = prompt_sources(cfg)
     taken = taken_rows(sources, cfg.eval.num_prompts)
+    if baseline:  # held-out prompts' categories are known after the data stage: checked when validate starts
+        check_baseline_categories(baseline, {r["category"] for r in taken}, cfg.validate_.baseline)
     tok = load_tokenizer(resolve_model(cfg.model.source))
     for k, (name, label, _) in enumerate(sources):
         rows = [r for r in taken if r["suite"] == name]
@@ -320,6 +323,10 @@ def run(ctx: StageContext) -> dict:
     v, d, n_new = ctx.cfg.validate_, ctx.cfg.draft, ctx.cfg.eval.max_new_tokens
     b = load_bench(ctx)
     target, drafter, spec, prompts = b.target, b.drafter, b.spec, b.prompts
+    if v.baseline and not (ctx.cfg.eval.prompts or ctx.cfg.eval.suites):  # held-out prompts: their categories now
+        identity = target_identity(AutoConfig.from_pretrained(ctx.inputs["export"] / "target"))
+        check_baseline_categories(read_baseline(ctx.cfg.resolve_path(v.baseline), identity, d.length),
+                                  {r["category"] for r in b.rows}, v.baseline)
     kernels = target.kernel_choice
     ctx.log(f"{len(prompts)} prompts, {n_new} new tokens, draft {d.shape} k={d.length}, threads {torch.get_num_threads()}")
     native = target.path == "native"
