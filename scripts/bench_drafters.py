@@ -5,12 +5,14 @@ timed in one process, interleaved prompt by prompt, on held-out chat prompts and
     python scripts/bench_drafters.py runs/demo runs/demo-dflash runs/demo-dflash2    # table on stdout
     python scripts/bench_drafters.py runs/demo runs/demo-dflash --ks eagle3=3 --ks dflash=3,7 --json
     python scripts/bench_drafters.py runs/demo --draft-weights float32,bfloat16       # the draft's storage, side by side
+    python scripts/bench_drafters.py runs/demo runs/demo-dflash runs/demo-dflash2 --write   # and into docs/results.md
 
 Every run must hold the same target (its bundle/target is loaded once, from the first run). For each prompt set,
 every prompt runs the runtime without a draft and each (draft, k) in turn, so machine noise hits all alike.
 Columns: tokens/s, AL (tokens per target forward), how many outputs are token-identical to the runtime without a
 draft (greedy: all must be), per-position acceptance, and one speculative step's cost in plain decode steps
 (AL x no-draft tokens/s / speculative tokens/s: what drafting and verifying k + 1 rows cost against one token).
+--write puts the table, with the command, date and machine, into docs/results.md between its bench-drafters markers.
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ def parse_ks(items: list[str]) -> dict[str, list[int]]:
     return ks
 
 
+def markdown(table: list[dict]) -> str:
+    lines = ["| prompts | drafting | tokens/s | vs no draft | AL | identical | step cost (decode steps) | acceptance by position |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    lines += [f"| {r['prompts']} | {r['method']} | {r['tokens_per_s']:.1f} | {r['speedup_vs_no_draft']:.2f}x | "
+              f"{r['acceptance_length']:.2f} | {r['identical']}/{r['of']} | {r['step_cost_in_decode_steps']:.2f} | "
+              f"{', '.join(f'{x:.2f}' for x in r['accept_rate_by_position'])} |" for r in table]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("runs", type=Path, nargs="+", help="finished runs (bundle/ and data/), one per draft")
@@ -55,6 +66,7 @@ def main() -> None:
                     "are stored, auto | float32 | bfloat16; several load each draft once per storage, timed side by side")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write", action="store_true", help="also write the table into docs/results.md (its markers)")
     a = ap.parse_args()
     storages = a.draft_weights.split(",")
     if set(storages) - {"auto", "float32", "bfloat16"}:  # kernels.STORAGES, checked before anything loads
@@ -134,6 +146,12 @@ def main() -> None:
     if a.json:
         print(json.dumps({"runs": [str(r) for r in a.runs], "max_new_tokens": new, "compile": compile_note,
                           "machine": machine, "rows": table}, indent=2))
+    if a.write:
+        from trtspec.bench import DOCS, measured_line, write_doc_section
+
+        command = "python scripts/bench_drafters.py " + " ".join(sys.argv[1:])
+        write_doc_section(DOCS / "results.md", "bench-drafters", f"{measured_line(command)}runtime {compile_note}\n\n"
+                          + markdown(table))
     if any(r["identical"] != r["of"] for r in table):
         sys.exit("error: a draft changed a greedy output")
 

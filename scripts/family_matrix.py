@@ -85,26 +85,13 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_table(page: Path, method: str, text: str) -> None:
-    """Replace what stands between the method's markers in `page` with `text`."""
-    start, end = f"<!-- family-matrix:{method}:start -->", f"<!-- family-matrix:{method}:end -->"
-    doc = page.read_text()
-    if start not in doc or end not in doc:
-        sys.exit(f"{page}: no {start} ... {end} markers to write the {method} table between")
-    head, rest = doc.split(start, 1)
-    page.write_text(f"{head}{start}\n{text}\n{end}{rest.split(end, 1)[1]}")
-
-
 def measured_on(method: str, families: list[str], shape: str) -> str:
-    import datetime
-
-    from trtspec.runtime.kernels import cpu_description
+    from trtspec.bench import measured_line
     from trtspec.targets.tiny import TINY
 
-    machine = cpu_description()
-    which = "every family" if [f.partition(":")[0] for f in families] == list(TINY) else ", ".join(families)
-    return (f"Measured {datetime.date.today()} on {machine['model']} ({machine['cores']} cores), {which}, by "
-            f"`python scripts/family_matrix.py --method {method}{'' if shape == 'base' else ' --shape ' + shape} --write`:\n")
+    which = "" if [f.partition(":")[0] for f in families] == list(TINY) else f" --families {','.join(families)}"
+    return measured_line(f"python scripts/family_matrix.py --method {method}{'' if shape == 'base' else ' --shape ' + shape}"
+                         f"{which} --write")
 
 
 def main() -> None:
@@ -131,8 +118,10 @@ def main() -> None:
         print(f"{f}: rc {rows[-1]['rc']} in {rows[-1]['seconds']} s", file=sys.stderr, flush=True)
     print(json.dumps(rows, indent=2) if a.json else table(rows))
     if a.write:
-        key = a.method if a.shape == "base" else f"{a.method}:{a.shape}"
-        write_table(ROOT / "docs" / "families.md", key, measured_on(a.method, families, a.shape) + "\n" + table(rows))
+        from trtspec.bench import DOCS, write_doc_section
+
+        key = "family-matrix:" + (a.method if a.shape == "base" else f"{a.method}:{a.shape}")
+        write_doc_section(DOCS / "families.md", key, measured_on(a.method, families, a.shape) + "\n" + table(rows))
 
 
 if __name__ == "__main__":

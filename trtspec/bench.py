@@ -1,5 +1,6 @@
 """What the benchmark scripts (scripts/bench_*.py) share: reading a finished run (its model source, prompts, bundle,
-a stage's metrics) and training head recipes side by side on one run's data.
+a stage's metrics), training head recipes side by side on one run's data, and writing a measured table into its
+page of docs/ (write_doc_section), so the page shows what the script printed.
 
 Each script holds what it measures; how a run is read lives here once, the way the validate stage reads it, so
 no two scripts read a run two ways and no script imports another. Like cli.py, this is an entry point above the
@@ -184,3 +185,27 @@ def save_figure(fig: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def write_doc_section(page: Path, key: str, text: str) -> None:
+    """Replace what stands between `<!-- KEY:start -->` and `<!-- KEY:end -->` in `page` with `text` (a script's
+    table with the command, date and machine it was measured with); a page without the markers is an error."""
+    start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
+    doc = page.read_text()
+    if start not in doc or end not in doc:
+        raise SystemExit(f"{page}: no {start} ... {end} markers to write the table between")
+    head, rest = doc.split(start, 1)
+    page.write_text(f"{head}{start}\n{text}\n{end}{rest.split(end, 1)[1]}")
+
+
+def measured_line(command: str) -> str:
+    """'Measured DATE on CPU (N cores) by `command`:' for a table a script writes into docs/."""
+    import datetime
+
+    from trtspec.runtime.kernels import cpu_description
+
+    machine = cpu_description()
+    return f"Measured {datetime.date.today()} on {machine['model']} ({machine['cores']} cores) by `{command}`:\n"

@@ -1,9 +1,12 @@
-"""scripts/family_matrix.py's table and its place in docs/families.md: the page shows what the script measured."""
+"""scripts/family_matrix.py's table and its place in docs/families.md (trtspec.bench.write_doc_section): the page
+shows what the script measured."""
 
 import importlib.util
 from pathlib import Path
 
 import pytest
+
+from trtspec.bench import write_doc_section
 
 ROOT = Path(__file__).parents[2]
 spec = importlib.util.spec_from_file_location("family_matrix", ROOT / "scripts" / "family_matrix.py")
@@ -32,14 +35,9 @@ def test_write_table_replaces_only_between_its_markers(tmp_path):
     page = tmp_path / "families.md"
     page.write_text("intro\n<!-- family-matrix:eagle3:start -->\nold\n<!-- family-matrix:eagle3:end -->\n\n"
                     "<!-- family-matrix:dflash:start -->\nkept\n<!-- family-matrix:dflash:end -->\nend\n")
-    matrix.write_table(page, "eagle3", "new table")
+    write_doc_section(page, "family-matrix:eagle3", "new table")
     assert page.read_text() == ("intro\n<!-- family-matrix:eagle3:start -->\nnew table\n<!-- family-matrix:eagle3:end -->\n\n"
                                 "<!-- family-matrix:dflash:start -->\nkept\n<!-- family-matrix:dflash:end -->\nend\n")
     with pytest.raises(SystemExit, match="no <!-- family-matrix:dflash2:start -->"):
-        matrix.write_table(tmp_path / "families.md", "dflash2", "x")
+        write_doc_section(tmp_path / "families.md", "family-matrix:dflash2", "x")
 
-
-def test_the_page_has_each_methods_markers():
-    doc = (ROOT / "docs" / "families.md").read_text()
-    for method in matrix.RECIPES:
-        assert doc.count(f"<!-- family-matrix:{method}:start -->") == doc.count(f"<!-- family-matrix:{method}:end -->") == 1
