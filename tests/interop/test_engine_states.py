@@ -158,3 +158,48 @@ def test_a_draft_trained_on_states_from_a_vllm_server_it_was_launched_for(tmp_pa
     assert m["steps"] * 2 <= m["states"]["rows_extracted"] < m["steps"] * 3, (m["steps"], m["states"])
     assert m["target_in_trainer"]["decoder_layers"] == 0 and m["AL@3"] >= 1.0
     assert not list(folder.glob("*.safetensors")), "every states file the server wrote was read and deleted"
+
+
+@pytest.mark.full
+def test_a_killed_streamed_run_resumes_without_training_or_extracting_again(tmp_path):
+    """train.states_from: vllm, streamed, SIGKILLed after its first checkpoint: the rerun resumes from it, trains only
+    the steps left (no step twice in the log), has vLLM extract only the rows of those steps, and ends with the head
+    of a run never killed."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from trtspec.artifacts import sha256_file
+
+    root = Path(__file__).resolve().parents[2]
+
+    def cmd(run: Path) -> list[str]:
+        return [sys.executable, "-m", "trtspec.cli", "build", str(root / "build_configs" / "tiny-families.yaml"),
+                "--out", str(run), "--set", "model.source=tiny:llama3", "--until", "train", "--set", "train.states_from=vllm",
+                "--set", "train.mode=streamed", "--set", "train.save_steps=20"]
+
+    def finish(run: Path) -> dict:
+        proc = subprocess.run(cmd(run), capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads((run / "train" / "manifest.json").read_text())["metrics"]
+
+    whole = finish(tmp_path / "whole")
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(cmd(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    while not any(killed.glob(".work/train-*/checkpoints/checkpoint-*/trainer_state.json")):
+        assert proc.poll() is None and time.time() < deadline, "the build ended before its first checkpoint"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    resumed = finish(killed)
+    assert resumed["resumed_from_step"] >= 20 and resumed["steps"] == whole["steps"]
+    log = [json.loads(x) for x in (killed / "train" / "train_log.jsonl").read_text().splitlines() if x.strip()]
+    steps = [r["step"] for r in log if "step" in r]
+    assert steps == sorted(set(steps))
+    assert 0 < resumed["states"]["rows_extracted"] < whole["states"]["rows_extracted"]
+    assert sha256_file(killed / "train" / "head.safetensors") == sha256_file(tmp_path / "whole" / "train" / "head.safetensors")
