@@ -14,14 +14,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trtspec.dflash.config import DFlashSection
-from trtspec.dflash2.config import DFlash2Section
 from trtspec.draft_families import check_sections, family
-from trtspec.eagle.config import ConvertSection
 from trtspec.errors import ConfigError
-
-# the sections and key types every section file shares (re-exported: config.Section, config.key, ...)
-from trtspec.sections import BIG, VOCAB_MAX, BatchSize, ContextLen, DraftLen, LayerId, Requests, Section, key  # noqa: F401
 
 STAGES = ("data", "convert", "train", "quantize", "export", "engine", "validate")
 # the drafting a deployment can serve: from an EAGLE-3 bundle the head, suffix matches alone, or both (sa_config);
@@ -29,6 +23,22 @@ STAGES = ("data", "convert", "train", "quantize", "export", "engine", "validate"
 DRAFTING = ("eagle3", "suffix", "eagle3_suffix", "dflash")
 
 
+BIG = 10**9  # the bound of counts (rows, steps) that have no natural one: finite, far beyond any real run
+VOCAB_MAX = 1 << 24  # token ids and vocabulary sizes (the largest vocabularies are ~260k)
+LayerId = Annotated[int, Field(ge=0, le=1023)]
+BatchSize = Annotated[int, Field(ge=1, le=1024)]
+Requests = Annotated[int, Field(ge=1, le=65536)]  # a batch size an engine serves (serve.max_batch_size's range)
+ContextLen = Annotated[int, Field(ge=16, le=1_048_576)]  # tokens of context before an answer
+DraftLen = Annotated[int, Field(ge=0, le=16)]  # tokens drafted per step; 0 = no speculation (draft.length's range)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
+
+
+def key(default: Any = ..., description: str = "", **limits: Any) -> Any:
+    """A config key: its default, what it means (docs/config.md is generated from it), its limits."""
+    return Field(default=default, description=description, **limits)
 
 
 class ModelSection(Section):
@@ -127,6 +137,79 @@ class DraftSection(Section):
         0.02, "with init_from: the train stage fails when a category's held-out AL falls more than this (relative) "
         "below the earlier draft's on the same rows, so no bundle is exported from it (vLLM's MT-Bench gate: 2%); "
         "null = report only", ge=0, le=1)
+
+
+class ConvertSection(Section):
+    aux_layers: list[LayerId] | None = key(None, "target layers whose hidden states feed the head; null = "
+                                           "TensorRT-LLM's {1, L//2-1, L-4}", min_length=1, max_length=16)
+    draft_vocab_size: int | None = key(None, "the head's output vocabulary: the most frequent training tokens, "
+                                       "mapped back by d2t; null = the target's full vocabulary", ge=16, le=VOCAB_MAX)
+    num_layers: int = key(1, "decoder layers in the head (EAGLE-3 uses 1; engines load only 1)", ge=1, le=8)
+    init_from_target: bool = key(
+        False, "start the head from the target's layer after the deepest aux layer, its final norm and lm_head rows "
+        "instead of modelopt's random init: exact for Llama/Mistral/Qwen2; Qwen3's q/k norms have no place in the "
+        "head (listed in convert's metrics: init_not_copied)")
+    fc_norm: bool = key(False, "EAGLE-3.1: an RMSNorm on each auxiliary hidden state before the fusion layer fc (vLLM's "
+                        "llama_eagle3 reads `fc_norm`); the target's layers differ in scale, the norms even them out")
+    norm_output: bool = key(False, "EAGLE-3.1: a draft step hands the next step its output after the final norm, not "
+                            "before (vLLM's `norm_output`)")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="any other eagle_architecture_config field, applied last "
+                                    "(e.g. intermediate_size: 1536)")
+
+
+class DFlashSection(Section):
+    block_size: int = key(8, "tokens in a draft block: the last verified token and block_size - 1 guesses (DSpark: "
+                          "block_size), all from one pass (DFlash's paper and Model Optimizer use 8 or 16)", ge=2, le=32)
+    num_layers: int = key(2, "decoder layers in the draft (one target layer feeds each)", ge=1, le=8)
+    target_layers: list[LayerId] | None = key(None, "target layers whose outputs feed the draft, one per draft layer; "
+                                              "null = Model Optimizer's uniform pick", min_length=1, max_length=8)
+    intermediate_size: int | None = key(None, "the draft's MLP width; null = the target's", ge=16, le=1 << 20)
+    mask_token_id: int | None = key(None, "the token standing for the unknown positions of a block; null = the "
+                                    "tokenizer's mask token, else a special token no training label uses",
+                                    ge=0, lt=VOCAB_MAX)
+    attention: Literal["bidirectional", "causal"] = key(
+        "bidirectional", "attention inside a block: bidirectional (DFlash) or causal (each guess sees earlier "
+        "positions only)")
+    anchors: int = key(32, "block anchors sampled per training row and step (Model Optimizer's dflash_num_anchors)",
+                       ge=1, le=4096)
+    loss: Literal["dpace", "decay"] = key("dpace", "weights of the block positions in the loss: dpace = confidence-"
+                                          "derived (D-PACE), decay = exp(-(k - 1) / gamma) at position k, "
+                                          "gamma 4 for a block of 8, 7 for 16 (the DFlash paper's)")
+    projector: Literal["dflash", "dspark"] = key(
+        "dflash", "how a block's rows become guesses (Model Optimizer's projector_type): dflash = each masked row "
+        "guesses its own token, all at once; dspark = DeepSeek's DSpark: each row guesses the token after it "
+        "(block_size guesses a pass), plus a low-rank Markov head's logit bias from the guess before it, one guess "
+        "after another")
+    markov_rank: int = key(256, "dspark: rank r of the Markov head, a vocab x r embedding of the previous token and an "
+                           "r x vocab projection (2 x vocab x r parameters, the projection read once per guess; "
+                           "DeepSpec uses 256)", ge=1, le=4096)
+    markov_head: Literal["vanilla", "gated", "rnn"] = key(
+        "vanilla", "dspark: the Markov head's bias: vanilla = from the previous token alone; gated = its embedding gated "
+        "by the backbone's row; rnn = a GRU-like state carried through the block (the whole prefix)")
+    ce_weight: float = key(0.1, "dspark: weight of the cross-entropy on the answer's tokens in the loss (DeepSpec: 0.1)",
+                           ge=0, le=100)
+    tvd_weight: float = key(0.9, "dspark: weight of the total-variation distance between the draft's and the target's "
+                            "next-token distributions, 1 - TVD being a sampled guess's acceptance chance (DeepSpec: 0.9)",
+                            ge=0, le=100)
+
+    @property
+    def guesses(self) -> int:
+        """Tokens one block drafts: DFlash's rows 1..block_size - 1, DSpark's rows 0..block_size - 1."""
+        return self.block_size if self.projector == "dspark" else self.block_size - 1
+
+
+class DFlash2Section(Section):
+    """DFlash2's own settings (draft.method: dflash2); its backbone is the dflash section's."""
+
+    conv_kernel_size: int = key(2, "taps of the causal convolutions around each draft layer's attention and MLP, along "
+                                "the block's rows (z-lab's and speculators' default: 2)", ge=1, le=16)
+    conv_group_size: int = key(16, "channels sharing one token-dependent kernel coefficient (must divide the hidden "
+                               "size; speculators' default: 16)", ge=1, le=4096)
+    selector_rank: int = key(64, "rank r of the candidate selector's bilinear score from the previous token (2 x "
+                             "vocab x r parameters; speculators' default 256 is for 150k-token vocabularies)", ge=1, le=4096)
+    selector_top_k: int = key(16, "candidates per block row the selector re-scores: the top of the row's own logits "
+                              "(a token outside them is never drafted)", ge=2, le=1024)
+    selector_weight: float = key(1.0, "weight of the selector's cross-entropy beside the block's own loss", ge=0, le=100)
 
 
 class StatesEngineSection(Section):

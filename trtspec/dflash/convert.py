@@ -10,8 +10,7 @@ from trtspec.dflash import head as dflash
 from trtspec.targets import text_config
 
 if TYPE_CHECKING:
-    from trtspec.config import BuildConfig
-    from trtspec.dflash.config import DFlashSection
+    from trtspec.config import BuildConfig, DFlashSection
 
 DSPARK_ONLY = ("markov_rank", "markov_head", "ce_weight", "tvd_weight")  # dflash keys of dflash.projector: dspark
 

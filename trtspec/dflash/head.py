@@ -27,7 +27,7 @@ from trtspec.errors import ArtifactError, ConfigError
 from trtspec.targets import text_config
 
 if TYPE_CHECKING:
-    from trtspec.dflash.config import DFlashSection
+    from trtspec.config import DFlashSection
 
 HEAD_FILE = "head.safetensors"
 

@@ -17,7 +17,7 @@ from trtspec.dflash import head as dflash
 from trtspec.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trtspec.dflash2.config import DFlash2Section
+    from trtspec.config import DFlash2Section
 
 KEY = "dflash2"  # DFlash2's settings inside the saved mtsp.convert config, taken out before modelopt reads it
 
