@@ -190,7 +190,7 @@ def baseline_gate(report: dict, baseline: dict[str, float], tolerance: float, mi
     """Per category measured in both: AL may fall at most `tolerance` (relative) below the baseline's. A category
     this run measured on fewer than `min_prompts` prompts is listed (too_few_prompts), not gated."""
     cats = report["per_category"]
-    few = sorted(c for c in baseline if c in cats and cats[c].get("prompts", min_prompts) < min_prompts)
+    few = sorted(c for c in baseline if c in cats and (cats[c].get("prompts") or min_prompts) < min_prompts)
     now = {c: v["acceptance_length"] for c, v in cats.items() if c not in few}
     dropped = {c: (now[c], base) for c, base in baseline.items() if c in now and now[c] < base * (1 - tolerance)}
     worst = min(dropped, key=lambda c: dropped[c][0] / dropped[c][1]) if dropped else None

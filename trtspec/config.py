@@ -415,7 +415,8 @@ class ValidateSection(Section):
     baseline_tolerance: float = key(0.02, "gate: the relative AL drop per category validate.baseline allows (vLLM's "
                                     "MT-Bench acceptance gate: 2%)", ge=0, le=1)
     baseline_min_prompts: int = key(3, "gate: a category with fewer prompts in this run is reported, not gated (one "
-                                    "prompt's AL is no estimate of a category's)", ge=1, le=100_000)
+                                    "prompt's AL is no estimate of a category's); the same for the train stage's gate "
+                                    "of draft.init_from (draft.max_category_drop)", ge=1, le=100_000)
 
 
 class BuildConfig(Section):

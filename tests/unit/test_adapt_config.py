@@ -77,3 +77,5 @@ def test_the_warm_start_gate_refuses_a_draft_that_fell_behind_and_keeps_its_outp
                                                r"5\.0% below the earlier draft's 2\.00 \(tolerance 2%\)"):
         warm_start_gate(ctx, acc(chat=2.0, code=1.5), acc(chat=1.9, code=1.9))
     assert (tmp_path / "train-failed" / "head.safetensors").read_text() == "weights"
+    two = {"per_category": {"chat": {"AL@3": 1.9, "prompts": 2}, "code": {"AL@3": 1.9, "prompts": 5}}}
+    assert warm_start_gate(ctx, acc(chat=2.0, code=1.5), two)["too_few_prompts"] == ["chat"]  # 2 prompts: not gated

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from trtspec.draft_families import TrainableDraft
 
 UPSTREAM = ("data", "convert")
-READS = ("train", "draft.method", "draft.length", "draft.max_category_drop", "dflash", "dflash2", "eval.acceptance_prompts", "eval.context_bins",
+READS = ("train", "draft.method", "draft.length", "draft.max_category_drop", "validate.baseline_min_prompts", "dflash", "dflash2", "eval.acceptance_prompts", "eval.context_bins",
          "eval.context_prompts", "eval.context_source", "eval.context_documents", "seed")
 ALL_RANKS = True  # every process of a multi-process launch trains
 
@@ -411,8 +411,8 @@ def warm_start_gate(ctx: StageContext, before: dict, after: dict) -> dict:
     als = {name: {c: v[f"AL@{k}"] for c, v in m["per_category"].items()} for name, m in (("before", before), ("after", after))}
     for c in als["after"]:
         ctx.log(f"category {c}: held-out AL@{k} {als['before'][c]:.2f} -> {als['after'][c]:.2f}")
-    gate = baseline_gate({"per_category": {c: {"acceptance_length": v} for c, v in als["after"].items()}}, als["before"],
-                         tolerance or 0.0)
+    now = {c: {"acceptance_length": v, "prompts": after["per_category"][c].get("prompts")} for c, v in als["after"].items()}
+    gate = baseline_gate({"per_category": now}, als["before"], tolerance or 0.0, ctx.cfg.validate_.baseline_min_prompts)
     if tolerance is not None and not gate["passed"]:
         failed = ctx.run.path / "train-failed"
         shutil.rmtree(failed, ignore_errors=True)
