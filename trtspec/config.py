@@ -325,8 +325,9 @@ class EngineSection(Section):
                                    description="a concurrency sweep's levels, e.g. [1, 4, 16, 32]: the bundle in vLLM at "
                                    "each draft length and concurrency (engine.sweep_method), its table in the manifest "
                                    "and the draft length per batch size it implies (deploy triton --drafting auto "
-                                   "serves it); every length's engine is loaded at once, so on a CPU a sweep the free "
-                                   "memory cannot hold is refused before any stage; null = none")
+                                   "serves it); the lengths' engines are loaded at once, or on a CPU in groups of what the "
+                                   "free memory holds, each beside no draft (refused before any stage below two); "
+                                   "null = none")
     sweep_method: Literal["lockstep", "aiperf"] = key(
         "lockstep", "how the sweep loads vLLM: lockstep = every draft length's engine in one process, the engines taking "
         "one scheduler step each in turn, each step timed alone (decides a few percent on a host whose speed drifts; "

@@ -176,19 +176,21 @@ def test_engine_command_exits_3_when_skipped(tmp_path, monkeypatch):
     assert errors == ["Error: engine skipped: tensorrt_llm is not installed (pip install trtspec[trtllm])"]
 
 
-def test_a_sweep_the_free_memory_cannot_hold_is_refused_before_any_stage(tmp_path, monkeypatch, tiny_model_dir):
-    """engine.sweep loads every draft length's engine at once: each its weights (the checkpoint's size), KV cache and
-    vLLM's own ~1 GiB. With less free memory than that, one line naming the sizes; with enough, nothing."""
+def test_a_sweep_runs_in_the_groups_the_free_memory_holds_and_is_refused_below_two_engines(tmp_path, monkeypatch, tiny_model_dir):
+    """engine.sweep loads its draft lengths' engines together: each its weights (the checkpoint's size), KV cache and
+    vLLM's own ~1 GiB. All four where the memory holds them (0: no groups); in groups of what it holds (each beside no
+    draft: sweep.groups_of); refused in one line naming the sizes where it cannot hold no draft and one length."""
     from trtspec.errors import ConfigError
     from trtspec.runtime import kernels
 
     cfg = make_cfg(tmp_path, model=str(tiny_model_dir), engine={"backend": "vllm", "sweep": [1, 4]}, draft={"length": 3})
-    monkeypatch.setattr(kernels, "available_memory_mb", lambda: 3 * 1024.0)
-    with pytest.raises(ConfigError, match=r"engine.sweep loads 4 vLLM engines of the target at once, about [\d.]+ GiB .* more "
-                                          r"than the 3.0 GiB free here"):
-        engine.check_sweep_memory(cfg)
     monkeypatch.setattr(kernels, "available_memory_mb", lambda: 64 * 1024.0)
+    assert engine.engines_that_fit(cfg) == 0
     engine.check_sweep_memory(cfg)
-    cfg = make_cfg(tmp_path, model=str(tiny_model_dir), engine={"backend": "vllm", "sweep": [1, 4], "sweep_draft_lengths": [0, 3]})
-    monkeypatch.setattr(kernels, "available_memory_mb", lambda: 5 * 1024.0)
-    engine.check_sweep_memory(cfg)  # two engines fit where four do not
+    monkeypatch.setattr(kernels, "available_memory_mb", lambda: 3 * 1024.0)
+    assert engine.engines_that_fit(cfg) == 2  # 4 engines of ~1.1 GiB: two at a time, [0, 1], [0, 2], [0, 3]
+    engine.check_sweep_memory(cfg)
+    monkeypatch.setattr(kernels, "available_memory_mb", lambda: 1.5 * 1024.0)
+    with pytest.raises(ConfigError, match=r"engine.sweep compares each draft length with no draft, two vLLM engines of the "
+                                          r"target at once, about [\d.]+ GiB .* more than the memory free here holds"):
+        engine.check_sweep_memory(cfg)

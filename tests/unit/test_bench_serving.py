@@ -3,6 +3,8 @@ best fixed length and no draft, where speculation stops paying."""
 
 from __future__ import annotations
 
+import pytest
+
 from trtspec.engines.vllm import sweep
 
 
@@ -114,3 +116,44 @@ def test_the_schedules_ratio_is_the_median_of_its_rounds_ratios():
     assert sweep.paired_ratio(schedule, no_draft) == 0.95
     assert sweep.paired_ratio({"tokens_per_s": 90.0}, no_draft) == 0.9  # not measured in the same rounds
     assert sweep.paired_ratio(None, no_draft) is None
+
+
+class DriftingPool(FakePool):
+    """FakePool whose host runs at half speed from the second group on (every engine alike), recording the most
+    engines up at once."""
+
+    def __init__(self, plan):
+        super().__init__(plan)
+        self.most, self.groups_started = 0, 0
+
+    def start(self, label, k, schedule=None):
+        if not self.up:
+            self.groups_started += 1
+        super().start(label, k, schedule)
+        self.most = max(self.most, len(self.up))
+
+    def measure(self, label, c, aiperf, prompts, tag):
+        r = super().measure(label, c, aiperf, prompts, tag)
+        return {**r, "tokens_per_s": r["tokens_per_s"] / (2 if self.groups_started > 1 else 1)}
+
+
+def test_a_sweep_the_memory_cannot_hold_at_once_runs_in_groups_each_beside_no_draft():
+    """engine.sweep on a machine holding 3 engines of 5 draft lengths: groups [0, 1, 2] and [0, 3, 4], never more than
+    3 engines up; the second group, measured while the host ran at half speed, is compared through its own no-draft
+    row, so the schedule is the one the true speeds imply (k = 3 fastest at 1 request, k = 1 at 4, none at 16)."""
+    FakePool.calls = []
+    true = {0: {1: 10, 4: 30, 16: 100}, 1: {1: 12, 4: 36, 16: 90}, 2: {1: 13, 4: 33, 16: 80},
+            3: {1: 15, 4: 31, 16: 70}, 4: {1: 14, 4: 29, 16: 60}}
+    FakePool.speeds = {(f"k{k}", c): v for k, row in true.items() for c, v in row.items()}
+    FakePool.speeds |= {("schedule", c): v for c, v in {1: 15, 4: 35, 16: 95}.items()}
+    assert sweep.groups_of([0, 1, 2, 3, 4], 3) == [[0, 1, 2], [0, 3, 4]] and sweep.groups_of([0, 1, 2], 3) == [[0, 1, 2]]
+    with pytest.raises(ValueError, match="room for no draft and one draft length"):
+        sweep.groups_of([0, 1, 2], 1)
+    plan = sweep.SweepPlan([1, 4, 16], [0, 1, 2, 3, 4], together=3)
+    pool = DriftingPool(plan)
+    result = sweep.run_sweep(pool, plan, log=lambda m: None)
+    assert pool.most == 3 and result["groups"] == [[0, 1, 2], [0, 3, 4]]
+    assert result["rows"][3][1]["tokens_per_s"] == 7.5  # as measured, at half speed
+    assert result["schedule"] == {1: 3, 2: 1, 8: 0}  # decided on one clock: 15 > 13 at 1 request
+    # the schedule beside no draft and the fastest length where they fit (3 engines: schedule, k0 and one more)
+    assert result["compared"][16]["no_draft"]["tokens_per_s"] == 50  # the host still at half speed

@@ -98,29 +98,42 @@ def check_sweep(cfg: BuildConfig) -> None:
     check_sweep_memory(cfg)
 
 
-def check_sweep_memory(cfg: BuildConfig) -> None:
-    """A sweep holds every draft length's engine at once (in this process, or as servers beside it): on a CPU, refused
-    in one line when the memory free now cannot hold them, before any stage runs (a GPU's engines size themselves)."""
+def engines_that_fit(cfg: BuildConfig) -> int:
+    """How many of the sweep's vLLM engines the memory free now holds at once on a CPU (0: all, and on a GPU, whose
+    engines size themselves): the sweep loads its draft lengths in groups of that many (sweep.groups_of)."""
     import torch
 
     from trtspec.engines import vllm as vllm_engine
-    from trtspec.errors import ConfigError
     from trtspec.models import resolve_model
     from trtspec.runtime.kernels import available_memory_mb
 
     free_mb = available_memory_mb()
     if torch.cuda.is_available() or free_mb is None:
-        return
+        return 0
     e, target = cfg.engine, resolve_model(cfg.model.source)
     engines = len(set(e.sweep_draft_lengths or range(cfg.draft.length + 1)))
     kv = vllm_engine.kv_cache_gib_for(target, max(e.sweep) * (e.sweep_max_tokens + 64 + cfg.draft.length))
-    need = vllm_engine.engines_memory_gib(target, engines, kv)
-    if need > free_mb / 1024:
-        raise ConfigError(f"engine.sweep loads {engines} vLLM engines of the target at once, about {need} GiB (weights, "
-                          f"{kv} GiB of KV cache and vLLM's own ~{vllm_engine.ENGINE_OWN_GIB} GiB each), more than the "
-                          f"{free_mb / 1024:.1f} GiB free here",
-                          "sweep fewer draft lengths (engine.sweep_draft_lengths), lower concurrencies (engine.sweep), "
-                          "or run the sweep on a machine with more memory")
+    fit = int(free_mb / 1024 // vllm_engine.engines_memory_gib(target, 1, kv))
+    return 0 if fit >= engines else fit
+
+
+def check_sweep_memory(cfg: BuildConfig) -> None:
+    """A sweep loads its draft lengths' engines together, in groups where the memory free cannot hold them all
+    (engines_that_fit); refused in one line, before any stage runs, when it cannot hold no draft and one length."""
+    from trtspec.engines import vllm as vllm_engine
+    from trtspec.errors import ConfigError
+    from trtspec.models import resolve_model
+
+    fit = engines_that_fit(cfg)
+    if fit == 0 or fit >= 2:
+        return
+    e, target = cfg.engine, resolve_model(cfg.model.source)
+    kv = vllm_engine.kv_cache_gib_for(target, max(e.sweep) * (e.sweep_max_tokens + 64 + cfg.draft.length))
+    need = vllm_engine.engines_memory_gib(target, 2, kv)
+    raise ConfigError(f"engine.sweep compares each draft length with no draft, two vLLM engines of the target at once, "
+                      f"about {need} GiB (weights, {kv} GiB of KV cache and vLLM's own ~{vllm_engine.ENGINE_OWN_GIB} GiB "
+                      f"each), more than the memory free here holds",
+                      "lower the concurrencies (engine.sweep), or run the sweep on a machine with more memory")
 
 
 def environment_key() -> dict:
@@ -211,7 +224,7 @@ def serving_sweep(ctx: StageContext, bundle: Path, engine: engines.Engine) -> di
         return {"skipped": f"engine.sweep runs the bundle's draft in vLLM; here the engine is "
                            f"{engine.SHORT} and decoding {ctx.cfg.serve.decoding}"}
     plan = sweep.SweepPlan(sorted(set(e.sweep)), sorted(set(e.sweep_draft_lengths or range(k + 1))), e.sweep_max_tokens,
-                           min_requests=16, repeats=e.sweep_repeats)
+                           min_requests=16, repeats=e.sweep_repeats, together=engines_that_fit(ctx.cfg))
     ctx.log(f"concurrency sweep ({e.sweep_method}): concurrency {plan.concurrency} x draft lengths {plan.draft_lengths}")
     if e.sweep_method == "lockstep":
         prompts = prompt_ids(bundle / "target", len(PROMPTS))

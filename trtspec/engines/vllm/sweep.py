@@ -54,6 +54,7 @@ class SweepPlan:
     level_timeout_s: float = 900
     preload_iomp: bool = True  # vLLM's CPU docs: Intel OpenMP preloaded (it warns of slow speculation without)
     repeats: int = 1  # rounds of every server at each concurrency; a level keeps its median round
+    together: int = 0  # engines loaded at once at most, sized to the memory free (0 = every draft length's at once)
 
 
 def find_aiperf(given: str | None = None) -> str:
@@ -278,37 +279,82 @@ def median_round(rounds: list[dict]) -> dict:
     return {**ranked[(len(ranked) - 1) // 2], "runs": [round(row["tokens_per_s"] or 0.0, 2) for row in rounds]}
 
 
+def groups_of(lengths: list[int], together: int) -> list[list[int]]:
+    """The draft lengths in the groups a sweep loads at once: all of them where `together` is 0 or holds them, else
+    groups of `together` engines, each with no draft (k = 0) beside its lengths, so that every group measures its
+    lengths against the same reference in the same rounds."""
+    if not together or together >= len(lengths):
+        return [list(lengths)]
+    base = [0] if 0 in lengths else []
+    size = together - len(base)
+    if size < 1:
+        raise ValueError(f"a sweep in groups needs room for no draft and one draft length, not {together} engine(s)")
+    rest = [k for k in lengths if k != 0]
+    return [base + rest[i:i + size] for i in range(0, len(rest), size)]
+
+
+def measure_groups(pool: Any, plan: SweepPlan, log: Any) -> tuple[dict[int, dict[int, dict]], dict[int, dict[int, float]]]:
+    """Every draft length at every concurrency, the groups (groups_of) one after another, each group's engines stopped
+    before the next starts -> (rows {k: {c: row}}, tokens/s {k: {c: ...}} on one clock: a later group's figures
+    scaled by the first group's no-draft tokens/s over its own, so lengths of different groups compare by their
+    ratio to no draft measured beside them, not across the host's drift between groups)."""
+    groups = groups_of(plan.draft_lengths, plan.together)
+    if len(groups) > 1:
+        log(f"the draft lengths in {len(groups)} groups of at most {plan.together} engines (the memory free): "
+            + "; ".join(str(g) for g in groups))
+    rows: dict[int, dict[int, dict]] = {}
+    tps: dict[int, dict[int, float]] = {}
+    for group in groups:
+        for k in group:
+            pool.start(f"k{k}", k)
+        found = pool.rows({c: [f"k{k}" for k in group] for c in plan.concurrency})
+        if len(groups) > 1:
+            for k in group:
+                pool.stop(f"k{k}")
+        scale = {c: ratio(rows[0][c]["tokens_per_s"], r["tokens_per_s"]) or 1.0
+                 for c, r in found["k0"].items()} if 0 in rows and "k0" in found else {}
+        for k in group:
+            if k not in rows:
+                rows[k] = found[f"k{k}"]
+                tps[k] = {c: r["tokens_per_s"] and r["tokens_per_s"] * scale.get(c, 1.0) for c, r in rows[k].items()}
+    return rows, tps
+
+
 def run_sweep(pool: Any, plan: SweepPlan, log: Any = print) -> dict:
     """Every draft length at every concurrency on `pool` (ServerPool: vLLM's servers under aiperf; LockstepPool:
-    engines in this process, stepped in lockstep), then the schedule they imply (when it is not one fixed length),
-    measured again beside no draft and the fastest fixed length at each concurrency: {rows: {k: {c: row}},
-    schedule, decided, scheduled: {c: row} | None, compared: {c: {no_draft: row, fastest: row}} | None, table,
-    crossover}."""
+    engines in this process, stepped in lockstep), in groups where the memory holds fewer engines than lengths
+    (measure_groups), then the schedule they imply (when it is not one fixed length), measured again beside no draft
+    and the fastest fixed length at each concurrency (those that fit beside it): {rows: {k: {c: row}}, schedule,
+    decided, scheduled: {c: row} | None, compared: {c: {no_draft: row, fastest: row}} | None, table, crossover}."""
+    grouped = len(groups_of(plan.draft_lengths, plan.together)) > 1
     with pool:
-        for k in plan.draft_lengths:
-            pool.start(f"k{k}", k)
-        found = pool.rows({c: [f"k{k}" for k in plan.draft_lengths] for c in plan.concurrency})
-        rows = {k: found[f"k{k}"] for k in plan.draft_lengths}
-        tps = {k: {c: r["tokens_per_s"] for c, r in rows[k].items()} for k in rows}
+        rows, tps = measure_groups(pool, plan, log)
         schedule, decided = schedule_from_sweep(tps)
         scheduled = compared = None
         if schedule and len(set(schedule.values())) > 1:  # a schedule that is one fixed k was measured above
             best = best_lengths(tps)
-            for k in set(plan.draft_lengths) - {0, *best.values()}:
-                pool.stop(f"k{k}")  # its memory for the schedule's engine
+            keep = [k for k in dict.fromkeys([0, *best.values()]) if k in rows]
+            if grouped:  # every engine was stopped: start those that fit beside the schedule's
+                keep = keep[:plan.together - 1]
+                for k in keep:
+                    pool.start(f"k{k}", k)
+            else:
+                for k in set(plan.draft_lengths) - set(keep):
+                    pool.stop(f"k{k}")  # its memory for the schedule's engine
             log(f"the schedule they imply, {schedule}, beside the fastest length and no draft")
             pool.start("schedule", schedule[1], schedule)
-            levels = {c: list(dict.fromkeys(["schedule", f"k{best[c]}", *(["k0"] if 0 in rows else [])]))
+            levels = {c: list(dict.fromkeys(["schedule", *(f"k{k}" for k in (best[c], 0) if k in keep)]))
                       for c in plan.concurrency if c in best}
             again = pool.rows(levels, tag="again-")
             scheduled = again["schedule"]
-            compared = {c: {"fastest": again[f"k{best[c]}"][c], "no_draft": again["k0"][c] if "k0" in again else None}
-                        for c in levels}
+            compared = {c: {"fastest": again[f"k{best[c]}"][c] if best[c] in keep else None,
+                            "no_draft": again["k0"][c] if 0 in keep else None} for c in levels}
     table, where = sweep_table(rows, scheduled, compared)
     from trtspec.engines.measured import measured_on
 
     return {"kind": pool.KIND, "engine": "vllm", "measured_on": measured_on(vllm_engine),
             "concurrency": plan.concurrency, "draft_lengths": plan.draft_lengths,
+            "groups": groups_of(plan.draft_lengths, plan.together),
             "max_tokens": plan.max_tokens, "rows": rows, "schedule": schedule, "decided": decided, "scheduled": scheduled,
             "compared": compared, "table": table, "crossover": where}
 
