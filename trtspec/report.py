@@ -99,9 +99,19 @@ def decode_fraction(lim: dict) -> str:
 
 
 def _markdown(r: dict, plots: list[str]) -> str:
-    from trtspec.runtime.kernels import row_labels
+    """report.md: each section of the report in turn, the plots last."""
+    names = drafting_names(r)
+    lines = [*_header(r), *_greedy(r), *_acceptance(r), *_speed(r, names), *_limits(r), *_sampling(r, names), *_gates(r)]
+    return "\n".join([*lines, "", *(f"![{p}]({p})" for p in plots)]) + "\n"
 
-    g = r["greedy_match"]
+
+def drafting_names(r: dict) -> dict[str, str]:
+    """How the report names each drafting: the run's own draft by its family (an EAGLE-3 head or a DFlash block)."""
+    own = {"eagle3": "EAGLE-3", "dflash": "DFlash", "dflash2": "DFlash2"}.get(r.get("draft_method", "eagle3"), "the draft")
+    return {"speculative": own, "suffix": "suffix", "eagle3_suffix": f"{own} + suffix"}
+
+
+def _header(r: dict) -> list[str]:
     lines = [
         "# Validation report",
         "",
@@ -111,7 +121,12 @@ def _markdown(r: dict, plots: list[str]) -> str:
     ]
     if "compile" in r:
         lines.append(f"Compilation: {r['compile']['note']} ({r['compile']['seconds']:.0f} s, before timing)")
-    lines += [
+    return lines
+
+
+def _greedy(r: dict) -> list[str]:
+    g = r["greedy_match"]
+    lines = [
         "",
         "## Greedy outputs",
         "",
@@ -128,7 +143,11 @@ def _markdown(r: dict, plots: list[str]) -> str:
         if q["first_divergence_from_unquantized"]:
             lines.append("First divergence from the unquantized model: "
                          + ", ".join(f"{k}: token {v}" for k, v in q["first_divergence_from_unquantized"].items()))
-    lines += [
+    return lines
+
+
+def _acceptance(r: dict) -> list[str]:
+    lines = [
         "",
         "## Acceptance",
         "",
@@ -152,7 +171,11 @@ def _markdown(r: dict, plots: list[str]) -> str:
         lines += [f"| {c['context_tokens']} (bin {c['bin']}) | {c['prompts']} | {c['acceptance_length']:.2f} | "
                   f"{c['ci95'][0]:.2f}-{c['ci95'][1]:.2f} | {', '.join(f'{x:.2f}' for x in c['per_position'])} | "
                   f"{c['exact']}/{c['prompts']} | {c['vs_shortest']:.2f}x |" for c in r["per_context"]]
-    lines += ["", "## Speed (batch 1, interleaved repetitions, median)", "", "| method | tokens/s | |", "|---|---|---|"]
+    return lines
+
+
+def _speed(r: dict, names: dict[str, str]) -> list[str]:
+    lines = ["", "## Speed (batch 1, interleaved repetitions, median)", "", "| method | tokens/s | |", "|---|---|---|"]
     notes = r.get("method_notes", {})
     lines += [f"| {m} | {t:.1f} | {notes.get(m, '')} |" for m, t in r["tokens_per_s"].items()]
     lines += [f"| {m} | – | skipped: {why} |" for m, why in r["skipped"].items()]
@@ -161,7 +184,6 @@ def _markdown(r: dict, plots: list[str]) -> str:
         f"Speedup over HF generate: **{r['speedup_vs_hf']:.2f}x** (speedup / AL = {r['speedup_over_al']:.2f}); "
         f"runtime without draft vs HF generate: {r['runtime_no_draft_vs_hf']:.2f}x.",
     ]
-    names = {"speculative": "EAGLE-3", "suffix": "suffix", "eagle3_suffix": "EAGLE-3 + suffix"}
     dr = r.get("drafting")
     if dr:
         lines += ["", "## Drafting methods side by side", "", "| drafting | AL | tokens/s | greedy identical |", "|---|---|---|---|"]
@@ -172,49 +194,63 @@ def _markdown(r: dict, plots: list[str]) -> str:
     if "step_cost_vs_decode" in r:
         lines += ["", f"One speculative step (drafts + verify) costs {r['step_cost_vs_decode']:.2f} plain decode steps, and "
                   f"yields AL = {r['acceptance_length']:.2f} tokens: speculation pays while AL exceeds the step cost."]
+    return lines
+
+
+def _limits(r: dict) -> list[str]:
+    from trtspec.runtime.kernels import row_labels
+
     lim = r.get("limits")
-    if lim:
-        m, k = r["machine"], r["kernels"]["target"]
-        lines += [
-            "", "## What limits the speed", "",
-            f"Machine: {m['model']}, {m['cores']} cores ({m['torch_threads']} torch threads), {', '.join(m['flags']) or 'no AVX2'}.",
-            "Kernels chosen by timing on this machine, by rows per product (1: decode; more: verification, drafting): "
-            + ", ".join(f"{n} `{c}`" for n, c in zip(row_labels(), k["by_rows"], strict=False)) + "." + packed_copy(k) + pass_kind(k) + draft_storage(r["kernels"].get("draft")),
-            "",
-            "| | |", "|---|---|",
-            f"| memory bandwidth (best of a streaming read and a large matrix-vector product; median of samples taken among the timed runs) | {lim['bandwidth_gb_per_s']:.1f} GB/s |",
-            f"| weights read per decoded token | {lim['weight_mb_per_token']:.0f} MB |",
-            f"| decode limit = bandwidth / weights | {lim['limit_tokens_per_s']:.1f} tokens/s |",
-            f"| runtime without draft, decode steps | {lim['decode_tokens_per_s']:.1f} tokens/s; " + decode_fraction(lim) + " |",
-            f"| the same with the prompts' prefill (per answer) | {lim['no_draft_tokens_per_s']:.1f} tokens/s = "
-            f"{lim['no_draft_fraction_of_limit']:.0%} of the limit |",
-            f"| decode step / its weight products at the one-row kernel's streaming rate (sampled among the runs) | "
-            f"{lim['decode_step_ms']:.1f} ms / {lim['weight_products_ms']:.1f} ms ({lim['weight_products_share']:.0%}; the "
-            "rest is attention, norms, rope, the calls between them and the products' own shortfall) |",
-            f"| speculation: AL / step cost | {lim['acceptance_length']:.2f} / {lim['step_cost_vs_decode']:.2f} = "
-            f"{lim['speculative_over_no_draft']:.2f}x over no draft |",
-        ]
-        if lim.get("step_cost_by_bytes"):
-            lines += [f"| one speculative step, measured / by bytes (verify reads the target's weights once, each draft "
-                      f"pass the draft's) | {lim['step_cost_vs_decode']:.2f} / {lim['step_cost_by_bytes']:.2f} decode steps "
-                      f"(the difference is the runtime's overhead) |"]
-        if lim.get("step_cost_by_products"):
-            lines += [f"| the same step by the products' timing at load (the verify pass's products over its "
-                      f"{r['verify_rows']} rows, not one row's) | {lim['step_cost_by_products']:.2f} decode steps (above "
-                      "the cost by bytes: what the rows' arithmetic adds on this machine) |"]
+    if not lim:
+        return []
+    m, k = r["machine"], r["kernels"]["target"]
+    lines = [
+        "", "## What limits the speed", "",
+        f"Machine: {m['model']}, {m['cores']} cores ({m['torch_threads']} torch threads), {', '.join(m['flags']) or 'no AVX2'}.",
+        "Kernels chosen by timing on this machine, by rows per product (1: decode; more: verification, drafting): "
+        + ", ".join(f"{n} `{c}`" for n, c in zip(row_labels(), k["by_rows"], strict=False)) + "." + packed_copy(k) + pass_kind(k) + draft_storage(r["kernels"].get("draft")),
+        "",
+        "| | |", "|---|---|",
+        f"| memory bandwidth (best of a streaming read and a large matrix-vector product; median of samples taken among the timed runs) | {lim['bandwidth_gb_per_s']:.1f} GB/s |",
+        f"| weights read per decoded token | {lim['weight_mb_per_token']:.0f} MB |",
+        f"| decode limit = bandwidth / weights | {lim['limit_tokens_per_s']:.1f} tokens/s |",
+        f"| runtime without draft, decode steps | {lim['decode_tokens_per_s']:.1f} tokens/s; " + decode_fraction(lim) + " |",
+        f"| the same with the prompts' prefill (per answer) | {lim['no_draft_tokens_per_s']:.1f} tokens/s = "
+        f"{lim['no_draft_fraction_of_limit']:.0%} of the limit |",
+        f"| decode step / its weight products at the one-row kernel's streaming rate (sampled among the runs) | "
+        f"{lim['decode_step_ms']:.1f} ms / {lim['weight_products_ms']:.1f} ms ({lim['weight_products_share']:.0%}; the "
+        "rest is attention, norms, rope, the calls between them and the products' own shortfall) |",
+        f"| speculation: AL / step cost | {lim['acceptance_length']:.2f} / {lim['step_cost_vs_decode']:.2f} = "
+        f"{lim['speculative_over_no_draft']:.2f}x over no draft |",
+    ]
+    if lim.get("step_cost_by_bytes"):
+        lines += [f"| one speculative step, measured / by bytes (verify reads the target's weights once, each draft "
+                  f"pass the draft's) | {lim['step_cost_vs_decode']:.2f} / {lim['step_cost_by_bytes']:.2f} decode steps "
+                  f"(the difference is the runtime's overhead) |"]
+    if lim.get("step_cost_by_products"):
+        lines += [f"| the same step by the products' timing at load (the verify pass's products over its "
+                  f"{r['verify_rows']} rows, not one row's) | {lim['step_cost_by_products']:.2f} decode steps (above "
+                  "the cost by bytes: what the rows' arithmetic adds on this machine) |"]
+    return lines
+
+
+def _sampling(r: dict, names: dict[str, str]) -> list[str]:
     checks = r.get("sampling_check")
-    if checks:
-        lines += ["", "## Sampling check", "", "The first speculated token, sampled at temperature > 0 with each drafting, "
-                  "against the target's own distribution (chi-square, lossless when passed):", "",
-                  "| drafting | samples (with a draft) | chi-square / dof (threshold) | total variation | result |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {names.get(m, m)} | {s['samples']} ({s['drafted']}) at T={s['temperature']} | {s['chi2']} / {s['dof']} "
-                  f"({s['threshold']}) | {s['total_variation']} | **{'passed' if s['passed'] else 'FAILED'}** |"
-                  for m, s in checks.items()]
-    if r.get("gates"):
-        lines += ["", "## Gates", ""] + [f"- {g['gate']}: {'passed' if g['passed'] else 'FAILED — ' + g['message']}" for g in r["gates"]]
-    lines += [""] + [f"![{p}]({p})" for p in plots]
-    return "\n".join(lines) + "\n"
+    if not checks:
+        return []
+    lines = ["", "## Sampling check", "", "The first speculated token, sampled at temperature > 0 with each drafting, "
+             "against the target's own distribution (chi-square, lossless when passed):", "",
+             "| drafting | samples (with a draft) | chi-square / dof (threshold) | total variation | result |",
+             "|---|---|---|---|---|"]
+    return lines + [f"| {names.get(m, m)} | {s['samples']} ({s['drafted']}) at T={s['temperature']} | {s['chi2']} / {s['dof']} "
+                    f"({s['threshold']}) | {s['total_variation']} | **{'passed' if s['passed'] else 'FAILED'}** |"
+                    for m, s in checks.items()]
+
+
+def _gates(r: dict) -> list[str]:
+    if not r.get("gates"):
+        return []
+    return ["", "## Gates", ""] + [f"- {g['gate']}: {'passed' if g['passed'] else 'FAILED — ' + g['message']}" for g in r["gates"]]
 
 
 def write_report(out: Path, report: dict) -> list[Path]:
