@@ -98,21 +98,29 @@ def check_sweep(cfg: BuildConfig) -> None:
     check_sweep_memory(cfg)
 
 
+def engine_sizes(cfg: BuildConfig) -> tuple[Path, float, int]:
+    """(the target's folder, the KV cache one sweep engine needs in GiB, the sweep's engines) on a CPU."""
+    from trtspec.engines import vllm as vllm_engine
+    from trtspec.models import resolve_model
+
+    e, target = cfg.engine, resolve_model(cfg.model.source)
+    kv = vllm_engine.kv_cache_gib_for(target, max(e.sweep) * (e.sweep_max_tokens + 64 + cfg.draft.length))
+    return target, kv, len(set(e.sweep_draft_lengths or range(cfg.draft.length + 1)))
+
+
 def engines_that_fit(cfg: BuildConfig) -> int:
     """How many of the sweep's vLLM engines the memory free now holds at once on a CPU (0: all, and on a GPU, whose
     engines size themselves): the sweep loads its draft lengths in groups of that many (sweep.groups_of)."""
     import torch
 
-    from trtspec.engines import vllm as vllm_engine
-    from trtspec.models import resolve_model
     from trtspec.runtime.kernels import available_memory_mb
 
     free_mb = available_memory_mb()
     if torch.cuda.is_available() or free_mb is None:
         return 0
-    e, target = cfg.engine, resolve_model(cfg.model.source)
-    engines = len(set(e.sweep_draft_lengths or range(cfg.draft.length + 1)))
-    kv = vllm_engine.kv_cache_gib_for(target, max(e.sweep) * (e.sweep_max_tokens + 64 + cfg.draft.length))
+    from trtspec.engines import vllm as vllm_engine
+
+    target, kv, engines = engine_sizes(cfg)
     fit = int(free_mb / 1024 // vllm_engine.engines_memory_gib(target, 1, kv))
     return 0 if fit >= engines else fit
 
@@ -122,17 +130,14 @@ def check_sweep_memory(cfg: BuildConfig) -> None:
     (engines_that_fit); refused in one line, before any stage runs, when it cannot hold no draft and one length."""
     from trtspec.engines import vllm as vllm_engine
     from trtspec.errors import ConfigError
-    from trtspec.models import resolve_model
 
     fit = engines_that_fit(cfg)
     if fit == 0 or fit >= 2:
         return
-    e, target = cfg.engine, resolve_model(cfg.model.source)
-    kv = vllm_engine.kv_cache_gib_for(target, max(e.sweep) * (e.sweep_max_tokens + 64 + cfg.draft.length))
-    need = vllm_engine.engines_memory_gib(target, 2, kv)
+    target, kv, _ = engine_sizes(cfg)
     raise ConfigError(f"engine.sweep compares each draft length with no draft, two vLLM engines of the target at once, "
-                      f"about {need} GiB (weights, {kv} GiB of KV cache and vLLM's own ~{vllm_engine.ENGINE_OWN_GIB} GiB "
-                      f"each), more than the memory free here holds",
+                      f"about {vllm_engine.engines_memory_gib(target, 2, kv)} GiB (weights, {kv} GiB of KV cache and vLLM's own "
+                      f"~{vllm_engine.ENGINE_OWN_GIB} GiB each), more than the memory free here holds",
                       "lower the concurrencies (engine.sweep), or run the sweep on a machine with more memory")
 
 
