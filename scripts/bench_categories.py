@@ -37,9 +37,9 @@ def main() -> None:
     from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings
     from trtspec.chat import encode_prompt
     from trtspec.checks import acceptance_summary
+    from trtspec.draft_families import draft_method
     from trtspec.measure import timed
     from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
-    from trtspec.runtime.draft_loader import draft_family
 
     settings = runtime_settings(a)
     bundle = open_bundle(a.run_dir)
@@ -63,7 +63,7 @@ def main() -> None:
     for c, v in summary["per_category"].items():
         v["speedup_vs_no_draft"] = speedup(seconds[c])
     result = {"run": str(a.run_dir), "prompts_from": str(a.suite or "heldout"),
-              "draft": draft_family(a.run_dir / "bundle" / "draft"), "k": k, "prompts": len(rows),
+              "draft": draft_method(a.run_dir / "bundle" / "draft"), "k": k, "prompts": len(rows),
               "max_new_tokens": new, "speedup_vs_no_draft": speedup([sum(x) for x in zip(*seconds.values(), strict=True)]), **summary}
     if a.json:
         print(json.dumps(result))

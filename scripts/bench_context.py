@@ -37,7 +37,7 @@ def main() -> None:
     from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings
     from trtspec.chat import read_documents, read_rows
     from trtspec.checks import context_curve
-    from trtspec.runtime.draft_loader import draft_family
+    from trtspec.draft_families import draft_method
     from trtspec.suites import builtin_documents
 
     bundle = open_bundle(a.run_dir)
@@ -53,7 +53,7 @@ def main() -> None:
     rows = context_curve(target, drafter, prompts, fill, bundle.tok, bins, k, a.max_new_tokens, bundle.eos,
                          log=None if a.json else lambda m: print(m, flush=True))
     if a.json:
-        print(json.dumps({"run": str(a.run_dir), "draft": draft_family(a.run_dir / "bundle" / "draft"), "k": k,
+        print(json.dumps({"run": str(a.run_dir), "draft": draft_method(a.run_dir / "bundle" / "draft"), "k": k,
                           "window": window, "max_new_tokens": a.max_new_tokens, "bins": rows}))
 
 

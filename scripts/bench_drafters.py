@@ -75,9 +75,9 @@ def main() -> None:
     import torch
 
     from trtspec.bench import open_bundle
+    from trtspec.draft_families import load_drafter
     from trtspec.measure import median_speeds, time_methods, warm_up
     from trtspec.runtime import DraftSpec, Stats, generate, speculative_decode
-    from trtspec.runtime.draft_loader import load_drafter
     from trtspec.runtime.kernels import cpu_description
 
     bundle = open_bundle(a.runs[0])

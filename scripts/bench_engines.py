@@ -57,6 +57,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from trtspec.bench import load_prompts, model_source, open_bundle
+    from trtspec.draft_families import speculative_method
     from trtspec.engines import vllm as vllm_engine
     from trtspec.generation import compare, hf_answer
     from trtspec.models import load_model
@@ -89,7 +90,8 @@ def main() -> None:
     (rt_out, stats), rt_s = timed(partial(speculative_on_prompts, target, drafter, prompts, new, DraftSpec(shape="chain", k=a.k), eos))
     del target, drafter
     print(f"vLLM {vllm_engine.version()} with the draft and without, loaded together, timed in turn", file=sys.stderr)
-    both = vllm_engine.measure(bundle / "target", {"spec": (bundle / "draft", None), "base": (None, None)}, a.k, prompts, new, levels)
+    both = vllm_engine.measure(bundle / "target", {"spec": (bundle / "draft", None), "base": (None, None)}, a.k, prompts, new,
+                               levels, method=speculative_method(bundle / "draft"))
     spec, base = both["spec"], both["base"]
 
     acc = spec["acceptance"]

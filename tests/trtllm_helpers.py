@@ -26,6 +26,7 @@ def make_cfg(tmp: Path, model: str = "demo:smollm2-135m-instruct", **sections: d
 def make_bundle(bundle: Path, cfg, target_from: Path | None = None, info: dict | None = None) -> Path:
     """target/ (a real HF folder when target_from is given, else config.json only), draft/ (EAGLE-3 config), serving files."""
     from trtspec.deploy.serving import write_serving_files
+    from trtspec.draft_families import family
 
     bundle.mkdir(parents=True, exist_ok=True)
     if target_from is not None:
@@ -38,7 +39,7 @@ def make_bundle(bundle: Path, cfg, target_from: Path | None = None, info: dict |
         {"architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 64, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}}))
     (bundle / "draft" / "model.safetensors").write_bytes(b"\0" * 8)
     info = info or {"target_dtype": "bfloat16", "draft_dtype": "bfloat16", "quant_format": "none", "aux_layers": [0, 1, 2]}
-    write_serving_files(bundle, cfg, info)
+    write_serving_files(bundle, cfg, info, family(cfg.draft.method))
     return bundle
 
 

@@ -123,9 +123,9 @@ class Bundle:
     def runtime(self, draft: bool = True, draft_weights: str = "auto", settings: Any = None) -> tuple[Any, Any]:
         """(the runtime's target, its drafter (EAGLE-3 or DFlash) or None), run as `settings` (RuntimeSettings) say:
         loading the target times the product kernels; draft_weights: how the draft's weights are stored
-        (runtime.draft_loader.load_drafter)."""
+        (draft_families.load_drafter)."""
+        from trtspec.draft_families import load_drafter
         from trtspec.runtime import load_target
-        from trtspec.runtime.draft_loader import load_drafter
         from trtspec.runtime.settings import DEFAULT
 
         target, _ = load_target(self.path / "target", settings=settings or DEFAULT)  # native or HF path, by family

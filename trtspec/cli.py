@@ -273,12 +273,13 @@ def states_server(config, out, overrides, as_json):
     """
     from trtspec.artifacts import RunDir
     from trtspec.config import load_config
-    from trtspec.draft_families import family
+    from trtspec.draft_families import check_recipe, family
     from trtspec.models import resolve_model
     from trtspec.targets import read_family, text_config
     from trtspec.training.engine_states import server_launch_line
 
     cfg = load_config(config, overrides)
+    check_recipe(cfg, str(config))
     model_path = resolve_model(cfg.model.source)
     read_family(model_path)
     convert, _ = RunDir(Path(out)).require("convert", verify=True)

@@ -14,7 +14,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from trtspec.draft_families import check_sections, family
 from trtspec.errors import ConfigError
 
 STAGES = ("data", "convert", "train", "quantize", "export", "engine", "validate")
@@ -455,7 +454,6 @@ class BuildConfig(Section):
         if self.train.mode == "streamed" and self.train.states_from == "hf":
             raise ValueError("train.mode: streamed reads states from an engine (set train.states_from: vllm); with the "
                              "HF forward in the training process, train.mode: online is the streamed form")
-        self._check_draft_method()
         self._check_long_context()
         self._check_schedule()
         self._check_suites()
@@ -509,12 +507,6 @@ class BuildConfig(Section):
                              "(set draft.shape: chain, or drop the schedule)")
         if why := schedule_problem(self.serve.draft_len_schedule, self.draft.length):
             raise ValueError(f"serve.draft_len_schedule {self.serve.draft_len_schedule} cannot be served: {why}")
-
-    def _check_draft_method(self) -> None:
-        """Options that belong to the other draft method are refused, naming the key, before anything runs: the rules
-        are the family's own (trtspec.draft_families.DraftFamily.check_config)."""
-        family(self.draft.method).check_config(self)
-        check_sections(self)
 
     def resolve_model_source(self, source: str) -> str:
         """A model named by a relative local path (a folder or a .gguf file) as an absolute one, relative to the

@@ -631,7 +631,8 @@ def exported_run(tmp: Path):
             (out / rel).write_text("{}\n")
         (out / "llm_api_options.yaml").write_text(yaml.safe_dump({"max_batch_size": 8, "speculative_config": {
             "decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model": "./draft"}}))
-        run.commit("export", out, {"stage": "export", "status": "done", "fingerprint": "f"})
+        run.commit("export", out, {"stage": "export", "status": "done", "fingerprint": "f",
+                                   "metrics": {"drafting": ["eagle3", "eagle3_suffix"]}})  # as the export stage lists them
     return run
 
 
@@ -729,10 +730,10 @@ CASES = [
     Case("prompts-unparsable", case_regenerate_prompts_unparsable, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(1 unparsable prompt line, 2 prompt row without prompt\)", "data", before_data=True),
     Case("quant-nvfp4-on-cpu", case_nvfp4_on_cpu, 3, r"nvfp4.*CUDA", "quantize", before_data=True),
     Case("quant-int4-block-size", case_int4_block_size, 2, r"block", "quantize"),
-    Case("dflash-option-with-eagle3", case_dflash_option_with_eagle3, 2, r"dflash\.block_size is a DFlash option, but draft\.method is eagle3"),
-    Case("eagle3-option-with-dflash", case_eagle3_option_with_dflash, 2, r"convert\.draft_vocab_size is an EAGLE-3 option, but draft\.method is dflash"),
+    Case("dflash-option-with-eagle3", case_dflash_option_with_eagle3, 2, r"dflash\.block_size is an option of the DFlash block drafter, but draft\.method is eagle3"),
+    Case("eagle3-option-with-dflash", case_eagle3_option_with_dflash, 2, r"convert\.draft_vocab_size is an option of the EAGLE-3 head, but draft\.method is dflash"),
     Case("dflash2-option-with-eagle3", case_dflash2_option_with_eagle3, 2,
-         r"dflash2\.selector_rank is a DFlash2 block drafter option, but draft\.method is eagle3"),
+         r"dflash2\.selector_rank is an option of the DFlash2 block drafter, but draft\.method is eagle3"),
     Case("dflash2-group-size", case_dflash2_group_size, 2, r"dflash2\.conv_group_size 7 does not divide the hidden size 64",
          "convert", before_data=True),
     Case("dflash2-engine-named", case_dflash2_engine_named, 2,

@@ -98,9 +98,10 @@ def reference(ci_run, prompts) -> dict[str, list]:
     process, on the token ids the model tokenizes the prompt texts to."""
     import torch
 
+    from trtspec.eagle.runtime import load_eagle3_drafter
     from trtspec.generation import eos_ids, hf_greedy
     from trtspec.models import load_model, load_tokenizer, resolve_model
-    from trtspec.runtime import DraftSpec, load_eagle3_drafter, load_transformer, speculative_decode
+    from trtspec.runtime import DraftSpec, load_transformer, speculative_decode
 
     bundle = ci_run / "bundle"
     tok = load_tokenizer(bundle / "target")

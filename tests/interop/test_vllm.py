@@ -48,9 +48,10 @@ def hf_outputs(ci_run, prompts) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def runtime(ci_bundle, prompts) -> tuple[list[list[int]], object]:
     """trtspec's own runtime, greedy chains of K drafts: (outputs, Stats)."""
+    from trtspec.eagle.runtime import load_eagle3_drafter
     from trtspec.generation import eos_ids
     from trtspec.models import load_tokenizer
-    from trtspec.runtime import DraftSpec, load_eagle3_drafter, load_transformer, speculative_on_prompts
+    from trtspec.runtime import DraftSpec, load_transformer, speculative_on_prompts
 
     target, _ = load_transformer(ci_bundle / "target")
     drafter = load_eagle3_drafter(ci_bundle / "draft", target)
@@ -178,7 +179,7 @@ def test_vllm_serves_a_draft_length_schedule_losslessly(ci_bundle, prompts, hf_o
     from trtspec.engines import vllm as vllm_engine
 
     got = vllm_engine.measure(ci_bundle / "target", {"scheduled": (ci_bundle / "draft", {1: K, 4: 0})}, K, prompts[:2],
-                              MAX_NEW, [1, 4])["scheduled"]
+                              MAX_NEW, [1, 4], method="eagle3")["scheduled"]
     assert got["outputs"] == hf_outputs[:2]
     assert got["acceptance"]["drafts"] > 0 and got["acceptance"]["acceptance_length"] > 1
 

@@ -38,8 +38,8 @@ def prompts(dflash_run) -> list[list[int]]:
 
 def runtime_run(dflash_run: Path, prompts: list[list[int]], k: int):
     """trtspec's runtime with the DFlash draft, chains of k guesses: (outputs, Stats)."""
+    from trtspec.draft_families import load_drafter
     from trtspec.runtime import DraftSpec, load_transformer, speculative_on_prompts
-    from trtspec.runtime.draft_loader import load_drafter
 
     bundle = dflash_run / "bundle"
     target, _ = load_transformer(bundle / "target")
@@ -78,7 +78,7 @@ def test_vllm_serves_the_dflash_draft_like_the_runtime(dflash_run, prompts, runt
 
 def test_a_chain_shorter_than_the_block_accepts_in_vllm_as_in_the_runtime(dflash_run, prompts):
     """k = 3 guesses from a draft trained on blocks of 8: vLLM drafts them from a block of k + 1 rows, and so does the
-    runtime (runtime/dflash.py); with the whole block of 8 the runtime's guesses, and so its acceptance, would differ."""
+    runtime (dflash/runtime.py); with the whole block of 8 the runtime's guesses, and so its acceptance, would differ."""
     bundle = dflash_run / "bundle"
     outputs, acc = vllm_run(bundle, bundle / "draft", prompts, 3, MAX_NEW)
     ours, stats = runtime_run(dflash_run, prompts, 3)

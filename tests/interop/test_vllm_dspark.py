@@ -61,14 +61,14 @@ def test_vllms_cpu_build_refuses_dspark_and_trtspec_says_why(bundle):
     """vLLM's own refusal, pinned; trtspec's adapter refuses first, in one line naming vLLM and the reason."""
     import torch
 
+    from trtspec.draft_families import speculative_method
     from trtspec.engines import vllm as vl
     from trtspec.errors import MissingDependency
-    from trtspec.runtime.draft_loader import speculative_method
 
     assert not torch.cuda.is_available()
     assert speculative_method(bundle / "draft") == "dspark"
     with pytest.raises(MissingDependency, match="^vLLM's CPU build cannot run a DSpark draft: .*V2 model runner"):
-        vl.load(bundle / "target", bundle / "draft", K, 256, 2)
+        vl.load(bundle / "target", bundle / "draft", K, 256, 2, method="dspark")
     from vllm import LLM
 
     with pytest.raises(ValueError, match=REFUSAL):  # pydantic's ValidationError of VllmConfig
@@ -121,9 +121,9 @@ def test_the_runtime_serves_the_dspark_bundle_exactly(bundle):
     import torch
 
     from trtspec.chat import encode_prompt
+    from trtspec.draft_families import load_drafter
     from trtspec.models import load_tokenizer
     from trtspec.runtime import DraftSpec, generate, load_transformer, speculative_on_prompts
-    from trtspec.runtime.draft_loader import load_drafter
 
     tok = load_tokenizer(bundle / "target")
     rows = [json.loads(line) for line in (bundle.parent / "data" / "train.jsonl").read_text().splitlines() if line.strip()]

@@ -36,9 +36,11 @@ def eos_of(bundle: Path) -> set[int]:
 def vllm_run(bundle: Path, draft: Path | None, prompts: list[list[int]], k: int, max_new: int) -> tuple[list[list[int]], dict]:
     """Each prompt alone through vLLM (with `draft`, k tokens per step; None: the target alone) -> (greedy outputs,
     acceptance from vLLM's counters)."""
+    from trtspec.draft_families import speculative_method
     from trtspec.engines import vllm as vl
 
-    llm = vl.load(bundle / "target", draft, k, max(map(len, prompts)) + max_new + 16, 4)
+    llm = vl.load(bundle / "target", draft, k, max(map(len, prompts)) + max_new + 16, 4,
+                  method=speculative_method(draft) if draft else None)
     try:
         before = vl.spec_counters(llm)
         outputs = [vl.generate(llm, [p], max_new)[0] for p in prompts]

@@ -548,8 +548,8 @@ def _dspark_bundle(upstream: dict, model_dir: Path, tmp_path: Path, method: str)
 
 def _runtime_exact(bundle: Path, k: int) -> None:
     """trtspec's runtime loads the exported draft and decodes exactly as the target alone."""
+    from trtspec.draft_families import load_drafter
     from trtspec.runtime import DraftSpec, generate, load_transformer, speculative_decode
-    from trtspec.runtime.draft_loader import load_drafter
 
     target = load_transformer(bundle / "target")[0]
     drafter = load_drafter(bundle / "draft", target)
@@ -654,9 +654,9 @@ def test_a_vanilla_dspark_bundle_carries_what_tensorrt_llm_and_vllm_read(dspark_
 def test_dflash_train_resumes_and_exports_a_bundle_the_runtime_serves_exactly(dflash_upstream, tiny_model_dir, tmp_path, monkeypatch):
     """Killed at step 3, resumed from checkpoint 2; the export stage writes a DFlash draft every engine's loader
     reads, and trtspec's runtime decodes with it exactly as without it."""
+    from trtspec.draft_families import load_drafter
     from trtspec.ptq import QUANT_JSON
     from trtspec.runtime import DraftSpec, generate, load_transformer, speculative_decode
-    from trtspec.runtime.draft_loader import load_drafter
     from trtspec.stages import export
 
     ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", dflash_upstream, method="dflash")

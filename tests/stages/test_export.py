@@ -309,9 +309,9 @@ def test_every_build_config_validates():
 ])
 def test_dspark_engines_by_head_chain_and_attention(head, k, causal, trtllm, vllm, sglang):
     """Which engine serves a DSpark draft (read from TensorRT-LLM's, vLLM's and SGLang's DSpark sources:
-    deploy/compat.py): a vanilla Markov head on non-causal blocks as long as the chain, in all three (SGLang also any
+    dflash/dspark.py): a vanilla Markov head on non-causal blocks as long as the chain, in all three (SGLang also any
     head); anything TensorRT-LLM cannot serve leaves the bundle without an engine launcher, saying why per engine."""
-    from trtspec.deploy.compat import dspark_no_engine, dspark_problems
+    from trtspec.dflash.dspark import dspark_no_engine, dspark_problems
 
     problems = dspark_problems({"markov_head": head, "max_draft_len": k, "block_size": 8, "causal": causal})
     assert set(problems) == {e for e, want in (("TensorRT-LLM", trtllm), ("vLLM", vllm), ("SGLang", sglang)) if want}

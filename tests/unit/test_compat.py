@@ -70,6 +70,7 @@ def test_export_refuses_for_required_engines_and_skips_the_others_launchers(tmp_
 
     from trtspec.deploy.compat import check_engines_load
     from trtspec.deploy.serving import write_snippets
+    from trtspec.eagle.family import EAGLE3
     from trtspec.errors import ArtifactError
 
     for name, cfg in (("draft", {**DRAFT, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 26]},
@@ -81,5 +82,5 @@ def test_export_refuses_for_required_engines_and_skips_the_others_launchers(tmp_
     with pytest.raises(ArtifactError, match="speculators: 2 aux layers"):
         check_engines_load(tmp_path / "draft", tmp_path / "target", list(TENSORS), {"TensorRT-LLM", "speculators"})
     options = {"speculative_config": {"decoding_type": "Eagle3", "max_draft_len": 3, "eagle3_layers_to_capture": [1, 26]}}
-    written = write_snippets(tmp_path / "snippets", options, "float32", skip=set(not_served))
+    written = write_snippets(tmp_path / "snippets", options, EAGLE3, "float32", skip=set(not_served))
     assert sorted(p.name for p in written) == ["sglang.sh", "vllm.sh"]

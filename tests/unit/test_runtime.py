@@ -12,6 +12,7 @@ import pytest
 import torch
 from stagekit import chi2_of_first_two, export_random_eagle, first_draft, rerandomized, small_lm
 
+from trtspec.eagle.runtime import load_eagle3_drafter
 from trtspec.errors import ArtifactError, ModelError
 from trtspec.runtime import native
 from trtspec.runtime.decode import Stats, generate, speculative_decode
@@ -22,7 +23,6 @@ from trtspec.runtime.drafters import (
     draft_dynamic_tree,
     draft_static_tree,
     load_draft_target,
-    load_eagle3_drafter,
 )
 from trtspec.runtime.kernels import (
     CANDIDATES,
@@ -505,8 +505,8 @@ def test_generations_after_the_warm_up_compile_nothing(eagle_export, target_dir,
     of its own, its verification up to `total` + 1 rows."""
     from stagekit import export_random_dflash
 
+    from trtspec.dflash.runtime import load_dflash_drafter
     from trtspec.measure import warm_up
-    from trtspec.runtime.dflash import load_dflash_drafter
     from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
 
     target = load_transformer(target_dir)[0]

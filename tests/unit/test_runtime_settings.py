@@ -12,7 +12,7 @@ import torch
 from stagekit import export_random_eagle
 
 from trtspec.bench import add_runtime_flags, runtime_settings
-from trtspec.runtime.drafters import load_eagle3_drafter
+from trtspec.eagle.runtime import load_eagle3_drafter
 from trtspec.runtime.kernels import CANDIDATES, available_candidates
 from trtspec.runtime.model import load_transformer
 from trtspec.runtime.native import attention_usable

@@ -10,12 +10,19 @@ import yaml
 from trtllm_helpers import CONTRACT, fake_trtllm, make_bundle, make_cfg  # noqa: F401 - fixture
 
 from trtspec.artifacts import RunDir, output_fingerprint
-from trtspec.deploy.serving import llm_api_options, write_triton_repo
+from trtspec.deploy import serving
+from trtspec.deploy.serving import write_triton_repo
+from trtspec.draft_families import family
 from trtspec.errors import ArtifactError
 
 NEW = CONTRACT["llm_args"]["new"]
 TRITON = CONTRACT["triton_llmapi"]
 PY_TYPES = {"int": int, "bool": bool, "str": str, "float": float}
+
+
+def llm_api_options(cfg, **kwargs) -> dict:
+    """The bundle's LLM-API options for the config's own draft family."""
+    return serving.llm_api_options(cfg, draft_family=family(cfg.draft.method), **kwargs)
 
 
 def pbtxt_tensors(text: str, section: str) -> dict[str, str]:
@@ -143,9 +150,9 @@ def test_suffix_drafting_options(tmp_path, fake_trtllm):  # noqa: F811
     from trtspec.deploy.serving import drafting_options
 
     eagle = llm_api_options(cfg)
-    assert "sa_config" not in drafting_options(eagle, "eagle3")["speculative_config"]
+    assert "sa_config" not in drafting_options(eagle, "eagle3", family("eagle3").drafting)["speculative_config"]
     with pytest.raises(ArtifactError, match="serves Eagle3 drafting; --drafting dflash needs another bundle"):
-        drafting_options(eagle, "dflash")  # a DFlash method on an EAGLE-3 bundle is refused, not served as EAGLE-3
+        drafting_options(eagle, "dflash", family("eagle3").drafting)  # a DFlash method on an EAGLE-3 bundle is refused, not served as EAGLE-3
     # no suffix automaton in TensorRT-LLM's dynamic-tree path: no sa_config there
     assert "sa_config" not in llm_api_options(make_cfg(tmp_path, draft={"suffix_len": 8, "shape": "dynamic_tree"}))["speculative_config"]
 
@@ -169,7 +176,8 @@ def finished_run(tmp_path, cfg, validated: dict | None = None, of_export: str | 
     with run.locked():
         with run.staging("export") as tmp:
             make_bundle(tmp, cfg)
-            run.commit("export", tmp, {"stage": "export", "status": "done", "fingerprint": "e1"})
+            run.commit("export", tmp, {"stage": "export", "status": "done", "fingerprint": "e1",
+                                       "metrics": {"drafting": list(family(cfg.draft.method).drafting)}})
         if validated is not None:
             measured = of_export or output_fingerprint(run.manifest("export"))
             with run.staging("validate") as tmp:
@@ -263,9 +271,9 @@ def test_dflash_options_build_the_installed_config_class(tmp_path, fake_trtllm):
     assert type(spec).__name__ == "DFlashDecodingConfig" and spec.max_total_draft_tokens == 7
     assert vllm_speculative_config(opts) == {"method": "dflash", "model": "./draft", "num_speculative_tokens": 7}
     assert "--speculative-algorithm DFLASH" in (bundle / "snippets" / "sglang.sh").read_text()
-    assert drafting_options(opts, "suffix")["speculative_config"]["decoding_type"] == "SA"
+    assert drafting_options(opts, "suffix", family("dflash").drafting)["speculative_config"]["decoding_type"] == "SA"
     with pytest.raises(ArtifactError, match="serves DFlash drafting; --drafting eagle3_suffix"):
-        drafting_options(opts, "eagle3_suffix")
+        drafting_options(opts, "eagle3_suffix", family("dflash").drafting)
     fake_trtllm("1.0.0")
     from trtspec.errors import MissingDependency
 
@@ -299,9 +307,9 @@ def test_dspark_options_build_the_installed_config_class(tmp_path, fake_trtllm):
     sglang_sh = (bundle / "snippets" / "sglang.sh").read_text()
     assert "--speculative-algorithm DSPARK --speculative-draft-model-path ./draft --speculative-num-draft-tokens 5" in sglang_sh
     assert "find_spec('sglang.srt.models.dspark')" in sglang_sh and (bundle / "serve.sh").is_file()
-    assert drafting_options(opts, "suffix")["speculative_config"]["decoding_type"] == "SA"
+    assert drafting_options(opts, "suffix", family("dflash").drafting)["speculative_config"]["decoding_type"] == "SA"
     with pytest.raises(ArtifactError, match="serves DSpark drafting; --drafting eagle3_suffix"):
-        drafting_options(opts, "eagle3_suffix")
+        drafting_options(opts, "eagle3_suffix", family("dflash").drafting)
     info = write_triton_repo(finished_run(tmp_path / "run", cfg), tmp_path / "deploy")  # deploy triton serves it too
     served = yaml.safe_load((tmp_path / "deploy" / "model_repo" / "tensorrt_llm" / "1" / "model.yaml").read_text())
     assert served["speculative_config"] == opts["speculative_config"] and info["drafting"]["decoding_type"] == "DSpark"

@@ -12,12 +12,11 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from trtspec.deploy.compat import ENGINES_CHECKED, vllm_aux_ids
-from trtspec.draft_families import family, served_family
 from trtspec.draft_schedule import (
     SWEEP_FILE,
     schedule_problem,
@@ -27,6 +26,9 @@ from trtspec.engines import OPTIONS_FILE, read_options
 from trtspec.engines import vllm as vllm_engine
 from trtspec.engines.measured import provenance
 from trtspec.errors import ArtifactError
+
+if TYPE_CHECKING:
+    from trtspec.draft_family import ExportableDraft
 
 TRITON_MARKER = "trtspec-triton.json"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"  # any tag whose TensorRT-LLM is >= 1.0
@@ -74,9 +76,9 @@ TRITON_OUTPUTS = [
 
 
 def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = None,
-                        aux_layers: list[int] | None = None) -> dict[str, Any]:
+                        aux_layers: list[int] | None = None, draft_family: ExportableDraft | None = None) -> dict[str, Any]:
     """`speculative_config` for the LLM API (field names of TensorRT-LLM 1.2/main; see trtllm.py for older ones):
-    n-gram, draft-target and suffix decoding here, the bundle's own draft by its family (DraftFamily.trtllm_spec;
+    n-gram, draft-target and suffix decoding here, the bundle's own draft by its family (`draft_family.trtllm_spec`;
     `aux_layers`: the target layers an EAGLE-3 head was trained on)."""
     s, d = cfg.serve, cfg.draft
     decoding = decoding or s.decoding
@@ -86,7 +88,9 @@ def speculative_options(cfg, draft_rel: str = "./draft", decoding: str | None = 
         return {"decoding_type": "DraftTarget", "max_draft_len": d.length, "speculative_model": draft_rel}
     if decoding == "suffix":
         return speculative_options_sa(d.suffix_len or d.length)
-    return family(d.method).trtllm_spec(cfg, draft_rel, aux_layers)
+    if draft_family is None:
+        raise ValueError("speculative_options: serving the bundle's own draft needs its draft family")
+    return draft_family.trtllm_spec(cfg, draft_rel, aux_layers)
 
 
 def dtypes_differ(info: dict | None) -> bool:
@@ -96,11 +100,13 @@ def dtypes_differ(info: dict | None) -> bool:
     return info.get("target_dtype") != info.get("draft_dtype") or info.get("quant_format", "none") != "none"
 
 
-def llm_api_options(cfg, draft_rel: str = "./draft", info: dict | None = None, decoding: str | None = None) -> dict:
-    """The LLM-API options the bundle is served with (trtllm-serve --config, Triton model.yaml, engine stage)."""
+def llm_api_options(cfg, draft_rel: str = "./draft", info: dict | None = None, decoding: str | None = None,
+                    draft_family: ExportableDraft | None = None) -> dict:
+    """The LLM-API options the bundle is served with (trtllm-serve --config, Triton model.yaml, engine stage);
+    `draft_family` serves the bundle's own draft (serve.decoding: draft)."""
     s = cfg.serve
     return {
-        "speculative_config": speculative_options(cfg, draft_rel, decoding, (info or {}).get("aux_layers")),
+        "speculative_config": speculative_options(cfg, draft_rel, decoding, (info or {}).get("aux_layers"), draft_family),
         "kv_cache_config": {
             "enable_block_reuse": bool(s.block_reuse and not dtypes_differ(info)),
             "free_gpu_memory_fraction": s.gpu_memory_fraction,
@@ -234,16 +240,16 @@ def _script(path: Path, text: str) -> Path:
     return path
 
 
-def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[str] = frozenset(),
-                   variant: dict | None = None) -> list[Path]:
-    """vllm.sh, sglang.sh and speculators.sh, less those of the engines in `skip` (which cannot load the draft).
-    `variant`: the draft's EAGLE-3.1 switches (fc_norm, norm_output) that are on, which speculators' converter takes
-    as arguments (vLLM reads them from the draft's config.json)."""
+def write_snippets(folder: Path, options: dict, draft_family: ExportableDraft, dtype: str = "auto",
+                   skip: set[str] = frozenset(), variant: dict | None = None) -> list[Path]:
+    """vllm.sh, sglang.sh and speculators.sh for the bundle's `draft_family` draft, less those of the engines in `skip`
+    (which cannot load the draft). `variant`: the draft's EAGLE-3.1 switches (fc_norm, norm_output) that are on, which
+    speculators' converter takes as arguments (vLLM reads them from the draft's config.json)."""
     spec = options["speculative_config"]
     k, tp = spec["max_draft_len"], options.get("tensor_parallel_size", 1)
     aux = spec.get("eagle3_layers_to_capture")
     kwargs = json.dumps({**({"eagle_aux_hidden_state_layer_ids": vllm_aux_ids(aux)} if aux else {}), **(variant or {})})
-    fam, kind = served_family(spec), spec["decoding_type"]
+    fam, kind = draft_family, spec["decoding_type"]
     vllm_sh = VLLM_SH.format(tp=tp, dtype=dtype, spec=json.dumps(vllm_engine.from_options(options)), checked=ENGINES_CHECKED["vLLM"])
     vllm_sh = vllm_sh.replace("set -euo pipefail", fam.vllm_note(kind) + "set -euo pipefail", 1)
     scripts = {
@@ -254,16 +260,18 @@ def write_snippets(folder: Path, options: dict, dtype: str = "auto", skip: set[s
     return [_script(folder / name, text) for engine, (name, text) in scripts.items() if engine not in skip]
 
 
-def write_serving_files(bundle_dir: Path, cfg, info: dict, skip: set[str] = frozenset()) -> list[str]:
-    """Write llm_api_options.yaml, serve.sh, triton/ and snippets/ into the bundle; returns relative paths."""
+def write_serving_files(bundle_dir: Path, cfg, info: dict, draft_family: ExportableDraft,
+                        skip: set[str] = frozenset()) -> list[str]:
+    """Write llm_api_options.yaml, serve.sh, triton/ and snippets/ for the bundle's `draft_family` draft into the
+    bundle; returns relative paths."""
     bundle_dir = Path(bundle_dir)
-    options = llm_api_options(cfg, "./draft", info, decoding="draft")
+    options = llm_api_options(cfg, "./draft", info, decoding="draft", draft_family=draft_family)
     (bundle_dir / OPTIONS_FILE).write_text(OPTIONS_HEADER + yaml.safe_dump(options, sort_keys=False))
     written = [bundle_dir / OPTIONS_FILE, _script(bundle_dir / "serve.sh", SERVE_SH.format(target="./target", options=OPTIONS_FILE))]
     written += write_model_repo(bundle_dir / "triton", options)
     written.append(_script(bundle_dir / "triton" / "launch.sh", LAUNCH_SH.format(image=TRITON_IMAGE, repo="triton", up="..")))
     variant = {key: True for key in ("fc_norm", "norm_output") if info.get(key)}
-    written += write_snippets(bundle_dir / "snippets", options, info.get("target_dtype", "auto"), skip, variant)
+    written += write_snippets(bundle_dir / "snippets", options, draft_family, info.get("target_dtype", "auto"), skip, variant)
     return [p.relative_to(bundle_dir).as_posix() for p in written]
 
 
@@ -291,13 +299,14 @@ def _check_out(out: Path) -> None:
 REPORT_NAMES = {"speculative": "eagle3", "suffix": "suffix", "eagle3_suffix": "eagle3_suffix"}  # validate's -> ours
 
 
-def drafting_options(options: dict, method: str, suffix_len: int | None = None) -> dict:
+def drafting_options(options: dict, method: str, serves: list[str], suffix_len: int | None = None) -> dict:
     """The bundle's LLM-API options serving one drafting method: the EAGLE-3 head alone, suffix-automaton drafting
-    alone (SADecodingConfig), or a suffix match in front of the head (EAGLE-3 with sa_config)."""
+    alone (SADecodingConfig), or a suffix match in front of the head (EAGLE-3 with sa_config). `serves`: the methods
+    the bundle's draft family serves besides suffix drafting alone (DraftFamily.drafting, in the export's manifest)."""
     spec = dict(options["speculative_config"])
     if method == "suffix":  # suffix-automaton drafting alone serves with any bundle
         return {**options, "speculative_config": speculative_options_sa(suffix_len or spec["max_draft_len"])}
-    if method not in (serves := served_family(spec).drafting):
+    if method not in serves:
         raise ArtifactError(f"the bundle serves {spec.get('decoding_type')} drafting; --drafting {method} needs another "
                             f"bundle (this one serves {', '.join((*serves, 'suffix'))})", "leave --drafting at auto")
     if method == "eagle3_suffix" and "sa_config" not in spec:
@@ -426,7 +435,10 @@ def write_triton_repo(run_dir: Path, out: Path, drafting: str = "auto", streamin
     elif drafting != "auto":
         method, why = drafting, "--drafting"
     if method:
-        options = drafting_options(options, method, suffix_len)
+        if (serves := manifest.get("metrics", {}).get("drafting")) is None:
+            raise ArtifactError(f"the bundle in '{bundle}' does not say which drafting methods it serves (an export of "
+                                "an earlier trtspec)", f"re-run `trtspec export CONFIG --out {run_dir} --force`")
+        options = drafting_options(options, method, serves, suffix_len)
     if drafting == "auto" or measured:
         schedule, sweep_why = measured_schedule(run, options, schedule_from)
         if measured and not schedule:

@@ -16,16 +16,12 @@ DSPARK_ONLY = ("markov_rank", "markov_head", "ce_weight", "tvd_weight")  # dflas
 
 
 def check_build_config(cfg: BuildConfig) -> None:
-    """The build config's DFlash rules (BuildConfig's validator): EAGLE-3's options are refused, naming the key, and
-    so is FSDP; draft.length fits in a block; the projector's options match it."""
-    eagle_only = {"draft.shape": cfg.draft.shape != "chain", "convert.aux_layers": cfg.convert.aux_layers is not None,
-                  "convert.draft_vocab_size": cfg.convert.draft_vocab_size is not None,
-                  "convert.num_layers": cfg.convert.num_layers != 1, "convert.init_from_target": cfg.convert.init_from_target,
-                  "convert.overrides": bool(cfg.convert.overrides), "convert.fc_norm": cfg.convert.fc_norm,
-                  "convert.norm_output": cfg.convert.norm_output}
-    if bad := [k for k, v in eagle_only.items() if v]:
-        raise ValueError(f"{bad[0]} is an EAGLE-3 option, but draft.method is {cfg.draft.method} "
-                         "(a DFlash block drafts a chain from the target's full vocabulary; see the dflash section)")
+    """The build config's DFlash rules (draft_families.check_recipe, before any stage; EAGLE-3's convert section is
+    refused by the sections rule there): a chain, not a tree; no FSDP; draft.length fits in a block; the projector's
+    options match it."""
+    if cfg.draft.shape != "chain":
+        raise ValueError(f"draft.shape {cfg.draft.shape} drafts a tree with an EAGLE-3 head, but draft.method is "
+                         f"{cfg.draft.method} (a DFlash block drafts one chain: set draft.shape: chain)")
     if cfg.serve.draft_len_schedule is not None:
         raise ValueError("serve.draft_len_schedule is checked against the engines for an EAGLE-3 chain only, but "
                          f"draft.method is {cfg.draft.method} (drop the schedule: a DFlash block drafts its fixed length)")

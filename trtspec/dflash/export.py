@@ -3,7 +3,7 @@ config.json with block_size and dflash_config {mask_token_id, target_layer_ids, 
 embedding or lm_head, which every engine shares from the target). A DSpark draft goes through its DSparkExporter:
 the same files, plus the Markov head's weights and dflash_config {projector_type, shift_label, markov_rank,
 markov_head_type, use_confidence_head}, completed with the keys and weight names TensorRT-LLM's and vLLM's DSpark
-loaders read (deploy.compat.add_dspark_engine_fields; which engine serves which DSpark draft: compat.dspark_problems)."""
+loaders read (dspark.add_dspark_engine_fields; which engine serves which DSpark draft: dspark.dspark_problems)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.deploy.bundle import ExportedDraft
-from trtspec.deploy.compat import add_dspark_engine_fields
+from trtspec.dflash.dspark import add_dspark_engine_fields
 
 
 def export_dflash_draft(base: Any, train_dir: Path, out: Path, dtype: Any, target_path: Path) -> ExportedDraft:

@@ -1,4 +1,4 @@
-"""The DFlash block drafter as a draft family (trtspec.draft_families.DraftFamily): block_size - 1 tokens in one pass
+"""The DFlash block drafter as a draft family (trtspec.draft_family.DraftFamily): block_size - 1 tokens in one pass
 (dflash.projector: dspark: DSpark, block_size tokens, each biased by a Markov head from the one before)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtspec.dflash import export, head, readme, serving
+from trtspec.dflash import ARCHITECTURES, dspark, export, head, readme, serving
 from trtspec.dflash.convert import check_build_config, check_convert_config, convert_drafter
-from trtspec.draft_families import DraftFamily
+from trtspec.draft_family import DraftFamily
 
 
 class DFlashFamily(DraftFamily):
@@ -21,10 +21,9 @@ class DFlashFamily(DraftFamily):
     module_attr = "dflash_module"
     no_launcher = frozenset({"speculators"})  # speculators converts EAGLE-3 heads only
 
-    vllm_methods = serving.VLLM_METHODS
     drafting = ("dflash",)
     sections = ("dflash",)
-    architectures = ("DFlashDraftModel", "Qwen3DSparkModel")  # a DSpark export names vLLM's and SGLang's class first
+    architectures = ARCHITECTURES
 
     check_config = staticmethod(check_build_config)
     check_convert = staticmethod(check_convert_config)
@@ -48,8 +47,19 @@ class DFlashFamily(DraftFamily):
     def check_export(self, cfg: Any) -> None:
         """Nothing beyond the config's own checks: DSpark's engine limits are read from the exported draft."""
 
+    def engine_method(self, cfg: Any) -> str:
+        """dspark for a DSpark draft (dflash.projector: dspark), which the engines serve apart from DFlash."""
+        return "dspark" if cfg.dflash.projector == "dspark" else self.name
+
+    def engines_refusing(self, info: dict) -> tuple[dict[str, list[str]], str | None]:
+        """A DSpark draft: the engines serve some Markov heads and block lengths only (dspark.dspark_problems)."""
+        if info.get("projector") != "dspark":
+            return {}, None
+        problems = dspark.dspark_problems(info)
+        return problems, dspark.dspark_no_engine(problems)
+
     def load_drafter(self, draft_dir: Path, target: Any, weights: str = "auto", settings: Any = None) -> Any:
-        from trtspec.runtime.dflash import load_dflash_drafter  # torch: imported when a drafter is loaded
+        from trtspec.dflash.runtime import load_dflash_drafter  # torch: imported when a drafter is loaded
 
         return load_dflash_drafter(draft_dir, target, weights=weights, settings=settings)
 

@@ -7,7 +7,6 @@ from typing import Any
 
 from trtspec.engines import sglang
 
-VLLM_METHODS = {"DFlash": "dflash", "DSpark": "dspark"}  # LLM-API decoding_type -> vLLM's speculative method
 VLLM_DSPARK_NOTE = ("# DSpark: vLLM runs method dspark in its V2 model runner only, which needs Triton and a GPU; its CPU build\n"
                     "# refuses it ('Model Runner V1 does not support: dspark speculative decoding').\n")
 

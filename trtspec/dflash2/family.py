@@ -1,4 +1,4 @@
-"""DFlash2 as a draft family (trtspec.draft_families.DraftFamily): DFlash's block, its config and checks, with the
+"""DFlash2 as a draft family (trtspec.draft_family.DraftFamily): DFlash's block, its config and checks, with the
 convolutions and the candidate selector of trtspec.dflash2 (head.py) trained, exported and run beside it."""
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ class DFlash2Family(DFlashFamily):
     architectures = (ARCHITECTURE,)
     no_engine = NO_ENGINE
     no_launcher = frozenset({"speculators"})
-    vllm_methods: dict[str, str] = {}  # no LLM-API decoding_type serves it
     drafting = ()
 
     @staticmethod

@@ -1,5 +1,5 @@
 """The DFlash2 draft as exported in bundle/draft (DFlash2DraftModel, the files vLLM's qwen3_dflash2 loads), drafting
-a chain from one pass of the block as trtspec's runtime DFlash does (runtime/dflash.py), with its two additions:
+a chain from one pass of the block as trtspec's runtime DFlash does (dflash/runtime.py), with its two additions:
 
     each layer:  h, c = conv_a(norm(x));  x += conv_a.finish(attend(h), c);  h, c = conv_m(norm(x));
                  x += conv_m.finish(mlp(h), c)
@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from trtspec.dflash.runtime import DFlashDrafter, DFlashLayer, load_dflash, load_weights, share_target
 from trtspec.dflash2 import ARCHITECTURE, SELECTOR_KEY
 from trtspec.errors import ArtifactError
-from trtspec.runtime.dflash import DFlashDrafter, DFlashLayer, load_dflash, load_weights, share_target
 from trtspec.runtime.drafters import softmax_t
 from trtspec.runtime.model import Linear, ModelArgs, read_config, rms_norm
 from trtspec.runtime.settings import RuntimeSettings
@@ -110,7 +110,7 @@ class DFlash2Drafter(DFlashDrafter):
 
 def load_dflash2_drafter(draft_dir: Path, target, dtype=torch.float32, weights: str = "auto",
                          settings: RuntimeSettings | None = None) -> DFlash2Drafter:
-    """The exported DFlash2 draft, sharing the target's embedding and lm_head (runtime.dflash.share_target)."""
+    """The exported DFlash2 draft, sharing the target's embedding and lm_head (dflash.runtime.share_target)."""
     dc = read_config(draft_dir).get("dflash_config") or {}
     keys = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
     if missing := [k for k in keys if k not in dc]:

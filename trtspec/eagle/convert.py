@@ -13,14 +13,6 @@ if TYPE_CHECKING:
     from trtspec.config import BuildConfig
 
 
-def check_build_config(cfg: BuildConfig) -> None:
-    """The build config's EAGLE-3 rules (BuildConfig's validator): the dflash section's options are refused, naming the
-    first one set, since an EAGLE-3 run would silently ignore them."""
-    if set_keys := sorted(cfg.dflash.model_fields_set):
-        raise ValueError(f"dflash.{set_keys[0]} is a DFlash option, but draft.method is eagle3 "
-                         "(set draft.method: dflash, or drop the dflash section)")
-
-
 def check_convert_config(cfg: BuildConfig, model_config: Any) -> None:
     """The convert settings against the model's config alone: the head derives, and a head copied from a target
     layer keeps that layer's shape."""

@@ -1,4 +1,4 @@
-"""The EAGLE-3 head as a draft family (trtspec.draft_families.DraftFamily): one token per pass, chained k times, reading
+"""The EAGLE-3 head as a draft family (trtspec.draft_family.DraftFamily): one token per pass, chained k times, reading
 three of the target's layers (EAGLE-3.1: convert.fc_norm, convert.norm_output, a few lines in head.py)."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtspec.draft_families import DraftFamily
-from trtspec.eagle import export, head, onnx_export, readme, serving, train_step
-from trtspec.eagle.convert import check_build_config, check_convert_config, convert_head
+from trtspec.draft_family import DraftFamily
+from trtspec.eagle import ARCHITECTURES, export, head, onnx_export, readme, serving, train_step
+from trtspec.eagle.convert import check_convert_config, convert_head
 
 
 class Eagle3Family(DraftFamily):
@@ -22,12 +22,10 @@ class Eagle3Family(DraftFamily):
     length_key = "eagle_ttt_steps"
     exports_onnx = True
 
-    vllm_methods = serving.VLLM_METHODS
     drafting = ("eagle3", "eagle3_suffix")
     sections = ("convert",)
-    architectures = ("LlamaForCausalLMEagle3",)
+    architectures = ARCHITECTURES
 
-    check_config = staticmethod(check_build_config)
     check_convert = staticmethod(check_convert_config)
     convert = staticmethod(convert_head)
     build = staticmethod(head.build_eagle_model)
@@ -47,7 +45,7 @@ class Eagle3Family(DraftFamily):
         return cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]
 
     def load_drafter(self, draft_dir: Path, target: Any, weights: str = "auto", settings: Any = None) -> Any:
-        from trtspec.runtime.drafters import load_eagle3_drafter  # torch: imported when a drafter is loaded
+        from trtspec.eagle.runtime import load_eagle3_drafter  # torch: imported when a drafter is loaded
 
         return load_eagle3_drafter(draft_dir, target, weights=weights, settings=settings)
 

@@ -1,5 +1,5 @@
 """ONNX export of the EAGLE-3 draft head, read back from the exported draft checkpoint by the runtime's own loader
-and exported from the runtime's own draft step (runtime/eagle3.py), checked with onnxruntime.
+and exported from the runtime's own draft step (eagle/runtime.py), checked with onnxruntime.
 
 The graph is one draft step without a KV cache (TensorRT-LLM / vLLM semantics, see trtspec/eagle/head.py):
 
@@ -28,7 +28,7 @@ TOLERANCE = 1e-3
 
 
 def draft_step_module(net: Any) -> Any:
-    """The runtime's EAGLE-3 draft (runtime/eagle3.py) as the ONNX graph's module: no KV cache, batch and sequence
+    """The runtime's EAGLE-3 draft (eagle/runtime.py) as the ONNX graph's module: no KV cache, batch and sequence
     axes free, rope from position ids. The step itself is `Eagle3Draft.draft_step`, the one implementation."""
     import torch
     from torch import nn
@@ -56,7 +56,7 @@ def load_draft_head(draft_dir: str | Path):
     the ONNX graph is exported from: head(aux_hidden_states, input_embeds, position_ids) -> (logits, hidden_states)."""
     import torch
 
-    from trtspec.runtime.eagle3 import load_eagle3
+    from trtspec.eagle.runtime import load_eagle3
 
     draft_dir = Path(draft_dir)
     cfg = json.loads((draft_dir / "config.json").read_text())

@@ -7,8 +7,6 @@ from typing import Any
 
 from trtspec.engines import sglang
 
-VLLM_METHODS = {"Eagle3": "eagle3"}  # LLM-API decoding_type -> vLLM's speculative method
-
 SGLANG_EAGLE3_SH = """\
 #!/usr/bin/env bash
 # SGLang loading the same EAGLE-3 draft (pip install "sglang[all]>={sglang_min}"). Run from anywhere.

@@ -75,17 +75,6 @@ def resolve(backend: str) -> tuple[Engine | None, str]:
     return (vllm, vllm_why) if vllm_ok else (None, f"{vllm_why}; the bundle's snippets/vllm.sh serves it wherever vLLM is installed")
 
 
-def bundle_refusal(eng: Engine, bundle: Path) -> str | None:
-    """Why `eng` cannot serve the bundle's draft for its target, or None (a bundle without a draft of its own:
-    draft-target or n-gram decoding, refused by nothing here)."""
-    draft = bundle / "draft"
-    if not (draft / "config.json").is_file():
-        return None
-    from trtspec.runtime.draft_loader import speculative_method
-
-    return eng.refusal(bundle / "target", speculative_method(draft))
-
-
 def environment_key() -> dict:
     """What the engine stage's result depends on in this machine: a machine that gains an engine or a GPU re-runs it."""
     return {"tensorrt_llm": trtllm.version(), "vllm": vllm.version(), "cuda": trtllm.cuda_available()}

@@ -29,6 +29,7 @@ from trtspec.artifacts import (
     sha256_file,
 )
 from trtspec.config import STAGES, BuildConfig, dump_config
+from trtspec.draft_families import check_recipe
 from trtspec.errors import ConfigError, TrtspecError
 from trtspec.models import model_stamp
 from trtspec.pipeline.stage import HOOK_DEFAULTS, InputFile, StageContext, StageSkipped
@@ -274,11 +275,12 @@ def check_inputs(cfg: BuildConfig, stages: list[str]) -> None:
 
 def preflight(cfg: BuildConfig, run: RunDir, needed: list[str], redo: set[str]) -> None:
     """Before the first stage runs: the files and models the stages will read (check_inputs), and settings that only
-    the model's config can judge (convert's aux layers, quantize's lm_head...). A bad one fails in seconds, not after
-    the data stage's regeneration."""
+    the model's config can judge (convert's aux layers, quantize's lm_head...), after the draft family's rules of the
+    recipe (draft_families.check_recipe). A bad one fails in seconds, not after the data stage's regeneration."""
     from trtspec.models import check_environment
     from trtspec.resources import few_rows_warning
 
+    check_recipe(cfg)
     check_environment()
     stages = likely_to_run(cfg, run, needed, redo)
     check_inputs(cfg, stages)

@@ -1,22 +1,21 @@
 """The project's own PyTorch speculative-decoding runtime: loads the exported bundle (target/ + draft/), decodes
-with a static KV cache, EAGLE-3 / draft-target / n-gram drafters, chain and tree drafts, greedy and lossless
-sampling verification. Used by the validate stage anywhere (CPU included)."""
+with a static KV cache, draft-target and n-gram drafters, chain and tree drafts, greedy and lossless sampling
+verification. Used by the validate stage anywhere (CPU included). The drafters of the draft families (EAGLE-3, DFlash,
+DFlash2) are in their packages and run through this one's ModelDrafter; trtspec.draft_families loads the one a bundle's
+draft declares (load_drafter)."""
 
 from trtspec.runtime.decode import Generation, Stats, generate, speculative_decode, speculative_on_prompts
 from trtspec.runtime.drafters import (
     DraftSpec,
-    Eagle3Drafter,
     LMDrafter,
     NgramDrafter,
     load_draft_target,
-    load_eagle3_drafter,
 )
 from trtspec.runtime.hf_target import HFTarget, load_target
 from trtspec.runtime.model import Transformer, compile_steps, load_transformer
 
 __all__ = [
     "DraftSpec",
-    "Eagle3Drafter",
     "Generation",
     "HFTarget",
     "LMDrafter",
@@ -26,7 +25,6 @@ __all__ = [
     "compile_steps",
     "generate",
     "load_draft_target",
-    "load_eagle3_drafter",
     "load_target",
     "load_transformer",
     "speculative_decode",

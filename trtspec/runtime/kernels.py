@@ -109,7 +109,7 @@ def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tup
 
 class Linear(nn.Linear):
     """nn.Linear whose decode/verification products use the kernels `choose_kernels` picked for this machine (the
-    runtime's networks, runtime/model.py and runtime/eagle3.py, build their layers from it)."""
+    runtime's networks, runtime/model.py and eagle/runtime.py, build their layers from it)."""
 
     kernels: tuple[str, ...] = DEFAULT
     packed: Tensor | None = None  # the weight packed in panels, where `choose_kernels` chose "packed"

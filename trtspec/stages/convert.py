@@ -16,7 +16,7 @@ from trtspec.pipeline.stage import StageContext
 
 if TYPE_CHECKING:
     from trtspec.config import BuildConfig
-    from trtspec.draft_families import TrainableDraft
+    from trtspec.draft_family import TrainableDraft
 
 UPSTREAM = ("data",)
 READS = ("convert", "draft.method", "draft.init_from", "dflash", "dflash2", "seed")

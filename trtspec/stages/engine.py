@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from trtspec import engines
 from trtspec.chat import encode_prompt
 from trtspec.deploy.serving import llm_api_options, speculative_options
-from trtspec.draft_families import family
+from trtspec.draft_families import family, speculative_method
 from trtspec.engines import read_options
 from trtspec.errors import ArtifactError
 from trtspec.generation import compare, hf_reference
@@ -75,7 +75,7 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     if "backend" in cfg.engine.model_fields_set and (why := family(cfg.draft.method).no_engine):  # named, not the default
         raise ConfigError(f"engine.backend {cfg.engine.backend} cannot serve this build: {why}",
                           "set engine.backend: auto (the engine stage is then skipped with this reason)")
-    method = "dspark" if cfg.draft.method == "dflash" and cfg.dflash.projector == "dspark" else cfg.draft.method
+    method = family(cfg.draft.method).engine_method(cfg)
     if why := engines.engine(cfg.engine.backend).build_refusal(family_of(model_config).name, method):
         raise ConfigError(f"engine.backend {cfg.engine.backend} cannot serve this build: {why}",
                           "set engine.backend: auto (the engine stage is then skipped with this reason) or stop the build "
@@ -152,7 +152,8 @@ def run(ctx: StageContext) -> dict:
     eng, why = engines.resolve(ctx.cfg.engine.backend)
     if eng is None:
         raise StageSkipped(why)
-    if ctx.cfg.serve.decoding == "draft" and (refused := engines.bundle_refusal(eng, ctx.inputs["export"])):
+    bundle = ctx.inputs["export"]
+    if ctx.cfg.serve.decoding == "draft" and (refused := eng.refusal(bundle / "target", speculative_method(bundle / "draft"))):
         raise StageSkipped(refused)
     if ctx.cfg.engine.backend == "auto":
         ctx.log(f"engine.backend auto: {why}")
@@ -180,7 +181,7 @@ def options_for(ctx: StageContext, bundle: Path) -> dict:
     options = read_options(bundle)
     # an EAGLE-3 head's aux layers; a block drafter's (DFlash, DSpark) are in its dflash_config, which no option names
     aux = (read_json(bundle / "draft" / "config.json").get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    want = speculative_options(ctx.cfg, "./draft", "draft", aux)
+    want = speculative_options(ctx.cfg, "./draft", "draft", aux, family(ctx.cfg.draft.method))
     if options["speculative_config"] != want:
         raise ArtifactError(
             f"{bundle}/llm_api_options.yaml was written for other engine settings ({options['speculative_config']})",
@@ -252,10 +253,10 @@ def runtime_agreement(bundle: Path, prompts: list[list[int]], new: int, options:
     rounding of the two implementations' numbers) -> {runtime AL, engine AL / runtime AL, the runtime's path}."""
     import torch
 
+    from trtspec.draft_families import load_drafter
     from trtspec.generation import eos_ids
     from trtspec.models import load_tokenizer
     from trtspec.runtime import DraftSpec, load_target, speculative_on_prompts
-    from trtspec.runtime.draft_loader import load_drafter
 
     target, _ = load_target(bundle / "target", torch.float32)
     drafter = load_drafter(bundle / "draft", target, weights="float32")

@@ -6,7 +6,7 @@
             export_speculative_decoding writes it (LlamaForCausalLMEagle3), rebuilt on the *unquantized* base from
             train/head.safetensors, checked against trtspec/eagle/checkpoint.py's table (trtspec.eagle.export); a
             DFlash drafter as Model Optimizer's DFlashExporter writes it, a DSpark one as its DSparkExporter with the
-            engines' keys (which engine serves which DSpark draft: deploy.compat.dspark_problems)
+            engines' keys (which engine serves which DSpark draft: DraftFamily.engines_refusing)
   onnx/     the EAGLE-3 head as ONNX, checked against PyTorch with onnxruntime (export.onnx)
   README.md what was built and how to serve it (deploy/bundle.py); llm_api_options.yaml, serve.sh, triton/,
             snippets/ (serving.py)
@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from trtspec.deploy.bundle import ExportedDraft, export_target
-from trtspec.deploy.compat import check_engines_load, dspark_no_engine, dspark_problems
+from trtspec.deploy.compat import check_engines_load
 from trtspec.draft_families import family
 from trtspec.pipeline.stage import StageContext
 
@@ -123,18 +123,18 @@ def run(ctx: StageContext) -> dict:
         ctx.log("onnx: " + fam.format_onnx_check(metrics["onnx"]))
 
     info = {"target_dtype": str(dtype).removeprefix("torch."), "quant_format": quant["format"],
-            "kv_cache": quant.get("kv_cache", "none"), **draft.info, "max_draft_len": cfg.draft.length}
-    if info.get("projector") == "dspark":  # engines serve a DSpark draft of some heads and block lengths only
-        problems = dspark_problems(info)
-        draft.no_engine = draft.no_engine or dspark_no_engine(problems)
-        not_served.update(problems)
+            "kv_cache": quant.get("kv_cache", "none"), **draft.info, "max_draft_len": cfg.draft.length,
+            "drafting": list(fam.drafting)}  # what `deploy triton --drafting` may serve of this bundle, besides suffix
+    problems, no_engine = fam.engines_refusing(info)  # DSpark: engines serve some heads and block lengths only
+    draft.no_engine = draft.no_engine or no_engine
+    not_served.update(problems)
     if not_served:
         metrics["engines_not_served"] = not_served
     if draft.no_engine:
         ctx.log(f"warning: {draft.no_engine}")
         metrics["no_engine"] = draft.no_engine  # the engine stage skips on it
     fam.write_readme(out, cfg, info, metrics)
-    serving_files = [] if draft.no_engine else serving.write_serving_files(out, cfg, info, skip=set(not_served) | fam.no_launcher)
+    serving_files = [] if draft.no_engine else serving.write_serving_files(out, cfg, info, fam, skip=set(not_served) | fam.no_launcher)
     metrics.update(info, serving_files=serving_files, export_s=round(export_s, 1), stage_s=round(time.time() - t0, 1))
     if lineage := (ctx.manifests.get("convert", {}).get("metrics") or {}).get("init_from"):
         metrics["lineage"] = lineage  # the draft this one was adapted from (draft.init_from), and its own lineage

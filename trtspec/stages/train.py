@@ -45,7 +45,7 @@ from trtspec.training.trainer import HeadDataset, check_trainer_api, make_traine
 
 if TYPE_CHECKING:
     from trtspec.config import BuildConfig, TrainSection
-    from trtspec.draft_families import TrainableDraft
+    from trtspec.draft_family import TrainableDraft
 
 UPSTREAM = ("data", "convert")
 READS = ("train", "draft.method", "draft.length", "draft.max_category_drop", "validate.baseline_min_prompts", "dflash", "dflash2", "eval.acceptance_prompts", "eval.context_bins",

@@ -204,9 +204,9 @@ def load_bench(ctx: StageContext) -> Bench:
     """The bundle checked and loaded into the runtime, and the prompts encoded with its tokenizer."""
     import torch
 
+    from trtspec.draft_families import load_drafter
     from trtspec.models import load_tokenizer
     from trtspec.runtime import DraftSpec, load_target
-    from trtspec.runtime.draft_loader import load_drafter
     from trtspec.runtime.settings import RuntimeSettings
     from trtspec.targets import read_family
 

@@ -16,7 +16,7 @@ from trtspec.training.sharding import ShardedHead
 from trtspec.training.states import row_lengths
 
 if TYPE_CHECKING:
-    from trtspec.draft_families import TrainableDraft
+    from trtspec.draft_family import TrainableDraft
 
 # The HF Trainer's private methods the head's trainer overrides or calls (all in make_trainer), with the parameters
 # it relies on, as in transformers 5.0-5.19 (pyproject pins <5.20; tests/unit/test_trainer_private.py checks each).

@@ -93,9 +93,10 @@ class TritonPythonModel:
         return config
 
     def initialize(self, args):
+        from trtspec.eagle.runtime import load_eagle3_drafter
         from trtspec.generation import eos_ids
         from trtspec.models import load_tokenizer
-        from trtspec.runtime import DraftSpec, load_eagle3_drafter, load_transformer
+        from trtspec.runtime import DraftSpec, load_transformer
 
         llm = model_yaml()
         self.decoupled = bool(llm["triton_config"]["decoupled"])

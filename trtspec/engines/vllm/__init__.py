@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.engines.vllm import support
-from trtspec.errors import MissingDependency
+from trtspec.errors import ArtifactError, MissingDependency
 from trtspec.measure import timed
 
 NAME, SHORT, PACKAGE = "vLLM", "vllm", "vllm"  # as reports name it, its columns' suffix, its package
@@ -115,16 +115,16 @@ def own_process(target: Path) -> bool:
 
 
 def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_seqs: int, dtype: str | None = None,
-         schedule: dict[int, int] | None = None, kv_cache_gib: float = 4) -> Any:
+         schedule: dict[int, int] | None = None, kv_cache_gib: float = 4, method: str | None = None) -> Any:
     """vLLM's LLM over the bundle's target, in the target's dtype (or `dtype`); with `draft`, speculation of k tokens
-    by that draft (draft_loader.speculative_method: vLLM's method for the draft), or of schedule's length per batch size
-    (trtspec.draft_schedule). On a CPU its KV cache takes kv_cache_gib GiB of RAM, unless VLLM_CPU_KVCACHE_SPACE is
-    set (which the CPU build reads over the engine's own setting): engines loaded together each take their own."""
+    by that draft with vLLM's `method` for it (from_options: the bundle's; draft_families.speculative_method: any
+    exported draft's), or of schedule's length per batch size (trtspec.draft_schedule). On a CPU its KV cache takes
+    kv_cache_gib GiB of RAM, unless VLLM_CPU_KVCACHE_SPACE is set (which the CPU build reads over the engine's own
+    setting): engines loaded together each take their own."""
     import torch
 
-    from trtspec.runtime.draft_loader import speculative_method
-
-    method = speculative_method(draft) if draft else None
+    if draft is not None and method is None:
+        raise ValueError("vllm.load: a draft needs vLLM's speculative method for it")
     if why := refusal(target, method):
         raise MissingDependency(why)
     kv = prepare_environment(kv_cache_gib)
@@ -292,8 +292,9 @@ def acceptance(before: dict, after: dict) -> dict:
 
 
 def measure(target: Path, engines: dict[str, tuple[Path | None, dict[int, int] | None]], k: int,
-            prompts: list[list[int]], max_new: int, batch_sizes: list[int]) -> dict[str, dict]:
-    """vLLM engines over one target, loaded together: each name's (draft or None, draft-length schedule or None).
+            prompts: list[list[int]], max_new: int, batch_sizes: list[int], method: str | None = None) -> dict[str, dict]:
+    """vLLM engines over one target, loaded together: each name's (draft or None, draft-length schedule or None), the
+    drafts served with vLLM's `method`.
     Each answers every prompt alone (greedy outputs, counters); then at each batch size the engines keep that many
     requests in flight, stepped in lockstep (every prompt at least once), so a drift of the machine's speed hits each
     alike. -> per name: outputs, acceptance, tokens/s, time to first token and inter-token latency per batch size,
@@ -302,7 +303,8 @@ def measure(target: Path, engines: dict[str, tuple[Path | None, dict[int, int] |
     loaded, out = {}, {}
     for name, (draft, schedule) in engines.items():
         # each answers before the next loads: get_metrics reads the process's Prometheus registry, which a new engine clears
-        llm, load_s = timed(partial(load, target, draft, k, window, max(batch_sizes), schedule=schedule))
+        llm, load_s = timed(partial(load, target, draft, k, window, max(batch_sizes), schedule=schedule,
+                                     method=method if draft else None))
         loaded[name] = llm
         generate(llm, prompts[:1], 8)  # warm-up
         before = spec_counters(llm)
@@ -325,13 +327,15 @@ def from_options(options: dict, draft: str = "./draft") -> dict:
     """vLLM's `speculative_config` for the bundle's draft from its launch options (the aux layers come from the
     draft's config.json; a draft length per batch size read back from TensorRT-LLM's form), or for suffix decoding
     alone. vLLM serves one method at a time: no suffix matching in front of EAGLE-3."""
-    from trtspec.draft_families import served_family
     from trtspec.draft_schedule import from_trtllm_tiers, with_schedule_vllm
 
     spec = options["speculative_config"]
     if spec.get("decoding_type") == "SA":
         return {"method": "suffix", "num_speculative_tokens": spec["max_draft_len"]}
-    method = served_family(spec).vllm_methods[spec["decoding_type"]]
+    if (method := support.METHODS.get(spec.get("decoding_type"))) is None:
+        raise ArtifactError(f"the bundle's speculative_config serves decoding_type {spec.get('decoding_type')}, which "
+                            f"vLLM serves no draft of (it serves {', '.join(support.METHODS)})",
+                            "export the bundle again with this trtspec")
     vllm = {"method": method, "model": draft, "num_speculative_tokens": spec["max_draft_len"]}
     return with_schedule_vllm(vllm, from_trtllm_tiers(spec["draft_len_schedule"])) if spec.get("draft_len_schedule") else vllm
 
@@ -354,4 +358,4 @@ def run_bundle(bundle: Path, options: dict, prompts: list[list[int]], max_new: i
     spec = options["speculative_config"]
     schedule = from_trtllm_tiers(spec["draft_len_schedule"]) if spec.get("draft_len_schedule") else None
     return measure(bundle / "target", {"speculative": (bundle / "draft", schedule), "base": (None, None)},
-                   spec["max_draft_len"], prompts, max_new, batch_sizes)
+                   spec["max_draft_len"], prompts, max_new, batch_sizes, method=from_options(options)["method"])

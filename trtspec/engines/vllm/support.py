@@ -23,6 +23,9 @@ TRANSFORMERS_BACKEND = "transformers/base.py (its Transformers backend)"
 SLIDING_DFLASH = ("vLLM 0.32 asserts that a DFlash draft's layers share one KV cache group, which its sliding-window "
                   "and full-attention layers do not")
 
+# TensorRT-LLM's decoding_type (a bundle's llm_api_options.yaml) -> vLLM's speculative method for the same draft
+METHODS = {"Eagle3": "eagle3", "DFlash": "dflash", "DSpark": "dspark"}
+
 SUPPORT: dict[str, VllmSupport] = {
     "llama": VllmSupport("llama.py"),
     "mistral": VllmSupport("mistral.py (a LlamaForCausalLM)"),

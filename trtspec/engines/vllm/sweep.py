@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.draft_schedule import best_lengths, schedule_from_sweep, with_schedule_vllm
+from trtspec.engines import read_options
 from trtspec.engines import vllm as vllm_engine
 from trtspec.errors import MissingDependency, TrtspecError
 
@@ -99,8 +100,6 @@ def write_prompts(texts: list[str], out: Path) -> int:
 def speculative_config(bundle: Path, k: int, schedule: dict[int, int] | None = None) -> dict | None:
     """vLLM's speculative_config drafting k tokens with the bundle's draft, or schedule's length per batch size (k
     = schedule[1]); None for k = 0 (no draft)."""
-    from trtspec.engines import read_options
-
     if not k:
         return None
     spec = vllm_engine.from_options(read_options(bundle), str(bundle / "draft"))
@@ -376,10 +375,12 @@ class LockstepPool:
         self.bundle, self.plan, self.prompts, self.log, self.engines = bundle, plan, prompts, log, {}
         self.window = max(map(len, prompts)) + plan.max_tokens + max(plan.draft_lengths) + 8
         self.kv_gib = vllm_engine.kv_cache_gib_for(bundle / "target", max(plan.concurrency) * self.window)
+        self.method = vllm_engine.from_options(read_options(bundle))["method"]
 
     def start(self, label: str, k: int, schedule: dict[int, int] | None = None) -> None:
         llm = vllm_engine.load(self.bundle / "target", self.bundle / "draft" if k else None, k, self.window,
-                               max(self.plan.concurrency), schedule=schedule, kv_cache_gib=self.kv_gib)
+                               max(self.plan.concurrency), schedule=schedule, kv_cache_gib=self.kv_gib,
+                               method=self.method if k else None)
         vllm_engine.generate(llm, self.prompts[:2], 8)  # warm-up
         self.engines[label] = llm
 

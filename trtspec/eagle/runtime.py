@@ -20,8 +20,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from trtspec.eagle import ARCHITECTURES
 from trtspec.errors import ArtifactError
-from trtspec.runtime.kernels import Linear
+from trtspec.runtime.drafters import DraftSpec, ModelDrafter, softmax_t
+from trtspec.runtime.kernels import Linear, choose_kernels, store_bf16
 from trtspec.runtime.model import (
     Block,
     ModelArgs,
@@ -31,8 +33,9 @@ from trtspec.runtime.model import (
     read_safetensors,
     rms_norm,
 )
-
-ARCHITECTURES = ("LlamaForCausalLMEagle3",)  # an exported EAGLE-3 draft's config.json names (families.draft_family)
+from trtspec.runtime.settings import DEFAULT as DEFAULT_SETTINGS
+from trtspec.runtime.settings import RuntimeSettings
+from trtspec.runtime.tree import Tree, tree_levels
 
 
 @dataclass
@@ -232,3 +235,117 @@ def load_eagle3(folder: Path, target_lm_head: Tensor | None, target_hidden: int 
     model.draft_to_target = torch.arange(dvocab) + (d2t.long() if d2t is not None else 0)
     info = Eagle3Info(aux, dvocab, vocab, args.hidden_size)
     return model.eval().requires_grad_(False), info
+
+
+class Eagle3Drafter(ModelDrafter):
+    """EAGLE-3: verified positions wait (pending) until the next draft; a draft then runs as one pass of the network:
+    the pending rows and every guess (Eagle3Draft.chain), or every level of a tree (.dynamic_tree, .static_tree)."""
+
+    name = "eagle3"
+    one_pass_trees = True  # trees drafted by the network's one-pass tree passes (False: one draft call per depth)
+
+    def __init__(self, draft, embed: torch.nn.Embedding, vocab_size: int):
+        d2t = draft.draft_to_target
+        identity = d2t.numel() == vocab_size and bool((d2t == torch.arange(vocab_size)).all())
+        super().__init__(None if identity else d2t, vocab_size)
+        self.net, self.embed = draft, embed
+        self.pending: tuple[Tensor, Tensor] | None = None  # (tokens, aux) of verified positions not in the cache yet
+
+    def setup(self, max_len: int) -> None:
+        if self.net.max_len < max_len:
+            self.net.setup_cache(max_len)
+
+    def _verified_hidden(self, aux: Tensor | None) -> Tensor:
+        return self.net.project(aux)
+
+    def _forward(self, tokens, hidden, positions, slots, length, mask):
+        return self.net.step(self.embed(tokens), hidden, positions, slots, length, mask)
+
+    def _forward_eager(self, tokens, hidden, positions, slots, length, mask):
+        return self.net.forward(self.embed(tokens), hidden, positions, slots, length, mask)
+
+    def start(self, prompt: Tensor, first: int, aux: Tensor | None) -> None:
+        # draft position t reads (token t+1, aux_t): the prompt shifted left by one, then the first target token;
+        # all but the last position go in now (a prefill), the last waits for the first draft
+        self.length = 0
+        tokens = torch.cat((prompt[1:], torch.tensor([first])))
+        if tokens.numel() > 1:
+            self._catch_up(tokens[:-1], aux[:-1])
+        self.pending = (tokens[-1:].clone(), aux[-1:].clone())  # a copy: a view's offset would be part of the compiled guard
+
+    def accepted(self, tokens: Tensor, aux: Tensor | None) -> None:
+        # a step drafted by another drafter (a suffix match) leaves the rows waiting longer
+        if self.pending is not None:
+            tokens, aux = torch.cat((self.pending[0], tokens)), torch.cat((self.pending[1], aux))
+        self.pending = (tokens, aux)
+
+    def draft(self, root: int, spec: DraftSpec, temperature: float = 0.0, generator=None) -> tuple[Tree, Tensor | None]:
+        if spec.shape != "chain" and (temperature > 0 or not self.one_pass_trees):
+            self._catch_up(*self.pending)
+            self.pending = None
+            return super().draft(root, spec, temperature, generator)
+        tokens, aux = self.pending
+        if (excess := tokens.numel() - spec.max_nodes()) > 0:
+            # rows left waiting by several suffix-drafted steps in a row: the oldest join the cache in one eager
+            # pass, so the compiled pass meets only the row counts 1..max_nodes that warm_up_row_counts compiled
+            self._catch_up(tokens[:excess], aux[:excess], forward=self._forward_eager)
+            tokens, aux = tokens[excess:].clone(), aux[excess:].clone()
+        if spec.shape == "dynamic_tree":
+            return self._dynamic_tree(root, tokens, aux, spec), None
+        if spec.shape == "tree":
+            return self._static_tree(root, tokens, aux, spec), None
+        noise = None
+        if temperature > 0:  # Gumbel-max: argmax(logits + T g), g = -log(-log u), is a sample of softmax(logits / T)
+            u = torch.rand(spec.k, self.net.lm_head.weight.shape[0], generator=generator)
+            noise = -temperature * torch.log(-torch.log(u))
+        guesses, logits = self._draft_pass("chain", tokens, aux, spec.k, noise)
+        tree = Tree.root(root)
+        for j, t in enumerate(self.to_target(guesses).tolist()):
+            tree.add(t, j)
+        return tree, self.full_probs(softmax_t(logits, temperature)) if temperature > 0 else None
+
+    def _draft_pass(self, name: str, tokens: Tensor, aux: Tensor, *args):
+        """The network's one-pass draft `name` (Eagle3Draft.chain, .dynamic_tree, .static_tree) after the pending
+        rows (tokens, aux), which join the cache; the rows it drafts are forgotten."""
+        out = self.net.run_pass(name, tokens, aux, self.length, *args)
+        self.length += tokens.numel()
+        self.pending = None
+        return out
+
+    def _dynamic_tree(self, root: int, tokens: Tensor, aux: Tensor, spec: DraftSpec) -> Tree:
+        """Eagle3Draft.dynamic_tree's candidates, the best `spec.total` kept (draft_dynamic_tree's tree, in one pass)."""
+        ids, parents, scores = self._draft_pass("dynamic_tree", tokens, aux, spec.k, spec.topk)
+        tree = Tree.root(root)
+        for t, p, s in zip(self.to_target(ids).tolist(), parents.tolist(), scores.tolist(), strict=True):
+            tree.add(t, p, s)
+        return tree.best(spec.total)
+
+    def _static_tree(self, root: int, tokens: Tensor, aux: Tensor, spec: DraftSpec) -> Tree:
+        """Eagle3Draft.static_tree's nodes as a Tree (draft_static_tree's tree, in one pass)."""
+        levels = tree_levels(spec.tree_choices())
+        ids = self.to_target(self._draft_pass("static_tree", tokens, aux, levels)).tolist()
+        tree, above = Tree.root(root), 0  # the node ids of the level above start at `above`
+        for level in levels:
+            start = len(tree)
+            for parent, _ in level:
+                tree.add(ids[len(tree) - 1], above + parent)
+            above = start
+        return tree
+
+
+def load_eagle3_drafter(draft_dir: Path, target, dtype=torch.float32, weights: str = "auto",
+                        settings: RuntimeSettings | None = None) -> Eagle3Drafter:
+    """The exported EAGLE-3 draft, sharing the target's embedding (and lm_head when the draft has none); its
+    products in bfloat16 where `kernels.store_bf16` finds that faster (`weights`); run as `settings` say (default:
+    as the target runs)."""
+    net, info = load_eagle3(draft_dir, target.lm_head.weight, target.args.hidden_size, dtype)
+    net.settings = settings or getattr(target, "settings", DEFAULT_SETTINGS)
+    net.kernel_choice = choose_kernels(net, settings=net.settings)
+    net.kernel_choice["draft_weights"] = store_bf16(net, choice=weights)
+    net.embed_tokens = target.embed_tokens
+    if tuple(target.aux_layers) != info.aux_layers:
+        bad = [i for i in info.aux_layers if i >= target.args.num_layers]
+        if bad:
+            raise ArtifactError(f"the draft reads target layers {bad}, the target has {target.args.num_layers}")
+        target.aux_layers = info.aux_layers
+    return Eagle3Drafter(net, target.embed_tokens, target.args.vocab_size)

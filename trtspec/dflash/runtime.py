@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from trtspec.dflash.dspark import MARKOV_KEYS, NESTED_MARKOV
 from trtspec.errors import ArtifactError, ModelError
 from trtspec.runtime.drafters import DraftSpec, softmax_t
 from trtspec.runtime.model import (
@@ -272,11 +273,6 @@ def choose(logits: Tensor, temperature: float, generator=None) -> tuple[list[int
     return torch.multinomial(q, 1, generator=generator)[:, 0].tolist(), q
 
 
-# an exported DFlash draft's config.json names (families.draft_family); a DSpark export names vLLM's and SGLang's
-# class first, then Model Optimizer's
-ARCHITECTURES = ("DFlashDraftModel", "Qwen3DSparkModel")
-MARKOV_KEYS = ("markov_w1.", "markov_w2.", "gate_proj.", "joint_proj.")  # DSpark's head, beside the backbone's weights
-NESTED_MARKOV = "markov_head."  # the same head as the engines name it (trtspec's export writes markov_head.markov_w1 ...)
 # DSpark's optional confidence head predicts each guess's acceptance for a serving-side scheduler; every draft here
 # is verified as a whole chain, so its weights are left unread
 UNREAD_KEYS = ("confidence_proj.", "confidence_head.")
