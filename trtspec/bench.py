@@ -170,14 +170,17 @@ def train_recipe(config: str, base_sets: list[str], out: Path, name: str, sets: 
 def print_table(rows: list[dict]) -> None:
     """One line per recipe: steps, training time and speed, last-step TTT accuracy, held-out AL@k, per-position rates."""
     ks = sorted({int(k[3:]) for r in rows for k in r["metrics"] if k.startswith("AL@") and k[3:].isdigit()})
-    print(f"{'recipe':14s} {'steps':>5s} {'train s':>7s} {'tok/s':>6s} {'acc_ttt (last step)':>20s} "
-          + " ".join(f"{f'AL@{k}':>5s}" for k in ks) + "  accept rate by position")
+    print(f"{'recipe':14s} {'steps':>5s} {'train s':>7s} {'tok/s':>6s} {'states (s, GiB)':>16s} {'acc_ttt (last step)':>20s} "
+          + " ".join(f"{f'AL@{k}':>5s}" for k in ks) + f" {'AL@' + str(max(ks)) + ' 95% CI' if ks else '':>14s}  accept rate by position")
     for r in rows:
         m = r["metrics"]
         acc = "/".join(f"{a:.2f}" for a in (m.get("final_acc_ttt") or []))
         als = " ".join(f"{m[f'AL@{k}']:5.2f}" if f"AL@{k}" in m else f"{'-':>5s}" for k in ks)
-        print(f"{r['name']:14s} {m['steps']:5d} {m['train_s']:7.0f} {m['train_tokens_per_s']:6.0f} {acc:>20s} "
-              f"{als}  {m['accept_rate_by_position']}")
+        ci = m.get(f"AL@{max(ks)}_ci95") if ks else None
+        disk = (m.get("states") or {}).get("states_disk_bytes")
+        states = f"{m.get('cache_states_s', 0):.0f}" + (f", {disk / 2**30:.2f}" if disk else "")
+        print(f"{r['name']:14s} {m['steps']:5d} {m['train_s']:7.0f} {m['train_tokens_per_s']:6.0f} {states:>16s} {acc:>20s} "
+              f"{als} {'{:.2f}-{:.2f}'.format(*ci) if ci else '-':>14s}  {m['accept_rate_by_position']}")
 
 
 def save_figure(fig: Any, path: Path) -> None:

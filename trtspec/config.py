@@ -247,8 +247,12 @@ class TrainSection(Section):
                                                description="train.states_from: vllm: how vLLM spreads the target")
     states_endpoint: StatesEndpointSection = Field(default_factory=lambda: StatesEndpointSection(),
                                                    description="train.states_from: endpoint: the server and the folder")
-    states_buffer_mib: float = key(64, "train.mode: streamed: MiB of states held at once (fp16, rows of data.seq_len "
-                                   "tokens); the engine extracts this many rows' worth at a time", gt=0, le=BIG)
+    states_buffer_mib: float = key(64, "train.mode: streamed: MiB of states held at once (rows of data.seq_len tokens, "
+                                   "as train.states_storage holds them); the engine extracts this many rows' worth at "
+                                   "a time", gt=0, le=BIG)
+    states_storage: Literal["fp16", "fp8"] = key(
+        "fp16", "how offline and streamed states are held: fp16, or fp8 (e4m3) with one float32 scale per token and "
+        "layer, read back as fp16: half the disk (offline) and twice the rows per buffer (streamed)")
     epochs: float = key(3.0, "passes over the training rows", gt=0, le=1000)
     max_steps: int | None = key(None, "stop after this many optimizer steps (null = epochs decide)", ge=1, le=BIG)
     max_rows: int | None = key(None, "train on the first N training rows only (a random sample: the data stage "

@@ -24,6 +24,9 @@ from trtspec.eagle.family import EAGLE3
 from trtspec.errors import ArtifactError, ConfigError
 
 DRAFT_FAMILIES: dict[str, DraftFamily] = {f.name: f for f in (EAGLE3, DFLASH, DFLASH2)}  # draft.method -> its family
+# the build config's sections the families read: in the convert and train stages' READS, so a new family's section
+# keys their work without touching them
+SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(s for f in DRAFT_FAMILIES.values() for s in f.sections))
 
 
 def family(method: str) -> DraftFamily:

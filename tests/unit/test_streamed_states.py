@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from trtspec.training.states import StreamedStates, window_rows
+from trtspec.training.states import CachedStates, StreamedStates, cache_states, from_fp8, to_fp8, window_rows
 from trtspec.training.trainer import HeadDataset, LengthGroupedEpochSampler
 
 
@@ -65,6 +65,75 @@ def test_the_buffer_budget_in_rows():
     # fp16: 2 bytes x 256 tokens x 576 wide x (3 aux + last) = 1,179,648 bytes a row
     assert window_rows(64, 256, 576, 3) == 56
     assert window_rows(1, 256, 576, 3) == 0
+    # fp8: (1 byte x 576 + a 4-byte scale) x 256 tokens x 4 states = 593,920 bytes a row: twice the rows, nearly
+    assert window_rows(64, 256, 576, 3, "fp8") == 112
+
+
+class WideSource:
+    """Random states of a real model's spread: most values small, a few large outliers per token (as residual streams
+    have), two aux layers of width 64 and the last state."""
+
+    name = "wide"
+
+    def extract(self, rows):
+        g = torch.Generator().manual_seed(int(rows[0][0]))
+        out = []
+        for r in rows:
+            x = torch.randn(len(r), 3 * 64, generator=g)
+            x[:, ::37] *= 40  # outlier channels
+            out.append((x[:, :128].half().numpy(), x[:, 128:].half().numpy()))
+        return out
+
+
+def assert_fp8_close(got: np.ndarray, want: np.ndarray, groups: int) -> None:
+    """Within e4m3's rounding: 3 mantissa bits (half a step: 1/16 of the value), and below its smallest normal the
+    subnormal step of each token's layer scale (largest magnitude / 448)."""
+    want32, got32 = want.astype(np.float32), got.astype(np.float32)
+    scale = np.abs(want32).reshape(len(want), groups, -1).max(-1, keepdims=True) / 448
+    bound = np.abs(want32).reshape(len(want), groups, -1) / 16 + scale * 2.0**-9 + 1e-3 * np.abs(want32).reshape(len(want), groups, -1)
+    assert (np.abs(got32 - want32).reshape(len(want), groups, -1) <= bound).all()
+    assert not np.array_equal(got, want)  # stored as fp8 indeed
+
+
+def test_fp8_states_round_trip_within_e4m3s_rounding():
+    aux, last = WideSource().extract([torch.arange(7) + 3])[0]
+    q, scale = to_fp8(aux, 2)
+    assert q.dtype == np.uint8 and q.shape == aux.shape and scale.shape == (7, 2)
+    assert_fp8_close(from_fp8(q, scale), aux, 2)
+    assert_fp8_close(from_fp8(*to_fp8(last, 1)), last, 1)
+    zeros = np.zeros((3, 8), np.float16)
+    assert (from_fp8(*to_fp8(zeros, 2)) == 0).all()  # a token of zeros (padding) stays zeros, no division by zero
+
+
+def test_fp8_cache_holds_the_states_in_half_the_disk_and_restarts_on_another_storage(tmp_path):
+    tok = tokens(n=6, t=10)
+    fp16 = CachedStates(cache_states(WideSource(), tok, 64, [0, 1], tmp_path / "a", print, 2))
+    fp8 = CachedStates(cache_states(WideSource(), tok, 64, [0, 1], tmp_path / "b", print, 2, storage="fp8"))
+    for i in range(6):
+        (a16, l16), (a8, l8) = fp16.row(i, 7), fp8.row(i, 7)
+        assert a8.dtype == np.float16 and a8.shape == a16.shape == (7, 128) and l8.shape == (7, 64)
+        assert_fp8_close(a8, a16, 2)
+        assert_fp8_close(l8, l16, 1)
+    size = {k: sum(f.stat().st_size for f in (tmp_path / k).glob("*.npy")) for k in "ab"}
+    assert 0.5 < size["b"] / size["a"] < 0.56  # half, and the scales
+    cache_states(WideSource(), tok, 64, [0, 1], tmp_path / "a", print, 2, storage="fp8")  # the fp16 folder asked as fp8
+    assert "fp8" in (tmp_path / "a" / "rows_done.json").read_text()  # filled again, not read as fp16
+
+
+def test_a_streamed_fp8_buffer_holds_half_the_bytes():
+    tok = tokens(n=8, t=10)
+    peak = {}
+    for storage in ("fp16", "fp8"):
+        states = StreamedStates(WideSource(), tok, 8, storage, 2)
+        states.follow(lambda: list(range(8)))
+        rows = [states.row(i, 10) for i in range(8)]
+        peak[storage] = states.stats["peak_buffer_bytes"]
+        if storage == "fp16":
+            want = rows
+    for (a, last), (wa, wl) in zip(rows, want, strict=True):
+        assert_fp8_close(a, wa, 2)
+        assert_fp8_close(last, wl, 1)
+    assert 0.5 < peak["fp8"] / peak["fp16"] < 0.56
 
 
 def vllm_states_reading(tmp_path, aux_layers=(0, 2), layers=4, hidden=8):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trtspec.draft_families import family
+from trtspec.draft_families import SECTIONS, family
 from trtspec.pipeline.stage import StageContext
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from trtspec.draft_family import TrainableDraft
 
 UPSTREAM = ("data",)
-READS = ("convert", "draft.method", "draft.init_from", "dflash", "dflash2", "seed")
+READS = ("draft.method", "draft.init_from", *SECTIONS, "seed")
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:

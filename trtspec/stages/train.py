@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from trtspec import ranks
 from trtspec.artifacts import peak_rss_gib
 from trtspec.chat import prompt_rows, read_rows
+from trtspec.draft_families import SECTIONS, family
 from trtspec.errors import ArtifactError, ConfigError, DataError
 from trtspec.pipeline.stage import StageContext
 from trtspec.training import sharding
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from trtspec.draft_family import TrainableDraft
 
 UPSTREAM = ("data", "convert")
-READS = ("train", "draft.method", "draft.length", "draft.max_category_drop", "validate.baseline_min_prompts", "dflash", "dflash2", "eval.acceptance_prompts", "eval.context_bins",
+READS = ("train", "draft.method", "draft.length", "draft.max_category_drop", "validate.baseline_min_prompts", *SECTIONS, "eval.acceptance_prompts", "eval.context_bins",
          "eval.context_prompts", "eval.context_source", "eval.context_documents", "seed")
 ALL_RANKS = True  # every process of a multi-process launch trains
 
@@ -248,18 +249,18 @@ def target_states(ctx: StageContext, source: Any, base: Any, tokens: dict, aux_l
         return None
     if t.mode == "streamed":
         window = check_buffer_holds_a_batch(t, tokens["input_ids"].shape[1], base.config.hidden_size, len(aux_layers))
-        ctx.log(f"streaming target states from {source.name}, {window} rows at a time")
-        return StreamedStates(source, tokens, window)
+        ctx.log(f"streaming target states from {source.name}, {window} rows at a time ({t.states_storage})")
+        return StreamedStates(source, tokens, window, t.states_storage, len(aux_layers))
     with ranks.main_first():
-        maps = cache_states(source, tokens, base.config.hidden_size, aux_layers, states_folder(target_dir, t.states_from),
-                            ctx.log)
+        maps = cache_states(source, tokens, base.config.hidden_size, aux_layers,
+                            states_folder(target_dir, t.states_from, t.states_storage), ctx.log, storage=t.states_storage)
     source.close()
     return CachedStates(maps)
 
 
-def states_folder(target_dir: Path, states_from: str) -> Path:
-    """Where the offline states of one source are cached (each source its own: their rounding differs)."""
-    return target_dir / ("states" if states_from == "hf" else f"states-{states_from}")
+def states_folder(target_dir: Path, states_from: str, storage: str = "fp16") -> Path:
+    """Where the offline states of one source and storage are cached (each its own: their rounding differs)."""
+    return target_dir / "-".join(["states", *([states_from] if states_from != "hf" else []), *([storage] if storage != "fp16" else [])])
 
 
 def engine_target(ctx: StageContext, tok: Any, source: Any) -> Any:
@@ -279,18 +280,21 @@ def target_in_trainer(base: Any) -> dict:
 
 def check_buffer_holds_a_batch(t: TrainSection, seq_len: int, hidden: int, aux: int) -> int:
     """The rows train.states_buffer_mib holds (streamed states), refused when fewer than one batch."""
-    window = window_rows(t.states_buffer_mib, seq_len, hidden, aux)
+    window = window_rows(t.states_buffer_mib, seq_len, hidden, aux, t.states_storage)
     if window < t.batch_size:
         raise ConfigError(f"train.states_buffer_mib {t.states_buffer_mib} holds {window} rows of {seq_len} tokens, "
                           f"fewer than one batch ({t.batch_size})", "raise train.states_buffer_mib")
     return window
 
 
-def states_metrics(states: Any) -> dict:
-    """What the states cost: for streamed states, the rows extracted and the buffer's and the engine's files' peaks."""
+def states_metrics(states: Any, storage: str) -> dict:
+    """What the states cost, held as `storage` (train.states_storage): the offline cache's bytes on disk; for streamed
+    states, the rows extracted and the buffer's and the engine's files' peaks."""
+    if isinstance(states, CachedStates):
+        return {"states_storage": storage, "states_disk_bytes": sum(int(m.nbytes) for m in states.maps.values())}
     if not isinstance(states, StreamedStates):
         return {}
-    return {**states.stats, "peak_engine_files_bytes": getattr(states.source, "peak_disk", 0)}
+    return {"states_storage": storage, **states.stats, "peak_engine_files_bytes": getattr(states.source, "peak_disk", 0)}
 
 
 def train_head(ctx: StageContext, fam: TrainableDraft, model: Any, head: Any, tokens: dict, states: dict | None,
@@ -339,7 +343,6 @@ def write_outputs(ctx: StageContext, fam: TrainableDraft, model: Any, draft_cfg:
 def run(ctx: StageContext) -> dict:
     import time
 
-    from trtspec.draft_families import family
     from trtspec.models import load_model, load_tokenizer
 
     t_cfg, k = ctx.cfg.train, ctx.cfg.draft.length
@@ -358,7 +361,8 @@ def run(ctx: StageContext) -> dict:
 
     target_dir = target_states_dir(ctx, aux_layers)
     if t_cfg.mode == "offline":  # before the held-out answers and the states: minutes a full disk would waste
-        check_states_fit(states_folder(target_dir, t_cfg.states_from), tokens, base.config.hidden_size, len(aux_layers))
+        check_states_fit(states_folder(target_dir, t_cfg.states_from, t_cfg.states_storage), tokens, base.config.hidden_size,
+                         len(aux_layers), t_cfg.states_storage)
     source = states_source(ctx, base, tok, aux_layers, target_dir) if t_cfg.mode != "online" else None
     engine = engine_target(ctx, tok, source) if from_engine else None
     eval_set, eval_file = heldout_eval_set(ctx, base, tok, aux_layers, target_dir, engine)
@@ -390,7 +394,7 @@ def run(ctx: StageContext) -> dict:
     if before is not None:
         metrics["before"] = {key: v for key, v in before.items() if "ci95" not in key}
         metrics["gate"] = warm_start_gate(ctx, before, acc)
-    metrics["states"] = {"from": t_cfg.states_from, **states_metrics(states)} if states is not None else None
+    metrics["states"] = {"from": t_cfg.states_from, **states_metrics(states, t_cfg.states_storage)} if states is not None else None
     metrics["target_in_trainer"] = target_held
     ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k} {fit[f'AL@{k}']:.2f}")
     if context_sets:

@@ -3,9 +3,13 @@ reads and its last (post-norm) hidden state.
 
 Where they come from (train.states_from): `HFStates`, the HF model's forward in this process, or an engine
 (`trtspec.training.engine_states.VllmStates`); both hand back fp16 rows. How training reads them (train.mode):
-`cache_states` computes every row once into fp16 memmaps that resume after a kill (`CachedStates`); `StreamedStates`
+`cache_states` computes every row once into memmaps that resume after a kill (`CachedStates`); `StreamedStates`
 extracts them a window at a time, in the order the trainer reads rows, and forgets each row once read (a bounded
-buffer, re-extracted every epoch); online, the target runs in every training step (neither)."""
+buffer, re-extracted every epoch); online, the target runs in every training step (neither).
+
+How they are held (train.states_storage): fp16, or fp8 (e4m3) with one float32 scale per token and layer, the
+layer's largest magnitude at fp8's largest (448): half the disk and half the buffer, and the trainer reads them back
+as fp16 (`to_fp8`, `from_fp8`)."""
 
 from __future__ import annotations
 
@@ -35,22 +39,70 @@ def base_states(base: Any, input_ids: Any, attention_mask: Any, aux_layers: list
     return aux.float(), out.last_hidden_state.float()
 
 
+FP8_MAX = 448.0  # float8_e4m3fn's largest finite value
+
+
+def to_fp8(x: Any, groups: int) -> tuple[Any, Any]:
+    """fp16 states [T, groups * H] -> (their e4m3 bytes, uint8 [T, groups * H]; scales, float32 [T, groups]): each
+    token's state of each layer divided by its largest magnitude / 448 before rounding to fp8."""
+    import numpy as np
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(x)).float().view(x.shape[0], groups, -1)
+    scale = t.abs().amax(-1).clamp(min=1e-12) / FP8_MAX
+    q = (t / scale[..., None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    return q.reshape(x.shape).numpy(), scale.numpy()
+
+
+def from_fp8(q: Any, scale: Any) -> Any:
+    """to_fp8's bytes and scales -> fp16 states [T, groups * H]."""
+    import numpy as np
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(q)).view(torch.float8_e4m3fn).float()
+    t = t.view(q.shape[0], scale.shape[-1], -1) * torch.from_numpy(np.ascontiguousarray(scale))[..., None]
+    return t.reshape(q.shape).to(torch.float16).numpy()
+
+
+def stored(states: tuple[Any, Any], storage: str, aux_layers: int) -> tuple:
+    """A row's (aux, last) as `storage` holds them: fp16 as they come, fp8 as (aux bytes, aux scales, last bytes,
+    last scales)."""
+    if storage == "fp16":
+        return states
+    aux, last = states
+    return (*to_fp8(aux, aux_layers), *to_fp8(last, 1))
+
+
+def loaded(held: tuple, n: int) -> tuple[Any, Any]:
+    """`stored`'s row -> (aux, last) fp16, its first n tokens."""
+    if len(held) == 2:
+        return held[0][:n], held[1][:n]
+    aux_q, aux_s, last_q, last_s = held
+    return from_fp8(aux_q[:n], aux_s[:n]), from_fp8(last_q[:n], last_s[:n])
+
+
+def token_bytes(hidden: int, aux: int, storage: str = "fp16") -> int:
+    """Bytes one token's states take: [hidden] per aux layer and the last state, fp16 or fp8 with a float32 scale
+    per state."""
+    return (aux + 1) * (2 * hidden if storage == "fp16" else hidden + 4)
+
+
 def row_lengths(tokens: dict) -> list[int]:
     """Real (unpadded) length of each right-padded row."""
     return tokens["attention_mask"].sum(1).tolist()
 
 
-def states_bytes(tokens: dict, hidden: int, aux: int) -> int:
-    """What cache_states writes: fp16 [rows, seq_len, hidden] for each aux layer and the last hidden state."""
+def states_bytes(tokens: dict, hidden: int, aux: int, storage: str = "fp16") -> int:
+    """What cache_states writes: [rows, seq_len, hidden] for each aux layer and the last hidden state (token_bytes)."""
     n, t = tokens["input_ids"].shape
-    return 2 * n * t * hidden * (aux + 1)
+    return n * t * token_bytes(hidden, aux, storage)
 
 
-def check_states_fit(folder: Path, tokens: dict, hidden: int, aux: int) -> None:
+def check_states_fit(folder: Path, tokens: dict, hidden: int, aux: int, storage: str = "fp16") -> None:
     """Refuse, before computing anything, offline states the disk cannot hold (what is already cached counts)."""
     import shutil
 
-    need = states_bytes(tokens, hidden, aux)
+    need = states_bytes(tokens, hidden, aux, storage)
     have = sum(f.stat().st_size for f in folder.glob("*.npy")) if folder.is_dir() else 0
     probe = folder if folder.is_dir() else next(p for p in folder.parents if p.is_dir())
     free = shutil.disk_usage(probe).free
@@ -59,9 +111,10 @@ def check_states_fit(folder: Path, tokens: dict, hidden: int, aux: int) -> None:
 
         raise ConfigError(
             f"offline target states need {need / 2**30:.1f} GiB ({tokens['input_ids'].shape[0]} rows x "
-            f"{tokens['input_ids'].shape[1]} tokens x {hidden} x {aux + 1} states, fp16) and {probe} has "
+            f"{tokens['input_ids'].shape[1]} tokens x {hidden} x {aux + 1} states, {storage}) and {probe} has "
             f"{free / 2**30:.1f} GiB free",
-            "set train.mode: online (the target runs on every step, nothing on disk), or free disk, or lower data.seq_len",
+            "set train.mode: online (the target runs on every step) or streamed (a bounded buffer): nothing on disk; "
+            "or train.states_storage: fp8 (half the disk); or free disk, or lower data.seq_len",
         )
 
 
@@ -97,13 +150,13 @@ class HFStates:
 
 
 class CachedStates:
-    """The offline cache (`cache_states`' memmaps) read by row."""
+    """The offline cache (`cache_states`' memmaps) read by row, as fp16."""
 
     def __init__(self, maps: dict):
         self.maps = maps
 
     def row(self, i: int, n: int) -> tuple[Any, Any]:
-        return self.maps["aux"][i, :n].copy(), self.maps["last"][i, :n].copy()
+        return loaded(tuple(self.maps[k][i, :n].copy() for k in STORED[self.maps["aux"].dtype.itemsize == 1]), n)
 
     def rows(self, picked: list[tuple[int, int]]) -> list[tuple[Any, Any]]:
         return [self.row(i, n) for i, n in picked]
@@ -120,8 +173,9 @@ class StreamedStates:
     rows); each row is dropped once read, so at most `window` rows are ever held, and every epoch extracts its rows
     again instead of keeping them. A run resumed mid-epoch starts its window where the trainer resumes."""
 
-    def __init__(self, source: Any, tokens: dict, window: int):
+    def __init__(self, source: Any, tokens: dict, window: int, storage: str = "fp16", aux_layers: int = 1):
         self.source, self.tokens, self.window = source, tokens, max(1, window)
+        self.storage, self.aux_layers = storage, aux_layers  # how the buffer holds a row (train.states_storage)
         self.lengths = [max(1, n) for n in row_lengths(tokens)]
         self.buffer: dict[int, tuple[Any, Any]] = {}
         self.order: Any = None  # () -> the rows in the order the trainer reads them this epoch
@@ -135,8 +189,7 @@ class StreamedStates:
     def row(self, i: int, n: int) -> tuple[Any, Any]:
         if i not in self.buffer:
             self.fill_from(i)
-        aux, last = self.buffer.pop(i)
-        return aux[:n], last[:n]
+        return loaded(self.buffer.pop(i), n)
 
     def fill_from(self, i: int) -> None:
         order = list(self.order()) if self.order else [i]
@@ -144,10 +197,10 @@ class StreamedStates:
         wanted = [r for r in dict.fromkeys([i] + order[at : at + self.window]) if r not in self.buffer][: self.window]
         for r, states in zip(wanted, self.source.extract([self.tokens["input_ids"][r, : self.lengths[r]] for r in wanted]),
                              strict=True):
-            self.buffer[r] = states
+            self.buffer[r] = stored(states, self.storage, self.aux_layers)
         self.stats["rows_extracted"] += len(wanted)
         self.stats["windows"] += 1
-        held = sum(a.nbytes + b.nbytes for a, b in self.buffer.values())
+        held = sum(a.nbytes for row in self.buffer.values() for a in row)
         self.stats["peak_buffer_bytes"] = max(self.stats["peak_buffer_bytes"], held)
 
     def rows(self, picked: list[tuple[int, int]]) -> list[tuple[Any, Any]]:
@@ -164,29 +217,37 @@ def rank_share(order: list[int], batch_size: int, world: int, rank: int) -> list
     return [r for b in range(rank, -(-len(order) // batch_size), world) for r in order[b * batch_size : (b + 1) * batch_size]]
 
 
-def window_rows(budget_mib: float, seq_len: int, hidden: int, aux: int) -> int:
-    """Rows a buffer of `budget_mib` MiB holds: fp16 [seq_len, hidden] per aux layer and the last state, per row."""
-    return int(budget_mib * 2**20 // (2 * seq_len * hidden * (aux + 1)))
+def window_rows(budget_mib: float, seq_len: int, hidden: int, aux: int, storage: str = "fp16") -> int:
+    """Rows a buffer of `budget_mib` MiB holds: [seq_len, hidden] per aux layer and the last state, per row."""
+    return int(budget_mib * 2**20 // (seq_len * token_bytes(hidden, aux, storage)))
+
+
+STORED = {False: ("aux", "last"), True: ("aux", "aux_scale", "last", "last_scale")}  # the cache's arrays: fp16, fp8
 
 
 def cache_states(source: Any, tokens: dict, hidden: int, aux_layers: list[int], folder: Path, log: Any,
-                 batch_size: int | None = None) -> dict:
-    """Target hidden states of every training row in fp16 memmaps under `folder`, from `source` (HFStates or an
-    engine's); resumes after a kill. Rows go to the source shortest first, `batch_size` at a time (default: the
-    source's `batch_rows`): little compute on padding."""
+                 batch_size: int | None = None, storage: str = "fp16") -> dict:
+    """Target hidden states of every training row in memmaps under `folder` (fp16, or fp8 with its scales: `stored`),
+    from `source` (HFStates or an engine's); resumes after a kill. Rows go to the source shortest first, `batch_size`
+    at a time (default: the source's `batch_rows`): little compute on padding."""
     import numpy as np
     from tqdm import tqdm
 
     n, t = tokens["input_ids"].shape
-    h = hidden
+    h, a = hidden, len(aux_layers)
     batch_size = batch_size or source.batch_rows
     folder.mkdir(parents=True, exist_ok=True)
-    shapes = {"aux": (n, t, h * len(aux_layers)), "last": (n, t, h)}
+    fp8 = storage == "fp8"
+    shapes = {"aux": (n, t, h * a), "aux_scale": (n, t, a), "last": (n, t, h), "last_scale": (n, t, 1)}
+    dtypes = {"aux": np.uint8 if fp8 else np.float16, "last": np.uint8 if fp8 else np.float16}
+    shapes = {k: shapes[k] for k in STORED[fp8]}
     progress = folder / "rows_done.json"
     saved = json.loads(progress.read_text()) if progress.is_file() else {}
-    done = saved["rows"] if saved.get("order") == "by_length" else 0  # a cache filled in another order: start over
+    same = saved.get("order") == "by_length" and saved.get("storage", "fp16") == storage
+    done = saved["rows"] if same else 0  # a cache filled in another order or storage: start over
     mode = "r+" if done else "w+"
-    maps = {k: np.lib.format.open_memmap(folder / f"{k}.npy", mode=mode, dtype=np.float16, shape=s) for k, s in shapes.items()}
+    maps = {k: np.lib.format.open_memmap(folder / f"{k}.npy", mode=mode, dtype=dtypes.get(k, np.float32), shape=s)
+            for k, s in shapes.items()}
     if done < n:
         log(f"caching target hidden states for {n} rows from {source.name} "
             f"({'resuming at ' + str(done) if done else 'once'})")
@@ -196,11 +257,12 @@ def cache_states(source: Any, tokens: dict, hidden: int, aux_layers: list[int], 
     for i in range(done, n, batch_size):
         rows = order[i : i + batch_size]
         got = source.extract([tokens["input_ids"][r, : max(1, lengths[r])] for r in rows])
-        for r, (aux, last) in zip(rows, got, strict=True):
-            maps["aux"][r, : len(aux)], maps["last"][r, : len(last)] = aux, last
+        for r, states in zip(rows, got, strict=True):
+            for k, part in zip(shapes, stored(states, storage, a), strict=True):
+                maps[k][r, : len(part)] = part
         for m in maps.values():
             m.flush()
-        progress.write_text(json.dumps({"rows": i + len(rows), "order": "by_length"}))
+        progress.write_text(json.dumps({"rows": i + len(rows), "order": "by_length", "storage": storage}))
         bar.update(len(rows))
     bar.close()
     return {k: np.load(folder / f"{k}.npy", mmap_mode="r") for k in shapes}
