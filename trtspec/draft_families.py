@@ -59,7 +59,11 @@ def draft_method(draft_dir: Path) -> str:
     another."""
     from trtspec.artifacts import read_json
 
-    cfg = read_json(Path(draft_dir) / "config.json")
+    return method_of(read_json(Path(draft_dir) / "config.json"), draft_dir)
+
+
+def method_of(cfg: dict, draft_dir: Path) -> str:
+    """draft_method of a draft whose config.json is `cfg` (read once by the caller)."""
     archs = cfg.get("architectures") or []
     declared = {a: fam.name for fam in DRAFT_FAMILIES.values() for a in fam.architectures}
     if known := [declared[a] for a in archs if a in declared]:
@@ -75,9 +79,10 @@ def speculative_method(draft_dir: Path) -> str:
     (a DFlash backbone with a Markov head, dflash_config.projector_type dspark)."""
     from trtspec.artifacts import read_json
 
-    if (read_json(Path(draft_dir) / "config.json").get("dflash_config") or {}).get("projector_type") == "dspark":
+    cfg = read_json(Path(draft_dir) / "config.json")
+    if (cfg.get("dflash_config") or {}).get("projector_type") == "dspark":
         return "dspark"
-    return draft_method(draft_dir)
+    return method_of(cfg, draft_dir)
 
 
 def load_drafter(draft_dir: Path, target: Any, weights: str = "auto", settings: Any = None) -> Any:
