@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trtspec.errors import ArtifactError, LockedError
+from trtspec.errors import ArtifactError, DiskFull, LockedError
 
 MARKER = "trtspec-run.json"
 # the export stage's folder is the deployment bundle a user copies to a GPU server
@@ -317,8 +317,9 @@ class RunDir:
             os.replace(tmp, final)
             shutil.rmtree(old, ignore_errors=True)
         except OSError as e:
-            hint = "free some disk space" if e.errno == errno.ENOSPC else None
-            raise ArtifactError(f"could not write stage '{stage}' into '{self.path}': {e.strerror}", hint) from None
+            if e.errno == errno.ENOSPC:
+                raise DiskFull(stage, self.path) from None
+            raise ArtifactError(f"could not write stage '{stage}' into '{self.path}': {e.strerror}") from None
         return manifest
 
     def invalidate(self, stage: str) -> None:

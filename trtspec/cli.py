@@ -16,7 +16,7 @@ import click
 from trtspec.config import DRAFTING, STAGES
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
-EXIT_CODES_HELP = "Exit codes: 0 ok, 1 validation gate missed, 2 bad input, 3 missing dependency, 4 run dir locked."
+EXIT_CODES_HELP = "Exit codes: 0 ok, 1 validation gate missed, 2 bad input, 3 missing dependency, 4 run dir locked, 5 out of memory or disk."
 
 
 def _fail(e: BaseException, debug: bool) -> None:

@@ -33,6 +33,16 @@ class ArtifactError(TrtspecError):
     """A run directory, bundle or checkpoint is missing, foreign or corrupted."""
 
 
+class DiskFull(TrtspecError):
+    """The disk filled while a stage wrote; the stage left nothing a later run trusts."""
+
+    exit_code = 5
+
+    def __init__(self, stage: str, run_path: object):
+        super().__init__(f"the disk filled while the {stage} stage wrote into '{run_path}'; the stage left nothing a "
+                         "later run trusts", "free some disk and re-run the same command: finished stages are kept")
+
+
 class LockedError(TrtspecError):
     """Another live trtspec process holds the run directory."""
 

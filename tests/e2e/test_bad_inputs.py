@@ -585,6 +585,17 @@ def case_disk_full(tmp, model, mp):
     return build(tmp, config(tmp, model), "--until", "data")
 
 
+def case_disk_full_mid_stage(tmp, model, mp):
+    # safetensors says a full disk in its own words, not as an OSError (scripts/check_disk_full.py fills a real one)
+    import safetensors.torch
+
+    def full(*a, **k):
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    mp.setattr(safetensors.torch, "save_file", full)
+    return build(tmp, config(tmp, model), "--until", "convert")
+
+
 def case_inspect_truncated_manifest(tmp, model, mp):
     from trtspec.artifacts import RunDir
 
@@ -772,7 +783,8 @@ CASES = [
     Case("rundir-is-file", case_out_is_file, 2, r"is a file"),
     Case("rundir-locked", case_locked, 4, r"in use by another trtspec process"),
     Case("rundir-read-only", case_read_only, 2, r"not writable"),
-    Case("rundir-disk-full", case_disk_full, 2, r"(?i)no space|free some disk", "data"),
+    Case("rundir-disk-full", case_disk_full, 5, r"the disk filled while the data stage wrote into .*; the stage left nothing a later run trusts", "data"),
+    Case("rundir-disk-full-mid-stage", case_disk_full_mid_stage, 5, r"the disk filled while the convert stage wrote into .*; the stage left nothing", "convert"),
     Case("env-cache-not-a-folder", case_cache_is_a_file, 2, r"the cache folder '.*cache-file' cannot be created \(File exists\)", "data", before_data=True),
     Case("deploy-edited-bundle", case_deploy_edited_bundle, 2, r"bundle/draft/config\.json' no longer matches what the export stage wrote \(size"),
     Case("deploy-added-shard", case_deploy_added_shard, 2, r"bundle/draft/model-00002-of-00002\.safetensors' no longer matches what the export stage wrote \(added after the stage wrote its folder"),

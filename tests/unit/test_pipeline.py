@@ -175,6 +175,35 @@ def test_failed_stage_leaves_no_folder_and_reports(tmp_path, calls, monkeypatch)
     assert not (tmp_path / "r" / ".lock").exists()
 
 
+@pytest.mark.parametrize("failure, free, full", [
+    (RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)"), 10 << 30, True),
+    (OSError(28, "No space left on device"), 10 << 30, True),
+    (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 896 vs 790"), 4096, True),  # torch.save
+    (RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 896 vs 790"), 10 << 30, False),
+    (DataError("bad rows"), 0, False),  # our own errors say what they are
+])
+def test_a_stage_failing_on_a_full_disk_says_so(tmp_path, calls, monkeypatch, failure, free, full):
+    """Libraries report a full disk in their own words (safetensors, torch.save without an errno): the build says it
+    in one line of its own (exit 5), and only then."""
+    import shutil
+
+    from trtspec.errors import DiskFull
+
+    def boom(ctx):
+        raise failure
+
+    orig = pipeline.stage_module
+    monkeypatch.setattr(pipeline, "stage_module", lambda s: types.SimpleNamespace(run=boom) if s == "train" else orig(s))
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(pipeline.shutil, "disk_usage", lambda p: usage._replace(free=free))
+    with pytest.raises(BaseException) as got:
+        pipeline.run_build(config_from_dict(RAW), tmp_path / "r")
+    assert isinstance(got.value, DiskFull) is full, got.value
+    if full:
+        assert got.value.exit_code == 5 and "the train stage wrote into" in got.value.message
+    assert not (tmp_path / "r" / "train").exists() and (tmp_path / "r" / "convert" / "manifest.json").is_file()
+
+
 def test_skipped_stage_skips_dependents(tmp_path, calls, monkeypatch):
     def skip(ctx):
         raise pipeline.StageSkipped("no GPU here")

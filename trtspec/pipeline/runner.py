@@ -7,8 +7,10 @@ redoes everything from the data stage on.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
+import shutil
 import sys
 import time
 from collections import Counter
@@ -30,7 +32,7 @@ from trtspec.artifacts import (
 )
 from trtspec.config import STAGES, BuildConfig, dump_config
 from trtspec.draft_families import check_recipe
-from trtspec.errors import ConfigError, TrtspecError
+from trtspec.errors import ConfigError, DiskFull, TrtspecError
 from trtspec.models import model_stamp
 from trtspec.pipeline.stage import HOOK_DEFAULTS, InputFile, StageContext, StageSkipped
 
@@ -153,9 +155,12 @@ def run_build(
                 try:
                     res = _run_stage(cfg, run, stage, fp, key, upstream, why)
                 except BaseException as e:
-                    results.append(StageResult(stage, "failed", 0.0, "", format_exception_line(e)))
+                    full = disk_full(e, run.path, stage)
+                    results.append(StageResult(stage, "failed", 0.0, "", format_exception_line(full or e)))
                     if on_result:
                         on_result(results[-1])
+                    if full:
+                        raise full from e
                     raise
             # downstream stages key on what this stage actually wrote, not only on how it was asked
             fps[stage] = output_fingerprint({**(run.manifest(stage) or {}), "fingerprint": fp})
@@ -330,6 +335,24 @@ def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, key: str, ups
         }
         run.commit(stage, tmp, manifest)
     return StageResult(stage, status, seconds, str(metrics.get("headline", "")), reason)
+
+
+NO_SPACE = ("no space left on device", "os error 28", "errno 28")
+NEARLY_FULL = 1 << 20  # bytes free below which a write that failed is taken for a full disk
+
+
+def disk_full(e: BaseException, run_path: Path, stage: str) -> DiskFull | None:
+    """A stage's failure as the full disk it was, or None. Libraries report one in their own words (an OSError with
+    ENOSPC, safetensors' "os error 28", torch.save's "file write failed" with no errno), so any failure but our own
+    counts as one when its words say so or the run's disk has (nearly) nothing left."""
+    if isinstance(e, (TrtspecError, KeyboardInterrupt)):
+        return None
+    said = any(w in f"{x}".lower() for x in (e, e.__cause__, e.__context__) if x is not None for w in NO_SPACE)
+    errno_28 = any(getattr(x, "errno", None) == errno.ENOSPC for x in (e, e.__cause__, e.__context__) if x is not None)
+    free = shutil.disk_usage(run_path).free if run_path.is_dir() else None
+    if not (said or errno_28 or (free is not None and free < NEARLY_FULL)):
+        return None
+    return DiskFull(stage, run_path)
 
 
 def format_exception_line(e: BaseException) -> str:
