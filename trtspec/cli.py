@@ -97,7 +97,7 @@ def _build(config, out, overrides, start, until, force, as_json, stage_command: 
         from trtspec import resources
 
         stages = check_build(cfg, out, start=start, until=until, force=force)
-        est = resources.estimate(cfg, Path(out))
+        est = resources.estimate(cfg, Path(out), stages)
         click.echo(json.dumps({"ok": True, "would_run": stages, "resources": est}) if as_json else
                    "\n".join([f"config, inputs and model checked; would run: {', '.join(stages) or 'nothing (all finished)'}",
                               *resources.lines(est)]))

@@ -1,8 +1,10 @@
-"""What a build will take of this machine, estimated before it runs (`trtspec build --check`): the target's weights
-against the free memory, the training rows its data sources hold, the offline states they make against the free disk.
+"""What a build will take of this machine, estimated before it runs (`trtspec build --check`): per stage, the memory
+it holds at its peak and the disk it leaves, against what is free; the training rows its data sources hold.
 
-Exact where the inputs say it (a checkpoint's size, a file's lines, the states' fp16 layout), None where they cannot
-(a dataset on the hub, a model not yet fetched)."""
+Exact where the inputs say it (a checkpoint's size, a file's lines, the states' layout), None where they cannot
+(a dataset on the hub). The memory figures count what dominates at scale (weights, the draft's training state, vLLM's
+engines and KV cache), not activations or the libraries' own few GiB: a floor, flagged when even it is more than is
+free."""
 
 from __future__ import annotations
 
@@ -17,27 +19,33 @@ GIB = 2**30
 # fewer training conversations than this and a draft learns its answers, not the target: the CI recipe's 18 make a
 # draft that accepts about nothing held out (AL@3 1.06), the demo's 2134 one of AL@3 1.86
 FEW_ROWS = 256
+# a process's own memory before any model: torch, transformers and a stage's libraries (the demo's data stage peaks
+# at 1.87 GiB holding 0.3 GiB of weights)
+LIBRARIES_GIB = 1.5
 
 
-def estimate(cfg: BuildConfig, run_dir: Path) -> dict[str, Any]:
-    """{target_weights_gib, free_memory_gib, training_rows, states_gib, free_disk_gib, trainer_loads}."""
+def estimate(cfg: BuildConfig, run_dir: Path, stages: list[str] | None = None) -> dict[str, Any]:
+    """{target_weights_gib, free_memory_gib, training_rows, states_gib, free_disk_gib, trainer_loads, stages: [{stage,
+    memory_gib, memory_holds, disk_gib, disk_holds}] for `stages` (default: every stage)}."""
+    from transformers import AutoConfig
+
+    from trtspec.config import STAGES
     from trtspec.models import resolve_model
     from trtspec.runtime.kernels import available_memory_mb
     from trtspec.targets import text_config
 
-    target = resolve_model(cfg.model.source)
-    weights = sum(p.stat().st_size for p in Path(target).glob("*.safetensors")) / GIB
+    target = Path(resolve_model(cfg.model.source))
+    weights = sum(p.stat().st_size for p in target.glob("*.safetensors")) / GIB
+    text = text_config(AutoConfig.from_pretrained(target))
     rows = training_rows(cfg)
     states = None
     if rows is not None and cfg.train.mode == "offline":
-        from transformers import AutoConfig
-
-        text = text_config(AutoConfig.from_pretrained(target))
         aux = len(cfg.convert.aux_layers or [0, 0, 0])  # EAGLE-3's and DFlash's default: three target layers
-        states = 2 * rows * cfg.data.seq_len * text.hidden_size * (aux + 1) / GIB  # fp16, every row padded to seq_len
+        per_value = 1 if cfg.train.states_storage == "fp8" else 2
+        states = per_value * rows * cfg.data.seq_len * text.hidden_size * (aux + 1) / GIB  # every row padded to seq_len
     free_mb = available_memory_mb()
     probe = next(p for p in (Path(run_dir).resolve(), *Path(run_dir).resolve().parents) if p.is_dir())
-    return {
+    est = {
         "target_weights_gib": round(weights, 2),
         "trainer_loads": "embeddings, final norm and output head" if cfg.train.states_from != "hf" else "the whole target",
         "free_memory_gib": round(free_mb / 1024, 1) if free_mb is not None else None,
@@ -45,6 +53,114 @@ def estimate(cfg: BuildConfig, run_dir: Path) -> dict[str, Any]:
         "states_gib": round(states, 2) if states is not None else None,
         "free_disk_gib": round(shutil.disk_usage(probe).free / GIB, 1),
     }
+    sizes = Sizes(cfg, target, text, weights, states)
+    est["stages"] = [sizes.stage(s) for s in (stages if stages is not None else STAGES)]
+    return est
+
+
+def width(dtype: str, build: bool = False) -> int:
+    """Bytes per value of a model.dtype / model.build_dtype on this machine ("auto" as the stages resolve it)."""
+    import torch
+
+    from trtspec.models import cpu_has_native_bf16
+
+    if dtype == "auto":
+        return 2 if torch.cuda.is_available() or (build and cpu_has_native_bf16()) else 4
+    return 4 if dtype == "float32" else 2
+
+
+class Sizes:
+    """Each stage's memory at its peak and the disk it leaves, in GiB, from the target's checkpoint and config."""
+
+    def __init__(self, cfg: BuildConfig, target: Path, text: Any, weights_gib: float, states_gib: float | None):
+        self.cfg, self.target, self.text, self.states = cfg, target, text, states_gib
+        stored = width(str(getattr(text, "dtype", None) or "bfloat16")
+                       .replace("torch.", ""))
+        self.params = weights_gib * GIB / stored  # the target's parameters, from its checkpoint's bytes
+        h, i = text.hidden_size, getattr(text, "intermediate_size", None) or 4 * text.hidden_size
+        layers = next((getattr(getattr(cfg, s, None), "num_layers", None) for s in ("eagle", "dflash", "dflash2")
+                       if s == cfg.draft.method.replace("eagle3", "eagle")), None) or 1
+        vocab = cfg.convert.draft_vocab_size or text.vocab_size
+        # a draft layer (attention reading 2h, MLP) per layer, EAGLE-3's fc over three target layers, its head
+        self.draft_params = layers * (6 * h * h + 3 * h * i) + 3 * h * h + vocab * h
+        self.head_params = 2 * text.vocab_size * h  # the target's embeddings and output head the trainer keeps
+
+    def target_gib(self, dtype: str, build: bool = False) -> float:
+        return self.params * width(dtype, build) / GIB
+
+    def vllm_gib(self, engines: int, sequences: int) -> float:
+        """`engines` vLLM engines of the target, each with the KV cache of `sequences` sequences of data.seq_len."""
+        from trtspec.engines import vllm as vllm_engine
+
+        kv = vllm_engine.kv_cache_gib_for(self.target, sequences * self.cfg.data.seq_len)
+        return vllm_engine.engines_memory_gib(self.target, engines, kv)
+
+    def stage(self, stage: str) -> dict[str, Any]:
+        memory, memory_holds, disk, disk_holds = getattr(self, stage)()
+        if memory is not None:
+            memory += LIBRARIES_GIB
+        return {"stage": stage, "memory_gib": None if memory is None else round(memory, 1), "memory_holds": memory_holds,
+                "disk_gib": None if disk is None else round(disk, 2), "disk_holds": disk_holds}
+
+    def data(self) -> tuple:
+        c, rows = self.cfg, training_rows(self.cfg)
+        disk = None if rows is None else rows * c.data.seq_len * 8 / GIB  # token ids and text of each conversation
+        if not any(s.kind == "regenerate" or s.regenerate for s in c.data.sources) or c.data.answer_with == "endpoint":
+            return 0.0, "the tokenizer", disk, "the conversations"
+        if c.data.answer_with == "vllm":
+            return self.vllm_gib(1, c.data.batch_size), "a vLLM engine of the target", disk, "the conversations"
+        return self.target_gib(c.model.build_dtype, True), "the target answering", disk, "the conversations"
+
+    def convert(self) -> tuple:
+        return self.target_gib(self.cfg.model.build_dtype, True), "the target", self.draft_params * 4 / GIB, "the draft"
+
+    def train(self) -> tuple:
+        c = self.cfg
+        vocab = c.convert.draft_vocab_size or self.text.vocab_size
+        tokens = c.train.batch_size * c.data.seq_len
+        # fp32 weights, gradients and Adam's two moments; the target's logits (no gradient) and the draft's at each
+        # step of its length, with their gradients
+        learning = (self.draft_params * 16 + tokens * 4 * (self.text.vocab_size + 2 * c.draft.length * vocab)) / GIB
+        if c.train.states_from == "hf":
+            memory, holds = self.target_gib(c.model.build_dtype, True) + learning, "the target and the draft learning"
+        else:
+            memory = self.vllm_gib(1, c.train.batch_size) + self.head_params * 4 / GIB + learning
+            holds = "a vLLM engine, the target's embeddings and head, the draft learning"
+        disk, disk_holds = self.draft_params * 4 / GIB, "the draft"
+        if c.train.mode == "offline" and self.states is not None:
+            disk, disk_holds = disk + self.states, "the draft and the offline states"
+        return memory, holds, disk, disk_holds
+
+    def quantize(self) -> tuple:
+        if self.cfg.quantize.format == "none":
+            return 0.0, "nothing (quantize.format: none)", 0.0, "nothing"
+        one = self.target_gib(self.cfg.model.dtype)
+        return 2 * one, "the target twice: quantized, and reloaded to check the restore", one, "the quantized state"
+
+    def export(self) -> tuple:
+        per = {"none": width(self.cfg.model.dtype), "fp8": 1, "int8_sq": 1, "int4_awq": 0.5, "nvfp4": 0.5}
+        target = self.params * per.get(self.cfg.quantize.format, 2) / GIB
+        return (self.target_gib(self.cfg.model.dtype), "the target", target + self.draft_params * width(self.cfg.model.dtype)
+                / GIB, "the bundle (target and draft)")
+
+    def engine(self) -> tuple:
+        from trtspec.stages.engine import engine_sizes
+
+        e = self.cfg.engine
+        if e.backend == "trtllm":
+            return None, "TensorRT-LLM's engine on the GPU", None, "the engine"
+        if e.sweep:
+            from trtspec.engines import vllm as vllm_engine
+
+            _, kv, engines = engine_sizes(self.cfg)
+            return vllm_engine.engines_memory_gib(self.target, 2, kv), "two vLLM engines at once (the sweep groups the rest)", 0.0, "its report"
+        return self.vllm_gib(2, max(e.batch_sizes)), "two vLLM engines (with and without the draft)", 0.0, "its report"
+
+    def validate(self) -> tuple:
+        one = self.target_gib(self.cfg.model.dtype)
+        both = 2 if self.cfg.validate_.compare_hf else 1
+        return both * one + self.draft_params * width(self.cfg.model.dtype) / GIB, (
+            "the target in the runtime and in HF, the draft" if both == 2 else "the target and the draft"), 0.0, "its report"
 
 
 def training_rows(cfg: BuildConfig) -> int | None:
@@ -75,6 +191,15 @@ def lines(est: dict[str, Any]) -> list[str]:
     out = [f"memory: the target's weights {gib(est['target_weights_gib'])}"
            f"{over(est['target_weights_gib'], est['free_memory_gib'])} (the trainer loads {est['trainer_loads']}); "
            f"{gib(est['free_memory_gib'])} free now"]
+    disk_total = 0.0
+    if est.get("stages"):
+        out.append(f"per stage, on this machine (a floor: weights, the draft's training, vLLM's engines and KV cache, "
+                   f"{LIBRARIES_GIB} GiB of libraries; not the activations of answering or measuring):")
+    for s in est.get("stages", []):
+        disk_total += s["disk_gib"] or 0.0
+        out.append(f"  {s['stage']:<9} memory {gib(s['memory_gib'])} ({s['memory_holds']})"
+                   f"{over(s['memory_gib'], est['free_memory_gib'])}; disk {gib(s['disk_gib'])} ({s['disk_holds']}), "
+                   f"{round(disk_total, 2)} GiB in all{over(disk_total, est['free_disk_gib'])}")
     rows = "unknown before the data stage reads its sources" if est["training_rows"] is None else f"at most {est['training_rows']}"
     disk = (f"offline states at most {gib(est['states_gib'])}{over(est['states_gib'], est['free_disk_gib'])}; "
             if est["states_gib"] is not None else "")
