@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from trtspec.bench import arg_parser
+from trtspec.bench import arg_parser, verified
 from trtspec.measure import ms_per_call, step_ms, timed
 from trtspec.runtime import compile_steps, generate, load_transformer
 from trtspec.runtime.settings import RuntimeSettings
@@ -57,7 +57,7 @@ def main() -> None:
     a = ap.parse_args()
     contexts = [int(x) for x in a.contexts.split(",")]
     # the target's native pass (native attention inside one call) off: both kinds run inside its compiled forward
-    target, _ = load_transformer(a.run_dir / "bundle" / "target", settings=RuntimeSettings(native_pass=False))
+    target, _ = load_transformer(verified(a.run_dir, "export")[0] / "target", settings=RuntimeSettings(native_pass=False))
     target.setup_cache(max(contexts) + a.tokens + a.rows + 8)
     if not target.layers[0].self_attn.native:
         raise SystemExit("the native attention kernel is not usable here (no vector build, or not float32 on a CPU)")

@@ -17,7 +17,7 @@ import json
 from functools import partial
 from pathlib import Path
 
-from trtspec.bench import add_runtime_flags, arg_parser
+from trtspec.bench import add_runtime_flags, arg_parser, verified
 
 
 def main() -> None:
@@ -63,7 +63,7 @@ def main() -> None:
     for c, v in summary["per_category"].items():
         v["speedup_vs_no_draft"] = speedup(seconds[c])
     result = {"run": str(a.run_dir), "prompts_from": str(a.suite or "heldout"),
-              "draft": draft_method(a.run_dir / "bundle" / "draft"), "k": k, "prompts": len(rows),
+              "draft": draft_method(verified(a.run_dir, "export")[0] / "draft"), "k": k, "prompts": len(rows),
               "max_new_tokens": new, "speedup_vs_no_draft": speedup([sum(x) for x in zip(*seconds.values(), strict=True)]), **summary}
     if a.json:
         print(json.dumps(result))

@@ -19,7 +19,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from trtspec.bench import add_runtime_flags, arg_parser
+from trtspec.bench import add_runtime_flags, arg_parser, verified
 
 
 def main() -> None:
@@ -48,12 +48,12 @@ def main() -> None:
     if a.documents:
         fill = builtin_documents() if a.documents == "builtin" else read_documents(Path(a.documents), Counter())
     else:
-        fill = read_rows(a.run_dir / "data" / "train.jsonl")
+        fill = read_rows(verified(a.run_dir, "data")[0] / "train.jsonl")
     k = bundle.draft_length
     rows = context_curve(target, drafter, prompts, fill, bundle.tok, bins, k, a.max_new_tokens, bundle.eos,
                          log=None if a.json else lambda m: print(m, flush=True))
     if a.json:
-        print(json.dumps({"run": str(a.run_dir), "draft": draft_method(a.run_dir / "bundle" / "draft"), "k": k,
+        print(json.dumps({"run": str(a.run_dir), "draft": draft_method(verified(a.run_dir, "export")[0] / "draft"), "k": k,
                           "window": window, "max_new_tokens": a.max_new_tokens, "bins": rows}))
 
 

@@ -24,7 +24,7 @@ import math
 import sys
 from pathlib import Path
 
-from trtspec.bench import arg_parser, print_table, save_figure, train_recipe
+from trtspec.bench import arg_parser, print_table, save_figure, train_recipe, verified
 
 K = 3  # chain drafts of 3, the issue's and the engine's default
 
@@ -41,7 +41,7 @@ def per_row_costs(out: Path, m: dict, epochs: float) -> dict:
     """Seconds per training row on this machine, from the run's manifests and the full-size train metrics `m`:
     answering a prompt (the data stage's wall time over every row it wrote, held-out ones included), the target's
     states (0 when an earlier train stage had cached them: then the costs read low) and one epoch of training."""
-    data = json.loads((out / "data" / "manifest.json").read_text())
+    data = verified(out, "data")[1]
     rows = data["metrics"]["train_rows"] + data["metrics"]["heldout_rows"]
     return {"answer_s": data["wall_s"] / rows, "states_s": m["cache_states_s"] / m["train_rows"],
             "train_epoch_s": m["train_s"] / m["train_rows"] / epochs, "epochs": epochs}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from trtspec.bench import arg_parser
+from trtspec.bench import arg_parser, verified
 from trtspec.measure import memory_bandwidth, ms_per_call, step_ms, timed
 from trtspec.runtime import compile_steps, generate, load_transformer
 from trtspec.runtime.kernels import Linear, few_rows_linear
@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="decode steps (and product passes) per round")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    target, _ = load_transformer(a.run_dir / "bundle" / "target")
+    target, _ = load_transformer(verified(a.run_dir, "export")[0] / "target")
     target.setup_cache(a.context + a.tokens + 8)
     prompt = torch.arange(100, 100 + a.context) % target.args.vocab_size
     linears = [m for m in target.modules() if isinstance(m, Linear)]

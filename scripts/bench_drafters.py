@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from trtspec.bench import arg_parser
+from trtspec.bench import arg_parser, verified
 
 CODE_PROMPTS = Path(__file__).resolve().parent.parent / "build_configs" / "prompts" / "code_prompts.jsonl"
 
@@ -87,7 +87,7 @@ def main() -> None:
     drafts = {}  # name -> (drafter, the target layers it reads, its k values)
     for run in a.runs:
         for storage in storages:
-            drafter = load_drafter(run / "bundle" / "draft", target, weights=storage)
+            drafter = load_drafter(verified(run, "export")[0] / "draft", target, weights=storage)
             limit = drafter.info.guesses if hasattr(drafter, "info") else 16  # a block drafts at most its guesses
             label = f"{drafter.name}:{run.name}" + (f":{drafter.net.kernel_choice['draft_weights']['weights']}" if len(storages) > 1 else "")
             drafts[label] = (drafter, target.aux_layers, [k for k in ks.get(drafter.name, [3]) if k <= limit])

@@ -12,7 +12,7 @@ import json
 import resource
 from pathlib import Path
 
-from trtspec.bench import arg_parser, stage_metrics
+from trtspec.bench import arg_parser, stage_metrics, verified
 from trtspec.measure import timed
 
 
@@ -27,7 +27,7 @@ def training_step(cfg, run_dir: Path, mode: str):
     from trtspec.training.states import base_states
     from trtspec.training.trainer import HeadDataset
 
-    tokens = torch.load(run_dir / "data" / "train_tokens.pt", weights_only=True)
+    tokens = torch.load(verified(run_dir, "data")[0] / "train_tokens.pt", weights_only=True)
     eagle_cfg = json.loads((run_dir / "convert" / "eagle_config.json").read_text())
     aux_layers = eagle_cfg["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]
     ds = HeadDataset(tokens)

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from trtspec.artifacts import RunDir
-from trtspec.bench import arg_parser
+from trtspec.bench import arg_parser, stage_metrics, verified
 
 
 def build(config: Path, out: Path, sets: list[str]) -> dict:
@@ -30,7 +30,7 @@ def build(config: Path, out: Path, sets: list[str]) -> dict:
     cmd = [sys.executable, "-m", "trtspec.cli", "build", str(config), "--out", str(out), "--until", "train"]
     if rc := subprocess.run(cmd + [a for s in sets for a in ("--set", s)]).returncode:
         sys.exit(rc)  # the build said why, in one line
-    return json.loads((out / "train" / "manifest.json").read_text())["metrics"]
+    return stage_metrics(out, "train")
 
 
 def main() -> None:
@@ -54,11 +54,11 @@ def main() -> None:
     for answers in (a.out / "short" / ".work").glob("answers-*"):
         if not (work / answers.name).exists():
             shutil.copytree(answers, work / answers.name)
-    new_tokens = json.loads((a.out / "short" / "data" / "manifest.json").read_text())["config"]["data"]["max_new_tokens"]
+    new_tokens = verified(a.out / "short", "data")[1]["config"]["data"]["max_new_tokens"]
     long = build(a.config, a.out / "long", both + [
         f"data.context_tokens={a.context_tokens}", f"data.context_share={a.share}",
         f"data.seq_len={a.context_tokens + new_tokens}", "train.mode=online"])
-    k = json.loads((a.out / "short" / "train" / "manifest.json").read_text())["config"]["draft.length"]
+    k = verified(a.out / "short", "train")[1]["config"]["draft.length"]
     al = f"AL@{k}"
     table = [{"bin": s["bin"], "context_tokens": s["context_tokens"], "short": s, "long": lo}
              for s, lo in zip(short["per_context"], long["per_context"], strict=True)]
@@ -74,7 +74,7 @@ def main() -> None:
         print(f"| {r['bin']} ({r['context_tokens']}) | {s[al]:.2f} ({s[al + '_ci95'][0]:.2f}-{s[al + '_ci95'][1]:.2f}) | "
               f"{s['vs_shortest']:.2f} | {lo[al]:.2f} ({lo[al + '_ci95'][0]:.2f}-{lo[al + '_ci95'][1]:.2f}) | "
               f"{lo['vs_shortest']:.2f} | {lo[al] / s[al]:.2f} |")
-    rows = json.loads((a.out / "long" / "data" / "manifest.json").read_text())["metrics"]["train_long_context_rows"]
+    rows = stage_metrics(a.out / "long", "data")["train_long_context_rows"]
     print(f"held-out {al} ({short['eval_prompts']} short prompts): recipe {short[al]:.2f} {short[al + '_ci95']}, "
           f"long-context {long[al]:.2f} {long[al + '_ci95']} ({rows} of {long['train_rows']} training rows long)")
     for c in sorted(short["per_category"]):

@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from trtspec.bench import arg_parser
+from trtspec.bench import arg_parser, verified
 from trtspec.engines.vllm.sweep import (
     ServerPool,
     SweepPlan,
@@ -34,7 +34,7 @@ from trtspec.errors import TrtspecError
 
 def heldout_prompts(run: Path) -> list[str]:
     """The user turn of the run's one-turn held-out conversations."""
-    rows = [json.loads(line) for line in (run / "data" / "heldout.jsonl").read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in (verified(run, "data")[0] / "heldout.jsonl").read_text().splitlines() if line.strip()]
     return [r["messages"][-2]["content"] for r in rows if len(r["messages"]) >= 2 and r["messages"][-2]["role"] == "user"]
 
 
@@ -57,9 +57,10 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1,
                     help="rounds of every server at each concurrency, back to back; a level keeps its median round")
     args = ap.parse_args()
-    bundle = args.run / "bundle"
-    if not (bundle / "target" / "config.json").is_file() or not (bundle / "draft" / "config.json").is_file():
-        sys.exit(f"Error: '{args.run}' has no exported bundle (target/ and draft/)")
+    try:
+        bundle = verified(args.run, "export")[0]
+    except TrtspecError as e:
+        sys.exit(f"Error: {e}")
     k_max = read_options(bundle)["speculative_config"]["max_draft_len"]
     lengths = sorted(set(args.draft_lengths if args.draft_lengths is not None else [0, k_max]))
     if bad := [k for k in lengths if not 0 <= k <= k_max]:
@@ -68,7 +69,10 @@ def main() -> int:
         sys.exit(f"Error: --concurrency {bad[0]}: at least 1")
     if args.repeats < 1:
         sys.exit(f"Error: --repeats {args.repeats}: at least 1")
-    texts = heldout_prompts(args.run)
+    try:
+        texts = heldout_prompts(args.run)
+    except TrtspecError as e:
+        sys.exit(f"Error: {e}")
     if not texts:
         sys.exit(f"Error: {args.run}/data/heldout.jsonl holds no user prompt")
     work = args.work or args.run / "bench"

@@ -13,6 +13,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from trtspec.bench import verified
 from trtspec.measure import timed
 
 
@@ -28,7 +29,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=384)
     ap.add_argument("--model", default="demo:smollm2-135m-instruct")
     a = ap.parse_args()
-    tokens = torch.load(a.run / "data" / "train_tokens.pt", weights_only=True)
+    tokens = torch.load(verified(a.run, "data")[0] / "train_tokens.pt", weights_only=True)
     tokens = {k: v[: a.rows] for k, v in tokens.items()}
     model_dir = resolve_model(a.model)
     base = load_model(model_dir, "auto")

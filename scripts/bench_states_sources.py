@@ -24,6 +24,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from trtspec.bench import stage_metrics
 from trtspec.engines.vllm.sweep import free_port
 
 CLI = [sys.executable, "-m", "trtspec.cli"]
@@ -78,7 +79,7 @@ def train(config: str, base: Path, out: Path, name: str, extra: list[str]) -> di
         if server is not None and server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(60)
-    m = json.loads((out / "train" / "manifest.json").read_text())["metrics"]
+    m = stage_metrics(out, "train")
     k = max((key for key in m if key.startswith("AL@") and key[3:].isdigit()), key=lambda key: int(key[3:]))
     return {"source": name, "al": m[k], "ci": m.get(f"{k}_ci95"), "fit": m["fit"][k],
             "k": k, "states_s": m["cache_states_s"], "train_s": m["train_s"], "wall_s": round(wall, 1),

@@ -42,7 +42,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    bundle = args.run / "bundle"
+    from trtspec.bench import verified
+
+    bundle = verified(args.run, "export")[0]
     if args.child is not None:
         print(json.dumps(one_sweep(bundle, args.child, args.concurrency, args.draft_lengths, args.max_tokens)))
         return 0

@@ -75,25 +75,31 @@ def draft_specs(text: str, k: int) -> dict[str, Any]:
     return specs
 
 
+def verified(run: Path, stage: str) -> tuple[Path, dict]:
+    """(folder, manifest) of a finished stage of `run`, its files checked against the manifest first, as deploy and
+    inspect check them: a benchmark never measures an edited, missing or added file."""
+    from trtspec.artifacts import RunDir
+
+    return RunDir(run).require(stage, verify=True)
+
+
 def stage_metrics(run: Path, stage: str) -> dict:
     """The metrics a finished stage of `run` recorded in its manifest."""
-    from trtspec.artifacts import STAGE_DIRS
-
-    return json.loads((run / STAGE_DIRS.get(stage, stage) / "manifest.json").read_text())["metrics"]
+    return verified(run, stage)[1]["metrics"]
 
 
 def model_source(run: Path) -> Path:
     """The local folder of the run's model.source, as its data stage recorded it (the demo's GGUF converted once)."""
     from trtspec.models import resolve_model
 
-    return resolve_model(json.loads((run / "data" / "manifest.json").read_text())["config"]["model"]["source"])
+    return resolve_model(verified(run, "data")[1]["config"]["model"]["source"])
 
 
 def load_prompt_rows(run: Path, n: int, split: str = "heldout") -> list[dict]:
     """The first n prompt rows {id, category, messages} of the data stage's split (heldout | train)."""
     from trtspec.chat import prompt_rows, read_rows
 
-    path = run / "data" / f"{split}.jsonl"
+    path = verified(run, "data")[0] / f"{split}.jsonl"
     rows = prompt_rows(read_rows(path))[:n]
     if not rows:
         raise DataError(f"no prompts in {path}")
@@ -138,7 +144,7 @@ def open_bundle(run: Path) -> Bundle:
     from trtspec.generation import eos_ids
     from trtspec.models import load_tokenizer
 
-    path = run / "bundle"
+    path = verified(run, "export")[0]
     check_bundle(path)
     tok = load_tokenizer(path / "target")
     return Bundle(path, tok, eos_ids(path / "target", tok))

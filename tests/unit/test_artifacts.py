@@ -162,3 +162,27 @@ def test_an_edited_baseline_file_redoes_validate(tmp_path):
     before = input_files(cfg, "validate")
     (tmp_path / "base.json").write_text('{"per_category": {"chat": {"acceptance_length": 2.5}}}')
     assert list(before) == ["base.json"] and input_files(cfg, "validate") != before
+
+
+def test_benchmarks_read_a_run_only_as_its_manifests_vouch(tmp_path):
+    """The bench scripts' reads (bench.verified: open_bundle, load_prompt_rows, stage_metrics, model_source) check the
+    stage's files first, as deploy does: an edited prompt file or a shard added to the bundle is refused by name."""
+    from trtspec.bench import load_prompt_rows, stage_metrics, verified
+
+    run = RunDir(tmp_path / "run")
+    run.ensure()
+    row = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
+    with run.staging("data") as out:
+        (out / "heldout.jsonl").write_text(row + "\n")
+        run.commit("data", out, {"stage": "data", "status": "done", "fingerprint": "f", "metrics": {"rows": 1}})
+    with run.staging("export") as out:
+        (out / "draft").mkdir()
+        (out / "draft" / "model.safetensors").write_text("weights")
+        run.commit("export", out, {"stage": "export", "status": "done", "fingerprint": "f"})
+    assert len(load_prompt_rows(run.path, 4)) == 1 and stage_metrics(run.path, "data") == {"rows": 1}
+    (run.path / "data" / "heldout.jsonl").write_text(row.replace("hi", "ho") + "\n")
+    with pytest.raises(ArtifactError, match=r"data/heldout\.jsonl' no longer matches what the data stage wrote"):
+        load_prompt_rows(run.path, 4)
+    (run.path / "bundle" / "draft" / "model-00002-of-00002.safetensors").write_text("more")
+    with pytest.raises(ArtifactError, match=r"model-00002-of-00002\.safetensors' no longer matches .* \(added after"):
+        verified(run.path, "export")
