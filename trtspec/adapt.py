@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.artifacts import RunDir
-from trtspec.config import STAGES
+from trtspec.config import STAGES, apply_overrides
 from trtspec.errors import ConfigError
 from trtspec.warm_start import earlier_run, stage_of
 
@@ -93,8 +93,9 @@ def adapt_config(run: RunDir, traffic_file: str, traffic_rows: int, longest_prom
     return raw
 
 
-def prepare(run_path: Path, prompts: Path, out: Path, o: AdaptOptions) -> tuple[Path, dict]:
-    """Check the earlier run and the traffic, write NEW_RUN/adapt/{traffic.jsonl, adapt.yaml}; (the YAML, a summary)."""
+def prepare(run_path: Path, prompts: Path, out: Path, o: AdaptOptions, overrides: tuple[str, ...] = ()) -> tuple[Path, dict]:
+    """Check the earlier run and the traffic, write NEW_RUN/adapt/{traffic.jsonl, adapt.yaml} (with the command's
+    --set overrides, so that a build of the YAML is the adaptation it started); (the YAML, a summary)."""
     import json
 
     import yaml
@@ -118,7 +119,7 @@ def prepare(run_path: Path, prompts: Path, out: Path, o: AdaptOptions) -> tuple[
     folder = out / ADAPT_DIR
     folder.mkdir(exist_ok=True)
     (folder / "traffic.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    raw = adapt_config(run, "traffic.jsonl", len(rows), longest, o)
+    raw = apply_overrides(adapt_config(run, "traffic.jsonl", len(rows), longest, o), list(overrides))
     header = (f"# trtspec adapt {run.path} --prompts {prompts}: the earlier run's config, its draft continued on the "
               "traffic's prompts\n")
     (folder / "adapt.yaml").write_text(header + yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")

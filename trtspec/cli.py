@@ -248,10 +248,10 @@ def adapt(run_dir, prompts, out, fmt, category, epochs, lr, replay, holdout, tol
     from trtspec.adapt import AdaptOptions, prepare
 
     o = AdaptOptions(fmt=fmt, category=category, epochs=epochs, lr=lr, replay=replay, holdout=holdout, tolerance=tolerance)
-    config, summary = prepare(Path(run_dir), Path(prompts), Path(out), o)
+    config, summary = prepare(Path(run_dir), Path(prompts), Path(out), o, overrides)
     click.echo(f"{summary['prompts']} prompts ({summary['format']}; categories {', '.join(summary['categories'])})"
                + (f", skipped: {summary['skipped']}" if summary["skipped"] else "") + f"; config {config}", err=True)
-    _build(config, out, overrides, None, until, False, as_json)
+    _build(config, out, (), None, until, False, as_json)
 
 
 @main.command(name="states-server", context_settings=CONTEXT)

@@ -132,6 +132,10 @@ class DraftSection(Section):
     init_from: str | None = key(None, "warm start: an earlier run (folder, relative to the YAML) whose trained draft "
                                 "this one continues from, its draft vocabulary and weights; same target, method and "
                                 "length (trtspec adapt sets it). null = a new draft", min_length=1)
+    grow_vocab: int = key(0, "with init_from: add this many tokens to the earlier draft's vocabulary, the training "
+                          "labels' most frequent ones it lacks (a traffic's names and numbers), their output rows "
+                          "starting at zero; EAGLE-3 with a compressed vocabulary (convert.draft_vocab_size). 0 = keep it",
+                          ge=0, le=65536)
     max_category_drop: float | None = key(
         0.02, "with init_from: the train stage fails when a category's held-out AL falls more than this (relative) "
         "below the earlier draft's on the same rows, so no bundle is exported from it (vLLM's MT-Bench gate: 2%); "

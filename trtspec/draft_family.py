@@ -31,6 +31,7 @@ class TrainableDraft(Protocol):
     offline_key: ClassVar[str]  # the config key saying the draft reads cached target states (Model Optimizer's name)
     module_attr: ClassVar[str]  # the converted model's attribute holding the draft's own network
     length_key: ClassVar[str | None] = None  # the config key draft.length trains (EAGLE-3's train-time-test steps)
+    grows_vocab: ClassVar[bool] = False  # draft.grow_vocab: its draft vocabulary can take tokens on a warm start
 
     def check_convert(self, cfg: Any, model_config: Any) -> None:
         """The convert settings against the target, before any stage (one line per problem)."""
@@ -53,6 +54,11 @@ class TrainableDraft(Protocol):
 
     def drafts(self, model: Any, ids: Any, aux: Any, last: Any, k: int) -> Any:
         """Greedy drafts of k tokens from every position: (ids [1,T], aux [1,T,A], last [1,T,H]) -> [1,T,k]."""
+
+    def grow_vocab(self, folder: Path, counts: Any, n: int, log: Any) -> dict:
+        """draft.grow_vocab: the `n` most frequent training labels (`counts`) the draft in `folder` (config_file,
+        head_init.safetensors) cannot draft join its vocabulary; returns metrics."""
+        raise NotImplementedError(self.name)
 
     def module(self, model: Any) -> Any:
         """The draft's own network inside the converted model."""

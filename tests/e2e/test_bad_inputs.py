@@ -513,6 +513,10 @@ def case_adapt_other_method(tmp, model, mp):
     return adapt(tmp, finished_run(tmp, model), None, "--set", "draft.method=dflash")
 
 
+def case_grow_vocab_of_a_new_draft(tmp, model, mp):
+    return build(tmp, config(tmp, model, draft={"grow_vocab": 64}))
+
+
 def case_adapt_unknown_format(tmp, model, mp):
     return adapt(tmp, finished_run(tmp, model), [{"text": "a document, not a request"}])
 
@@ -776,6 +780,7 @@ CASES = [
     Case("adapt-other-target", case_adapt_other_target, 2, r"data\.sources\[1\]\.path: '.*earlier' was built for another target \(/models/another-model; this build: ", "data", before_data=True),
     Case("adapt-other-length", case_adapt_other_length, 2, r"draft\.init_from: '.*earlier' trained its draft for length 3, this build drafts 2", "data", before_data=True),
     Case("adapt-other-method", case_adapt_other_method, 2, r"draft\.init_from: '.*earlier' trained a eagle3 draft, this build trains dflash", "data", before_data=True),
+    Case("grow-vocab-new-draft", case_grow_vocab_of_a_new_draft, 2, r"draft\.grow_vocab 64: grows the vocabulary of the draft draft\.init_from names, and this build starts a new draft", "data", before_data=True),
     Case("adapt-unknown-format", case_adapt_unknown_format, 2, r"--prompts '.*traffic\.jsonl': not a traffic file this tool reads"),
     Case("adapt-no-usable-prompt", case_adapt_no_usable_prompt, 2, r"--prompts '.*traffic\.jsonl' holds no usable prompt \(chat: 1 request without a usable chat turn\)"),
     Case("adapt-empty-category", case_adapt_empty_category, 2, r"--category is empty"),

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from trtspec.cli import main
@@ -40,6 +41,8 @@ def test_adapt_continues_the_draft_measures_every_category_and_records_lineage(c
     r = adapt(ci_run, tmp_path, "--epochs", "1", "--tolerance", "1.0")
     assert r.exit_code == 0, r.output
     new = tmp_path / "new"
+    # the command's --set is in the YAML it wrote: `trtspec build adapt.yaml` goes on with the same adaptation
+    assert yaml.safe_load((new / "adapt" / "adapt.yaml").read_text())["export"]["onnx"] is False
     # the draft started from the earlier run's trained draft, in its vocabulary
     assert (new / "convert" / "head_init.safetensors").read_bytes() == (ci_run / "train" / "head.safetensors").read_bytes()
     assert (new / "convert" / "eagle_config.json").read_text() == (ci_run / "convert" / "eagle_config.json").read_text()

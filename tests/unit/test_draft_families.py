@@ -62,3 +62,28 @@ def test_each_family_is_one_object_in_its_own_package_implementing_the_interface
     for attr in ("title", "config_file", "head_file", "offline_key", "module_attr"):
         assert isinstance(getattr(fam, attr), str) and getattr(fam, attr)
     assert fam.sections and fam.architectures
+
+
+def test_an_eagle3_vocabulary_grows_with_the_labels_it_lacks(tmp_path):
+    """draft.grow_vocab: the most frequent labels the earlier head cannot draft join its vocabulary; d2t stays
+    ascending, each old output row moves with its token, the new rows start at zero (the draft proposes what it did),
+    the config says the new size, and the coverage before and after is the labels' share each vocabulary holds."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    old = torch.tensor([0, 2, 5, 7])
+    rows = torch.arange(4 * 3, dtype=torch.float32).reshape(4, 3) + 1
+    save_file({"d2t": old - torch.arange(4), "lm_head.weight": rows, "fc.weight": torch.ones(3, 9)},
+              tmp_path / "head_init.safetensors")
+    (tmp_path / "eagle_config.json").write_text(json.dumps({"eagle_architecture_config": {"draft_vocab_size": 4}}))
+    counts = torch.tensor([5, 0, 5, 9, 0, 5, 0, 5, 0, 3, 1])  # 3 and 9 lack, 10 rarer still
+    metrics = family("eagle3").grow_vocab(tmp_path, counts, 2, lambda *a: None)
+    w = load_file(tmp_path / "head_init.safetensors")
+    ids = torch.arange(6) + w["d2t"]
+    assert ids.tolist() == [0, 2, 3, 5, 7, 9]
+    assert torch.equal(w["lm_head.weight"][[0, 1, 3, 4]], rows) and not w["lm_head.weight"][[2, 5]].any()
+    assert torch.equal(w["fc.weight"], torch.ones(3, 9))
+    assert json.loads((tmp_path / "eagle_config.json").read_text())["eagle_architecture_config"]["draft_vocab_size"] == 6
+    assert metrics["draft_vocab_grown"] == {"from": 4, "to": 6, "coverage_before": round(20 / 33, 4),
+                                            "coverage_after": round(32 / 33, 4)}
+    assert not family("dflash").grows_vocab and not family("dflash2").grows_vocab

@@ -90,3 +90,38 @@ def convert_head(base_config: Any, model_path: Path, cfg: BuildConfig, tokens_fi
         + (f", draft vocab {arch['draft_vocab_size']} ({metrics['draft_vocab_coverage']:.1%} coverage)" if "draft_vocab_coverage" in metrics else ""),
     )
     return draft_cfg, model, metrics
+
+
+def grow_draft_vocab(folder: Path, counts: Any, n: int, log: Any) -> dict:
+    """draft.grow_vocab on a warm start: the `n` most frequent training labels the earlier draft's vocabulary lacks
+    join it. d2t stays ascending (each old lm_head row moves with its token); the new rows start at zero, so before
+    training the draft proposes what the earlier one did (a zero row's logit 0 wins only where every old logit is
+    below it), and training teaches the new tokens from the target's probabilities over the grown vocabulary."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    config = folder / eagle.CONFIG_FILE
+    draft_cfg = json.loads(config.read_text())
+    weights = load_file(folder / "head_init.safetensors")
+    if "d2t" not in weights:
+        raise ConfigError("draft.grow_vocab: the earlier draft drafts the target's whole vocabulary already",
+                          "set draft.grow_vocab: 0")
+    old = torch.arange(len(weights["d2t"])) + weights["d2t"]
+    lacking = counts.clone()
+    lacking[old] = 0
+    new = torch.topk(lacking, min(n, int((lacking > 0).sum()))).indices
+    ids, order = torch.sort(torch.cat([old, new]))
+    head = weights["lm_head.weight"]
+    weights["lm_head.weight"] = torch.cat([head, head.new_zeros(len(new), head.shape[1])])[order].contiguous()
+    weights["d2t"] = (ids - torch.arange(len(ids))).to(weights["d2t"].dtype)
+    draft_cfg["eagle_architecture_config"]["draft_vocab_size"] = len(ids)
+    save_file(weights, folder / "head_init.safetensors")
+    config.write_text(json.dumps(draft_cfg, indent=2) + "\n")
+    total = counts.sum().clamp_min(1)
+    grown = {"from": len(old), "to": len(ids), "coverage_before": round(float(counts[old].sum() / total), 4),
+             "coverage_after": round(float(counts[ids].sum() / total), 4)}
+    log(f"draft vocab grown {grown['from']} -> {grown['to']}: covers {grown['coverage_after']:.2%} of the training "
+        f"labels, {grown['coverage_before']:.2%} before")
+    return {"draft_vocab_grown": grown}

@@ -8,18 +8,19 @@ from typing import Any
 
 from trtspec.draft_family import DraftFamily
 from trtspec.eagle import ARCHITECTURES, export, head, onnx_export, readme, serving, train_step
-from trtspec.eagle.convert import check_convert_config, convert_head
+from trtspec.eagle.convert import check_convert_config, convert_head, grow_draft_vocab
 
 
 class Eagle3Family(DraftFamily):
     name = "eagle3"
     title = "EAGLE-3 head"
-    config_file = "eagle_config.json"
+    config_file = head.CONFIG_FILE
     head_file = head.HEAD_FILE
     shift_labels = True
     offline_key = "eagle_offline"
     module_attr = "eagle_module"
     length_key = "eagle_ttt_steps"
+    grows_vocab = True
     exports_onnx = True
 
     drafting = ("eagle3", "eagle3_suffix")
@@ -28,6 +29,7 @@ class Eagle3Family(DraftFamily):
 
     check_convert = staticmethod(check_convert_config)
     convert = staticmethod(convert_head)
+    grow_vocab = staticmethod(grow_draft_vocab)
     build = staticmethod(head.build_eagle_model)
     save_head = staticmethod(head.save_head)
     load_head = staticmethod(head.load_head)

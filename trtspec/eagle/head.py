@@ -24,6 +24,7 @@ from typing import Any
 from trtspec.errors import ArtifactError, ConfigError
 
 HEAD_FILE = "head.safetensors"
+CONFIG_FILE = "eagle_config.json"  # the mtsp.convert config, in convert/ and train/
 
 
 def derive_eagle_config(base: Any, convert: Any) -> dict:

@@ -4,7 +4,8 @@ an EAGLE-3 head (trtspec.eagle.convert) or a DFlash block drafter (trtspec.dflas
 Writes convert/eagle_config.json or dflash_config.json (the dict given to mtsp.convert) and
 convert/head_init.safetensors (the initial draft; an EAGLE-3 head's d2t included when its vocab is compressed).
 With draft.init_from, both are the earlier run's (its config and its trained draft, checked against its manifests):
-training continues from that draft, in its draft vocabulary (trtspec.warm_start).
+training continues from that draft, in its draft vocabulary (trtspec.warm_start), grown by draft.grow_vocab tokens of
+this run's training labels where set.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trtspec.draft_families import SECTIONS, family
+from trtspec.errors import ConfigError
 from trtspec.pipeline.stage import StageContext
 
 if TYPE_CHECKING:
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
     from trtspec.draft_family import TrainableDraft
 
 UPSTREAM = ("data",)
-READS = ("draft.method", "draft.init_from", *SECTIONS, "seed")
+READS = ("draft.method", "draft.init_from", "draft.grow_vocab", *SECTIONS, "seed")
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
@@ -29,6 +31,11 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
 
     if cfg.draft.init_from:  # first: a draft of another method is refused as that, not by the new method's rules
         check_init_from(cfg)
+    if cfg.draft.grow_vocab and not (cfg.draft.init_from and family(cfg.draft.method).grows_vocab):
+        why = (f"trains a {family(cfg.draft.method).title}, whose vocabulary does not grow" if cfg.draft.init_from
+               else "starts a new draft")
+        raise ConfigError(f"draft.grow_vocab {cfg.draft.grow_vocab}: grows the vocabulary of the draft draft.init_from "
+                          f"names, and this build {why}", "set draft.grow_vocab: 0, or choose convert.draft_vocab_size for a new draft")
     family(cfg.draft.method).check_convert(cfg, model_config)
 
 
@@ -56,4 +63,15 @@ def continue_from(ctx: StageContext, fam: TrainableDraft) -> dict:
     shutil.copyfile(config, ctx.out / fam.config_file)
     shutil.copyfile(head, ctx.out / "head_init.safetensors")
     ctx.log(f"continuing from the draft of {lineage['run']} (held-out AL@{ctx.cfg.draft.length} {lineage['heldout_al']})")
-    return {"init_from": lineage, "headline": f"warm start from {lineage['run']}"}
+    metrics = {"init_from": lineage, "headline": f"warm start from {lineage['run']}"}
+    if n := ctx.cfg.draft.grow_vocab:
+        from transformers import AutoConfig
+
+        from trtspec.chat import token_counts
+        from trtspec.targets import text_config
+
+        vocab = text_config(AutoConfig.from_pretrained(ctx.model_path)).vocab_size
+        metrics |= fam.grow_vocab(ctx.out, token_counts(ctx.inputs["data"] / "train_tokens.pt", vocab), n, ctx.log)
+        grown = metrics["draft_vocab_grown"]
+        metrics["headline"] += f", draft vocab {grown['from']} -> {grown['to']} ({grown['coverage_after']:.1%} coverage)"
+    return metrics
