@@ -36,6 +36,7 @@ class AdaptOptions:
     lr: float = 1e-4
     replay: float = 3.0  # earlier training rows per traffic training row
     holdout: float = 0.2  # share of the traffic's prompts held out (measured before and after, never trained on)
+    grow_vocab: int = 0  # draft.grow_vocab: tokens of the traffic's answers added to the draft's vocabulary
     tolerance: float | None = None  # draft.max_category_drop (None: the earlier run's validate.baseline_tolerance)
 
 
@@ -84,7 +85,8 @@ def adapt_config(run: RunDir, traffic_file: str, traffic_rows: int, longest_prom
         {"kind": "regenerate", "path": traffic_file},
         {"kind": "run", "path": str(run.path.resolve()), "limit": replay}]}
     tolerance = o.tolerance if o.tolerance is not None else raw.get("validate", {}).get("baseline_tolerance", 0.02)
-    raw["draft"] = {**raw.get("draft", {}), "init_from": str(run.path.resolve()), "max_category_drop": tolerance}
+    raw["draft"] = {**raw.get("draft", {}), "init_from": str(run.path.resolve()), "max_category_drop": tolerance,
+                    "grow_vocab": o.grow_vocab}
     raw["train"] = {**raw.get("train", {}), "epochs": o.epochs, "lr": o.lr, "max_steps": None}
     eval_ = {k: v for k, v in raw.get("eval", {}).items() if k not in ("prompts", "suites", "context_source")}
     raw["eval"] = {**eval_, "acceptance_prompts": old_heldout + new_heldout}

@@ -226,13 +226,16 @@ _validate.callback = _validate_callback
               help="Earlier training rows kept per traffic training row (what keeps old categories from falling).")
 @click.option("--holdout", type=click.FloatRange(min=0.01, max=0.9), default=0.2, show_default=True,
               help="Share of the traffic's prompts held out and measured, never trained on.")
+@click.option("--grow-vocab", type=click.IntRange(min=0, max=65536), default=0, show_default=True,
+              help="Tokens added to the draft's vocabulary: the traffic answers' most frequent ones it cannot draft "
+              "(draft.grow_vocab; EAGLE-3 with a compressed vocabulary).")
 @click.option("--tolerance", type=click.FloatRange(min=0, max=1), default=None,
               help="Relative held-out AL drop per category that refuses the adapted draft (default: the earlier "
               "run's validate.baseline_tolerance).")
 @click.option("--until", metavar="STAGE", default="export", show_default=True, help="Stop after this stage.")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value.")
 @click.option("--json", "as_json", is_flag=True, help="Print the stage summary as JSON.")
-def adapt(run_dir, prompts, out, fmt, category, epochs, lr, replay, holdout, tolerance, until, overrides, as_json):
+def adapt(run_dir, prompts, out, fmt, category, epochs, lr, replay, holdout, grow_vocab, tolerance, until, overrides, as_json):
     """Adapt a run's draft to the prompts its service received: answered again by the target, trained on from
     the run's draft (a warm start), every category measured before and after on held-out rows; a draft that falls
     behind on any category is refused, so no bundle is written from it.
@@ -247,7 +250,8 @@ def adapt(run_dir, prompts, out, fmt, category, epochs, lr, replay, holdout, tol
     """
     from trtspec.adapt import AdaptOptions, prepare
 
-    o = AdaptOptions(fmt=fmt, category=category, epochs=epochs, lr=lr, replay=replay, holdout=holdout, tolerance=tolerance)
+    o = AdaptOptions(fmt=fmt, category=category, epochs=epochs, lr=lr, replay=replay, holdout=holdout,
+                     grow_vocab=grow_vocab, tolerance=tolerance)
     config, summary = prepare(Path(run_dir), Path(prompts), Path(out), o, overrides)
     click.echo(f"{summary['prompts']} prompts ({summary['format']}; categories {', '.join(summary['categories'])})"
                + (f", skipped: {summary['skipped']}" if summary["skipped"] else "") + f"; config {config}", err=True)

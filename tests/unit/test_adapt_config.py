@@ -40,12 +40,13 @@ def test_earlier_config_leaves_out_keys_at_their_defaults(tmp_path):
 
 def test_adapt_config_trains_on_the_traffic_beside_the_earlier_rows_from_the_earlier_draft(tmp_path):
     run = earlier(tmp_path)
-    raw = adapt_config(run, "traffic.jsonl", 100, longest_prompt=150, o=AdaptOptions(epochs=1.5, lr=2e-4, replay=2.0))
+    raw = adapt_config(run, "traffic.jsonl", 100, longest_prompt=150, o=AdaptOptions(epochs=1.5, lr=2e-4, replay=2.0, grow_vocab=256))
     cfg = config_from_dict(raw, base_dir=tmp_path)  # a valid build config
     assert [s.kind for s in cfg.data.sources] == ["regenerate", "run"]
     assert cfg.data.sources[1].path == str(run.path.resolve()) and cfg.data.sources[1].limit == 160  # 2 x 80 trained on
     assert cfg.data.holdout_fraction == 0.2 and cfg.data.seq_len == 150 + 128
     assert cfg.draft.init_from == str(run.path.resolve()) and cfg.draft.max_category_drop == 0.05  # the run's tolerance
+    assert cfg.draft.grow_vocab == 256
     assert (cfg.train.epochs, cfg.train.lr, cfg.train.max_steps) == (1.5, 2e-4, None)
     assert cfg.eval.acceptance_prompts == 5 + 20 and cfg.eval.prompts is None  # every held-out row, old and new
     assert cfg.validate_.baseline == str((run.path / "validate" / "report.json").resolve())
