@@ -51,6 +51,12 @@ class ModelSection(Section):
         "auto", "the math of the work whose result is training material, not a compared output: the target writing "
         "answers (data) and hidden states (train), and the head's autocast; auto = bfloat16 on a GPU or a CPU with "
         "native bf16 (AVX512-BF16/AMX), else float32 (elsewhere bf16 is emulated and slower)")
+    train_on_quantized: str | None = key(
+        None, "the target as it is served: an earlier run of this target (folder, relative to the YAML) whose "
+        "quantize stage (its format and calibration) is applied wherever the target makes training material, the "
+        "data stage's answers (data.answer_with: hf) and the train stage's states and held-out answers "
+        "(train.states_from: hf, mode offline or streamed), so the draft learns the quantized target and its "
+        "held-out AL is measured against it. null = the target as loaded", min_length=1)
 
 
 class DataSource(Section):

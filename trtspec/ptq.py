@@ -309,3 +309,33 @@ def fold_weights(model: Any) -> Any:
 
     mtq.fold_weight(model)
     return model
+
+
+def served_quantization(cfg: Any) -> tuple[Path, dict] | None:
+    """model.train_on_quantized: (the earlier run's quantize folder, its manifest), checked: a finished run of this
+    target, intact, quantized in a format this machine runs; None when the key is unset."""
+    from trtspec.config import QuantizeSection
+    from trtspec.warm_start import check_same_target, earlier_run, stage_of
+
+    if not cfg.model.train_on_quantized:
+        return None
+    key = "model.train_on_quantized"
+    run = earlier_run(cfg.resolve_path(cfg.model.train_on_quantized), key)
+    check_same_target(run, cfg, key)
+    folder, m = stage_of(run, "quantize", key)
+    q = QuantizeSection(**(m.get("config") or {}).get("quantize", {}))
+    if q.format == "none":
+        raise ConfigError(f"{key}: '{run.path}' did not quantize its target (quantize.format: none)",
+                          "name a run built with quantize.format fp8, int8_sq, int4_awq or nvfp4")
+    try:
+        check_quant_config(q)
+    except (ConfigError, MissingDependency) as e:
+        raise ConfigError(f"{key}: '{run.path}' quantized to {q.format}, which this machine cannot run: {e.message}",
+                          e.hint) from None
+    return folder, m
+
+
+def as_served(model: Any, quant_dir: Path) -> Any:
+    """The target with the quantize stage's quantization applied (fake-quantized weights folded once): what the
+    draft meets when the quantized bundle serves."""
+    return fold_weights(restore_quantized(model, quant_dir))

@@ -517,6 +517,35 @@ def case_grow_vocab_of_a_new_draft(tmp, model, mp):
     return build(tmp, config(tmp, model, draft={"grow_vocab": 64}))
 
 
+def quantized_run(tmp: Path, model: Path, fmt: str) -> Path:
+    """finished_run with a quantize stage that quantized to `fmt`."""
+    from trtspec.artifacts import write_json
+
+    run = finished_run(tmp, model)
+    (run / "quantize").mkdir()
+    write_json(run / "quantize" / "manifest.json", {"stage": "quantize", "status": "done", "metrics": {}, "files": {},
+                                                   "config": {"quantize": {"format": fmt}}})
+    return run
+
+
+def on_quantized(tmp: Path, model: Path, fmt: str, **sections) -> list[str]:
+    """A build whose model.train_on_quantized names quantized_run(fmt)."""
+    cfg = config(tmp, model, **sections)
+    return build(tmp, cfg, "--set", f"model.train_on_quantized={quantized_run(tmp, model, fmt)}")
+
+
+def case_quantized_nvfp4_on_cpu(tmp, model, mp):
+    return on_quantized(tmp, model, "nvfp4")
+
+
+def case_quantized_run_not_quantized(tmp, model, mp):
+    return on_quantized(tmp, model, "none")
+
+
+def case_quantized_states_from_vllm(tmp, model, mp):
+    return on_quantized(tmp, model, "fp8", train={"states_from": "vllm", "mode": "streamed"})
+
+
 def case_adapt_unknown_format(tmp, model, mp):
     return adapt(tmp, finished_run(tmp, model), [{"text": "a document, not a request"}])
 
@@ -781,6 +810,9 @@ CASES = [
     Case("adapt-other-length", case_adapt_other_length, 2, r"draft\.init_from: '.*earlier' trained its draft for length 3, this build drafts 2", "data", before_data=True),
     Case("adapt-other-method", case_adapt_other_method, 2, r"draft\.init_from: '.*earlier' trained a eagle3 draft, this build trains dflash", "data", before_data=True),
     Case("grow-vocab-new-draft", case_grow_vocab_of_a_new_draft, 2, r"draft\.grow_vocab 64: grows the vocabulary of the draft draft\.init_from names, and this build starts a new draft", "data", before_data=True),
+    Case("quantized-nvfp4-on-cpu", case_quantized_nvfp4_on_cpu, 2, r"model\.train_on_quantized: '.*earlier' quantized to nvfp4, which this machine cannot run: quantize\.format nvfp4 needs a CUDA GPU", "data", before_data=True),
+    Case("quantized-run-not-quantized", case_quantized_run_not_quantized, 2, r"model\.train_on_quantized: '.*earlier' did not quantize its target \(quantize\.format: none\)", "data", before_data=True),
+    Case("quantized-states-from-vllm", case_quantized_states_from_vllm, 2, r"model\.train_on_quantized: the quantized target's states come from its HF forward before training \(train\.states_from: hf, mode offline or streamed\), not train\.states_from vllm", "data", before_data=True),
     Case("adapt-unknown-format", case_adapt_unknown_format, 2, r"--prompts '.*traffic\.jsonl': not a traffic file this tool reads"),
     Case("adapt-no-usable-prompt", case_adapt_no_usable_prompt, 2, r"--prompts '.*traffic\.jsonl' holds no usable prompt \(chat: 1 request without a usable chat turn\)"),
     Case("adapt-empty-category", case_adapt_empty_category, 2, r"--category is empty"),

@@ -101,3 +101,25 @@ def test_trtllm_refuses_families_its_sources_do_not_serve(tiny_family):
     assert trtllm.refusal(tiny_family("qwen3_moe"), "eagle3") is None
     assert "one-model only" in trtllm.refusal(tiny_family("mistral"), "dflash")
     assert trtllm.refusal(tiny_family("qwen3_moe"), "dflash") is None
+
+
+def test_vllm_on_a_cpu_refuses_a_modelopt_quantized_target_with_or_without_a_draft(tiny_family, tmp_path, monkeypatch):
+    """A bundle whose target Model Optimizer exported quantized (config.json's quantization_config) is skipped by the
+    engine stage on a CPU, with or without a draft, where vLLM's CPU build would end the build in a ValidationError."""
+    import json
+    import shutil
+
+    import torch
+
+    from trtspec.engines import vllm
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    target = tmp_path / "fp8"
+    shutil.copytree(tiny_family("llama3"), target)
+    config = json.loads((target / "config.json").read_text())
+    assert vllm.refusal(target, "eagle3") is None and vllm.modelopt_quantized(target) is None
+    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "FP8"}
+    (target / "config.json").write_text(json.dumps(config))
+    for method in ("eagle3", None):
+        assert vllm.refusal(target, method).startswith("vLLM's CPU build runs no Model Optimizer quantized checkpoint "
+                                                       "(the bundle's target is FP8")

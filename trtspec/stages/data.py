@@ -38,7 +38,7 @@ from trtspec.chat import (
     read_source,
     tokenize_rows,
 )
-from trtspec.errors import DataError
+from trtspec.errors import ConfigError, DataError
 from trtspec.pipeline.stage import InputFile, StageContext
 from trtspec.warm_start import run_rows
 
@@ -53,9 +53,14 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     """data.context_tokens and the answer after it within the target's window, and each kind: run source a run of
     this target, before minutes of answering."""
     from trtspec.config import check_fits_window
+    from trtspec.ptq import served_quantization
     from trtspec.targets import text_config
     from trtspec.warm_start import check_same_target, earlier_run
 
+    if served_quantization(cfg) and cfg.data.answer_with != "hf":
+        raise ConfigError(f"model.train_on_quantized: the quantized target answers here (data.answer_with: hf); "
+                          f"{cfg.data.answer_with} answers as its own engine serves the target",
+                          "set data.answer_with: hf, or model.train_on_quantized: null")
     for i, s in enumerate(cfg.data.sources):
         if s.kind == "run":
             key = f"data.sources[{i}].path"
@@ -135,9 +140,12 @@ class Target:
 
     def model(self) -> Any:
         from trtspec.models import load_answering_model
+        from trtspec.ptq import as_served, served_quantization
 
         if self._model is None:
             self._model = load_answering_model(self.model_dir, self.cfg)
+            if served := served_quantization(self.cfg):  # model.train_on_quantized: the target as it is served
+                self._model = as_served(self._model, served[0])
         return self._model
 
 
@@ -167,9 +175,12 @@ def answers_dir(ctx: StageContext) -> Path:
     temperature, who answers) and not on how (batch size, the endpoint's URL, concurrency, retries): changing those
     after a kill asks nothing again."""
     from trtspec.artifacts import fingerprint, keyed_scratch
+    from trtspec.ptq import served_quantization
 
     d = ctx.cfg.data
+    served = served_quantization(ctx.cfg)
     key = fingerprint({"model": ctx.cfg.model.source, "stamp": ctx.model_stamp,
+                       **({"quantized": served[1]["files"]} if served else {}),
                        "build_dtype": ctx.cfg.model.build_dtype, "max_new_tokens": d.max_new_tokens,
                        "temperature": d.temperature, "answer_with": d.answer_with,
                        "endpoint_model": d.endpoint.model if d.answer_with == "endpoint" else None})

@@ -153,7 +153,8 @@ def run(ctx: StageContext) -> dict:
     if eng is None:
         raise StageSkipped(why)
     bundle = ctx.inputs["export"]
-    if ctx.cfg.serve.decoding == "draft" and (refused := eng.refusal(bundle / "target", speculative_method(bundle / "draft"))):
+    method = speculative_method(bundle / "draft") if ctx.cfg.serve.decoding == "draft" else None
+    if refused := eng.refusal(bundle / "target", method):
         raise StageSkipped(refused)
     if ctx.cfg.engine.backend == "auto":
         ctx.log(f"engine.backend auto: {why}")

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from trtspec.draft_family import TrainableDraft
 
 UPSTREAM = ("data", "convert")
-READS = ("train", "draft.method", "draft.length", "draft.max_category_drop", "validate.baseline_min_prompts", *SECTIONS, "eval.acceptance_prompts", "eval.context_bins",
+READS = ("train", "model.train_on_quantized", "draft.method", "draft.length", "draft.max_category_drop", "validate.baseline_min_prompts", *SECTIONS, "eval.acceptance_prompts", "eval.context_bins",
          "eval.context_prompts", "eval.context_source", "eval.context_documents", "seed")
 ALL_RANKS = True  # every process of a multi-process launch trains
 
@@ -64,6 +64,11 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     from trtspec.targets import text_config
 
     check_trainer_api()
+    if cfg.model.train_on_quantized and (cfg.train.states_from != "hf" or cfg.train.mode == "online"):
+        raise ConfigError("model.train_on_quantized: the quantized target's states come from its HF forward before "
+                          f"training (train.states_from: hf, mode offline or streamed), not train.states_from "
+                          f"{cfg.train.states_from} in mode {cfg.train.mode}",
+                          "set train.states_from: hf and train.mode: offline")
     if cfg.train.states_from != "hf":
         from trtspec.training.engine_states import check_engine_states
 
@@ -144,10 +149,13 @@ def target_states_dir(ctx: StageContext, aux_layers: list[int]) -> Path:
     only: a new lr, schedule, epoch count or batch size reuses it, so trying a recipe costs the training alone."""
     from trtspec.artifacts import fingerprint, keyed_scratch
     from trtspec.models import use_bf16
+    from trtspec.ptq import served_quantization
 
     files = ctx.manifests["data"]["files"]  # sha256 recorded by the data stage (and checked by the pipeline)
+    served = served_quantization(ctx.cfg)
     what = {
         "model": [ctx.cfg.model.source, ctx.cfg.model.dtype],
+        **({"quantized": served[1]["files"]} if served else {}),
         "data": {f: files[f]["sha256"] for f in ("train_tokens.pt", "heldout.jsonl")},
         "aux_layers": aux_layers,
         "bf16": use_bf16(ctx.cfg.model.build_dtype),
@@ -344,6 +352,7 @@ def run(ctx: StageContext) -> dict:
     import time
 
     from trtspec.models import load_model, load_tokenizer
+    from trtspec.ptq import as_served, served_quantization
 
     t_cfg, k = ctx.cfg.train, ctx.cfg.draft.length
     conv_dir = ctx.inputs["convert"]
@@ -354,21 +363,24 @@ def run(ctx: StageContext) -> dict:
     tokens = training_tokens(ctx.inputs["data"])
     tok = load_tokenizer(ctx.model_path)
     from_engine = t_cfg.states_from != "hf"  # the engine serving the target computes every state the draft reads
-    base = load_model(ctx.model_path, ctx.cfg.model.dtype, layers=not from_engine)  # engine: no decoder layer here
-    if not from_engine:
+    served = served_quantization(ctx.cfg)  # model.train_on_quantized: the states from the target as it is served
+    base = load_model(ctx.model_path, ctx.cfg.model.dtype, layers=not (from_engine or served))  # else no decoder layer
+    if not (from_engine or served):
         base.config.num_orig_hidden_layers = base.config.num_hidden_layers
     target_held = target_in_trainer(base)
+    states_model = as_served(load_model(ctx.model_path, ctx.cfg.model.dtype), served[0]) if served else base
 
     target_dir = target_states_dir(ctx, aux_layers)
     if t_cfg.mode == "offline":  # before the held-out answers and the states: minutes a full disk would waste
         check_states_fit(states_folder(target_dir, t_cfg.states_from, t_cfg.states_storage), tokens, base.config.hidden_size,
                          len(aux_layers), t_cfg.states_storage)
-    source = states_source(ctx, base, tok, aux_layers, target_dir) if t_cfg.mode != "online" else None
+    source = states_source(ctx, states_model, tok, aux_layers, target_dir) if t_cfg.mode != "online" else None
     engine = engine_target(ctx, tok, source) if from_engine else None
-    eval_set, eval_file = heldout_eval_set(ctx, base, tok, aux_layers, target_dir, engine)
-    context_sets = heldout_context_sets(ctx, base, tok, aux_layers, engine)
+    eval_set, eval_file = heldout_eval_set(ctx, states_model, tok, aux_layers, target_dir, engine)
+    context_sets = heldout_context_sets(ctx, states_model, tok, aux_layers, engine)
     t0 = time.time()
-    states = target_states(ctx, source, base, tokens, aux_layers, target_dir)
+    states = target_states(ctx, source, states_model, tokens, aux_layers, target_dir)
+    del states_model
     if states is not None:
         fam.set_offline(draft_cfg, True)  # modelopt drops the target's decoder layers
     cache_s = time.time() - t0

@@ -78,17 +78,31 @@ def target_dtype(target: Path) -> str:
     return str(cfg.get("dtype") or cfg.get("torch_dtype") or "auto")
 
 
+QUANTIZED_ON_CPU = ("vLLM's CPU build runs no Model Optimizer quantized checkpoint (the bundle's target is {algo}; its "
+                    "modelopt method needs a GPU and bf16/fp16): the bundle's snippets/vllm.sh serves it on a GPU")
+
+
 def refusal(target: Path | None, method: str | None) -> str | None:
-    """Why vLLM cannot run speculative `method` for the target folder `target` on this machine, or None: what its
-    support table says of the target's family (engines/vllm/support.py), then DSpark's GPU-only kernels."""
+    """Why vLLM cannot run the target folder `target` (with speculative `method`, None: without a draft) on this
+    machine, or None: a Model Optimizer quantized target on a CPU, what its support table says of the target's
+    family (engines/vllm/support.py), DSpark's GPU-only kernels."""
     import torch
 
+    if target is not None and not torch.cuda.is_available() and (algo := modelopt_quantized(target)):
+        return QUANTIZED_ON_CPU.format(algo=algo)
     if target is not None and method is not None:
         from trtspec.targets import family_if_known
 
         if (family := family_if_known(target)) and (why := build_refusal(family.name, method)):
             return why
     return DSPARK_ON_CPU if method == "dspark" and not torch.cuda.is_available() else None
+
+
+def modelopt_quantized(target: Path) -> str | None:
+    """The quantization (e.g. FP8) of a target folder Model Optimizer exported quantized, or None."""
+    config = Path(target) / "config.json"
+    q = (json.loads(config.read_text()).get("quantization_config") or {}) if config.is_file() else {}
+    return (q.get("quant_algo") or "quantized") if q.get("quant_method") == "modelopt" else None
 
 
 def build_refusal(family: str, method: str) -> str | None:
