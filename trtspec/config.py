@@ -35,9 +35,18 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
 
 
-def key(default: Any = ..., description: str = "", **limits: Any) -> Any:
-    """A config key: its default, what it means (docs/config.md is generated from it), its limits."""
-    return Field(default=default, description=description, **limits)
+def key(default: Any = ..., description: str = "", keyed_when_set: bool = False, **limits: Any) -> Any:
+    """A config key: its default, what it means (docs/config.md is generated from it), its limits. keyed_when_set:
+    a key added after runs were made, left out of the stages' fingerprints while at its default, so that those runs
+    stay finished (pipeline.runner.stage_values)."""
+    return Field(default=default, description=description, **limits,
+                 **({"json_schema_extra": {"keyed_when_set": True}} if keyed_when_set else {}))
+
+
+def keyed_when_set(section: type[BaseModel], name: str) -> bool:
+    """Whether `section`'s key `name` is left out of fingerprints at its default (key(keyed_when_set=True))."""
+    extra = section.model_fields[name].json_schema_extra
+    return isinstance(extra, dict) and bool(extra.get("keyed_when_set"))
 
 
 class ModelSection(Section):
@@ -56,7 +65,7 @@ class ModelSection(Section):
         "quantize stage (its format and calibration) is applied wherever the target makes training material, the "
         "data stage's answers (data.answer_with: hf) and the train stage's states and held-out answers "
         "(train.states_from: hf, mode offline or streamed), so the draft learns the quantized target and its "
-        "held-out AL is measured against it. null = the target as loaded", min_length=1)
+        "held-out AL is measured against it. null = the target as loaded", keyed_when_set=True, min_length=1)
 
 
 class DataSource(Section):
@@ -141,7 +150,7 @@ class DraftSection(Section):
     grow_vocab: int = key(0, "with init_from: add this many tokens to the earlier draft's vocabulary, the training "
                           "labels' most frequent ones it lacks (a traffic's names and numbers), their output rows "
                           "starting at zero; EAGLE-3 with a compressed vocabulary (convert.draft_vocab_size). 0 = keep it",
-                          ge=0, le=65536)
+                          keyed_when_set=True, ge=0, le=65536)
     max_category_drop: float | None = key(
         0.02, "with init_from: the train stage fails when a category's held-out AL falls more than this (relative) "
         "below the earlier draft's on the same rows, so no bundle is exported from it (vLLM's MT-Bench gate: 2%); "

@@ -300,3 +300,18 @@ def test_preflight_reads_a_source_as_the_data_stage_will(tmp_path):
     with pytest.raises(DataError, match=r"holds no usable prompt \(1 conversation without a turn before its answer\)"):
         pipeline.check_inputs(config_from_dict({"data": {"sources": [{**source, "regenerate": True}]}}), ["data"])
     pipeline.check_inputs(config_from_dict({"data": {"sources": [{**source, "regenerate": True}]}}), ["convert"])  # not read
+
+
+def test_keys_added_after_runs_were_made_are_keyed_only_when_set():
+    """model.train_on_quantized and draft.grow_vocab came after runs were made: at their defaults they are left out of
+    the stages' keys (those runs stay finished), set they redo what reads them."""
+    plain = config_from_dict(RAW)
+    assert "train_on_quantized" not in pipeline._section_values(plain, "data")["model"]
+    assert "draft.grow_vocab" not in pipeline._section_values(plain, "convert")
+    assert "grow_vocab" not in pipeline._section_values(plain, "export")["draft"]
+    grown = config_from_dict({**RAW, "draft": {"grow_vocab": 64}})
+    assert pipeline._section_values(grown, "convert")["draft.grow_vocab"] == 64
+    assert pipeline._section_values(grown, "export")["draft"]["grow_vocab"] == 64
+    served = config_from_dict({**RAW, "model": {"train_on_quantized": "runs/fp8"}})
+    assert pipeline._section_values(served, "data")["model"]["train_on_quantized"] == "runs/fp8"
+    assert pipeline._section_values(served, "train")["model.train_on_quantized"] == "runs/fp8"

@@ -30,7 +30,7 @@ from trtspec.artifacts import (
     peak_rss_gib,
     sha256_file,
 )
-from trtspec.config import STAGES, BuildConfig, dump_config
+from trtspec.config import STAGES, BuildConfig, dump_config, keyed_when_set
 from trtspec.draft_families import check_recipe
 from trtspec.errors import ConfigError, DiskFull, TrtspecError
 from trtspec.models import model_stamp
@@ -78,10 +78,18 @@ def _section_values(cfg: BuildConfig, stage: str) -> dict[str, Any]:
     """The values of a stage's READS; those its `unused` hook names are keyed at their defaults, so that changing
     a setting this config leaves unused redoes nothing, and a run keyed before the hook keeps its key."""
     full = at_defaults(cfg, hook(stage, "unused")(cfg))
+    for section, keys in full.items():  # keys added after runs were made, at their default: not keyed (config.key)
+        if isinstance(keys, dict) and (model := type(cfg.section_model(section))):
+            for name in [k for k in keys if k in model.model_fields and keyed_when_set(model, k)]:
+                if keys[name] == model.model_fields[name].get_default(call_default_factory=True):
+                    del keys[name]
     values: dict[str, Any] = {}
     for name in contract(stage).READS:
         section, _, key = name.partition(".")
-        values[name] = full[section][key] if key else full[section]
+        if not key:
+            values[name] = full[section]
+        elif key in full[section]:
+            values[name] = full[section][key]
     return values
 
 
