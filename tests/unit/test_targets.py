@@ -115,3 +115,15 @@ def test_vllm_states_follow_the_familys_eagle3_capture():
 
     rows = {r["family"]: r for r in matrix_rows()}
     assert rows["qwen3_moe"]["vllm_states"] and not rows["mixtral"]["vllm_states"]
+
+
+def test_the_wide_shape_routes_as_the_mixtures_users_bring():
+    """tiny:FAMILY:wide: 512 wide, and every mixture of experts routes each token to 8 of 64 experts."""
+    from trtspec.targets.tiny import EXPERTS
+
+    for name in TINY:
+        cfg = tiny_config(name, 1000, SPECIAL, "wide")
+        assert cfg.hidden_size == 512
+        experts = [getattr(cfg, k) for k in EXPERTS if k in TINY[name][1]]
+        assert experts in ([], [64]) and (not experts or cfg.num_experts_per_tok == 8), name
+    assert sum(bool(set(EXPERTS) & set(extra)) for _, extra in TINY.values()) == 5  # qwen3_moe, qwen2_moe, mixtral, gpt_oss, deepseek_v3

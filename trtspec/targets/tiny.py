@@ -55,7 +55,11 @@ TINY = {
 # 6 layers, 8 query heads over 2 KV heads (groups of 4, against 2), sliding and full attention alternating (GPT-OSS's
 # own pattern, against three sliding then one full), the per-layer lists (NoPE layers, a wider full-attention head)
 # drawn anew for 6 layers.
-SHAPES = ("base", "deep")
+# A third (`tiny:FAMILY:wide`): 512 wide, and a mixture of experts routed as the ones users bring (Qwen3-30B-A3B sends
+# each token to 8 of 128 experts) with 64 experts, top 8: a target whose cost is in its experts, not in per-call
+# overhead as at 128 wide with 4 experts (scripts/bench_states.py compares HF's and vLLM's states on it).
+SHAPES = ("base", "deep", "wide")
+EXPERTS = ("num_experts", "num_local_experts", "n_routed_experts")  # each family's name for its routed experts
 
 
 def deep(family: str, extra: dict) -> dict:
@@ -75,6 +79,21 @@ def deep(family: str, extra: dict) -> dict:
     return shaped
 
 
+def wide(family: str, extra: dict) -> dict:
+    """The family's overrides in the wide shape."""
+    shaped = {**extra, "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 8 if "kv_lora_rank" in extra
+              else 4, "intermediate_size": 1024}
+    if "head_dim" in extra:
+        shaped["head_dim"] = 64
+    if experts := [k for k in EXPERTS if k in extra]:
+        shaped |= {experts[0]: 64, "num_experts_per_tok": 8}
+        if "moe_intermediate_size" in extra:
+            shaped["moe_intermediate_size"] = 128
+        else:  # Mixtral's and GPT-OSS's experts are intermediate_size wide
+            shaped["intermediate_size"] = 128
+    return shaped
+
+
 def split_source(name: str) -> tuple[str, str]:
     """`FAMILY` or `FAMILY:SHAPE` (tiny:qwen3:deep) -> (family, shape)."""
     family, _, shape = name.partition(":")
@@ -85,7 +104,7 @@ def tiny_config(family: str, vocab_size: int, special: dict[str, int], shape: st
     from transformers import CONFIG_MAPPING
 
     model_type, extra = TINY[family]
-    extra = deep(family, extra) if shape == "deep" else extra
+    extra = {"deep": deep, "wide": wide}[shape](family, extra) if shape != "base" else extra
     config = CONFIG_MAPPING[model_type](vocab_size=vocab_size, **{**COMMON, **extra}, **special)
     if hasattr(config, "vocab_size_per_layer_input"):  # Gemma 4's per-layer embeddings: the tokenizer's vocabulary too
         config.vocab_size_per_layer_input = vocab_size
