@@ -54,7 +54,7 @@ READS = ("train", "model.train_on_quantized", "draft.method", "draft.length", "d
 ALL_RANKS = True  # every process of a multi-process launch trains
 
 CONTEXT_KEYS = ("eval.context_prompts", "eval.context_source", "eval.context_documents")  # used with eval.context_bins only
-EVAL_BATCH = 64  # held-out prompts answered at once by the unquantized target (the train stage's evaluation)
+EVAL_BATCH = 64  # held-out prompts answered at once by the target (the train stage's evaluation)
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
@@ -190,8 +190,8 @@ def first_rows(ctx: StageContext, tokens: dict) -> dict:
 
 def heldout_eval_set(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int], target_dir: Path,
                      engine: Any = None) -> tuple[list | None, Path]:
-    """The unquantized target's greedy answers to the held-out prompts, with its states (rank 0 alone measures
-    acceptance: None on the other ranks), and the file that caches them. engine: an EngineTarget, whose answers and
+    """The target's greedy answers to the held-out prompts (quantized with model.train_on_quantized), with its states
+    (rank 0 alone measures acceptance: None on the other ranks), and the file that caches them. engine: an EngineTarget, whose answers and
     states come from the engine that serves the target (cached apart from the HF forward's)."""
     from trtspec.models import matmul_attention_on_cpu
 
