@@ -19,14 +19,17 @@ import time
 from pathlib import Path
 
 
-def one_sweep(bundle: Path, together: int, concurrency: list[int], lengths: list[int], max_tokens: int) -> dict:
-    """The engine stage's lockstep sweep, in this process (run as a child: its peak RSS is its own)."""
+def one_sweep(run: Path, together: int, concurrency: list[int], lengths: list[int], max_tokens: int) -> dict:
+    """The engine stage's lockstep sweep on the run's bundle and held-out prompts, in this process (run as a child:
+    its peak RSS is its own)."""
+    from trtspec.bench import load_prompts, open_bundle
     from trtspec.engines.vllm import sweep
-    from trtspec.stages.engine import PROMPTS, prompt_ids
 
     plan = sweep.SweepPlan(concurrency, lengths, max_tokens, min_requests=16, together=together)
+    b = open_bundle(run)
+    prompts = load_prompts(run, b.tok, 16)  # the run's held-out prompts, chat-templated
     t0 = time.time()
-    result = sweep.lockstep_sweep(bundle, prompt_ids(bundle / "target", len(PROMPTS)), plan, log=lambda *a: None)
+    result = sweep.lockstep_sweep(b.path, prompts, plan, log=lambda *a: None)
     return {"together": together, "groups": result["groups"], "wall_s": round(time.time() - t0, 1),
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
             "schedule": result["schedule"], "decided": result["decided"]}
@@ -42,11 +45,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    from trtspec.bench import verified
-
-    bundle = verified(args.run, "export")[0]
     if args.child is not None:
-        print(json.dumps(one_sweep(bundle, args.child, args.concurrency, args.draft_lengths, args.max_tokens)))
+        print(json.dumps(one_sweep(args.run, args.child, args.concurrency, args.draft_lengths, args.max_tokens)))
         return 0
     rows = []
     for n in args.together:

@@ -144,7 +144,7 @@ class Sizes:
                 / GIB, "the bundle (target and draft)")
 
     def engine(self) -> tuple:
-        from trtspec.stages.engine import engine_sizes
+        from trtspec.engines.vllm.sweep import engine_sizes
 
         e = self.cfg.engine
         if e.backend == "trtllm":

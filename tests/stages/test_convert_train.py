@@ -724,12 +724,18 @@ def test_demo_model_short_budget(tmp_path, demo_model_dir):
 def test_bench_head_throughputs_interleave_offline_and_online(upstream, tiny_model_dir, tmp_path):
     """scripts/bench_head.py's throughput comparison runs on a run's data and convert folders, both modes timed."""
     import importlib.util
+    import shutil
+
+    from trtspec.artifacts import RunDir
 
     _, inputs = upstream
-    run = tmp_path / "run"
-    run.mkdir()
-    for name, folder in inputs.items():
-        (run / name).symlink_to(folder)
+    run = RunDir(tmp_path / "run")
+    run.ensure()
+    for name, folder in inputs.items():  # finished stages, as the script verifies them
+        with run.staging(name) as out:
+            shutil.copytree(folder, out, dirs_exist_ok=True)
+            run.commit(name, out, {"stage": name, "status": "done", "fingerprint": "f"})
+    run = run.path
     spec = importlib.util.spec_from_file_location("bench_head", Path(__file__).parents[2] / "scripts" / "bench_head.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -758,7 +764,8 @@ def test_bench_data_scaling_fits_the_trend_and_prices_the_rows_it_needs(tmp_path
     monkeypatch.setattr(bench, "train_recipe", fake_recipe)
     monkeypatch.setattr("trtspec.config.load_config", lambda config, sets: SimpleNamespace(train=SimpleNamespace(epochs=4)))
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "manifest.json").write_text(json.dumps({"wall_s": 1000.0, "metrics": {"train_rows": 800, "heldout_rows": 200}}))
+    (tmp_path / "data" / "manifest.json").write_text(json.dumps({"status": "done", "files": {}, "wall_s": 1000.0,
+                                                                 "metrics": {"train_rows": 800, "heldout_rows": 200}}))
     s = bench.scaling("cfg.yaml", tmp_path, [], [0.125, 0.5], target=3.0)
     assert trained == [("rows-all", []), ("rows-400", ["train.max_rows=400"]), ("rows-100", ["train.max_rows=100"])]
     assert s["rows"] == [100, 400, 800] and s["gain_per_doubling"] == [0.25, 0.25]

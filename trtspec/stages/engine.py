@@ -98,16 +98,6 @@ def check_sweep(cfg: BuildConfig) -> None:
     check_sweep_memory(cfg)
 
 
-def engine_sizes(cfg: BuildConfig) -> tuple[Path, float, int]:
-    """(the target's folder, the KV cache one sweep engine needs in GiB, the sweep's engines) on a CPU."""
-    from trtspec.engines import vllm as vllm_engine
-    from trtspec.models import resolve_model
-
-    e, target = cfg.engine, resolve_model(cfg.model.source)
-    kv = vllm_engine.kv_cache_gib_for(target, max(e.sweep) * (e.sweep_max_tokens + 64 + cfg.draft.length))
-    return target, kv, len(set(e.sweep_draft_lengths or range(cfg.draft.length + 1)))
-
-
 def engines_that_fit(cfg: BuildConfig) -> int:
     """How many of the sweep's vLLM engines the memory free now holds at once on a CPU (0: all, and on a GPU, whose
     engines size themselves): the sweep loads its draft lengths in groups of that many (sweep.groups_of)."""
@@ -119,6 +109,7 @@ def engines_that_fit(cfg: BuildConfig) -> int:
     if torch.cuda.is_available() or free_mb is None:
         return 0
     from trtspec.engines import vllm as vllm_engine
+    from trtspec.engines.vllm.sweep import engine_sizes
 
     target, kv, engines = engine_sizes(cfg)
     fit = int(free_mb / 1024 // vllm_engine.engines_memory_gib(target, 1, kv))
@@ -134,6 +125,8 @@ def check_sweep_memory(cfg: BuildConfig) -> None:
     fit = engines_that_fit(cfg)
     if fit == 0 or fit >= 2:
         return
+    from trtspec.engines.vllm.sweep import engine_sizes
+
     target, kv, _ = engine_sizes(cfg)
     raise ConfigError(f"engine.sweep compares each draft length with no draft, two vLLM engines of the target at once, "
                       f"about {vllm_engine.engines_memory_gib(target, 2, kv)} GiB (weights, {kv} GiB of KV cache and vLLM's own "

@@ -58,6 +58,16 @@ class SweepPlan:
     together: int = 0  # engines loaded at once at most, sized to the memory free (0 = every draft length's at once)
 
 
+def engine_sizes(cfg: Any) -> tuple[Path, float, int]:
+    """(the target's folder, the KV cache one sweep engine needs in GiB, the sweep's engines) of a build config's
+    engine.sweep on a CPU."""
+    from trtspec.models import resolve_model
+
+    e, target = cfg.engine, resolve_model(cfg.model.source)
+    kv = vllm_engine.kv_cache_gib_for(target, max(e.sweep) * (e.sweep_max_tokens + 64 + cfg.draft.length))
+    return target, kv, len(set(e.sweep_draft_lengths or range(cfg.draft.length + 1)))
+
+
 def find_aiperf(given: str | None = None) -> str:
     for candidate in (given, shutil.which("aiperf"), str(ROOT / ".venv-bench" / "bin" / "aiperf")):
         if candidate and Path(candidate).is_file():
