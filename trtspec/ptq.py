@@ -337,5 +337,7 @@ def served_quantization(cfg: Any) -> tuple[Path, dict] | None:
 
 def as_served(model: Any, quant_dir: Path) -> Any:
     """The target with the quantize stage's quantization applied (fake-quantized weights folded once): what the
-    draft meets when the quantized bundle serves."""
-    return fold_weights(restore_quantized(model, quant_dir))
+    draft meets when the quantized bundle serves. In the model's own dtype: the quantize stage's scales are float32,
+    and a bf16 model answering (model.build_dtype) would mix the two in its matmuls."""
+    dtype = next(model.parameters()).dtype
+    return fold_weights(restore_quantized(model, quant_dir)).to(dtype)
