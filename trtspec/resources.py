@@ -74,12 +74,11 @@ class Sizes:
 
     def __init__(self, cfg: BuildConfig, target: Path, text: Any, weights_gib: float, states_gib: float | None):
         self.cfg, self.target, self.text, self.states = cfg, target, text, states_gib
-        stored = width(str(getattr(text, "dtype", None) or "bfloat16")
-                       .replace("torch.", ""))
+        stored = width(str(getattr(text, "dtype", None) or "bfloat16").replace("torch.", ""))
         self.params = weights_gib * GIB / stored  # the target's parameters, from its checkpoint's bytes
         h, i = text.hidden_size, getattr(text, "intermediate_size", None) or 4 * text.hidden_size
-        layers = next((getattr(getattr(cfg, s, None), "num_layers", None) for s in ("eagle", "dflash", "dflash2")
-                       if s == cfg.draft.method.replace("eagle3", "eagle")), None) or 1
+        section = getattr(cfg, "convert" if cfg.draft.method == "eagle3" else cfg.draft.method)  # the draft's layers
+        layers = getattr(section, "num_layers", 1)
         vocab = cfg.convert.draft_vocab_size or text.vocab_size
         # a draft layer (attention reading 2h, MLP) per layer, EAGLE-3's fc over three target layers, its head
         self.draft_params = layers * (6 * h * h + 3 * h * i) + 3 * h * h + vocab * h
@@ -144,16 +143,16 @@ class Sizes:
                 / GIB, "the bundle (target and draft)")
 
     def engine(self) -> tuple:
-        from trtspec.engines.vllm.sweep import engine_sizes
-
         e = self.cfg.engine
         if e.backend == "trtllm":
             return None, "TensorRT-LLM's engine on the GPU", None, "the engine"
         if e.sweep:
             from trtspec.engines import vllm as vllm_engine
+            from trtspec.engines.vllm.sweep import engine_sizes
 
-            _, kv, engines = engine_sizes(self.cfg)
-            return vllm_engine.engines_memory_gib(self.target, 2, kv), "two vLLM engines at once (the sweep groups the rest)", 0.0, "its report"
+            _, kv, _ = engine_sizes(self.cfg)
+            return (vllm_engine.engines_memory_gib(self.target, 2, kv), "two vLLM engines at once (the sweep groups the "
+                    "rest)", 0.0, "its report")
         return self.vllm_gib(2, max(e.batch_sizes)), "two vLLM engines (with and without the draft)", 0.0, "its report"
 
     def validate(self) -> tuple:
