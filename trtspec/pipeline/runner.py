@@ -355,10 +355,10 @@ def disk_full(e: BaseException, run_path: Path, stage: str) -> DiskFull | None:
     counts as one when its words say so or the run's disk has (nearly) nothing left."""
     if isinstance(e, (TrtspecError, KeyboardInterrupt)):
         return None
-    said = any(w in f"{x}".lower() for x in (e, e.__cause__, e.__context__) if x is not None for w in NO_SPACE)
-    errno_28 = any(getattr(x, "errno", None) == errno.ENOSPC for x in (e, e.__cause__, e.__context__) if x is not None)
+    chain = [x for x in (e, e.__cause__, e.__context__) if x is not None]
+    said = any(w in str(x).lower() for x in chain for w in NO_SPACE) or any(getattr(x, "errno", None) == errno.ENOSPC for x in chain)
     free = shutil.disk_usage(run_path).free if run_path.is_dir() else None
-    if not (said or errno_28 or (free is not None and free < NEARLY_FULL)):
+    if not (said or (free is not None and free < NEARLY_FULL)):
         return None
     return DiskFull(stage, run_path)
 

@@ -136,16 +136,19 @@ class Target:
     """The target's folder and tokenizer, and its model loaded on first use (only HF regeneration needs it here)."""
 
     def __init__(self, model_dir: Path, tok: Any, cfg: BuildConfig):
+        from trtspec.ptq import served_quantization
+
         self.model_dir, self.tok, self.cfg, self._model = model_dir, tok, cfg, None
+        self.served = served_quantization(cfg)  # model.train_on_quantized: the target as it is served (checked once)
 
     def model(self) -> Any:
         from trtspec.models import load_answering_model
-        from trtspec.ptq import as_served, served_quantization
+        from trtspec.ptq import as_served
 
         if self._model is None:
             self._model = load_answering_model(self.model_dir, self.cfg)
-            if served := served_quantization(self.cfg):  # model.train_on_quantized: the target as it is served
-                self._model = as_served(self._model, served[0])
+            if self.served:
+                self._model = as_served(self._model, self.served[0])
         return self._model
 
 
@@ -170,15 +173,13 @@ def answerer(ctx: StageContext, target: Target, longest_prompt: int) -> Callable
                                                d.batch_size)
 
 
-def answers_dir(ctx: StageContext) -> Path:
+def answers_dir(ctx: StageContext, served: tuple[Path, dict] | None) -> Path:
     """Scratch of the regenerated answers, keyed on what decides them (the target, its dtype, answer length,
     temperature, who answers) and not on how (batch size, the endpoint's URL, concurrency, retries): changing those
     after a kill asks nothing again."""
     from trtspec.artifacts import fingerprint, keyed_scratch
-    from trtspec.ptq import served_quantization
 
     d = ctx.cfg.data
-    served = served_quantization(ctx.cfg)
     key = fingerprint({"model": ctx.cfg.model.source, "stamp": ctx.model_stamp,
                        **({"quantized": served[1]["files"]} if served else {}),
                        "build_dtype": ctx.cfg.model.build_dtype, "max_new_tokens": d.max_new_tokens,
@@ -231,7 +232,7 @@ def answer_prompts(prompts: list[dict], src: Any, ctx: StageContext, target: Any
             f"{ctx.cfg.data.max_new_tokens} new tokens max)")
     where = f"{src.path}:{src.split}" if src.kind == "hf" else str(ctx.cfg.resolve_path(src.path))
     key = hashlib.sha1(where.encode()).hexdigest()[:8]
-    return regenerate(prompts, target.tok, answers_dir(ctx) / f"answers-{key}.jsonl", answer, ctx.log)
+    return regenerate(prompts, target.tok, answers_dir(ctx, target.served) / f"answers-{key}.jsonl", answer, ctx.log)
 
 
 def run(ctx: StageContext) -> dict:

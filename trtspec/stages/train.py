@@ -141,18 +141,17 @@ def log_every(rows: int, t: TrainSection) -> int:
     return max(1, steps // 100)
 
 
-def target_states_dir(ctx: StageContext, aux_layers: list[int]) -> Path:
+def target_states_dir(ctx: StageContext, aux_layers: list[int], served: tuple[Path, dict] | None = None) -> Path:
     """Scratch for what the frozen target computes (hidden states of the training rows, held-out greedy answers),
     beside the stage's own scratch.
 
-    Keyed on the target (a local one by its files' sizes and mtimes too), the data stage's files and the aux layers
+    Keyed on the target (a local one by its files' sizes and mtimes too; `served`, its quantization with
+    model.train_on_quantized), the data stage's files and the aux layers
     only: a new lr, schedule, epoch count or batch size reuses it, so trying a recipe costs the training alone."""
     from trtspec.artifacts import fingerprint, keyed_scratch
     from trtspec.models import use_bf16
-    from trtspec.ptq import served_quantization
 
     files = ctx.manifests["data"]["files"]  # sha256 recorded by the data stage (and checked by the pipeline)
-    served = served_quantization(ctx.cfg)
     what = {
         "model": [ctx.cfg.model.source, ctx.cfg.model.dtype],
         **({"quantized": served[1]["files"]} if served else {}),
@@ -370,7 +369,7 @@ def run(ctx: StageContext) -> dict:
     target_held = target_in_trainer(base)
     states_model = as_served(load_model(ctx.model_path, ctx.cfg.model.dtype), served[0]) if served else base
 
-    target_dir = target_states_dir(ctx, aux_layers)
+    target_dir = target_states_dir(ctx, aux_layers, served)
     if t_cfg.mode == "offline":  # before the held-out answers and the states: minutes a full disk would waste
         check_states_fit(states_folder(target_dir, t_cfg.states_from, t_cfg.states_storage), tokens, base.config.hidden_size,
                          len(aux_layers), t_cfg.states_storage)
