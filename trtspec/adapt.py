@@ -6,7 +6,8 @@ adapt.yaml and run as any build is (a killed adapt resumes):
          of the earlier run's training rows as `replay` says (kind: run), and all its held-out rows held out
   draft  init_from the earlier run: training continues from its draft (trtspec.warm_start), and the train stage
          fails when any category's held-out AL, old or new, falls more than the tolerance below the earlier draft's
-         on the same rows (draft.max_category_drop), so nothing is exported from a draft that got worse
+         on the same rows (draft.max_category_drop) even after stepping back toward the earlier draft
+         (draft.step_back), so nothing is exported from a draft that got worse
   train  fewer epochs at a lower learning rate (a fine-tune, not a new draft)
 The bundle's manifest carries the lineage (metrics.lineage: the run and draft it continues from).
 """
@@ -24,6 +25,7 @@ from trtspec.errors import ConfigError
 from trtspec.warm_start import earlier_run, stage_of
 
 ADAPT_DIR = "adapt"  # NEW_RUN/adapt: the traffic's prompts and the build config made from the earlier run
+GROW_VOCAB = 1024  # tokens a compressed draft vocabulary (EAGLE-3's convert.draft_vocab_size) takes by default
 
 
 @dataclass
@@ -33,10 +35,11 @@ class AdaptOptions:
     fmt: str = "auto"  # the traffic file's format (trtspec.traffic.FORMATS)
     category: str | None = None  # the category of traffic rows that name none (None: "traffic")
     epochs: float = 2.0
-    lr: float = 1e-4
-    replay: float = 3.0  # earlier training rows per traffic training row
+    lr: float = 3e-4
+    replay: float = 10.0  # earlier training rows per traffic training row (as many as the earlier run has)
     holdout: float = 0.2  # share of the traffic's prompts held out (measured before and after, never trained on)
-    grow_vocab: int = 0  # draft.grow_vocab: tokens of the traffic's answers added to the draft's vocabulary
+    grow_vocab: int | None = None  # draft.grow_vocab: traffic tokens added to the draft's vocabulary (None: GROW_VOCAB where it can)
+    step_back: tuple[float, ...] = (0.75, 0.5, 0.25)  # draft.step_back: shares of the fine-tune tried when a category falls
     tolerance: float | None = None  # draft.max_category_drop (None: the earlier run's validate.baseline_tolerance)
 
 
@@ -86,13 +89,35 @@ def adapt_config(run: RunDir, traffic_file: str, traffic_rows: int, longest_prom
         {"kind": "run", "path": str(run.path.resolve()), "limit": replay}]}
     tolerance = o.tolerance if o.tolerance is not None else raw.get("validate", {}).get("baseline_tolerance", 0.02)
     raw["draft"] = {**raw.get("draft", {}), "init_from": str(run.path.resolve()), "max_category_drop": tolerance,
-                    "grow_vocab": o.grow_vocab}
+                    "grow_vocab": default_growth(raw) if o.grow_vocab is None else o.grow_vocab, "step_back": list(o.step_back)}
     raw["train"] = {**raw.get("train", {}), "epochs": o.epochs, "lr": o.lr, "max_steps": None}
     eval_ = {k: v for k, v in raw.get("eval", {}).items() if k not in ("prompts", "suites", "context_source")}
     raw["eval"] = {**eval_, "acceptance_prompts": old_heldout + new_heldout}
     report = run.path / "validate" / "report.json"
     raw["validate"] = {**raw.get("validate", {}), "baseline": str(report.resolve()) if report.is_file() else None}
     return raw
+
+
+def default_growth(raw: dict[str, Any]) -> int:
+    """GROW_VOCAB for a draft whose family grows its vocabulary and whose vocabulary is compressed, else 0."""
+    from trtspec.draft_families import family
+
+    method = raw.get("draft", {}).get("method", "eagle3")
+    return GROW_VOCAB if family(method).grows_vocab and raw.get("convert", {}).get("draft_vocab_size") else 0
+
+
+def shares(text: str) -> tuple[float, ...]:
+    """--step-back's shares ("0.75,0.5"; "none": none), each strictly between 0 and 1."""
+    if text.strip().lower() in ("none", ""):
+        return ()
+    try:
+        out = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or not all(0 < x < 1 for x in out):
+        raise ConfigError(f"--step-back '{text}' is not a list of shares", "give shares between 0 and 1, e.g. "
+                          "--step-back 0.75,0.5, or --step-back none")
+    return out
 
 
 def prepare(run_path: Path, prompts: Path, out: Path, o: AdaptOptions, overrides: tuple[str, ...] = ()) -> tuple[Path, dict]:

@@ -220,22 +220,27 @@ _validate.callback = _validate_callback
               show_default=True, help="The --prompts file's format.")
 @click.option("--category", help="Category of the prompts that name none (default: traffic).")
 @click.option("--epochs", type=click.FloatRange(min=0.01, max=1000), default=2.0, show_default=True)
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True, max=1), default=1e-4, show_default=True,
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True, max=1), default=3e-4, show_default=True,
               help="Learning rate (the earlier draft's is usually higher: this is a fine-tune).")
-@click.option("--replay", type=click.FloatRange(min=0, max=1000), default=3.0, show_default=True,
-              help="Earlier training rows kept per traffic training row (what keeps old categories from falling).")
+@click.option("--replay", type=click.FloatRange(min=0, max=1000), default=10.0, show_default=True,
+              help="Earlier training rows trained on again per traffic training row, as many as the earlier run "
+              "has (what keeps old categories from falling).")
 @click.option("--holdout", type=click.FloatRange(min=0.01, max=0.9), default=0.2, show_default=True,
               help="Share of the traffic's prompts held out and measured, never trained on.")
-@click.option("--grow-vocab", type=click.IntRange(min=0, max=65536), default=0, show_default=True,
+@click.option("--grow-vocab", type=click.IntRange(min=0, max=65536), default=None,
               help="Tokens added to the draft's vocabulary: the traffic answers' most frequent ones it cannot draft "
-              "(draft.grow_vocab; EAGLE-3 with a compressed vocabulary).")
+              "(draft.grow_vocab). Default: 1024 for an EAGLE-3 draft with a compressed vocabulary, else 0.")
+@click.option("--step-back", "step_back", default="0.75,0.5,0.25", show_default=True, metavar="SHARES",
+              help="When a category falls: drafts these shares of the way from the earlier draft to the fine-tune "
+              "are measured in turn, the first that passes kept (draft.step_back); 'none' = refuse at once.")
 @click.option("--tolerance", type=click.FloatRange(min=0, max=1), default=None,
               help="Relative held-out AL drop per category that refuses the adapted draft (default: the earlier "
               "run's validate.baseline_tolerance).")
 @click.option("--until", metavar="STAGE", default="export", show_default=True, help="Stop after this stage.")
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value.")
 @click.option("--json", "as_json", is_flag=True, help="Print the stage summary as JSON.")
-def adapt(run_dir, prompts, out, fmt, category, epochs, lr, replay, holdout, grow_vocab, tolerance, until, overrides, as_json):
+def adapt(run_dir, prompts, out, fmt, category, epochs, lr, replay, holdout, grow_vocab, step_back, tolerance, until, overrides,
+          as_json):
     """Adapt a run's draft to the prompts its service received: answered again by the target, trained on from
     the run's draft (a warm start), every category measured before and after on held-out rows; a draft that falls
     behind on any category is refused, so no bundle is written from it.
@@ -248,10 +253,10 @@ def adapt(run_dir, prompts, out, fmt, category, epochs, lr, replay, holdout, gro
       trtspec adapt runs/demo --prompts vllm.log --format vllm-log --category support --out runs/demo-support
       trtspec adapt runs/demo --prompts batch.jsonl --out runs/a2 --epochs 1 --until validate
     """
-    from trtspec.adapt import AdaptOptions, prepare
+    from trtspec.adapt import AdaptOptions, prepare, shares
 
     o = AdaptOptions(fmt=fmt, category=category, epochs=epochs, lr=lr, replay=replay, holdout=holdout,
-                     grow_vocab=grow_vocab, tolerance=tolerance)
+                     grow_vocab=grow_vocab, step_back=shares(step_back), tolerance=tolerance)
     config, summary = prepare(Path(run_dir), Path(prompts), Path(out), o, overrides)
     click.echo(f"{summary['prompts']} prompts ({summary['format']}; categories {', '.join(summary['categories'])})"
                + (f", skipped: {summary['skipped']}" if summary["skipped"] else "") + f"; config {config}", err=True)

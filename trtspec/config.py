@@ -26,6 +26,7 @@ BIG = 10**9  # the bound of counts (rows, steps) that have no natural one: finit
 VOCAB_MAX = 1 << 24  # token ids and vocabulary sizes (the largest vocabularies are ~260k)
 LayerId = Annotated[int, Field(ge=0, le=1023)]
 BatchSize = Annotated[int, Field(ge=1, le=1024)]
+Share = Annotated[float, Field(gt=0, lt=1)]  # a share strictly between none and all
 Requests = Annotated[int, Field(ge=1, le=65536)]  # a batch size an engine serves (serve.max_batch_size's range)
 ContextLen = Annotated[int, Field(ge=16, le=1_048_576)]  # tokens of context before an answer
 DraftLen = Annotated[int, Field(ge=0, le=16)]  # tokens drafted per step; 0 = no speculation (draft.length's range)
@@ -155,6 +156,10 @@ class DraftSection(Section):
         0.02, "with init_from: the train stage fails when a category's held-out AL falls more than this (relative) "
         "below the earlier draft's on the same rows, so no bundle is exported from it (vLLM's MT-Bench gate: 2%); "
         "null = report only", ge=0, le=1)
+    step_back: list[Share] = key([], "with init_from and max_category_drop: when the adapted draft fails that gate, "
+                                 "drafts this share of the way from the earlier draft to the fine-tune are measured in "
+                                 "turn (weight interpolation, as WiSE-FT) and the first that passes is kept, e.g. "
+                                 "[0.75, 0.5]; [] = fail at once", keyed_when_set=True, max_length=8)
 
 
 class ConvertSection(Section):

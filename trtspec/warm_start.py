@@ -86,3 +86,10 @@ def run_rows(path: Path, skips: Counter, limit: int | None = None) -> tuple[list
 
     folder, _ = stage_of(earlier_run(path, "data.sources"), "data", "data.sources")
     return read_rows(folder / "train.jsonl")[:limit], read_rows(folder / "heldout.jsonl")
+
+
+def stepped_back(start: dict, tuned: dict, share: float) -> dict:
+    """The draft `share` of the way from its warm start to its fine-tune (WiSE-FT's weight interpolation: between two
+    points of one fine-tune, the earlier draft's categories come back faster than the new traffic's gain goes);
+    the keys of the warm start's file, tensors that are not floating point (EAGLE-3's d2t) the fine-tune's."""
+    return {k: (a := s.to(tuned[k])) + share * (tuned[k] - a) if s.is_floating_point() else tuned[k] for k, s in start.items()}

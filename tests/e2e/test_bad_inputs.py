@@ -558,6 +558,10 @@ def case_adapt_empty_category(tmp, model, mp):
     return adapt(tmp, finished_run(tmp, model), None, "--category", " ")
 
 
+def case_adapt_step_back_not_shares(tmp, model, mp):
+    return adapt(tmp, finished_run(tmp, model), None, "--step-back", "0.5,1.5")
+
+
 def case_dflash_mask_token_outside_vocab(tmp, model, mp):
     return build(tmp, config(tmp, model, draft={"method": "dflash"}, dflash={"mask_token_id": 10**6, "target_layers": [0, 2]}))
 
@@ -816,6 +820,7 @@ CASES = [
     Case("adapt-unknown-format", case_adapt_unknown_format, 2, r"--prompts '.*traffic\.jsonl': not a traffic file this tool reads"),
     Case("adapt-no-usable-prompt", case_adapt_no_usable_prompt, 2, r"--prompts '.*traffic\.jsonl' holds no usable prompt \(chat: 1 request without a usable chat turn\)"),
     Case("adapt-empty-category", case_adapt_empty_category, 2, r"--category is empty"),
+    Case("adapt-step-back-not-shares", case_adapt_step_back_not_shares, 2, r"--step-back '0\.5,1\.5' is not a list of shares"),
     Case("rundir-foreign", case_out_is_foreign_dir, 2, r"not a trtspec run directory; refusing to write"),
     Case("rundir-is-file", case_out_is_file, 2, r"is a file"),
     Case("rundir-locked", case_locked, 4, r"in use by another trtspec process"),

@@ -46,37 +46,102 @@ def test_adapt_config_trains_on_the_traffic_beside_the_earlier_rows_from_the_ear
     assert cfg.data.sources[1].path == str(run.path.resolve()) and cfg.data.sources[1].limit == 160  # 2 x 80 trained on
     assert cfg.data.holdout_fraction == 0.2 and cfg.data.seq_len == 150 + 128
     assert cfg.draft.init_from == str(run.path.resolve()) and cfg.draft.max_category_drop == 0.05  # the run's tolerance
-    assert cfg.draft.grow_vocab == 256
+    assert cfg.draft.grow_vocab == 256 and cfg.draft.step_back == [0.75, 0.5, 0.25]
     assert (cfg.train.epochs, cfg.train.lr, cfg.train.max_steps) == (1.5, 2e-4, None)
     assert cfg.eval.acceptance_prompts == 5 + 20 and cfg.eval.prompts is None  # every held-out row, old and new
     assert cfg.validate_.baseline == str((run.path / "validate" / "report.json").resolve())
     assert cfg.seed == 3 and cfg.convert.draft_vocab_size == 4096
 
 
-def test_the_warm_start_gate_refuses_a_draft_that_fell_behind_and_keeps_its_outputs(tmp_path):
-    """The train stage's gate (stages.train.warm_start_gate): a category past draft.max_category_drop fails the stage
-    in one line naming it, the outputs kept in RUN/train-failed; within it, the comparison is the stage's metric."""
+def test_adapt_grows_a_compressed_draft_vocabulary_by_default(tmp_path):
+    """--grow-vocab unset: GROW_VOCAB tokens for an EAGLE-3 draft with a compressed vocabulary, none for a draft of the
+    target's whole vocabulary; the defaults replay the earlier rows 10 to 1 at lr 3e-4."""
+    from trtspec.adapt import GROW_VOCAB
+
+    run = earlier(tmp_path)
+    raw = adapt_config(run, "traffic.jsonl", 100, longest_prompt=150, o=AdaptOptions())
+    assert raw["draft"]["grow_vocab"] == GROW_VOCAB == 1024 and raw["train"]["lr"] == 3e-4
+    assert raw["data"]["sources"][1]["limit"] == 800  # 10 x the 80 traffic rows trained on
+    conv = run.path / "convert" / "manifest.json"
+    conv.write_text(json.dumps({**json.loads(conv.read_text()), "config": {"convert": {"num_layers": 1}}}))
+    assert adapt_config(run, "traffic.jsonl", 100, longest_prompt=150, o=AdaptOptions())["draft"]["grow_vocab"] == 0
+
+
+def gate_ctx(tmp_path, **draft):
     from types import SimpleNamespace
 
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    (out / "head.safetensors").write_text("weights")
+    cfg = config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "draft": {"max_category_drop": 0.02, **draft}})
+    return SimpleNamespace(cfg=cfg, run=SimpleNamespace(path=tmp_path), out=out, log=lambda m: None)
+
+
+def acc(**als):
+    """An acceptance measurement of one prompt a category (evaluate_acceptance's form)."""
+    return {"per_category": {c: {"AL@3": v} for c, v in als.items()}, "categories": list(als),
+            "per_prompt": [(round(v * 1000), 1000) for v in als.values()]}
+
+
+def test_the_warm_start_gate_refuses_a_draft_that_fell_behind_and_keeps_its_outputs(tmp_path):
+    """The train stage's gate (stages.train.category_gate, refuse_fallen_draft): a category past draft.max_category_drop
+    fails the stage in one line naming it, the outputs kept in RUN/train-failed; within it, the comparison is the
+    stage's metric."""
     import pytest
 
     from trtspec.errors import ValidationFailed
-    from trtspec.stages.train import warm_start_gate
+    from trtspec.stages.train import category_gate, refuse_fallen_draft
 
-    def acc(**als):
-        return {"per_category": {c: {"AL@3": v} for c, v in als.items()}}
-
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "head.safetensors").write_text("weights")
-    ctx = SimpleNamespace(cfg=config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]},
-                                                "draft": {"max_category_drop": 0.02}}),
-                          run=SimpleNamespace(path=tmp_path), out=out, log=lambda m: None)
-    gate = warm_start_gate(ctx, acc(chat=2.0, code=1.5), acc(chat=1.97, code=1.9))  # -1.5%: within
+    ctx = gate_ctx(tmp_path)
+    gate = category_gate(ctx, acc(chat=2.0, code=1.5), acc(chat=1.97, code=1.9))  # -1.5%: within
     assert gate["passed"] and gate["compared"] == ["chat", "code"]
+    fell = category_gate(ctx, acc(chat=2.0, code=1.5), acc(chat=1.9, code=1.9))
     with pytest.raises(ValidationFailed, match=r"falls behind the one it started from: category 'chat': AL 1\.90 is "
                                                r"5\.0% below the earlier draft's 2\.00 \(tolerance 2%\)"):
-        warm_start_gate(ctx, acc(chat=2.0, code=1.5), acc(chat=1.9, code=1.9))
+        refuse_fallen_draft(ctx, fell)
     assert (tmp_path / "train-failed" / "head.safetensors").read_text() == "weights"
-    two = {"per_category": {"chat": {"AL@3": 1.9, "prompts": 2}, "code": {"AL@3": 1.9, "prompts": 5}}}
-    assert warm_start_gate(ctx, acc(chat=2.0, code=1.5), two)["too_few_prompts"] == ["chat"]  # 2 prompts: not gated
+    assert fell["change_ci95"]["chat"] == [0.95, 0.95]  # one prompt: no spread
+    two = {**acc(chat=1.9, code=1.9), "per_category": {"chat": {"AL@3": 1.9, "prompts": 2}, "code": {"AL@3": 1.9, "prompts": 5}}}
+    assert category_gate(ctx, acc(chat=2.0, code=1.5), two)["too_few_prompts"] == ["chat"]  # 2 prompts: not gated
+
+
+def test_a_categorys_change_has_a_paired_interval_over_its_prompts():
+    """runtime.decode.al_ratio_interval: the same prompts drawn for both drafts; a change every prompt shares has a
+    narrow interval, one a single prompt makes a wide one that spans no change."""
+    from trtspec.runtime.decode import al_ratio_interval
+
+    before = [(200, 100)] * 12
+    lo, hi = al_ratio_interval(before, [(190, 100)] * 12)
+    assert lo == hi == 0.95
+    lo, hi = al_ratio_interval(before, [(200, 100)] * 11 + [(110, 100)])  # one prompt of twelve falls
+    assert lo < 0.98 and hi == 1.0
+
+
+def test_a_fallen_draft_is_stepped_back_toward_the_earlier_one_until_the_gate_passes(tmp_path, monkeypatch):
+    """draft.step_back: the draft a share of the way from its warm start to its fine-tune (weights interpolated, the
+    integer d2t the fine-tune's), measured per share in turn; the first that passes is kept, none: the fine-tune."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import trtspec.stages.train as train
+    from trtspec.artifacts import write_tensors
+
+    module = torch.nn.Module()
+    module.w = torch.nn.Parameter(torch.full((2,), 2.0))
+    module.register_buffer("d2t", torch.tensor([3, 4]))
+    start = write_tensors(tmp_path / "head_init.safetensors", {"w": torch.zeros(2), "d2t": torch.tensor([3, 4])})
+    fam = SimpleNamespace(module=lambda model: model, drafts=None)
+    # chat falls 10% at the whole fine-tune (w = 2), in proportion to the share kept
+    monkeypatch.setattr(train, "evaluate_acceptance", lambda model, rows, k, drafts: acc(chat=2.0 - 0.1 * float(model.w.detach()[0]), code=1.9))
+    before, tuned = acc(chat=2.0, code=1.5), acc(chat=1.8, code=1.9)
+
+    gate, kept = train.warm_start_gate(gate_ctx(tmp_path, step_back=[0.75, 0.1]), fam, module, start, [], before, tuned)
+    assert gate["passed"] and gate["share"] == 0.1 and not gate["fine_tune"]["passed"]
+    assert torch.allclose(module.w, torch.full((2,), 0.2)) and module.d2t.tolist() == [3, 4]
+    assert round(kept["per_category"]["chat"]["AL@3"], 4) == 1.98 and kept["per_category"]["code"]["AL@3"] == 1.9
+
+    module.w.data.fill_(2.0)
+    gate, kept = train.warm_start_gate(gate_ctx(tmp_path, step_back=[0.75, 0.5]), fam, module, start, [], before, tuned)
+    assert not gate["passed"] and gate["stepped_back"] == [0.75, 0.5] and kept is tuned
+    assert torch.equal(module.w.detach(), torch.full((2,), 2.0))  # none passed: the fine-tune, refused by the stage

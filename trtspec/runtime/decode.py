@@ -75,6 +75,19 @@ def al_interval(per_prompt: list[tuple[int, int]], resamples: int = 1000, seed: 
     return [round(float(q), 3) for q in torch.quantile(al, torch.tensor([0.025, 0.975], dtype=torch.float64))]
 
 
+def al_ratio_interval(before: list[tuple[int, int]], after: list[tuple[int, int]], resamples: int = 1000,
+                      seed: int = 0) -> list[float]:
+    """95% paired bootstrap interval of AL(after) / AL(before) on the same prompts, drawn again with replacement (the
+    same draw for both): whether a change is larger than what another draw of these prompts would give."""
+    import torch
+
+    a, b = (torch.tensor(x, dtype=torch.float64) for x in (after, before))  # [prompts, (tokens, forwards)]
+    idx = torch.randint(len(a), (resamples, len(a)), generator=torch.Generator().manual_seed(seed))
+    sa, sb = a[idx].sum(1), b[idx].sum(1)
+    ratio = (sa[:, 0] / sa[:, 1].clamp_min(1)) / (sb[:, 0] / sb[:, 1].clamp_min(1)).clamp_min(1e-9)
+    return [round(float(q), 4) for q in torch.quantile(ratio, torch.tensor([0.025, 0.975], dtype=torch.float64))]
+
+
 @dataclass
 class Generation:
     tokens: list[int]

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from trtspec.draft_family import TrainableDraft
 
 UPSTREAM = ("data", "convert")
-READS = ("train", "model.train_on_quantized", "draft.method", "draft.length", "draft.max_category_drop", "validate.baseline_min_prompts", *SECTIONS, "eval.acceptance_prompts", "eval.context_bins",
+READS = ("train", "model.train_on_quantized", "draft.method", "draft.length", "draft.max_category_drop", "draft.step_back", "validate.baseline_min_prompts", *SECTIONS, "eval.acceptance_prompts", "eval.context_bins",
          "eval.context_prompts", "eval.context_source", "eval.context_documents", "seed")
 ALL_RANKS = True  # every process of a multi-process launch trains
 
@@ -319,7 +319,7 @@ def train_head(ctx: StageContext, fam: TrainableDraft, model: Any, head: Any, to
 
     def evaluate_now() -> dict | None:  # every rank (a sharded head is gathered); rank 0 measures
         with sharding.full_head(model, head):
-            return evaluate_acceptance(model, eval_set, k, fam.drafts) if ranks.is_main() else None
+            return reported(evaluate_acceptance(model, eval_set, k, fam.drafts)) if ranks.is_main() else None
 
     args = training_args(ctx, ckpt_dir, len(tokens["input_ids"]), sharded=head is not None)
     trainer = make_trainer(model, HeadDataset(scored, states, fam.shift_labels), args, log_file, evaluate_now,
@@ -399,12 +399,17 @@ def run(ctx: StageContext) -> dict:
         states.close()  # the engine streamed states came from
     ctx.log(f"measuring acceptance on {len(eval_set)} held-out prompts and {len(fit_set)} training rows")
     acc = evaluate_acceptance(model, eval_set, k, fam.drafts)
+    gate = None
+    if before is not None:
+        gate, acc = warm_start_gate(ctx, fam, model, conv_dir / "head_init.safetensors", eval_set, before, acc)
     fit = evaluate_acceptance(model, fit_set, k, fam.drafts)
     write_outputs(ctx, fam, model, draft_cfg, eval_file)
+    if gate is not None and not gate["passed"] and ctx.cfg.draft.max_category_drop is not None:
+        refuse_fallen_draft(ctx, gate)
     metrics = train_metrics(ctx, fam.name, tokens, trained, cache_s, head is not None, len(eval_set), acc, fit)
     if before is not None:
-        metrics["before"] = {key: v for key, v in before.items() if "ci95" not in key}
-        metrics["gate"] = warm_start_gate(ctx, before, acc)
+        metrics["before"] = {key: v for key, v in reported(before).items() if "ci95" not in key}
+        metrics["gate"] = gate
     metrics["states"] = {"from": t_cfg.states_from, **states_metrics(states, t_cfg.states_storage)} if states is not None else None
     metrics["target_in_trainer"] = target_held
     ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k} {fit[f'AL@{k}']:.2f}")
@@ -416,26 +421,70 @@ def run(ctx: StageContext) -> dict:
     return metrics
 
 
-def warm_start_gate(ctx: StageContext, before: dict, after: dict) -> dict:
-    """draft.init_from: each category's held-out AL against the earlier draft's on the same rows; a fall past
-    draft.max_category_drop fails the stage (nothing is exported from it), its outputs kept in RUN/train-failed."""
+def reported(acc: dict) -> dict:
+    """An acceptance measurement as manifests and logs keep it (without its per-prompt counts)."""
+    return {key: v for key, v in acc.items() if key not in ("per_prompt", "categories")}
+
+
+def warm_start_gate(ctx: StageContext, fam: TrainableDraft, model: Any, start_file: Path, eval_set: list, before: dict,
+                    after: dict) -> tuple[dict, dict]:
+    """draft.init_from: each category's held-out AL against the earlier draft's on the same rows (draft.max_category_drop).
+    A draft that falls is moved back toward the earlier one by draft.step_back's shares in turn, each measured, until
+    one passes; (the gate, the kept draft's acceptance), the model left holding the kept draft (the fine-tune when
+    none passes)."""
+    from trtspec.artifacts import read_tensors
+    from trtspec.warm_start import stepped_back
+
+    gate = category_gate(ctx, before, after)
+    shares = ctx.cfg.draft.step_back
+    if gate["passed"] or ctx.cfg.draft.max_category_drop is None or not shares:
+        return {**gate, "share": 1.0}, after
+    module = fam.module(model)
+    tuned = {key: v.detach().clone() for key, v in module.state_dict().items()}
+    start = read_tensors(start_file, "the warm start's weights")
+    for share in shares:
+        module.load_state_dict(stepped_back(start, tuned, share), strict=False)
+        acc = evaluate_acceptance(model, eval_set, ctx.cfg.draft.length, fam.drafts)
+        ctx.log(f"stepped back to {share:.2f} of the fine-tune:")
+        if (moved := category_gate(ctx, before, acc))["passed"]:
+            return {**moved, "share": share, "fine_tune": gate}, acc
+    module.load_state_dict(tuned)
+    return {**gate, "share": 1.0, "stepped_back": list(shares)}, after
+
+
+def category_gate(ctx: StageContext, before: dict, after: dict) -> dict:
+    """Each category's held-out AL before and after, with the paired 95% interval of its change (logged, and in the
+    gate's `change_ci95`: a fall the interval spans zero on is within the draw of the category's prompts), gated at
+    draft.max_category_drop (null: at 0, reported)."""
     from trtspec.checks import baseline_gate
-    from trtspec.errors import ValidationFailed
+    from trtspec.runtime.decode import al_ratio_interval
 
     k, tolerance = ctx.cfg.draft.length, ctx.cfg.draft.max_category_drop
     als = {name: {c: v[f"AL@{k}"] for c, v in m["per_category"].items()} for name, m in (("before", before), ("after", after))}
+    change = {}
     for c in als["after"]:
-        ctx.log(f"category {c}: held-out AL@{k} {als['before'][c]:.2f} -> {als['after'][c]:.2f}")
+        rows = [i for i, ex in enumerate(before["categories"]) if ex == c]
+        lo, hi = change[c] = al_ratio_interval([before["per_prompt"][i] for i in rows], [after["per_prompt"][i] for i in rows])
+        ctx.log(f"category {c}: held-out AL@{k} {als['before'][c]:.2f} -> {als['after'][c]:.2f} "
+                f"({als['after'][c] / als['before'][c] - 1:+.1%}; paired 95% CI {lo - 1:+.1%} to {hi - 1:+.1%}, {len(rows)} prompts)")
     now = {c: {"acceptance_length": v, "prompts": after["per_category"][c].get("prompts")} for c, v in als["after"].items()}
     gate = baseline_gate({"per_category": now}, als["before"], tolerance or 0.0, ctx.cfg.validate_.baseline_min_prompts)
-    if tolerance is not None and not gate["passed"]:
-        failed = ctx.run.path / "train-failed"
-        shutil.rmtree(failed, ignore_errors=True)
-        shutil.copytree(ctx.out, failed)
-        raise ValidationFailed(f"the adapted draft falls behind the one it started from: {gate['message'].replace('baseline', 'earlier draft')}",
-                               f"its outputs are kept in {failed}; lower draft.init_from's learning rate (train.lr) or "
-                               "epochs, or keep more of the earlier rows (data.sources kind: run, limit)")
-    return gate
+    return {**gate, "change_ci95": change}
+
+
+def refuse_fallen_draft(ctx: StageContext, gate: dict) -> None:
+    """Fail the stage on a draft that fell past draft.max_category_drop: nothing is exported from it, its outputs kept
+    in RUN/train-failed."""
+    from trtspec.errors import ValidationFailed
+
+    failed = ctx.run.path / "train-failed"
+    shutil.rmtree(failed, ignore_errors=True)
+    shutil.copytree(ctx.out, failed)
+    tried = f" (and at {', '.join(f'{s:.2f}' for s in gate['stepped_back'])} of the way from it)" if gate.get("stepped_back") else ""
+    raise ValidationFailed(f"the adapted draft falls behind the one it started from{tried}: "
+                           f"{gate['message'].replace('baseline', 'earlier draft')}",
+                           f"its outputs are kept in {failed}; lower draft.init_from's learning rate (train.lr) or "
+                           "epochs, keep more of the earlier rows (data.sources kind: run, limit), or set draft.step_back")
 
 
 def train_metrics(ctx: StageContext, method: str, tokens: dict, trained: dict, cache_s: float, sharded: bool,
@@ -467,7 +516,7 @@ def train_metrics(ctx: StageContext, method: str, tokens: dict, trained: dict, c
         "train_rows": len(tokens["input_ids"]),
         "label_tokens": int(tokens["loss_mask"].sum()),
         "eval_prompts": eval_prompts,
-        **acc,
+        **reported(acc),
         # the same measure on training rows: far above the held-out AL = short of data, close to it = short of fit
         "fit": {k: v for k, v in fit.items() if "ci95" not in k and k != "per_category"},
         "headline": f"AL@{k} {acc[f'AL@{k}']:.2f} held-out ({eval_prompts} prompts"

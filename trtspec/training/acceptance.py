@@ -63,6 +63,8 @@ def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int, drafts_fn:
         groups.setdefault(ex.get("category", "chat"), []).append(counts)
     out["per_category"] = {c: {"prompts": len(v), f"AL@{k_max}": round(sum(t for t, _ in v) / max(sum(f for _, f in v), 1), 3),
                                f"AL@{k_max}_ci95": al_interval(v)} for c, v in sorted(groups.items())}
+    # (tokens, forwards) and category of each prompt at k_max: two drafts compared prompt by prompt
+    out["per_prompt"], out["categories"] = per_prompt[k_max], [ex.get("category", "chat") for ex in eval_set]
     # acceptance of draft position i = share of verification steps whose first i+1 drafts were all accepted
     return {**out, "accept_rate_by_position": [round(a / max(steps, 1), 3) for a in per_pos]}
 
