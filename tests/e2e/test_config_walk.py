@@ -91,6 +91,8 @@ def hostile_values(key: str, annotation, metadata) -> list[str]:
     if key.startswith(LISTS):
         return []  # walked through data.sources and eval.suites below
     values = [v for v in HOSTILE[kind(annotation)] if not (key in FREE_TEXT and v == "''")]
+    if kind(annotation) == "list" and not any(type(m).__name__ == "MinLen" for m in metadata):
+        values.remove("[]")  # a list that may be empty (draft.step_back: [] = none)
     low, high, low_inc, _ = bounds(metadata)
     if kind(annotation) in ("int", "float") and low is not None and (low > 0 or not low_inc):
         values.append("0")
