@@ -415,6 +415,7 @@ def test_train_few_steps_writes_head_and_log(upstream, tiny_model_dir, tmp_path,
     # held-out acceptance per category of the prompts, pooled the same way: the prompts add up, AL within its interval
     cats = m["per_category"]
     assert sum(c["prompts"] for c in cats.values()) == m["eval_prompts"] and "per_category" not in m["fit"]
+    assert "per_prompt" not in m and "per_prompt" not in m["fit"]  # the paired comparisons' counts stay out of the manifest
     assert all(c["AL@3_ci95"][0] <= c["AL@3"] <= c["AL@3_ci95"][1] for c in cats.values())
     assert (ctx.out / "head.safetensors").is_file()
     seqs = torch.load(ctx.out / head_eval.EVAL_SEQS, weights_only=True)  # the held-out greedy answers, for export

@@ -145,3 +145,10 @@ def test_a_fallen_draft_is_stepped_back_toward_the_earlier_one_until_the_gate_pa
     gate, kept = train.warm_start_gate(gate_ctx(tmp_path, step_back=[0.75, 0.5]), fam, module, start, [], before, tuned)
     assert not gate["passed"] and gate["stepped_back"] == [0.75, 0.5] and kept is tuned
     assert torch.equal(module.w.detach(), torch.full((2,), 2.0))  # none passed: the fine-tune, refused by the stage
+    import pytest
+
+    from trtspec.errors import ValidationFailed
+
+    with pytest.raises(ValidationFailed, match=r"falls behind the one it started from \(stepped back to 0\.75, 0\.50 of "
+                                               r"the fine-tune too\): category 'chat': AL 1\.80 is 10\.0% below"):
+        train.refuse_fallen_draft(gate_ctx(tmp_path), gate)

@@ -480,7 +480,7 @@ def refuse_fallen_draft(ctx: StageContext, gate: dict) -> None:
     failed = ctx.run.path / "train-failed"
     shutil.rmtree(failed, ignore_errors=True)
     shutil.copytree(ctx.out, failed)
-    tried = f" (and at {', '.join(f'{s:.2f}' for s in gate['stepped_back'])} of the way from it)" if gate.get("stepped_back") else ""
+    tried = f" (stepped back to {', '.join(f'{s:.2f}' for s in gate['stepped_back'])} of the fine-tune too)" if gate.get("stepped_back") else ""
     raise ValidationFailed(f"the adapted draft falls behind the one it started from{tried}: "
                            f"{gate['message'].replace('baseline', 'earlier draft')}",
                            f"its outputs are kept in {failed}; lower draft.init_from's learning rate (train.lr) or "
@@ -518,7 +518,7 @@ def train_metrics(ctx: StageContext, method: str, tokens: dict, trained: dict, c
         "eval_prompts": eval_prompts,
         **reported(acc),
         # the same measure on training rows: far above the held-out AL = short of data, close to it = short of fit
-        "fit": {k: v for k, v in fit.items() if "ci95" not in k and k != "per_category"},
+        "fit": {k: v for k, v in reported(fit).items() if "ci95" not in k and k != "per_category"},
         "headline": f"AL@{k} {acc[f'AL@{k}']:.2f} held-out ({eval_prompts} prompts"
         + (", 95% CI {:.2f}-{:.2f}".format(*acc[f"AL@{k}_ci95"]) if acc[f"AL@{k}_ci95"] else "")
         + f"), {steps} steps {t.mode}" + (f", {ranks.size()} processes" if ranks.size() > 1 else ""),
