@@ -77,8 +77,10 @@ class Sizes:
         stored = width(str(getattr(text, "dtype", None) or "bfloat16").replace("torch.", ""))
         self.params = weights_gib * GIB / stored  # the target's parameters, from its checkpoint's bytes
         h, i = text.hidden_size, getattr(text, "intermediate_size", None) or 4 * text.hidden_size
-        section = getattr(cfg, "convert" if cfg.draft.method == "eagle3" else cfg.draft.method)  # the draft's layers
-        layers = getattr(section, "num_layers", 1)
+        from trtspec.draft_families import family
+
+        # the draft's layers, in the first section its family reads (EAGLE-3: convert; DFlash and DFlash2: dflash)
+        layers = getattr(getattr(cfg, family(cfg.draft.method).sections[0]), "num_layers", 1)
         vocab = cfg.convert.draft_vocab_size or text.vocab_size
         # a draft layer (attention reading 2h, MLP) per layer, EAGLE-3's fc over three target layers, its head
         self.draft_params = layers * (6 * h * h + 3 * h * i) + 3 * h * h + vocab * h

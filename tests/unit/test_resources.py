@@ -92,6 +92,10 @@ def test_each_stage_is_sized_from_the_targets_checkpoint(tmp_path):
     _, served = stages(data={"answer_with": "endpoint"}, engine={"backend": "vllm", "batch_sizes": [1]})
     assert served["data"]["memory_gib"] == LIBRARIES_GIB
     assert served["engine"]["memory_gib"] > 2 * weights  # two vLLM engines of the target
+    # a DFlash2 draft's layers are its dflash backbone's: 4 of them weigh more than 2 in the train stage
+    _, two = stages(draft={"method": "dflash2"}, dflash={"num_layers": 2})
+    _, four = stages(draft={"method": "dflash2"}, dflash={"num_layers": 4})
+    assert four["train"]["memory_gib"] > two["train"]["memory_gib"]
     said = {line.split()[0]: line for line in lines({**est, "free_memory_gib": 20.0, "free_disk_gib": 40.0})}
     assert said["quantize"].startswith("  quantize  memory 31.4 GiB (the target twice") and "(MORE than is free)" in said["quantize"]
     assert said["convert"].startswith("  convert   memory 16.5 GiB (the target); disk") and "MORE" not in said["convert"]
