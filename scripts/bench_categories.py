@@ -38,8 +38,8 @@ def main() -> None:
     from trtspec.chat import encode_prompt
     from trtspec.checks import acceptance_summary
     from trtspec.draft_families import draft_method
-    from trtspec.measure import timed
-    from trtspec.runtime import DraftSpec, compile_steps, generate, speculative_decode
+    from trtspec.measure import timed, warm_up
+    from trtspec.runtime import DraftSpec, generate, speculative_decode
 
     settings = runtime_settings(a)
     bundle = open_bundle(a.run_dir)
@@ -48,9 +48,9 @@ def main() -> None:
     target, drafter = bundle.runtime(settings=settings)
     k = bundle.draft_length
     spec, eos, new = DraftSpec(shape="chain", k=k), bundle.eos, a.max_new_tokens
-    if settings.compile:
-        compile_steps([target, drafter.net], lambda: [(generate(target, p, 8, eos), speculative_decode(target, drafter, p, 8, spec, eos))
-                                                      for p in prompts[:2]])
+    if settings.compile:  # every row count a step verifies compiled first, or its compilation lands in a timed run
+        warm_up(target, [(drafter, spec)], lambda: [(generate(target, p, 8, eos), speculative_decode(target, drafter, p, 8, spec, eos))
+                                                    for p in prompts[:2]])
     plain, spec_runs, seconds = [], [], defaultdict(lambda: [0.0, 0.0, 0, 0])  # category -> s plain, s draft, tokens
     for r, p in zip(rows, prompts, strict=True):
         g0, s0 = timed(partial(generate, target, p, new, eos))
