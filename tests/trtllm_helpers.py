@@ -60,3 +60,25 @@ def fake_trtllm(monkeypatch):
     purge_trtllm()
     yield use
     purge_trtllm()
+
+
+def trtllm_eagle31_gaps(draft: Path) -> list[str]:
+    """Where an exported EAGLE-3.1 draft departs from what TensorRT-LLM's EAGLE-3 loader reads (CONTRACT['eagle3_draft'],
+    main): the switches top-level booleans in config.json, and one fc_norm.{i}.weight of the target's width per
+    captured layer when fc_norm is on."""
+    from safetensors import safe_open
+
+    contract = CONTRACT["eagle3_draft"]
+    cfg = json.loads((draft / "config.json").read_text())
+    gaps = [f"{key} is {cfg[key]!r}, not a boolean" for key in contract["eagle31_switches"]
+            if key in cfg and not isinstance(cfg[key], bool)]
+    gaps += [f"{key} is nested in eagle_config" for key in contract["eagle31_switches"] if key in cfg.get("eagle_config", {})]
+    if cfg.get("fc_norm"):
+        with safe_open(str(draft / "model.safetensors"), "pt") as f:
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        width = cfg.get("target_hidden_size", cfg["hidden_size"])
+        for i in range(len(cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"])):
+            name = contract["fc_norm_weight"].format(i=i)
+            if shapes.get(name) != (width,):
+                gaps.append(f"{name}: {shapes.get(name, 'missing')}, expected ({width},)")
+    return gaps

@@ -172,10 +172,11 @@ class ConvertSection(Section):
         False, "start the head from the target's layer after the deepest aux layer, its final norm and lm_head rows "
         "instead of modelopt's random init: exact for Llama/Mistral/Qwen2; Qwen3's q/k norms have no place in the "
         "head (listed in convert's metrics: init_not_copied)")
-    fc_norm: bool = key(False, "EAGLE-3.1: an RMSNorm on each auxiliary hidden state before the fusion layer fc (vLLM's "
-                        "llama_eagle3 reads `fc_norm`); the target's layers differ in scale, the norms even them out")
+    fc_norm: bool = key(False, "EAGLE-3.1: an RMSNorm on each auxiliary hidden state before the fusion layer fc (read as "
+                        "`fc_norm` by vLLM's llama_eagle3 and TensorRT-LLM's EAGLE-3 draft model, not by SGLang); the "
+                        "target's layers differ in scale, the norms even them out")
     norm_output: bool = key(False, "EAGLE-3.1: a draft step hands the next step its output after the final norm, not "
-                            "before (vLLM's `norm_output`)")
+                            "before (`norm_output`, read where fc_norm is)")
     overrides: dict[str, Any] = Field(default_factory=dict, description="any other eagle_architecture_config field, applied last "
                                     "(e.g. intermediate_size: 1536)")
 

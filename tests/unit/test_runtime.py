@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from stagekit import chi2_of_first_two, export_random_eagle, first_draft, rerandomized, small_lm
+from trtllm_helpers import trtllm_eagle31_gaps
 
 from trtspec.eagle.runtime import load_eagle3_drafter
 from trtspec.errors import ArtifactError, ModelError
@@ -620,6 +621,9 @@ def test_eagle3_draft_matches_modelopt(eagle_export, target_dir, tmp_path, varia
     if variant in convert:
         eagle_export = (tmp_path / "draft", *modelopt_draft(export_random_eagle(target_dir, tmp_path / "draft", **convert[variant])))
     draft_dir, ids, base_tok, want = eagle_export
+    if variant == "eagle3.1":  # the same checkpoint TensorRT-LLM's EAGLE-3 loader reads (tests/contracts)
+        assert json.loads((draft_dir / "config.json").read_text()).get("norm_output") is True
+        assert trtllm_eagle31_gaps(draft_dir) == []
     target = load_transformer(target_dir)[0]
     drafter = load_eagle3_drafter(draft_dir, target)
     assert first_draft(target, drafter, ids, base_tok, len(want)) == want

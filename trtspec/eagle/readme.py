@@ -66,10 +66,11 @@ def eagle31_lines(info: dict) -> list[str]:
     on = [key for key in ("fc_norm", "norm_output") if info.get(key)]
     if not on:
         return []
-    return [f"An EAGLE-3.1 head ({' and '.join(f'`{k}`' for k in on)} in draft/config.json): vLLM's llama_eagle3 reads "
-            "both, and snippets/speculators.sh passes them to speculators' converter. trtspec has not found them in "
-            "TensorRT-LLM's or SGLang's EAGLE-3 loaders: there such a head would run as plain EAGLE-3 (outputs stay "
-            "exact, acceptance falls).", ""]
+    return [f"An EAGLE-3.1 head ({' and '.join(f'`{k}`' for k in on)} in draft/config.json): TensorRT-LLM's EAGLE-3 "
+            "draft model (main of 2026; not its 1.0 releases) and vLLM's llama_eagle3 read both, and "
+            "snippets/speculators.sh passes them to speculators' converter. SGLang's llama_eagle3 reads neither: there, "
+            "as in older TensorRT-LLM releases, such a head would run as plain EAGLE-3 (outputs stay exact, acceptance "
+            "falls).", ""]
 
 
 def eagle3_checks(info: dict, metrics: dict) -> list[str]:
