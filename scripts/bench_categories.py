@@ -6,6 +6,7 @@ draft, and tokens/s against it (each prompt decoded without and with the draft b
     python scripts/bench_categories.py runs/demo                        # every held-out prompt, 128 new tokens
     python scripts/bench_categories.py runs/demo --prompts 32 --max-new-tokens 64 --json
     python scripts/bench_categories.py runs/demo --suite build_configs/prompts/unseen_prompts.jsonl   # prompts of yours
+    python scripts/bench_categories.py runs/demo --suffix-min-match 4   # a suffix match drafts first (validate's eagle3_suffix)
 
 The same per-category summary validate writes into report.json (checks.acceptance_summary), on more prompts than
 validate times (eval.num_prompts), with the no-draft runtime as the greedy reference instead of HF generate.
@@ -26,6 +27,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=1000, help="held-out prompts at most")
     ap.add_argument("--suite", type=Path, help="a JSONL suite (prompt or messages, category) instead of the held-out split")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--suffix-min-match", type=int, default=0, metavar="N",
+                    help="draft a suffix match of at least N tokens instead of the head (validate's eagle3_suffix); 0: the head alone")
     ap.add_argument("--json", action="store_true")
     add_runtime_flags(ap)
     a = ap.parse_args()
@@ -40,16 +43,18 @@ def main() -> None:
     from trtspec.draft_families import draft_method
     from trtspec.measure import timed, warm_up
     from trtspec.runtime import DraftSpec, generate, speculative_decode
+    from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
 
     settings = runtime_settings(a)
     bundle = open_bundle(a.run_dir)
     rows = suite_rows(a.suite)[: a.prompts] if a.suite else load_prompt_rows(a.run_dir, a.prompts)
     prompts = [torch.tensor(encode_prompt(bundle.tok, r["messages"])) for r in rows]
-    target, drafter = bundle.runtime(settings=settings)
+    target, head = bundle.runtime(settings=settings)
+    drafter = SuffixThenModelDrafter(head, SuffixDrafter(min_match=a.suffix_min_match)) if a.suffix_min_match else head
     k = bundle.draft_length
     spec, eos, new = DraftSpec(shape="chain", k=k), bundle.eos, a.max_new_tokens
     if settings.compile:  # every row count a step verifies compiled first, or its compilation lands in a timed run
-        warm_up(target, [(drafter, spec)], lambda: [(generate(target, p, 8, eos), speculative_decode(target, drafter, p, 8, spec, eos))
+        warm_up(target, [(head, spec)], lambda: [(generate(target, p, 8, eos), speculative_decode(target, drafter, p, 8, spec, eos))
                                                     for p in prompts[:2]])
     plain, spec_runs, seconds = [], [], defaultdict(lambda: [0.0, 0.0, 0, 0])  # category -> s plain, s draft, tokens
     for r, p in zip(rows, prompts, strict=True):
@@ -63,7 +68,7 @@ def main() -> None:
     for c, v in summary["per_category"].items():
         v["speedup_vs_no_draft"] = speedup(seconds[c])
     result = {"run": str(a.run_dir), "prompts_from": str(a.suite or "heldout"),
-              "draft": draft_method(verified(a.run_dir, "export")[0] / "draft"), "k": k, "prompts": len(rows),
+              "draft": draft_method(verified(a.run_dir, "export")[0] / "draft") + ("+suffix" if a.suffix_min_match else ""), "k": k, "prompts": len(rows),
               "max_new_tokens": new, "speedup_vs_no_draft": speedup([sum(x) for x in zip(*seconds.values(), strict=True)]), **summary}
     if a.json:
         print(json.dumps(result))
