@@ -22,6 +22,16 @@ CONVERSATIONS = [
 ]
 
 
+def load_script(name: str):
+    """scripts/NAME.py imported as a module (its main() and helpers), for the tests of the project's scripts."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def tiny_config(model_dir: Path, base_dir: Path, **sections: Any):
     raw = {"model": {"source": str(model_dir)},
            "data": {"sources": [{"kind": "jsonl", "path": "unused.jsonl"}], "max_new_tokens": 16}}

@@ -3,20 +3,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
+from stagekit import load_script
 
 
 @pytest.mark.parametrize("suffix", [0, 2])
 def test_categories_bench_keeps_greedy_output(ci_run, monkeypatch, capsys, suffix):
-    script = Path(__file__).parents[2] / "scripts" / "bench_categories.py"
-    spec = importlib.util.spec_from_file_location("bench_categories", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_categories")
     monkeypatch.setattr(sys, "argv", ["bench_categories.py", str(ci_run), "--prompts", "4", "--max-new-tokens", "24",
                                       "--no-compile", "--suffix-min-match", str(suffix), "--json"])
     bench.main()

@@ -3,18 +3,15 @@ forward, measures what its train stage measured (the CI recipe's states come fro
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sys
-from pathlib import Path
+
+from stagekit import load_script
 
 
 def test_a_draft_on_its_own_rows_measures_what_its_train_stage_did(ci_run, monkeypatch, capsys):
-    script = Path(__file__).parents[2] / "scripts" / "bench_heads_cross.py"
-    spec = importlib.util.spec_from_file_location("bench_heads_cross", script)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_heads_cross")
     monkeypatch.setattr(sys, "argv", ["bench_heads_cross.py", str(ci_run)])
     bench.main()
     als = [float(m) for m in re.findall(r"^\S+\s+\S+\s+([\d.]+) \(", capsys.readouterr().out, re.M)]
