@@ -37,7 +37,7 @@ def main() -> None:
 
     import torch
 
-    from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings
+    from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings, suite_rows
     from trtspec.chat import encode_prompt
     from trtspec.checks import acceptance_summary
     from trtspec.draft_families import draft_method
@@ -86,16 +86,6 @@ def main() -> None:
 def speedup(s: list[float]) -> float:
     """Tokens/s with the draft over tokens/s without, from [s without, s with, tokens without, tokens with]."""
     return round((s[3] / s[1]) / (s[2] / s[0]), 3)
-
-
-def suite_rows(path: Path) -> list[dict]:
-    """A JSONL suite's rows {id, category, messages}, read as validate reads eval.suites."""
-    from collections import Counter
-
-    from trtspec.config import EvalSuite
-    from trtspec.suites import read_suite_file
-
-    return read_suite_file(path, Counter(), EvalSuite(kind="jsonl", path=str(path)), "--suite")
 
 
 if __name__ == "__main__":

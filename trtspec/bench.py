@@ -106,6 +106,16 @@ def load_prompt_rows(run: Path, n: int, split: str = "heldout") -> list[dict]:
     return rows
 
 
+def suite_rows(path: Path) -> list[dict]:
+    """A JSONL suite's rows {id, category, messages}, read as validate reads eval.suites."""
+    from collections import Counter
+
+    from trtspec.config import EvalSuite
+    from trtspec.suites import read_suite_file
+
+    return read_suite_file(path, Counter(), EvalSuite(kind="jsonl", path=str(path)), "--suite")
+
+
 def load_prompts(run: Path, tok: Any, n: int, split: str = "heldout") -> list[list[int]]:
     """The first n prompts of the data stage's split (heldout | train), chat-templated."""
     from trtspec.chat import encode_prompt

@@ -20,3 +20,26 @@ def test_categories_bench_keeps_greedy_output(ci_run, monkeypatch, capsys, suffi
     assert out["prompts"] == 4 and out["draft"] == "eagle3" + ("+suffix" if suffix else "")
     assert sum(c["exact"] for c in out["per_category"].values()) == 4
     assert 1.0 <= out["acceptance_length"] <= 4.0 and out["speedup_vs_no_draft"] > 0
+
+
+def test_generalisation_bench_reads_the_target_where_each_guess_aims(ci_run, monkeypatch, capsys, tmp_path):
+    """scripts/bench_generalisation.py: both sets decoded greedily as without the draft, the HF forward's argmax is the
+    answer (its probabilities read at the right positions), and the split multiplies back to the ratio."""
+    from trtspec.bench import load_prompt_rows
+
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text("".join(json.dumps({"prompt": p, "category": c}) + "\n" for p, c in [
+        ("Summarise: the river rose after three days of rain and the bridge closed.", "summarization"),
+        ("You are a pirate. Greet the crew.", "roleplay")]))
+    bench = load_script("bench_generalisation")
+    monkeypatch.setattr(sys, "argv", ["bench_generalisation.py", str(ci_run), "--suite", str(suite), "--prompts", "3",
+                                      "--max-new-tokens", "24", "--no-compile", "--json"])
+    bench.main()
+    out = json.loads(capsys.readouterr().out)
+    held, s = out["heldout"], out["suite"]
+    assert held["prompts"] == min(3, len(load_prompt_rows(ci_run, 3))) and s["prompts"] == 2
+    assert held["identical"] == held["prompts"] and s["identical"] == 2
+    assert held["scorer_argmax_agrees"] >= 0.95 and s["scorer_argmax_agrees"] >= 0.95
+    assert out["ratio"] == pytest.approx(out["difficulty"] * out["generalisation"], abs=0.01)
+    for x in (held, s):
+        assert x["steps"] == sum(b["steps"] for b in x["by_confidence"]) > 0 and 1.0 <= x["AL"] <= 1 + out["k"]

@@ -20,6 +20,7 @@ from trtspec.runtime.decode import Stats, generate, speculative_decode
 from trtspec.runtime.drafters import (
     DraftSpec,
     LMDrafter,
+    ModelDrafter,
     NgramDrafter,
     draft_dynamic_tree,
     draft_static_tree,
@@ -750,3 +751,9 @@ def test_native_builds_are_keyed_by_the_cpu(monkeypatch):
         monkeypatch.setattr(native.Path, "read_text", lambda self, *a, f=flags, **k: f"model name\t: X\nflags\t\t: {f}\n" * 2)
         keys.append(native.cpu_key())
     assert keys[0] != keys[1] and keys[0] == keys[2]
+
+
+def test_a_compressed_draft_vocabulary_says_which_target_tokens_it_can_draft():
+    compressed = ModelDrafter(torch.tensor([5, 7, 9]), 12)
+    assert [compressed.drafts_token(t) for t in (5, 6, 7, 9, 10)] == [True, False, True, True, False]
+    assert ModelDrafter(None, 12).drafts_token(11)  # the target's own vocabulary: every token

@@ -64,6 +64,10 @@ class ModelDrafter:
         self.root_logits: Tensor | None = None
         self.root_hidden: Tensor | None = None
 
+    def drafts_token(self, token: int) -> bool:
+        """Whether the draft's vocabulary holds target token `token` (a compressed one holds only some)."""
+        return self.vocab_ids is None or bool((self.vocab_ids == token).any())
+
     # subclasses: _forward(tokens, hidden, positions, slots, length, mask) -> (logits [T, Vd], hidden_out [T, H] | None)
     def _forward(self, tokens, hidden, positions, slots, length, mask):
         raise NotImplementedError
