@@ -86,7 +86,7 @@ def convert_head(base_config: Any, model_path: Path, cfg: BuildConfig, tokens_fi
         head_params=params,
         aux_layers=arch["eagle_aux_hidden_state_layer_ids"],
         draft_vocab_size=arch["draft_vocab_size"],
-        headline=f"EAGLE-3 head {params / 1e6:.1f}M params, aux layers {arch['eagle_aux_hidden_state_layer_ids']}"
+        headline=f"{'EAGLE-3.1' if cfg.convert.fc_norm or cfg.convert.norm_output else 'EAGLE-3'} head {params / 1e6:.1f}M params, aux layers {arch['eagle_aux_hidden_state_layer_ids']}"
         + (f", draft vocab {arch['draft_vocab_size']} ({metrics['draft_vocab_coverage']:.1%} coverage)" if "draft_vocab_coverage" in metrics else ""),
     )
     return draft_cfg, model, metrics
