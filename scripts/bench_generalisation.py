@@ -112,11 +112,11 @@ def main() -> None:
     a = ap.parse_args()
 
     from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings, suite_rows
-    from trtspec.models import load_model
+    from trtspec.runtime.hf_target import load_hf_target
 
     bundle = open_bundle(a.run_dir)
     target, head = bundle.runtime(settings=runtime_settings(a))
-    scorer = load_model(bundle.path / "target", "float32", "cpu")
+    scorer = load_hf_target(bundle.path / "target")[0].model  # float32 HF, a quantized target's weights dequantized
     sets = {"heldout": load_prompt_rows(a.run_dir, a.prompts), "suite": suite_rows(a.suite)[: a.prompts]}
     result: dict[str, Any] = {"run": str(a.run_dir), "suite_file": str(a.suite), "k": bundle.draft_length, "max_new_tokens": a.max_new_tokens}
     for name, rows in sets.items():
