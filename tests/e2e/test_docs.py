@@ -3,7 +3,6 @@ every recipe the docs name exists and loads; the repository keeps its top-level 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from stagekit import load_script
 
 from trtspec.cli import main
 from trtspec.config import load_config
@@ -20,15 +20,8 @@ README = ROOT / "README.md"
 CLI_DOC = ROOT / "docs" / "cli.md"
 
 
-def gen_cli_reference():
-    spec = importlib.util.spec_from_file_location("gen_cli_reference", ROOT / "scripts" / "gen_cli_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_readme_cli_reference_is_up_to_date():
-    gen = gen_cli_reference()
+    gen = load_script("gen_cli_reference")
     text = CLI_DOC.read_text(encoding="utf-8")
     assert text == gen.replace_section(text, gen.render()), (
         "docs/cli.md's CLI reference differs from the commands' --help: run `python scripts/gen_cli_reference.py`"
@@ -36,9 +29,7 @@ def test_readme_cli_reference_is_up_to_date():
 
 
 def test_config_reference_is_up_to_date_and_every_key_is_described():
-    spec = importlib.util.spec_from_file_location("gen_config_reference", ROOT / "scripts" / "gen_config_reference.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
+    gen = load_script("gen_config_reference")
     from trtspec.config import BuildConfig
 
     assert [k for k, *_, desc in gen.rows(BuildConfig) if not desc] == []
@@ -48,9 +39,7 @@ def test_config_reference_is_up_to_date_and_every_key_is_described():
 
 
 def test_engines_reference_is_the_engines_support_tables():
-    spec = importlib.util.spec_from_file_location("gen_engines_reference", ROOT / "scripts" / "gen_engines_reference.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
+    gen = load_script("gen_engines_reference")
     assert (ROOT / "docs" / "engines.md").read_text(encoding="utf-8") == gen.render(), (
         "docs/engines.md differs from trtspec/engines/*/support.py: run `python scripts/gen_engines_reference.py`"
     )
@@ -58,7 +47,7 @@ def test_engines_reference_is_the_engines_support_tables():
 
 def test_cli_reference_is_what_help_prints():
     """The rendered block of a command is exactly what `trtspec <cmd> --help` prints (same width, same options)."""
-    gen = gen_cli_reference()
+    gen = load_script("gen_cli_reference")
     rendered = gen.render()
     for args in (["--help"], ["build", "--help"], ["deploy", "triton", "--help"]):
         out = CliRunner().invoke(main, args, prog_name="trtspec", terminal_width=gen.WIDTH).output.rstrip()
@@ -72,7 +61,7 @@ def test_every_command_is_in_the_reference():
 
 
 def test_replace_section_keeps_the_rest():
-    gen = gen_cli_reference()
+    gen = load_script("gen_cli_reference")
     text = f"top\n{gen.START}\nold\n{gen.END}\nbottom\n"
     assert gen.replace_section(text, "new\n") == f"top\n{gen.START}\nnew\n{gen.END}\nbottom\n"
     with pytest.raises(SystemExit):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from stagekit import BareCtx
+from stagekit import BareCtx, load_script
 from trtllm_helpers import fake_trtllm  # noqa: F401 - fixture
 
 from trtspec.config import ConvertSection, config_from_dict
@@ -724,7 +724,6 @@ def test_demo_model_short_budget(tmp_path, demo_model_dir):
 
 def test_bench_head_throughputs_interleave_offline_and_online(upstream, tiny_model_dir, tmp_path):
     """scripts/bench_head.py's throughput comparison runs on a run's data and convert folders, both modes timed."""
-    import importlib.util
     import shutil
 
     from trtspec.artifacts import RunDir
@@ -737,9 +736,7 @@ def test_bench_head_throughputs_interleave_offline_and_online(upstream, tiny_mod
             shutil.copytree(folder, out, dirs_exist_ok=True)
             run.commit(name, out, {"stage": name, "status": "done", "fingerprint": "f"})
     run = run.path
-    spec = importlib.util.spec_from_file_location("bench_head", Path(__file__).parents[2] / "scripts" / "bench_head.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_head")
     speed = bench.throughputs(_stage_ctx(tmp_path, tiny_model_dir, "train", inputs).cfg, run, steps=2)
     assert set(speed) == {"offline", "online"} and all(v > 0 for v in speed.values())
 
@@ -747,12 +744,9 @@ def test_bench_head_throughputs_interleave_offline_and_online(upstream, tiny_mod
 def test_bench_data_scaling_fits_the_trend_and_prices_the_rows_it_needs(tmp_path, monkeypatch):
     """scripts/bench_data_scaling.py: the log2 trend through the sizes it trained, the rows a target AL needs on it,
     and their cost at the run's own per-row seconds (sizes faked here: AL@3 = 1 + 0.25 * log2(rows / 100))."""
-    import importlib.util
     import math
 
-    spec = importlib.util.spec_from_file_location("bench_data_scaling", Path(__file__).parents[2] / "scripts" / "bench_data_scaling.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("bench_data_scaling")
     trained = []
 
     def fake_recipe(config, sets, out, name, recipe_sets):
