@@ -1,17 +1,12 @@
 """scripts/family_matrix.py's table and its place in docs/families.md (trtspec.bench.write_doc_section): the page
 shows what the script measured."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from stagekit import load_script
 
 from trtspec.bench import write_doc_section
 
-ROOT = Path(__file__).parents[2]
-spec = importlib.util.spec_from_file_location("family_matrix", ROOT / "scripts" / "family_matrix.py")
-matrix = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(matrix)
+matrix = load_script("family_matrix")
 
 SERVED = {"family": "llama3", "method": "eagle3", "rc": 0, "seconds": 38.3, "error": None, "convert": "done",
           "train": "done", "heldout_al": 1.2345, "export": "done", "engine": "done", "engine_note": None,
