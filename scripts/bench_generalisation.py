@@ -78,6 +78,16 @@ def decompose(held: dict, suite: dict) -> dict:
             "generalisation": round(suite["AL"] / pred, 3)}
 
 
+def per_category(held: dict, records: list[tuple]) -> dict[str, dict]:
+    """decompose for each category of the suite (records tagged with their prompt's category, the fifth field)
+    against the whole held-out set."""
+    out = {}
+    for c in sorted({r[4] for r in records}):
+        mine = summary([r for r in records if r[4] == c])
+        out[c] = {"steps": mine["steps"], "AL": mine["AL"], "in_draft_vocab": mine["in_draft_vocab"], **decompose(held, mine)}
+    return out
+
+
 def measure(bundle: Any, target: Any, head: Any, scorer: Any, rows: list[dict], new: int) -> tuple[list[tuple], dict]:
     """Step records over rows' greedy answers with the draft, with how many answers equal the runtime's without it
     and the share of answer tokens that are the scorer's own argmax (the HF forward read at the right positions)."""
@@ -97,7 +107,7 @@ def measure(bundle: Any, target: Any, head: Any, scorer: Any, rows: list[dict], 
         answer = torch.tensor(g.tokens)
         token_p = logits.float().softmax(-1).gather(-1, answer[:, None])[:, 0].tolist()
         argmax, tokens = argmax + int((logits.argmax(-1) == answer).sum()), tokens + len(answer)
-        records += step_records(g.stats.accepted, g.tokens, token_p, [in_vocab(t) for t in g.tokens])
+        records += [(*x, r["category"]) for x in step_records(g.stats.accepted, g.tokens, token_p, [in_vocab(t) for t in g.tokens])]
     return records, {"identical": identical, "scorer_argmax_agrees": round(argmax / max(tokens, 1), 3)}
 
 
@@ -123,6 +133,7 @@ def main() -> None:
         records, checks = measure(bundle, target, head, scorer, rows, a.max_new_tokens)
         result[name] = {"prompts": len(rows), **checks, **summary(records)}
     result.update(decompose(result["heldout"], result["suite"]))
+    result["suite"]["per_category"] = per_category(result["heldout"], records)  # records: the suite's, measured last
     if a.json:
         print(json.dumps(result))
         return
@@ -140,6 +151,10 @@ def main() -> None:
     for hb, sb in zip(h["by_confidence"], s["by_confidence"], strict=True):
         print(f"{hb['from']:.2f}-{hb['to']:.2f} | {hb['share']:15.3f} {hb['first_accepted']:7.3f} {hb['AL']:5.2f} "
               f"{hb['in_draft_vocab']:8.3f} | {sb['share']:12.3f} {sb['first_accepted']:7.3f} {sb['AL']:5.2f} {sb['in_draft_vocab']:8.3f}")
+    print(f"{'suite category':<16} {'steps':>5} {'AL':>5} {'ratio':>5} {'difficulty':>10} {'generalisation':>14} {'in vocab':>8}")
+    for c, v in s["per_category"].items():
+        print(f"{c:<16} {v['steps']:>5} {v['AL']:5.2f} {v['ratio']:5.2f} {v['difficulty']:10.2f} {v['generalisation']:14.2f} "
+              f"{v['in_draft_vocab']:8.3f}")
 
 
 if __name__ == "__main__":

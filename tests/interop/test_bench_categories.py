@@ -43,3 +43,4 @@ def test_generalisation_bench_reads_the_target_where_each_guess_aims(ci_run, mon
     assert out["ratio"] == pytest.approx(out["difficulty"] * out["generalisation"], abs=0.01)
     for x in (held, s):
         assert x["steps"] == sum(b["steps"] for b in x["by_confidence"]) > 0 and 1.0 <= x["AL"] <= 1 + out["k"]
+    assert sum(v["steps"] for v in s["per_category"].values()) == s["steps"] and set(s["per_category"]) == {"summarization", "roleplay"}

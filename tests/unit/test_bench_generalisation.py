@@ -47,3 +47,11 @@ def test_a_bin_the_held_out_prompts_never_reached_counts_at_their_overall_al():
     held = bench.summary(rows((0.999, 3), (0.999, 1)))  # AL 3 overall, every step in the last bin
     suite = bench.summary(rows((0.2, 0), (0.999, 3)))
     assert bench.decompose(held, suite)["predicted_AL"] == 3.0
+
+
+def test_each_suite_category_is_split_against_the_whole_held_out_set():
+    held = bench.summary(rows((0.2, 0), (0.999, 3)))  # AL 2.5; 1 on hard tokens, 4 on easy ones
+    suite = [(0.2, False, 0, True, "hard"), (0.2, False, 0, True, "hard"), (0.999, True, 1, True, "easy")]
+    got = bench.per_category(held, suite)
+    assert got["hard"]["difficulty"] == pytest.approx(1 / 2.5) and got["hard"]["generalisation"] == 1.0
+    assert got["easy"]["difficulty"] == pytest.approx(4 / 2.5) and got["easy"]["generalisation"] == pytest.approx(2 / 4)
