@@ -107,7 +107,7 @@ def measure(bundle: Any, target: Any, head: Any, scorer: Any, rows: list[dict], 
         answer = torch.tensor(g.tokens)
         token_p = logits.float().softmax(-1).gather(-1, answer[:, None])[:, 0].tolist()
         argmax, tokens = argmax + int((logits.argmax(-1) == answer).sum()), tokens + len(answer)
-        records += [(*x, r["category"]) for x in step_records(g.stats.accepted, g.tokens, token_p, [in_vocab(t) for t in g.tokens])]
+        records += [(*x, r.get("category", "chat")) for x in step_records(g.stats.accepted, g.tokens, token_p, [in_vocab(t) for t in g.tokens])]
     return records, {"identical": identical, "scorer_argmax_agrees": round(argmax / max(tokens, 1), 3)}
 
 
