@@ -44,15 +44,20 @@ def bin_of(p: float) -> int:
     return max(i for i, edge in enumerate(BINS) if p >= edge)
 
 
+def means(records: list[tuple]) -> dict:
+    """First-guess acceptance, AL (1 + accepted per step) and the share in the draft vocab over records."""
+    n = max(len(records), 1)
+    return {"first_accepted": round(sum(r[1] for r in records) / n, 3), "AL": round(1 + sum(r[2] for r in records) / n, 3),
+            "in_draft_vocab": round(sum(r[3] for r in records) / n, 3)}
+
+
 def by_confidence(records: list[tuple]) -> list[dict]:
-    """Per BINS bin: share of the steps, first-guess acceptance, AL (1 + accepted per step), share in the draft vocab."""
+    """Per BINS bin: the share of the steps, and their means."""
     rows = []
     for i, edge in enumerate(BINS):
         b = [r for r in records if bin_of(r[0]) == i]
-        n = max(len(b), 1)
         rows.append({"from": edge, "to": BINS[i + 1] if i + 1 < len(BINS) else 1.0, "steps": len(b),
-                     "share": round(len(b) / max(len(records), 1), 3), "first_accepted": round(sum(r[1] for r in b) / n, 3),
-                     "AL": round(1 + sum(r[2] for r in b) / n, 3), "in_draft_vocab": round(sum(r[3] for r in b) / n, 3)})
+                     "share": round(len(b) / max(len(records), 1), 3), **means(b)})
     return rows
 
 
@@ -64,11 +69,8 @@ def predicted_al(held: list[dict], suite: list[dict]) -> float:
 
 
 def summary(records: list[tuple]) -> dict:
-    n = max(len(records), 1)
-    return {"steps": len(records), "AL": round(1 + sum(r[2] for r in records) / n, 3),
-            "first_accepted": round(sum(r[1] for r in records) / n, 3),
-            "mean_target_p": round(sum(r[0] for r in records) / n, 3),
-            "in_draft_vocab": round(sum(r[3] for r in records) / n, 3), "by_confidence": by_confidence(records)}
+    return {"steps": len(records), **means(records), "mean_target_p": round(sum(r[0] for r in records) / max(len(records), 1), 3),
+            "by_confidence": by_confidence(records)}
 
 
 def decompose(held: dict, suite: dict) -> dict:
@@ -129,11 +131,12 @@ def main() -> None:
     scorer = load_hf_target(bundle.path / "target")[0].model  # float32 HF, a quantized target's weights dequantized
     sets = {"heldout": load_prompt_rows(a.run_dir, a.prompts), "suite": suite_rows(a.suite)[: a.prompts]}
     result: dict[str, Any] = {"run": str(a.run_dir), "suite_file": str(a.suite), "k": bundle.draft_length, "max_new_tokens": a.max_new_tokens}
+    records = {}
     for name, rows in sets.items():
-        records, checks = measure(bundle, target, head, scorer, rows, a.max_new_tokens)
-        result[name] = {"prompts": len(rows), **checks, **summary(records)}
+        records[name], checks = measure(bundle, target, head, scorer, rows, a.max_new_tokens)
+        result[name] = {"prompts": len(rows), **checks, **summary(records[name])}
     result.update(decompose(result["heldout"], result["suite"]))
-    result["suite"]["per_category"] = per_category(result["heldout"], records)  # records: the suite's, measured last
+    result["suite"]["per_category"] = per_category(result["heldout"], records["suite"])
     if a.json:
         print(json.dumps(result))
         return
