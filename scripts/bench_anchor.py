@@ -22,6 +22,7 @@ from pathlib import Path
 
 from trtspec.artifacts import MARKER
 from trtspec.bench import arg_parser, stage_metrics
+from trtspec.errors import run_main
 from trtspec.measure import timed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,4 +104,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from trtspec.bench import arg_parser, verified
+from trtspec.errors import run_main
 from trtspec.measure import ms_per_call, step_ms, timed
 from trtspec.runtime import compile_steps, generate, load_transformer
 from trtspec.runtime.settings import RuntimeSettings
@@ -90,4 +91,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

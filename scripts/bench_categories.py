@@ -19,6 +19,7 @@ from functools import partial
 from pathlib import Path
 
 from trtspec.bench import add_runtime_flags, arg_parser, verified
+from trtspec.errors import run_main
 
 
 def main() -> None:
@@ -89,4 +90,4 @@ def speedup(s: list[float]) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

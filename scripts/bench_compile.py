@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from trtspec.bench import arg_parser
+from trtspec.errors import run_main
 
 ONE_RUN = """
 import json, torch
@@ -59,4 +60,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

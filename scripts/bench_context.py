@@ -20,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from trtspec.bench import add_runtime_flags, arg_parser, verified
+from trtspec.errors import run_main
 
 
 def main() -> None:
@@ -58,4 +59,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

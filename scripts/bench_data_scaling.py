@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from trtspec.bench import arg_parser, print_table, save_figure, train_recipe, verified
+from trtspec.errors import run_main
 
 K = 3  # chain drafts of 3, the and the engine's default
 
@@ -155,4 +156,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from trtspec.bench import arg_parser, verified
+from trtspec.errors import run_main
 from trtspec.measure import memory_bandwidth, ms_per_call, step_ms, timed
 from trtspec.runtime import compile_steps, generate, load_transformer
 from trtspec.runtime.kernels import Linear, few_rows_linear
@@ -99,4 +100,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

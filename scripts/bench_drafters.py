@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from trtspec.bench import arg_parser, verified
+from trtspec.errors import run_main
 
 CODE_PROMPTS = Path(__file__).resolve().parent.parent / "build_configs" / "prompts" / "code_prompts.jsonl"
 
@@ -157,4 +158,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

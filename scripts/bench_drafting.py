@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 from trtspec.bench import arg_parser
+from trtspec.errors import run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = {"code": ROOT / "build_configs" / "prompts" / "code_prompts.jsonl",
@@ -115,4 +116,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

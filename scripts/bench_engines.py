@@ -32,6 +32,7 @@ from functools import partial
 from pathlib import Path
 
 from trtspec.bench import arg_parser
+from trtspec.errors import run_main
 from trtspec.measure import timed
 
 
@@ -173,4 +174,4 @@ def lockstep(bundle: Path, prompts: list[list[int]], a: argparse.Namespace, leve
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.bench import add_runtime_flags, arg_parser
+from trtspec.errors import run_main
 
 BINS = (0.0, 0.5, 0.8, 0.95, 0.99)  # lower edges of the target-probability bins; the last runs to 1
 
@@ -161,4 +162,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

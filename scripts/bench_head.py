@@ -13,6 +13,7 @@ import resource
 from pathlib import Path
 
 from trtspec.bench import arg_parser, stage_metrics, verified
+from trtspec.errors import run_main
 from trtspec.measure import timed
 
 
@@ -92,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 
 from trtspec.bench import add_runtime_flags, arg_parser
+from trtspec.errors import run_main
 
 ONE_PASS_TREES = "one_pass_trees"  # a drafter's switch: an EAGLE-3 tree drafted in one pass (--without it: per depth)
 
@@ -115,4 +116,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from trtspec.artifacts import RunDir
 from trtspec.bench import arg_parser, stage_metrics, verified
+from trtspec.errors import run_main
 
 
 def build(config: Path, out: Path, sets: list[str]) -> dict:
@@ -83,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

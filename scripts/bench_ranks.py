@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from trtspec.bench import arg_parser, stage_metrics
+from trtspec.errors import run_main
 
 
 def train_with(config: str, out: Path, procs: int, batch: int, steps: int, sets: list[str], sharding: str = "ddp") -> dict:
@@ -109,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

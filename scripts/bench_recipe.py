@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from trtspec.bench import arg_parser, print_table, save_figure, train_recipe
+from trtspec.errors import run_main
 
 
 def parse_recipe(text: str) -> tuple[str, list[str]]:
@@ -63,4 +64,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

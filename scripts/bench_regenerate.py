@@ -25,6 +25,7 @@ from types import SimpleNamespace
 
 from trtspec.bench import arg_parser
 from trtspec.engines.vllm.sweep import free_port
+from trtspec.errors import run_main
 from trtspec.measure import timed
 
 
@@ -141,4 +142,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

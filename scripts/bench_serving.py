@@ -29,7 +29,7 @@ from trtspec.engines.vllm.sweep import (
     save_sweep,
     write_prompts,
 )
-from trtspec.errors import TrtspecError
+from trtspec.errors import TrtspecError, run_main
 
 
 def heldout_prompts(run: Path) -> list[str]:
@@ -97,4 +97,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 
 from trtspec.bench import arg_parser
+from trtspec.errors import run_main
 
 
 def main() -> None:
@@ -105,4 +106,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -19,6 +19,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from trtspec.errors import run_main
 from trtspec.measure import timed
 
 
@@ -114,4 +115,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

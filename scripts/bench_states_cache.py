@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from trtspec.bench import verified
+from trtspec.errors import run_main
 from trtspec.measure import timed
 
 
@@ -54,4 +55,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

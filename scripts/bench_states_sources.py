@@ -26,6 +26,7 @@ from pathlib import Path
 
 from trtspec.bench import stage_metrics
 from trtspec.engines.vllm.sweep import free_port
+from trtspec.errors import run_main
 
 CLI = [sys.executable, "-m", "trtspec.cli"]
 SOURCES = {  # name -> the train section's overrides
@@ -114,4 +115,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -29,6 +29,7 @@ from functools import partial
 from pathlib import Path
 
 from trtspec.bench import add_runtime_flags, arg_parser, draft_specs
+from trtspec.errors import run_main
 
 
 class PassTimer:
@@ -179,4 +180,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from trtspec.errors import run_main
+
 
 def one_sweep(run: Path, together: int, concurrency: list[int], lengths: list[int], max_tokens: int) -> dict:
     """The engine stage's lockstep sweep on the run's bundle and held-out prompts, in this process (run as a child:
@@ -67,4 +69,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

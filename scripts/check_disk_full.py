@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from trtspec.config import STAGES
+from trtspec.errors import run_main
 
 GRACE = 4096  # room above what the earlier stages take: the run's own file (trtspec-run.json)
 
@@ -116,4 +117,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -22,6 +22,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
+from trtspec.errors import run_main
 from trtspec.measure import timed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,4 +126,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 
+from trtspec.errors import run_main
+
 CLI_DOC = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 START, END = "<!-- cli-reference:start -->", "<!-- cli-reference:end -->"
 WIDTH = 110  # the CLI's own max_content_width
@@ -70,4 +72,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_main(lambda: main(sys.argv[1:]))

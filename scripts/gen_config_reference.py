@@ -14,6 +14,8 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from trtspec.errors import run_main
+
 CONFIG_DOC = Path(__file__).resolve().parent.parent / "docs" / "config.md"
 
 
@@ -114,4 +116,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_main(lambda: main(sys.argv[1:]))

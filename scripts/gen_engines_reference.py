@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from trtspec.errors import run_main
+
 ENGINES_DOC = Path(__file__).resolve().parent.parent / "docs" / "engines.md"
 
 
@@ -71,4 +73,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_main(lambda: main(sys.argv[1:]))

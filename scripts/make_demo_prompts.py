@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from trtspec.demo_prompts import DEMO_N, DEMO_SEED, build, build_broad
+from trtspec.errors import run_main
 
 
 def main() -> None:
@@ -36,4 +37,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -24,6 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 from trtspec.bench import arg_parser
+from trtspec.errors import run_main
 
 PLACEHOLDER = "\x00USER\x00"
 
@@ -107,4 +108,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

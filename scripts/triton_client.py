@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trtspec.errors import run_main
+
 DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
 DATATYPES = {np.object_: "BYTES", np.int32: "INT32", np.float32: "FP32", np.bool_: "BOOL"}
 COUNTERS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
@@ -263,4 +265,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -22,8 +22,10 @@ def arg_parser(doc: str) -> argparse.ArgumentParser:
     """A script's parser: the first paragraph of its docstring `doc` as the description, the rest (how to run it,
     what it prints) as the epilog, line breaks kept."""
     first, _, rest = doc.strip("\n").partition("\n\n")
-    return argparse.ArgumentParser(description=first, epilog=rest.strip("\n") or None,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=first, epilog=rest.strip("\n") or None,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--debug", action="store_true", help="show the traceback of an error (errors.run_main reads it)")
+    return ap
 
 
 # --without names that are switches of the runtime settings, not product kernels

@@ -14,37 +14,10 @@ from pathlib import Path
 import click
 
 from trtspec.config import DRAFTING, STAGES
+from trtspec.errors import exit_with_one_line
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 EXIT_CODES_HELP = "Exit codes: 0 ok, 1 validation gate missed, 2 bad input, 3 missing dependency, 4 run dir locked, 5 out of memory or disk."
-
-
-def _fail(e: BaseException, debug: bool) -> None:
-    from trtspec.errors import TrtspecError
-
-    if debug:
-        import traceback
-
-        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
-    if isinstance(e, TrtspecError):
-        hint = f"\n  hint: {e.hint}" if e.hint else ""
-        click.echo(f"Error: {e.message}{hint}", err=True)
-        sys.exit(e.exit_code)
-    if isinstance(e, BrokenPipeError):  # the reader went away (`trtspec families | head`): nothing left to say
-        sys.stderr.close()
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
-        sys.exit(0)
-    if isinstance(e, KeyboardInterrupt):
-        click.echo("Error: interrupted; finished stages are kept and the next run resumes", err=True)
-        sys.exit(130)
-    if isinstance(e, MemoryError):
-        click.echo("Error: out of memory; lower data.batch_size / train.batch_size", err=True)
-        sys.exit(5)
-    if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
-        click.echo("Error: no space left on the device; free some disk and re-run (finished stages are kept)", err=True)
-        sys.exit(5)
-    click.echo(f"Error: internal error: {type(e).__name__}: {e} (re-run with --debug for the traceback)", err=True)
-    sys.exit(70)
 
 
 class Group(click.Group):
@@ -58,7 +31,7 @@ class Group(click.Group):
         except SystemExit:
             raise
         except BaseException as e:  # noqa: BLE001 - the CLI boundary: everything becomes one line
-            _fail(e, bool(ctx.obj and ctx.obj.get("debug")) or os.environ.get("TRTSPEC_DEBUG") == "1")
+            exit_with_one_line(e, bool(ctx.obj and ctx.obj.get("debug")) or os.environ.get("TRTSPEC_DEBUG") == "1")
 
 
 @click.group(cls=Group, context_settings=CONTEXT, epilog=EXIT_CODES_HELP)

@@ -1,6 +1,13 @@
-"""The errors trtspec raises on purpose. cli.py turns each into one `Error: ...` line and its exit code."""
+"""The errors trtspec raises on purpose, and the boundary (exit_with_one_line) where the CLI and every script
+turn each into one `Error: ...` line and its exit code."""
 
 from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import NoReturn
 
 
 class TrtspecError(Exception):
@@ -59,3 +66,42 @@ class ValidationFailed(TrtspecError):
     """A validation gate (--require-exact, --min-acceptance-length, --min-speedup) was missed."""
 
     exit_code = 1
+
+
+def exit_with_one_line(e: BaseException, debug: bool = False) -> NoReturn:
+    """The boundary of the CLI and of every script: an exception becomes one line on stderr and an exit code
+    (0 ok, 1 validation gate missed, 2 bad input, 3 missing dependency, 4 run dir locked, 5 out of memory or
+    disk, 70 internal error, 130 interrupted); the traceback only with `debug`."""
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    if debug:
+        traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
+    if isinstance(e, TrtspecError):
+        say(f"Error: {e.message}" + (f"\n  hint: {e.hint}" if e.hint else ""))
+        sys.exit(e.exit_code)
+    if isinstance(e, BrokenPipeError):  # the reader went away (`trtspec families | head`): nothing left to say
+        sys.stderr.close()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
+        sys.exit(0)
+    if isinstance(e, KeyboardInterrupt):
+        say("Error: interrupted; finished stages are kept and the next run resumes")
+        sys.exit(130)
+    if isinstance(e, MemoryError):
+        say("Error: out of memory; lower data.batch_size / train.batch_size")
+        sys.exit(5)
+    if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
+        say("Error: no space left on the device; free some disk and re-run (finished stages are kept)")
+        sys.exit(5)
+    say(f"Error: internal error: {type(e).__name__}: {e} (re-run with --debug for the traceback)")
+    sys.exit(70)
+
+
+def run_main(main: Callable[[], int | None]) -> NoReturn:
+    """A script's entry point: main()'s return value is the exit code, and an exception ends it as the CLI ends,
+    in one line (the traceback with --debug on the command line or TRTSPEC_DEBUG=1)."""
+    try:
+        code = main()
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: BLE001 - the script's boundary: everything becomes one line
+        exit_with_one_line(e, "--debug" in sys.argv[1:] or os.environ.get("TRTSPEC_DEBUG") == "1")
+    sys.exit(code)

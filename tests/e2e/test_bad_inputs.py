@@ -871,3 +871,22 @@ def test_catalogue_is_documented():
     documented = set(re.findall(r"^\| `([a-z0-9-]+)` \|", catalogue, re.M))
     assert not documented - {c.id for c in CASES}, f"documented without a test: {documented - {c.id for c in CASES}}"
     assert len(CASES) >= 25
+
+
+SCRIPTS = Path(__file__).parents[2] / "scripts"
+
+
+@pytest.mark.parametrize("script,args,pattern", [
+    ("bench_generalisation.py", ["{tmp}/no-run", "--suite", "{tmp}/suite.jsonl"], r"'.*no-run' has no finished 'export' stage"),
+    ("bench_categories.py", ["{tmp}/no-run"], r"'.*no-run' has no finished 'export' stage"),
+])
+def test_script_bad_input_is_one_line(script, args, pattern, tmp_path):
+    """A bench script ends on bad input as the CLI does (errors.run_main): one `Error:` line, exit 2, no
+    traceback; --debug adds the traceback."""
+    argv = [sys.executable, str(SCRIPTS / script), *(a.format(tmp=tmp_path) for a in args)]
+    plain = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    errors = [ln for ln in plain.stderr.splitlines() if ln.startswith("Error: ")]
+    assert plain.returncode == 2 and len(errors) == 1 and "Traceback" not in plain.stderr, plain.stderr
+    assert re.search(pattern, errors[0]), errors[0]
+    debug = subprocess.run([*argv, "--debug"], capture_output=True, text=True, timeout=300)
+    assert debug.returncode == 2 and "Traceback" in debug.stderr and errors[0] in debug.stderr, debug.stderr
