@@ -4,6 +4,7 @@
     python scripts/bench_step.py runs/demo                      # table on stdout
     python scripts/bench_step.py runs/demo --k 3 --prompts 3 --json
     python scripts/bench_step.py runs/demo --specs chain:3,dynamic_tree:4:3:8,dynamic_tree:4:4:16   # shapes side by side
+    python scripts/bench_step.py runs/demo --suite build_configs/prompts/unseen_prompts.jsonl --prompts 8   # prompts of yours
 
 Every network pass of the runtime goes through `Stepper.run_pass`; this script wraps the target's and the draft's
 with a timer and decodes the run's held-out prompts with and without the draft (greedy, compiled as validate
@@ -66,6 +67,8 @@ def main() -> None:
     ap.add_argument("--specs", help="draft shapes to time side by side, comma-separated shape:depth[:topk:total], "
                     "e.g. chain:3,dynamic_tree:4:3:8 (default chain:K)")
     ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--suite", type=Path, help="a JSONL suite (prompt or messages, category): --prompts of its rows, "
+                    "spread evenly over the file, instead of the held-out split")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every configuration")
     ap.add_argument("--guards-too", action="store_true", help="also time every run without dynamo's guard evaluation")
@@ -78,14 +81,20 @@ def main() -> None:
 
     import torch
 
-    from trtspec.bench import load_prompts, open_bundle, runtime_settings
+    from trtspec.bench import load_prompts, open_bundle, runtime_settings, suite_rows
+    from trtspec.chat import encode_prompt
     from trtspec.measure import step_cost_by_bytes, step_ms, timed
     from trtspec.runtime import compile_steps, generate, speculative_decode
     from trtspec.runtime.kernels import cpu_description, row_labels, weight_mb
 
     settings = runtime_settings(a)
     bundle = open_bundle(a.run_dir)
-    prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
+    if a.suite:
+        rows = suite_rows(a.suite)
+        rows = rows[:: max(1, len(rows) // a.prompts)][: a.prompts]
+        prompts = [torch.tensor(encode_prompt(bundle.tok, r["messages"])) for r in rows]
+    else:
+        prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
     target, drafter = bundle.runtime(draft_weights=a.draft_weights, settings=settings)
     net = drafter.net
     eos, new = bundle.eos, a.max_new_tokens
@@ -154,13 +163,15 @@ def main() -> None:
     same = all(x["out"] == y["out"] for (s, m), v in runs.items() if m != "no_draft"
                for x, y in zip(v, runs[(s, "no_draft")], strict=True))
     kernels = dict(zip(row_labels(), target.kernel_choice["by_rows"], strict=True))
-    result = {"machine": cpu_description(), "runtime": note, "compile_s": compile_s, "target_mb": round(t_mb, 1),
+    result = {"machine": cpu_description(), "runtime": note, "compile_s": compile_s, "prompts_from": str(a.suite or "heldout"),
+              "prompt_tokens": round(sum(p.numel() for p in prompts) / len(prompts), 1), "target_mb": round(t_mb, 1),
               "draft_mb": round(d_mb, 1), "greedy_identical": same, "kernels": kernels, "rows": list(rows.values())}
     if a.json:
         print(json.dumps(result))
         return
     m = result["machine"]
     print(f"machine: {m['model']}, {m['cores']} cores, {' '.join(m['flags'])}; runtime: {note} ({compile_s:.0f} s)")
+    print(f"{len(prompts)} prompts ({result['prompts_from']}, {result['prompt_tokens']} tokens on average), {new} new tokens")
     print(f"target {t_mb:.0f} MB, draft {d_mb:.0f} MB per pass; kernels by rows "
           f"{' '.join(f'{n}:{c}' for n, c in kernels.items())}; greedy identical: {same}")
     for r in rows.values():

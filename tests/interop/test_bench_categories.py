@@ -44,3 +44,18 @@ def test_generalisation_bench_reads_the_target_where_each_guess_aims(ci_run, mon
     for x in (held, s):
         assert x["steps"] == sum(b["steps"] for b in x["by_confidence"]) > 0 and 1.0 <= x["AL"] <= 1 + out["k"]
     assert sum(v["steps"] for v in s["per_category"].values()) == s["steps"] and set(s["per_category"]) == {"summarization", "roleplay"}
+
+
+def test_step_bench_on_a_suite(ci_run, monkeypatch, capsys, tmp_path):
+    """scripts/bench_step.py --suite: the suite's prompts (spread over the file) timed as the held-out ones are, greedy
+    output identical with and without the draft, the step's cost in decode steps."""
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text("".join(json.dumps({"prompt": f"Question {i}: name a colour and a fruit.", "category": "chat"}) + "\n"
+                             for i in range(4)))
+    bench = load_script("bench_step")
+    monkeypatch.setattr(sys, "argv", ["bench_step.py", str(ci_run), "--suite", str(suite), "--prompts", "2",
+                                      "--max-new-tokens", "12", "--rounds", "1", "--no-compile", "--json"])
+    bench.main()
+    out = json.loads(capsys.readouterr().out)
+    assert out["prompts_from"] == str(suite) and out["greedy_identical"] and out["prompt_tokens"] > 10
+    assert out["rows"][0]["step_in_decode_steps"] > 0 and 1.0 <= out["rows"][0]["acceptance_length"] <= 4.0
