@@ -18,7 +18,7 @@ import json
 from functools import partial
 from pathlib import Path
 
-from trtspec.bench import add_runtime_flags, arg_parser, verified
+from trtspec.bench import add_runtime_flags, arg_parser
 from trtspec.errors import run_main
 
 
@@ -41,7 +41,6 @@ def main() -> None:
     from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings, suite_rows
     from trtspec.chat import encode_prompt
     from trtspec.checks import acceptance_summary
-    from trtspec.draft_families import draft_method
     from trtspec.measure import timed, warm_up
     from trtspec.runtime import DraftSpec, generate, speculative_decode
     from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
@@ -69,7 +68,7 @@ def main() -> None:
     for c, v in summary["per_category"].items():
         v["speedup_vs_no_draft"] = speedup(seconds[c])
     result = {"run": str(a.run_dir), "prompts_from": str(a.suite or "heldout"),
-              "draft": draft_method(verified(a.run_dir, "export")[0] / "draft") + ("+suffix" if a.suffix_min_match else ""), "k": k, "prompts": len(rows),
+              "draft": drafter.name, "k": k, "prompts": len(rows),
               "max_new_tokens": new, "speedup_vs_no_draft": speedup([sum(x) for x in zip(*seconds.values(), strict=True)]), **summary}
     if a.json:
         print(json.dumps(result))

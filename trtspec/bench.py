@@ -115,7 +115,8 @@ def suite_rows(path: Path) -> list[dict]:
     from trtspec.config import EvalSuite
     from trtspec.suites import read_suite_file
 
-    return read_suite_file(path, Counter(), EvalSuite(kind="jsonl", path=str(path)), "--suite")
+    return read_suite_file(path, Counter(), EvalSuite(kind="jsonl", path=str(path)), "--suite",
+                           "a JSONL file of {prompt or messages, category} rows, the path absolute or relative to the current directory")
 
 
 def load_prompts(run: Path, tok: Any, n: int, split: str = "heldout") -> list[list[int]]:
