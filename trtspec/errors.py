@@ -83,10 +83,10 @@ def exit_with_one_line(e: BaseException, debug: bool = False) -> NoReturn:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes stdout
         sys.exit(0)
     if isinstance(e, KeyboardInterrupt):
-        say("Error: interrupted; finished stages are kept and the next run resumes")
+        say("Error: interrupted (a build keeps its finished stages: the same command resumes)")
         sys.exit(130)
     if isinstance(e, MemoryError):
-        say("Error: out of memory; lower data.batch_size / train.batch_size")
+        say("Error: out of memory (in a build: lower data.batch_size / train.batch_size)")
         sys.exit(5)
     if isinstance(e, OSError) and getattr(e, "errno", None) == 28:
         say("Error: no space left on the device; free some disk and re-run (finished stages are kept)")
