@@ -5,6 +5,7 @@ timed in one process, interleaved prompt by prompt, on held-out chat prompts and
     python scripts/bench_drafters.py runs/demo runs/demo-dflash runs/demo-dflash2    # table on stdout
     python scripts/bench_drafters.py runs/demo runs/demo-dflash --ks eagle3=3 --ks dflash=3,7 --json
     python scripts/bench_drafters.py runs/demo --draft-weights float32,bfloat16       # the draft's storage, side by side
+    python scripts/bench_drafters.py runs/demo runs/broad --suite build_configs/prompts/unseen_prompts.jsonl --prompts 32
     python scripts/bench_drafters.py runs/demo runs/demo-dflash runs/demo-dflash2 --write   # and into docs/results.md
 
 Every run must hold the same target (its bundle/target is loaded once, from the first run). For each prompt set,
@@ -38,6 +39,14 @@ def prompt_sets(run: Path, tok, n: int) -> dict[str, list[list[int]]]:
     return {"chat": load_prompts(run, tok, n), "code": [encode_prompt(tok, r["messages"]) for r in code]}
 
 
+def suite_set(path: Path, tok, n: int) -> dict[str, list[list[int]]]:
+    """n rows of a JSONL suite, spread evenly over the file (a suite is ordered by category), as one prompt set."""
+    from trtspec.bench import suite_rows
+    from trtspec.chat import encode_prompt
+
+    return {path.stem: [encode_prompt(tok, r["messages"]) for r in suite_rows(path, spread_to=n)]}
+
+
 def parse_ks(items: list[str]) -> dict[str, list[int]]:
     ks = {"eagle3": [3], "dflash": [3, 7], "dflash2": [3, 7]}
     for item in items:
@@ -61,6 +70,8 @@ def main() -> None:
     ap.add_argument("--ks", action="append", default=[], help="METHOD=K[,K...]: draft lengths per family "
                     "(default eagle3=3, dflash=3,7, dflash2=3,7)")
     ap.add_argument("--prompts", type=int, default=4, help="prompts per set (chat, code)")
+    ap.add_argument("--suite", type=Path, help="a JSONL suite (prompt or messages, category) as the one prompt set: "
+                    "--prompts of its rows, spread evenly over the file, instead of the chat and code sets")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--draft-weights", default="auto", help="STORAGE[,STORAGE...]: how each draft's product weights "
@@ -92,7 +103,7 @@ def main() -> None:
             limit = drafter.info.guesses if hasattr(drafter, "info") else 16  # a block drafts at most its guesses
             label = f"{drafter.name}:{run.name}" + (f":{drafter.net.kernel_choice['draft_weights']['weights']}" if len(storages) > 1 else "")
             drafts[label] = (drafter, target.aux_layers, [k for k in ks.get(drafter.name, [3]) if k <= limit])
-    sets = prompt_sets(a.runs[0], tok, a.prompts)
+    sets = suite_set(a.suite, tok, a.prompts) if a.suite else prompt_sets(a.runs[0], tok, a.prompts)
 
     def speculative(p, drafter, layers, k):
         target.aux_layers = layers  # each draft reads its own target layers: the target hands those out

@@ -90,9 +90,7 @@ def main() -> None:
     settings = runtime_settings(a)
     bundle = open_bundle(a.run_dir)
     if a.suite:
-        rows = suite_rows(a.suite)
-        rows = rows[:: max(1, len(rows) // a.prompts)][: a.prompts]
-        prompts = [torch.tensor(encode_prompt(bundle.tok, r["messages"])) for r in rows]
+        prompts = [torch.tensor(encode_prompt(bundle.tok, r["messages"])) for r in suite_rows(a.suite, spread_to=a.prompts)]
     else:
         prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
     target, drafter = bundle.runtime(draft_weights=a.draft_weights, settings=settings)

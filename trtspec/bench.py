@@ -108,15 +108,17 @@ def load_prompt_rows(run: Path, n: int, split: str = "heldout") -> list[dict]:
     return rows
 
 
-def suite_rows(path: Path) -> list[dict]:
-    """A JSONL suite's rows {id, category, messages}, read as validate reads eval.suites."""
+def suite_rows(path: Path, spread_to: int | None = None) -> list[dict]:
+    """A JSONL suite's rows {id, category, messages}, read as validate reads eval.suites; with `spread_to`, that
+    many rows spread evenly over the file (a suite is ordered by category: its first rows are one category)."""
     from collections import Counter
 
     from trtspec.config import EvalSuite
     from trtspec.suites import read_suite_file
 
-    return read_suite_file(path, Counter(), EvalSuite(kind="jsonl", path=str(path)), "--suite",
+    rows = read_suite_file(path, Counter(), EvalSuite(kind="jsonl", path=str(path)), "--suite",
                            "a JSONL file of {prompt or messages, category} rows, the path absolute or relative to the current directory")
+    return rows if spread_to is None else rows[:: max(1, len(rows) // spread_to)][:spread_to]
 
 
 def load_prompts(run: Path, tok: Any, n: int, split: str = "heldout") -> list[list[int]]:

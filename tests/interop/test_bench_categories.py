@@ -59,3 +59,16 @@ def test_step_bench_on_a_suite(ci_run, monkeypatch, capsys, tmp_path):
     out = json.loads(capsys.readouterr().out)
     assert out["prompts_from"] == str(suite) and out["greedy_identical"] and out["prompt_tokens"] > 10
     assert out["rows"][0]["step_in_decode_steps"] > 0 and 1.0 <= out["rows"][0]["acceptance_length"] <= 4.0
+
+
+def test_drafters_bench_on_a_suite(ci_run, monkeypatch, capsys, tmp_path):
+    """scripts/bench_drafters.py --suite: the suite as the one prompt set, every draft's greedy output identical to
+    the runtime without a draft."""
+    suite = tmp_path / "mine.jsonl"
+    suite.write_text("".join(json.dumps({"prompt": f"Question {i}: name a colour.", "category": "chat"}) + "\n" for i in range(4)))
+    bench = load_script("bench_drafters")
+    monkeypatch.setattr(sys, "argv", ["bench_drafters.py", str(ci_run), "--suite", str(suite), "--prompts", "2",
+                                      "--max-new-tokens", "12", "--no-compile", "--json"])
+    bench.main()
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["prompts"] for r in rows} == {"mine"} and all(r["identical"] == r["of"] == 2 for r in rows)

@@ -176,3 +176,14 @@ def test_validate_preflight_reads_the_suites(tmp_path, tiny_model_dir):
     raw["eval"]["suites"] = [{"kind": "builtin"}, {"kind": "jsonl", "path": "long.jsonl"}]
     with pytest.raises(DataError, match=r"eval\.suites\[1\] \(jsonl:long\.jsonl\): 1 prompt\(s\) \(first: long:2, \d+ tokens\)"):
         validate.preflight(config_from_dict(raw, base_dir=tmp_path), model_config)
+
+
+def test_suite_rows_spread_over_the_file(tmp_path):
+    """bench.suite_rows(spread_to=n): n rows from across a suite ordered by category, not its first category's."""
+    from trtspec.bench import suite_rows
+
+    path = tmp_path / "suite.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"q{i}", "category": f"c{i // 4}"}) + "\n" for i in range(16)))
+    assert len(suite_rows(path)) == 16
+    assert [r["category"] for r in suite_rows(path, spread_to=4)] == ["c0", "c1", "c2", "c3"]
+    assert len(suite_rows(path, spread_to=40)) == 16
