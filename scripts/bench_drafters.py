@@ -39,14 +39,6 @@ def prompt_sets(run: Path, tok, n: int) -> dict[str, list[list[int]]]:
     return {"chat": load_prompts(run, tok, n), "code": [encode_prompt(tok, r["messages"]) for r in code]}
 
 
-def suite_set(path: Path, tok, n: int) -> dict[str, list[list[int]]]:
-    """n rows of a JSONL suite, spread evenly over the file (a suite is ordered by category), as one prompt set."""
-    from trtspec.bench import suite_rows
-    from trtspec.chat import encode_prompt
-
-    return {path.stem: [encode_prompt(tok, r["messages"]) for r in suite_rows(path, spread_to=n)]}
-
-
 def parse_ks(items: list[str]) -> dict[str, list[int]]:
     ks = {"eagle3": [3], "dflash": [3, 7], "dflash2": [3, 7]}
     for item in items:
@@ -86,7 +78,7 @@ def main() -> None:
 
     import torch
 
-    from trtspec.bench import open_bundle
+    from trtspec.bench import load_suite_prompts, open_bundle
     from trtspec.draft_families import load_drafter
     from trtspec.measure import median_speeds, time_methods, warm_up
     from trtspec.runtime import DraftSpec, Stats, generate, speculative_decode
@@ -103,7 +95,7 @@ def main() -> None:
             limit = drafter.info.guesses if hasattr(drafter, "info") else 16  # a block drafts at most its guesses
             label = f"{drafter.name}:{run.name}" + (f":{drafter.net.kernel_choice['draft_weights']['weights']}" if len(storages) > 1 else "")
             drafts[label] = (drafter, target.aux_layers, [k for k in ks.get(drafter.name, [3]) if k <= limit])
-    sets = suite_set(a.suite, tok, a.prompts) if a.suite else prompt_sets(a.runs[0], tok, a.prompts)
+    sets = {a.suite.stem: load_suite_prompts(a.suite, tok, a.prompts)} if a.suite else prompt_sets(a.runs[0], tok, a.prompts)
 
     def speculative(p, drafter, layers, k):
         target.aux_layers = layers  # each draft reads its own target layers: the target hands those out

@@ -81,18 +81,15 @@ def main() -> None:
 
     import torch
 
-    from trtspec.bench import load_prompts, open_bundle, runtime_settings, suite_rows
-    from trtspec.chat import encode_prompt
+    from trtspec.bench import load_prompts, load_suite_prompts, open_bundle, runtime_settings
     from trtspec.measure import step_cost_by_bytes, step_ms, timed
     from trtspec.runtime import compile_steps, generate, speculative_decode
     from trtspec.runtime.kernels import cpu_description, row_labels, weight_mb
 
     settings = runtime_settings(a)
     bundle = open_bundle(a.run_dir)
-    if a.suite:
-        prompts = [torch.tensor(encode_prompt(bundle.tok, r["messages"])) for r in suite_rows(a.suite, spread_to=a.prompts)]
-    else:
-        prompts = [torch.tensor(p) for p in load_prompts(a.run_dir, bundle.tok, a.prompts)]
+    chosen = load_suite_prompts(a.suite, bundle.tok, a.prompts) if a.suite else load_prompts(a.run_dir, bundle.tok, a.prompts)
+    prompts = [torch.tensor(p) for p in chosen]
     target, drafter = bundle.runtime(draft_weights=a.draft_weights, settings=settings)
     net = drafter.net
     eos, new = bundle.eos, a.max_new_tokens

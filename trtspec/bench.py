@@ -128,6 +128,13 @@ def load_prompts(run: Path, tok: Any, n: int, split: str = "heldout") -> list[li
     return [encode_prompt(tok, r["messages"]) for r in load_prompt_rows(run, n, split)]
 
 
+def load_suite_prompts(path: Path, tok: Any, n: int) -> list[list[int]]:
+    """n prompts of a JSONL suite, spread over its categories (suite_rows), chat-templated."""
+    from trtspec.chat import encode_prompt
+
+    return [encode_prompt(tok, r["messages"]) for r in suite_rows(path, spread_to=n)]
+
+
 @dataclass
 class Bundle:
     """A run's exported bundle, checked, with the target's tokenizer and the ids that end an answer."""

@@ -7,7 +7,6 @@ Errors raised on purpose (trtspec.errors) become one `Error: ...` line and their
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -31,7 +30,7 @@ class Group(click.Group):
         except SystemExit:
             raise
         except BaseException as e:  # noqa: BLE001 - the CLI boundary: everything becomes one line
-            exit_with_one_line(e, bool(ctx.obj and ctx.obj.get("debug")) or os.environ.get("TRTSPEC_DEBUG") == "1")
+            exit_with_one_line(e, bool(ctx.obj and ctx.obj.get("debug")))
 
 
 @click.group(cls=Group, context_settings=CONTEXT, epilog=EXIT_CODES_HELP)

@@ -71,9 +71,9 @@ class ValidationFailed(TrtspecError):
 def exit_with_one_line(e: BaseException, debug: bool = False) -> NoReturn:
     """The boundary of the CLI and of every script: an exception becomes one line on stderr and an exit code
     (0 ok, 1 validation gate missed, 2 bad input, 3 missing dependency, 4 run dir locked, 5 out of memory or
-    disk, 70 internal error, 130 interrupted); the traceback only with `debug`."""
+    disk, 70 internal error, 130 interrupted); the traceback only with `debug` (--debug) or TRTSPEC_DEBUG=1."""
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    if debug:
+    if debug or os.environ.get("TRTSPEC_DEBUG") == "1":
         traceback.print_exception(type(e), e, e.__traceback__, file=sys.stderr)
     if isinstance(e, TrtspecError):
         say(f"Error: {e.message}" + (f"\n  hint: {e.hint}" if e.hint else ""))
@@ -103,5 +103,5 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
     except SystemExit:
         raise
     except BaseException as e:  # noqa: BLE001 - the script's boundary: everything becomes one line
-        exit_with_one_line(e, "--debug" in sys.argv[1:] or os.environ.get("TRTSPEC_DEBUG") == "1")
+        exit_with_one_line(e, "--debug" in sys.argv[1:])
     sys.exit(code)
