@@ -82,6 +82,7 @@ def main() -> None:
     import torch
 
     from trtspec.bench import load_prompts, load_suite_prompts, open_bundle, runtime_settings
+    from trtspec.errors import ModelError
     from trtspec.measure import step_cost_by_bytes, step_ms, timed
     from trtspec.runtime import compile_steps, generate, speculative_decode
     from trtspec.runtime.kernels import cpu_description, row_labels, weight_mb
@@ -91,6 +92,10 @@ def main() -> None:
     chosen = load_suite_prompts(a.suite, bundle.tok, a.prompts) if a.suite else load_prompts(a.run_dir, bundle.tok, a.prompts)
     prompts = [torch.tensor(p) for p in chosen]
     target, drafter = bundle.runtime(draft_weights=a.draft_weights, settings=settings)
+    if getattr(target, "path", None) == "hf":  # runtime/hf_target.py: the HF model's own forward, no passes to time
+        raise ModelError(f"'{a.run_dir}': its target runs through the HF model (a family the runtime's own passes do "
+                         "not cover), so there is no verify or decode pass to time", "time it end to end with "
+                         "scripts/bench_drafters.py or scripts/bench_categories.py")
     net = drafter.net
     eos, new = bundle.eos, a.max_new_tokens
     note, compile_s = "eager (--no-compile)", 0.0
