@@ -177,12 +177,13 @@ def hf_suite_rows(s: EvalSuite, resolve: Callable[[str], Path], where: str) -> l
 def builtin_rows(seed: int, categories: Iterable[str] | None = None) -> list[dict]:
     """The builtin suite: up to BUILTIN_PER_CATEGORY prompts of each category from the project's generator,
     the categories in turn. Deterministic in `seed` (build.seed), each category from a seed stream of its own (so
-    picking categories changes none of their prompts), and held out from training: no prompt of the demo set the
-    demo recipe trains on (demo_prompts.build at its defaults, build_configs/prompts/demo_prompts.jsonl) is taken,
-    and validate also drops any the run's own training split holds."""
-    from trtspec.demo_prompts import CATEGORIES, DEMO_N, DEMO_SEED, build, pools
+    picking categories changes none of their prompts), and held out from training: no prompt of the project's
+    shipped prompt sets is taken (build_configs/prompts/broad_prompts.jsonl, the demo recipe's, and demo_prompts.jsonl,
+    its six kinds: demo_prompts.build_broad and build at their defaults), and validate also drops any the run's own
+    training split holds."""
+    from trtspec.demo_prompts import CATEGORIES, DEMO_N, DEMO_SEED, build, build_broad, pools
 
-    trained = {r["prompt"] for r in build(DEMO_N, DEMO_SEED)}
+    trained = {r["prompt"] for r in build(DEMO_N, DEMO_SEED) + build_broad(DEMO_N, DEMO_SEED)}
     by_category = pools(random.Random(f"trtspec eval.suites builtin {seed} math"), 4 * BUILTIN_PER_CATEGORY)
     groups = []
     for cat in categories or CATEGORIES:

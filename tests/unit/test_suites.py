@@ -106,14 +106,16 @@ def test_hf_suite_with_no_network_is_one_line_naming_the_id_and_a_local_copy(tmp
 
 
 def test_builtin_suite_is_deterministic_held_out_and_has_every_kind():
-    from trtspec.demo_prompts import DEMO_N, DEMO_SEED, build
+    from trtspec.demo_prompts import DEMO_N, DEMO_SEED, build, build_broad
 
     rows = builtin_rows(0)
     cats = Counter(r["category"] for r in rows)
-    assert set(cats) == {"explanation", "lists", "code", "writing", "chat", "math"} and min(cats.values()) >= 10
+    # the code templates make fewest prompts, and both shipped sets take most of them
+    assert set(cats) == {"explanation", "lists", "code", "writing", "chat", "math"} and min(cats.values()) >= 5
+    assert sorted(cats.values())[1] >= 30
     assert [r["category"] for r in rows[:6]] == ["explanation", "lists", "code", "writing", "chat", "math"]
     assert rows == builtin_rows(0) and rows != builtin_rows(1)
-    trained = {r["prompt"] for r in build(DEMO_N, DEMO_SEED)}  # build_configs/prompts/demo_prompts.jsonl
+    trained = {r["prompt"] for r in build(DEMO_N, DEMO_SEED) + build_broad(DEMO_N, DEMO_SEED)}  # the shipped sets
     assert not {r["messages"][0]["content"] for r in rows} & trained
     assert len({r["messages"][0]["content"] for r in rows}) == len(rows)
     # picking categories changes none of their prompts
