@@ -1,11 +1,12 @@
-"""Write the demo prompt set (build_configs/prompts/demo_prompts.jsonl): varied tasks from templates x topics.
+"""Write the demo's prompt sets: varied tasks from templates x topics. build_configs/prompts/broad_prompts.jsonl
+(--broad: twelve kinds, the demo recipe's) and demo_prompts.jsonl (six kinds, the first demo set).
 
 The draft head learns from the target's answers to these prompts, and its held-out split measures acceptance,
-so the set is large (the head overfits a few hundred conversations) and spread over six kinds of task.
+so a set is large (the head overfits a few hundred conversations) and spread over kinds of task.
 Deterministic: the same seed writes the same file. The generator itself is trtspec.demo_prompts (the builtin
-evaluation suite, eval.suites kind builtin, draws from it too, minus this file's prompts).
+evaluation suite, eval.suites kind builtin, draws from it too, minus both files' prompts).
 
-    python scripts/make_demo_prompts.py                # 2400 prompts
+    python scripts/make_demo_prompts.py                # 2400 prompts of six kinds: demo_prompts.jsonl
     python scripts/make_demo_prompts.py --n 400 --out /tmp/p.jsonl
     python scripts/make_demo_prompts.py --broad        # twelve kinds: build_configs/prompts/broad_prompts.jsonl
 """
