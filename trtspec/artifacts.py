@@ -333,8 +333,20 @@ class RunDir:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def reset_peak_rss() -> bool:
+    """Start peak_rss_gib's count afresh, so that a stage reports its own peak and not an earlier stage's (Linux:
+    writing 5 to /proc/self/clear_refs resets the process's high-water mark); False where the OS cannot, the peak then
+    being the process's so far."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 def peak_rss_gib() -> float | None:
-    """The process's peak resident memory in GiB (Linux/macOS), None where the OS does not report it."""
+    """The process's peak resident memory in GiB (Linux/macOS) since it started or reset_peak_rss last ran, None
+    where the OS does not report it."""
     try:
         import resource
     except ImportError:

@@ -28,6 +28,7 @@ from trtspec.artifacts import (
     output_fingerprint,
     package_versions,
     peak_rss_gib,
+    reset_peak_rss,
     sha256_file,
 )
 from trtspec.config import STAGES, BuildConfig, dump_config, keyed_when_set
@@ -314,6 +315,7 @@ def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, key: str, ups
             inputs[dep], manifests[dep] = run.require(dep)
     run.invalidate(stage)  # never leave an outdated stage that a later run could trust
     print(f"[{stage}] running ({why})", file=sys.stderr, flush=True)
+    peak_of = "stage" if reset_peak_rss() else "process"
     t0 = time.time()
     with run.staging(stage) as tmp:
         ctx = StageContext(cfg, run, stage, tmp, run.work_dir(stage, key), inputs, manifests)
@@ -336,7 +338,8 @@ def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, key: str, ups
             "inputs": upstream,
             "versions": package_versions(),
             "wall_s": round(seconds, 2),
-            "peak_rss_gib": peak_rss_gib(),  # of the whole process so far (stages of one build share it)
+            "peak_rss_gib": peak_rss_gib(),
+            "peak_rss_of": peak_of,  # "stage": this stage's own peak; "process": the build's so far (no reset here)
             "created": time.time(),
             "pid": os.getpid(),
             "metrics": metrics,
