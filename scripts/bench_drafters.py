@@ -5,7 +5,7 @@ timed in one process, interleaved prompt by prompt, on held-out chat prompts and
     python scripts/bench_drafters.py runs/demo runs/demo-dflash runs/demo-dflash2    # table on stdout
     python scripts/bench_drafters.py runs/demo runs/demo-dflash --ks eagle3=3 --ks dflash=3,7 --json
     python scripts/bench_drafters.py runs/demo --draft-weights float32,bfloat16       # the draft's storage, side by side
-    python scripts/bench_drafters.py runs/demo runs/broad --suite build_configs/prompts/unseen_prompts.jsonl --prompts 32
+    python scripts/bench_drafters.py runs/demo runs/demo-adapted --suite build_configs/prompts/unseen_prompts.jsonl --prompts 32
     python scripts/bench_drafters.py runs/demo runs/demo-dflash runs/demo-dflash2 --write   # and into docs/results.md
 
 Every run must hold the same target (its bundle/target is loaded once, from the first run). For each prompt set,
