@@ -7,6 +7,7 @@ its prompts (trtspec.suites.builtin_rows). Deterministic: the same seed gives th
 from __future__ import annotations
 
 import random
+from functools import cache
 from itertools import product
 
 SUBJECTS = """photosynthesis, gravity, electricity, magnetism, volcanoes, earthquakes, plate tectonics, the water cycle,
@@ -318,3 +319,10 @@ def build_broad(n: int, seed: int) -> list[dict]:
     """n prompts of twelve kinds, each category its BROAD_SHARE, shuffled ({"prompt", "category"} rows)."""
     rng = random.Random(seed)
     return draw({**pools(rng, 10 * n), **broad_pools(rng, 2 * n)}, BROAD_SHARE, n, rng)
+
+
+@cache
+def shipped_prompts() -> frozenset[str]:
+    """Every prompt of the project's shipped training sets (build_configs/prompts/demo_prompts.jsonl and
+    broad_prompts.jsonl: build and build_broad at their defaults); made once a process (build_broad takes ~0.3 s)."""
+    return frozenset(r["prompt"] for r in build(DEMO_N, DEMO_SEED) + build_broad(DEMO_N, DEMO_SEED))

@@ -179,11 +179,11 @@ def builtin_rows(seed: int, categories: Iterable[str] | None = None) -> list[dic
     the categories in turn. Deterministic in `seed` (build.seed), each category from a seed stream of its own (so
     picking categories changes none of their prompts), and held out from training: no prompt of the project's
     shipped prompt sets is taken (build_configs/prompts/broad_prompts.jsonl, the demo recipe's, and demo_prompts.jsonl,
-    its six kinds: demo_prompts.build_broad and build at their defaults), and validate also drops any the run's own
+    its six kinds: demo_prompts.shipped_prompts), and validate also drops any the run's own
     training split holds."""
-    from trtspec.demo_prompts import CATEGORIES, DEMO_N, DEMO_SEED, build, build_broad, pools
+    from trtspec.demo_prompts import CATEGORIES, pools, shipped_prompts
 
-    trained = {r["prompt"] for r in build(DEMO_N, DEMO_SEED) + build_broad(DEMO_N, DEMO_SEED)}
+    trained = shipped_prompts()
     by_category = pools(random.Random(f"trtspec eval.suites builtin {seed} math"), 4 * BUILTIN_PER_CATEGORY)
     groups = []
     for cat in categories or CATEGORIES:
