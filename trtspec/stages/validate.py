@@ -323,10 +323,10 @@ def run(ctx: StageContext) -> dict:
     v, d, n_new = ctx.cfg.validate_, ctx.cfg.draft, ctx.cfg.eval.max_new_tokens
     b = load_bench(ctx)
     target, drafter, spec, prompts = b.target, b.drafter, b.spec, b.prompts
-    if v.baseline and not (ctx.cfg.eval.prompts or ctx.cfg.eval.suites):  # held-out prompts: their categories now
-        identity = target_identity(AutoConfig.from_pretrained(ctx.inputs["export"] / "target"))
-        check_baseline_categories(read_baseline(ctx.cfg.resolve_path(v.baseline), identity, d.length),
-                                  {r["category"] for r in b.rows}, v.baseline)
+    identity = target_identity(AutoConfig.from_pretrained(ctx.inputs["export"] / "target"))
+    baseline = read_baseline(ctx.cfg.resolve_path(v.baseline), identity, d.length) if v.baseline else None
+    if baseline is not None and not (ctx.cfg.eval.prompts or ctx.cfg.eval.suites):  # held-out prompts: known now
+        check_baseline_categories(baseline, {r["category"] for r in b.rows}, v.baseline)
     kernels = target.kernel_choice
     ctx.log(f"{len(prompts)} prompts, {n_new} new tokens, draft {d.shape} k={d.length}, threads {torch.get_num_threads()}")
     native = target.path == "native"
@@ -355,7 +355,7 @@ def run(ctx: StageContext) -> dict:
         "runtime": f"trtspec PyTorch speculative runtime ({family(drafter.name).title} from bundle/draft), CPU float32",
         "draft_method": drafter.name,
         "target_family": b.family,
-        "target": target_identity(AutoConfig.from_pretrained(ctx.inputs["export"] / "target")),
+        "target": identity,
         "target_path": "native" if native else "hf",  # which runtime path served the target (trtspec.targets)
         "runtime_compiled": drafter.net.compiled is not None,
         "compile": {"seconds": compile_s, "note": compile_note},
@@ -389,7 +389,6 @@ def run(ctx: StageContext) -> dict:
         "machine": cpu_description(),
         "kernels": {"target": kernels, "draft": drafter.net.kernel_choice},
     }
-    baseline = read_baseline(ctx.cfg.resolve_path(v.baseline), report["target"], d.length) if v.baseline else None
     report["gates"] = check_gates(v, report, baseline)
     write_report(ctx.out, report)
     return finish(ctx, report)
