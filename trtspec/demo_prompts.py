@@ -62,6 +62,17 @@ appears in a text, converts a binary string to a number, finds the smallest numb
 sentence, checks if a list is sorted, computes the power of a number, returns the even numbers of a list, counts the
 lines in a file, checks if a number is a perfect square, joins a list of strings with commas, removes spaces from a
 string, computes the length of a list without a built-in function""".split(",")
+# code tasks only the builtin evaluation suite asks (trtspec.suites.builtin_rows): the shipped sets draw most of the
+# code prompts the lists above make, so without these the suite would hold a handful of code prompts
+EVAL_CODE_TASKS = """finds the longest word in a sentence, checks if a string has balanced parentheses, converts a number to
+Roman numerals, counts the characters that appear only once in a string, rotates a list by k places, checks if a number
+is even without the modulo operator, returns the first n square numbers, finds the index of an item in a sorted list
+with binary search, converts hours and minutes to seconds, checks if a string contains only digits, finds the common
+items of two lists, computes the median of a list, splits a list into chunks of size n, converts a string to title
+case, counts the uppercase letters in a string, finds the missing number in a list from 1 to n, checks if all items
+of a list are equal, reverses a number's digits, returns the last n items of a list, pads a string to a given length,
+computes the sum of a list of lists, checks if a word starts with a vowel, swaps the keys and values of a dictionary,
+returns the longest common prefix of two strings, computes a running total of a list""".split(",")
 CODE_QUESTIONS = """What is a variable in programming?; What is recursion?; What does a for loop do?; What is an API?;
 What is the difference between a list and a tuple in Python?; What is a class in object-oriented programming?;
 Explain what Git is used for.; What is a hash table?; What does Big O notation mean?; What is a unit test?;

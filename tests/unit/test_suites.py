@@ -12,7 +12,7 @@ import pytest
 
 from trtspec.config import config_from_dict
 from trtspec.errors import ConfigError, DataError
-from trtspec.suites import builtin_rows, hf_suite_rows, interleave, read_suite_file
+from trtspec.suites import BUILTIN_PER_CATEGORY, builtin_rows, hf_suite_rows, interleave, read_suite_file
 
 ROWS = [
     {"question": "What is 2 + 2?", "topic": "math"},
@@ -110,9 +110,9 @@ def test_builtin_suite_is_deterministic_held_out_and_has_every_kind():
 
     rows = builtin_rows(0)
     cats = Counter(r["category"] for r in rows)
-    # the code templates make fewest prompts, and both shipped sets take most of them
-    assert set(cats) == {"explanation", "lists", "code", "writing", "chat", "math"} and min(cats.values()) >= 5
-    assert sorted(cats.values())[1] >= 30
+    # the shipped sets take most of the code templates' prompts: EVAL_CODE_TASKS, asked by the suite alone, fill code
+    assert set(cats) == {"explanation", "lists", "code", "writing", "chat", "math"} and min(cats.values()) >= 30
+    assert cats["code"] == BUILTIN_PER_CATEGORY
     assert [r["category"] for r in rows[:6]] == ["explanation", "lists", "code", "writing", "chat", "math"]
     assert rows == builtin_rows(0) and rows != builtin_rows(1)
     trained = {r["prompt"] for r in build(DEMO_N, DEMO_SEED) + build_broad(DEMO_N, DEMO_SEED)}  # the shipped sets
