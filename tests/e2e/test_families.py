@@ -23,9 +23,10 @@ RECIPES = {"eagle3": ROOT / "build_configs" / "tiny-families.yaml", "dflash": RO
 
 
 def has_vllm() -> bool:
-    from importlib.util import find_spec
+    """vLLM installed and runnable on this CPU (the engine stage skips where it is not)."""
+    from trtspec.engines import vllm
 
-    return find_spec("vllm") is not None
+    return vllm.availability()[0]
 
 
 # The default tier builds one row per runtime path and engine outcome (native and hf runtime paths, a mixture of
