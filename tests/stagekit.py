@@ -32,15 +32,6 @@ def load_script(name: str):
     return module
 
 
-def pretend_vllm(monkeypatch: Any, installed: bool = True) -> None:
-    """vLLM installed (or not), and its CPU build runnable on this CPU, whatever this machine has (the adapter's
-    decisions tested apart from the machine's packages and vector unit)."""
-    from trtspec.engines import vllm
-
-    monkeypatch.setattr(vllm, "installed", lambda: installed)
-    monkeypatch.setattr(vllm, "cpu_build_refusal", lambda: None)
-
-
 def tiny_config(model_dir: Path, base_dir: Path, **sections: Any):
     raw = {"model": {"source": str(model_dir)},
            "data": {"sources": [{"kind": "jsonl", "path": "unused.jsonl"}], "max_new_tokens": 16}}

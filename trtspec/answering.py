@@ -43,9 +43,8 @@ def answer_vllm(model_dir: Path, dtype: str, prompts: list[list[int]], max_new: 
     saved as they come."""
     from trtspec.engines import vllm as vllm_engine
 
-    ok, why = vllm_engine.availability()
-    if not ok:
-        raise DataError(f"data.answer_with: vllm, but {why}")
+    if not vllm_engine.installed():
+        raise DataError("data.answer_with: vllm, but vllm is not installed", vllm_engine.INSTALL_HINT)
     llm = vllm_engine.load(model_dir, None, 0, max(map(len, prompts)) + max_new + 8, min(chunk, 256), dtype=dtype)
     try:
         for start in range(0, len(prompts), chunk):

@@ -8,7 +8,6 @@ run in the default tier, every family in the full tier (TRTSPEC_TIER=full bash s
 from __future__ import annotations
 
 import pytest
-from vllm_harness import skip_unless_vllm_runs
 
 from trtspec.engines.vllm.support import refusal_for
 from trtspec.targets import BY_MODEL_TYPE
@@ -26,7 +25,6 @@ FAMILIES = [pytest.param(n, marks=() if n in DEFAULT_TIER else pytest.mark.full)
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_vllm_states_equal_hf_states(name, tmp_path):
-    skip_unless_vllm_runs()
     import numpy as np
     import torch
 

@@ -12,12 +12,12 @@ import urllib.request
 from types import SimpleNamespace
 
 import pytest
-from vllm_harness import eos_of, skip_unless_vllm_runs, vllm_run
+from vllm_harness import eos_of, vllm_run
 
 from trtspec import answering
 from trtspec.engines.vllm.sweep import free_port
 
-skip_unless_vllm_runs()
+pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of RAM per engine: plenty for a few short prompts
 
 K, MAX_NEW = 3, 48

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
-from vllm_harness import build_on_ci_data, eos_of, skip_unless_vllm_runs, vllm_run
+from vllm_harness import build_on_ci_data, eos_of, vllm_run
 
-skip_unless_vllm_runs()
+pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 ROOT = Path(__file__).resolve().parents[2]

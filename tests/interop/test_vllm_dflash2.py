@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from stagekit import export_random_dflash2, rerandomized
-from vllm_harness import skip_unless_vllm_runs, vllm_model
+from vllm_harness import vllm_model
 
-skip_unless_vllm_runs()
+pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
 pytest.importorskip("speculators", reason="speculators is not installed (bash scripts/setup.sh --engines vllm)")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 

