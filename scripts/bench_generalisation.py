@@ -62,11 +62,12 @@ def by_confidence(records: list[tuple]) -> list[dict]:
     return rows
 
 
-def predicted_al(held: list[dict], suite: list[dict]) -> float:
+def predicted_al(held: dict, suite: list[dict]) -> float:
     """The suite's AL had each of its steps been accepted as held-out steps of the same target confidence are:
-    sum over bins of suite share x held-out AL (a bin with no held-out step counts at the held-out AL overall)."""
-    overall = sum(h["share"] * h["AL"] for h in held)
-    return round(sum(s["share"] * (h["AL"] if h["steps"] else overall) for h, s in zip(held, suite, strict=True)), 3)
+    sum over bins of suite share x held-out AL (a bin with no held-out step counts at the held-out AL overall).
+    held: a summary; suite: its by_confidence bins."""
+    bins = held["by_confidence"]
+    return round(sum(s["share"] * (h["AL"] if h["steps"] else held["AL"]) for h, s in zip(bins, suite, strict=True)), 3)
 
 
 def summary(records: list[tuple]) -> dict:
@@ -76,7 +77,7 @@ def summary(records: list[tuple]) -> dict:
 
 def decompose(held: dict, suite: dict) -> dict:
     """suite AL / held-out AL split into the traffic's difficulty and the draft's generalisation (their product)."""
-    pred = predicted_al(held["by_confidence"], suite["by_confidence"])
+    pred = predicted_al(held, suite["by_confidence"])
     return {"ratio": round(suite["AL"] / held["AL"], 3), "predicted_AL": pred, "difficulty": round(pred / held["AL"], 3),
             "generalisation": round(suite["AL"] / pred, 3)}
 
