@@ -165,6 +165,11 @@ SHARE = {"explanation": 0.25, "lists": 0.2, "code": 0.15, "writing": 0.15, "chat
 CATEGORIES = tuple(SHARE)
 
 
+def code_prompts(tasks: list[str]) -> list[str]:
+    """A function to write in each of LANGS for each of `tasks`."""
+    return [f"Write a {lang} function that {task}." for lang, task in product(LANGS, clean(tasks))]
+
+
 def pools(rng: random.Random, n_math: int) -> dict[str, list[str]]:
     """Every prompt the templates make, by category (math: `n_math` drawn with `rng`, the numbers random)."""
     subjects, acts, things = clean(SUBJECTS), clean(ACTIVITIES), clean(THINGS)
@@ -174,8 +179,7 @@ def pools(rng: random.Random, n_math: int) -> dict[str, list[str]]:
         "lists": [f.format(t) for f, t in product(LIST_FORMS, things)]
         + [f.format(a) for f, a in product(ACTIVITY_LIST_FORMS, acts)]
         + [f"Compare {p} in a short list of pros and cons." for p in clean(PAIRS)],
-        "code": [f"Write a {lang} function that {task}." for lang, task in product(LANGS, clean(CODE_TASKS))]
-        + clean(CODE_QUESTIONS),
+        "code": code_prompts(CODE_TASKS) + clean(CODE_QUESTIONS),
         "writing": [f.format(s) for f, s in product(WRITING_FORMS, clean(WRITING_SUBJECTS))] + clean(WRITING_TASKS),
         "chat": clean(CHAT) + [f.format(a) for f, a in product(CHAT_FORMS, acts)],
         "math": math_prompts(rng, n_math),

@@ -181,11 +181,11 @@ def builtin_rows(seed: int, categories: Iterable[str] | None = None) -> list[dic
     shipped prompt sets is taken (build_configs/prompts/broad_prompts.jsonl, the demo recipe's, and demo_prompts.jsonl,
     its six kinds: demo_prompts.shipped_prompts), and validate also drops any the run's own
     training split holds."""
-    from trtspec.demo_prompts import CATEGORIES, EVAL_CODE_TASKS, LANGS, clean, pools, shipped_prompts
+    from trtspec.demo_prompts import CATEGORIES, EVAL_CODE_TASKS, code_prompts, pools, shipped_prompts
 
     trained = shipped_prompts()
     by_category = pools(random.Random(f"trtspec eval.suites builtin {seed} math"), 4 * BUILTIN_PER_CATEGORY)
-    by_category["code"] += [f"Write a {lang} function that {task}." for lang in LANGS for task in clean(EVAL_CODE_TASKS)]
+    by_category["code"] += code_prompts(EVAL_CODE_TASKS)
     groups = []
     for cat in categories or CATEGORIES:
         pool = [p for p in dict.fromkeys(by_category[cat]) if p not in trained]
