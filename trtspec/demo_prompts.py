@@ -7,6 +7,7 @@ its prompts (trtspec.suites.builtin_rows). Deterministic: the same seed gives th
 from __future__ import annotations
 
 import random
+import re
 from functools import cache
 from itertools import product
 
@@ -322,6 +323,39 @@ def broad_pools(rng: random.Random, n: int) -> dict[str, list[str]]:
         "reasoning": [rng.choice(REASONING_FORMS)(rng) for _ in range(n)],
         "humanities": humanities,
     }
+
+
+PASSAGE_FORMS = {"extraction": EXTRACT_FORMS, "summarization": SUMMARY_FORMS, "rewriting": REWRITE_FORMS}
+# the spaces after a sentence's end (. ! or ?, a closing quote or bracket after it kept) before a capital or digit
+SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+(?=[\"'(\[]*[A-Z0-9])")
+
+
+def document_windows(docs: list[str], rng: random.Random, words: tuple[int, int]) -> list[str]:
+    """Passages cut from documents: runs of 2-4 whole sentences, each document read once from its start, kept where
+    they hold words[0]..words[1] words; in document order."""
+    out = []
+    for doc in docs:
+        sentences, i = SENTENCE_END.split(" ".join(doc.split())), 0
+        while i < len(sentences):
+            k = rng.randint(2, 4)
+            window = " ".join(sentences[i : i + k])
+            if words[0] <= len(window.split()) <= words[1]:
+                out.append(window)
+            i += k
+    return out
+
+
+def passage_prompts(docs: list[str], n: int, seed: int, words: tuple[int, int] = (25, 75)) -> list[dict]:
+    """Up to n prompts of the passage kinds (extraction, summarization, rewriting in turn, each passage once) over
+    documents of yours, with the generator's instructions: {"prompt", "category"} rows, shuffled. Deterministic."""
+    rng = random.Random(seed)
+    windows = list(dict.fromkeys(document_windows(docs, rng, words)))  # a document given twice: its passages once
+    rng.shuffle(windows)
+    kinds = list(PASSAGE_FORMS)
+    rows = [{"prompt": rng.choice(PASSAGE_FORMS[kinds[i % 3]]).format(w), "category": kinds[i % 3]}
+            for i, w in enumerate(windows[:n])]
+    rng.shuffle(rows)
+    return rows
 
 
 # the broad set: the six kinds and the six above, each its share

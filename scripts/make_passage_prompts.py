@@ -1,0 +1,59 @@
+#!/usr/bin/env python
+"""Write prompts that hand over passages of your own documents (extract, summarise, rewrite), for `trtspec adapt
+--prompts` or a data stage (`data.sources: [{kind: regenerate, path: ...}]`), so a draft learns on the kind of text
+your traffic hands the target rather than on the demo generator's made-up notices and schedules.
+
+Each prompt is a run of 2-4 whole sentences of one document (--words long) with one of the demo generator's
+instructions for its kind (trtspec.demo_prompts.PASSAGE_FORMS); the kinds take turns, no passage twice.
+Deterministic: the same documents and seed write the same file. DOCS: one document per line (data.sources kind:
+text's format); blank lines are skipped.
+
+    python scripts/make_passage_prompts.py docs.txt --n 300 --out passages.jsonl
+    python scripts/make_passage_prompts.py docs.txt --n 300 --words 40-120 --seed 1 --out passages.jsonl
+    trtspec adapt runs/demo --prompts passages.jsonl --out runs/demo-passages
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trtspec.bench import arg_parser
+from trtspec.demo_prompts import passage_prompts
+from trtspec.errors import DataError, run_main
+
+
+def word_range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition("-")
+    if not (lo.isdigit() and hi.isdigit() and 0 < int(lo) <= int(hi)):
+        raise DataError(f"--words '{text}': expected a range of word counts such as 25-75")
+    return int(lo), int(hi)
+
+
+def read_documents(path: Path) -> list[str]:
+    if not path.is_file():
+        raise DataError(f"{path}: no such file (one document per line)")
+    return [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+
+
+def main() -> None:
+    ap = arg_parser(__doc__)
+    ap.add_argument("docs", type=Path, help="a text file, one document per line")
+    ap.add_argument("--n", type=int, default=300, help="prompts to write at most (default 300)")
+    ap.add_argument("--words", default="25-75", help="a passage's length in words, a range (default 25-75)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    words = word_range(a.words)
+    docs = read_documents(a.docs)
+    rows = passage_prompts(docs, a.n, a.seed, words)
+    if not rows:
+        raise DataError(f"{a.docs}: no run of 2-4 sentences of {a.words} words in its {len(docs)} documents "
+                        "(one document per line, sentences ending in . ! or ?); try a wider --words")
+    a.out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    counts = {c: sum(r["category"] == c for r in rows) for c in dict.fromkeys(r["category"] for r in rows)}
+    print(f"wrote {len(rows)} prompts to {a.out} from {len(docs)} documents: {counts}")
+
+
+if __name__ == "__main__":
+    run_main(main)
