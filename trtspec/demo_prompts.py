@@ -1,7 +1,8 @@
 """The project's prompt generator: varied tasks from templates x topics, each with its category (explanation,
 lists, code, writing, chat, math). It writes the demo prompt set the demo recipe trains on
 (build_configs/prompts/demo_prompts.jsonl, by scripts/make_demo_prompts.py) and gives the builtin evaluation suite
-its prompts (trtspec.suites.builtin_rows). Deterministic: the same seed gives the same prompts.
+its prompts (trtspec.suites.builtin_rows); with its passage instructions it also writes prompts over a user's own
+documents (passage_prompts, by scripts/make_passage_prompts.py). Deterministic: the same seed gives the same prompts.
 """
 
 from __future__ import annotations
