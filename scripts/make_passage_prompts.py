@@ -6,7 +6,7 @@ your traffic hands the target rather than on the demo generator's made-up notice
 Each prompt is a run of 2-4 whole sentences of one document (--words long) with one of the demo generator's
 instructions for its kind (trtspec.demo_prompts.PASSAGE_FORMS); the kinds take turns, no passage twice.
 Deterministic: the same documents and seed write the same file. DOCS: one document per line (data.sources kind:
-text's format); blank lines are skipped.
+text's format), blank lines skipped, or JSONL rows with a `text` field (trtspec.chat.read_documents).
 
     python scripts/make_passage_prompts.py docs.txt --n 300 --out passages.jsonl
     python scripts/make_passage_prompts.py docs.txt --n 300 --words 40-120 --seed 1 --out passages.jsonl
@@ -16,9 +16,11 @@ text's format); blank lines are skipped.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from trtspec.bench import arg_parser
+from trtspec.chat import read_documents
 from trtspec.demo_prompts import passage_prompts
 from trtspec.errors import DataError, run_main
 
@@ -30,12 +32,6 @@ def word_range(text: str) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
-def read_documents(path: Path) -> list[str]:
-    if not path.is_file():
-        raise DataError(f"{path}: no such file (one document per line)")
-    return [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
-
-
 def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("docs", type=Path, help="a text file, one document per line")
@@ -45,7 +41,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     words = word_range(a.words)
-    docs = read_documents(a.docs)
+    docs = read_documents(a.docs, Counter(), "documents file", "one document per line, or JSONL rows with a text field")
     rows = passage_prompts(docs, a.n, a.seed, words)
     if not rows:
         raise DataError(f"{a.docs}: no run of 2-4 sentences of {a.words} words in its {len(docs)} documents "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import re
 from functools import cache
-from itertools import product
+from itertools import cycle, product
 
 SUBJECTS = """photosynthesis, gravity, electricity, magnetism, volcanoes, earthquakes, plate tectonics, the water cycle,
 rainbows, tides, the seasons, black holes, the solar system, the moon, stars, comets, the immune system, vaccines,
@@ -352,9 +352,8 @@ def passage_prompts(docs: list[str], n: int, seed: int, words: tuple[int, int] =
     rng = random.Random(seed)
     windows = list(dict.fromkeys(document_windows(docs, rng, words)))  # a document given twice: its passages once
     rng.shuffle(windows)
-    kinds = list(PASSAGE_FORMS)
-    rows = [{"prompt": rng.choice(PASSAGE_FORMS[kinds[i % 3]]).format(w), "category": kinds[i % 3]}
-            for i, w in enumerate(windows[:n])]
+    rows = [{"prompt": rng.choice(PASSAGE_FORMS[kind]).format(w), "category": kind}
+            for w, kind in zip(windows[:n], cycle(PASSAGE_FORMS))]
     rng.shuffle(rows)
     return rows
 

@@ -57,7 +57,7 @@ def test_the_script_writes_the_file_and_refuses_bad_input_in_one_line(tmp_path, 
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 9 and "wrote 9 prompts" in capsys.readouterr().out
     for argv, match in (([str(docs), "--words", "60-20"], "--words '60-20': expected a range"),
-                        ([str(tmp_path / "none.txt")], "none.txt: no such file"),
+                        ([str(tmp_path / "none.txt")], r"documents file '.*none.txt' does not exist"),
                         ([str(docs), "--words", "500-900"], "no run of 2-4 sentences of 500-900 words in its 30 documents")):
         monkeypatch.setattr(sys, "argv", ["x", *argv, "--out", str(tmp_path / "bad.jsonl")])
         with pytest.raises(DataError, match=match):
