@@ -2,7 +2,9 @@
 lists, code, writing, chat, math). It writes the demo prompt set the demo recipe trains on
 (build_configs/prompts/demo_prompts.jsonl, by scripts/make_demo_prompts.py) and gives the builtin evaluation suite
 its prompts (trtspec.suites.builtin_rows); with its passage instructions it also writes prompts over a user's own
-documents (passage_prompts, by scripts/make_passage_prompts.py). Deterministic: the same seed gives the same prompts.
+documents (passage_prompts, by scripts/make_passage_prompts.py) and, with its follow-ups, second turns over answered
+conversations (follow_up_prompts, by scripts/make_follow_up_prompts.py). Deterministic: the same seed gives the same
+prompts.
 """
 
 from __future__ import annotations
@@ -357,6 +359,48 @@ def passage_prompts(docs: list[str], n: int, seed: int, words: tuple[int, int] =
     rng.shuffle(rows)
     return rows
 
+
+# a user's next turn after an answer, for any first question
+FOLLOW_UPS = """Can you say more about that?; Can you give me an example?; Can you explain that more simply?; Why is
+that?; Can you make that shorter?; Can you put that as a list?; What would you do first?; Is there anything I should
+avoid?; How would I explain that to a child?; What is the most important part of that?; Can you go on?; What are the
+downsides?; Can you give me another example?; How sure are you about that?; What should I read to learn more?; Could
+you say that in one sentence?; What is a common mistake here?; Thanks! Can you add a tip or two?; How does that work in
+practice?; Can you compare that with an alternative?; Why does that matter?; What happens next?; Can you write that more
+formally?; Can you make it sound friendlier?; What would an expert add?; Is that always true?; Can you summarize what
+you said?; What questions should I ask next?; Can you break that into steps?; How long would that take?""".split(";")
+
+
+LIST_NUMBER = re.compile(r"(?:^|\n)[ \t]*\d+\.$")  # "2." opening a list item's line: no sentence ends there
+
+
+def first_sentences(text: str, words: int) -> str:
+    """The whole sentences at the start of `text` (its line breaks kept) that fit in `words` words, at least the first;
+    "" when even the first sentence is more than twice that."""
+    text = text.strip()
+    ends = [m.start() for m in SENTENCE_END.finditer(text) if not LIST_NUMBER.search(text[: m.start()])] + [len(text)]
+    fit = [e for e in ends if len(text[:e].split()) <= words]
+    cut = fit[-1] if fit else ends[0]
+    return text[:cut] if len(text[:cut].split()) <= 2 * words else ""
+
+
+def follow_up_prompts(conversations: list[list[dict]], n: int, seed: int, words: int = 45) -> list[dict]:
+    """Up to n second turns: a conversation's first user turn, its first answer cut to the whole sentences that fit in
+    `words` words, and a follow-up of FOLLOW_UPS, as {"messages", "category": "multiturn"} rows for the target to
+    answer (trtspec adapt --prompts, or data.sources kind regenerate). Deterministic."""
+    rng = random.Random(seed)
+    follow_ups = clean(FOLLOW_UPS)
+    rows = []
+    for msgs in conversations:
+        user = next((i for i, m in enumerate(msgs) if m["role"] == "user"), None)
+        if user is None or user + 1 >= len(msgs) or msgs[user + 1]["role"] != "assistant":
+            continue
+        answer = first_sentences(msgs[user + 1]["content"], words)
+        if answer:
+            rows.append({"messages": [*msgs[: user + 1], {"role": "assistant", "content": answer},
+                                      {"role": "user", "content": rng.choice(follow_ups)}], "category": "multiturn"})
+    rng.shuffle(rows)
+    return rows[:n]
 
 # the broad set: the six kinds and the six above, each its share
 BROAD_SHARE = {"explanation": 0.12, "lists": 0.09, "code": 0.1, "writing": 0.09, "chat": 0.06, "math": 0.08,
