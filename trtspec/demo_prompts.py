@@ -402,6 +402,7 @@ def follow_up_prompts(conversations: list[list[dict]], n: int, seed: int, words:
     rng.shuffle(rows)
     return rows[:n]
 
+
 # the broad set: the six kinds and the six above, each its share
 BROAD_SHARE = {"explanation": 0.12, "lists": 0.09, "code": 0.1, "writing": 0.09, "chat": 0.06, "math": 0.08,
                "extraction": 0.1, "summarization": 0.08, "rewriting": 0.06, "roleplay": 0.06, "reasoning": 0.08,
