@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from trtspec.bench import arg_parser
-from trtspec.chat import read_jsonl, to_messages
+from trtspec.chat import conversations_from_rows, read_jsonl
 from trtspec.demo_prompts import follow_up_prompts
 from trtspec.errors import DataError, run_main
 
@@ -34,7 +34,8 @@ def main() -> None:
     if a.words < 1 or a.n < 1:
         raise DataError(f"--n {a.n} / --words {a.words}: both must be at least 1")
     skips: Counter = Counter()
-    conversations = [m for m in (to_messages(r)[0] for r in read_jsonl(a.conversations, skips)) if m]
+    rows = conversations_from_rows(read_jsonl(a.conversations, skips), a.conversations.stem, skips)
+    conversations = [c["messages"] for c in rows]
     rows = follow_up_prompts(conversations, a.n, a.seed, a.words)
     if not rows:
         raise DataError(f"{a.conversations}: no conversation with a user turn and its answer to follow up "
