@@ -407,6 +407,12 @@ class EvalSection(Section):
     max_new_tokens: int = key(128, "answer length in those comparisons", ge=1, le=8192)
     acceptance_prompts: int = key(64, "held-out prompts the head's acceptance length is measured on (train, "
                                   "export); fewer are noisier, each costs one greedy answer from the target", ge=1, le=100_000)
+    acceptance_suite: str | None = key(None, "prompts unlike the training ones, relative to the YAML: a JSONL file "
+                                       "of {prompt or messages, category} rows the train stage measures the draft on "
+                                       "too, on the target's greedy answers, per category and as a ratio to the "
+                                       "held-out AL (how far the draft carries to traffic it never saw; in the "
+                                       "manifest's `suite`, every train.eval_steps in the training log); null = none",
+                                       min_length=1)
     repeats: int = key(2, "interleaved timing repetitions per method (validate)", ge=1, le=100)
     context_bins: list[ContextLen] | None = Field(
         None, min_length=1, max_length=8, description="acceptance by context length, e.g. [256, 1024, 4096, 8192]: "

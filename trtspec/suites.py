@@ -257,6 +257,21 @@ def context_fill(cfg: BuildConfig, data_dir: Path | None) -> list:
     return read_rows(data_dir / "train.jsonl")
 
 
+def acceptance_suite_read(cfg: BuildConfig) -> list:
+    """eval.acceptance_suite as a file the train stage reads (hashed into its fingerprint, read whole before the
+    first stage), read as validate reads a jsonl eval.suites file."""
+    from functools import partial
+
+    from trtspec.config import EvalSuite
+    from trtspec.pipeline.stage import InputFile
+
+    if not (path := cfg.eval.acceptance_suite):
+        return []
+    read = partial(read_suite_file, s=EvalSuite(kind="jsonl", path=path), what="eval.acceptance_suite file",
+                   hint="check eval.acceptance_suite (relative to the YAML)")
+    return [InputFile("eval.acceptance_suite", "eval.acceptance_suite file", path, cfg.resolve_path(path), "prompt", read)]
+
+
 def context_documents_read(cfg: BuildConfig) -> list:
     """eval.context_documents as a file its stages read (train and validate: hashed into their fingerprints, read
     whole before the first stage)."""

@@ -288,6 +288,11 @@ def case_eval_suite_missing(tmp, model, mp):
     return build(tmp, config(tmp, model, eval={"suites": [{"kind": "jsonl", "path": "no-such-suite.jsonl"}]}))
 
 
+def case_acceptance_suite_empty(tmp, model, mp):
+    (tmp / "unseen.jsonl").write_text("\n")
+    return build(tmp, config(tmp, model, eval={"acceptance_suite": "unseen.jsonl"}))
+
+
 def case_eval_suite_no_prompt_column(tmp, model, mp):
     write_jsonl(tmp / "suite.jsonl", SUITE_ROWS)
     suite = {"kind": "jsonl", "path": "suite.jsonl", "prompt_field": "question"}
@@ -755,6 +760,7 @@ CASES = [
     Case("eval-prompts-too-long", case_eval_prompts_too_long, 2, r"eval\.prompts file .*prompts\.jsonl': 1 prompt\(s\) \(first: row 2, \d+ tokens\) plus 4 new tokens exceed the target's context of 1024", "validate", before_data=True),
     Case("eval-prompts-unparsable", case_eval_prompts_unparsable, 2, r"eval\.prompts file .*prompts\.jsonl' holds no usable prompt \(2 unparsable prompt line, 1 prompt row without prompt\)", "validate", before_data=True),
     Case("eval-suite-missing", case_eval_suite_missing, 2, r"eval\.suites\[0\] file .*no-such-suite\.jsonl' does not exist", "validate", before_data=True),
+    Case("eval-acceptance-suite-empty", case_acceptance_suite_empty, 2, r"eval\.acceptance_suite file .*unseen\.jsonl' holds no usable prompt", "train", before_data=True),
     Case("eval-suite-no-prompt-column", case_eval_suite_no_prompt_column, 2, r"eval\.suites\[1\] file .*suite\.jsonl': line 2 has no 'question' \(text\) or 'messages' \(messages\) column", "validate", before_data=True),
     Case("eval-suite-no-category-column", case_eval_suite_no_category_column, 2, r"eval\.suites\[0\] file .*suite\.jsonl': line 3 has no 'topic' column \(the suite's category_field\)", "validate", before_data=True),
     Case("eval-context-bin-too-long", case_context_bin_too_long, 2, r"eval\.context_bins 2048: with data\.max_new_tokens 160 it needs 2208 tokens, more than the target's window of 1024", "train", before_data=True),

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from trtspec.draft_family import TrainableDraft
 
 UPSTREAM = ("data", "convert")
-READS = ("train", "model.train_on_quantized", "draft.method", "draft.length", "draft.max_category_drop", "draft.step_back", "validate.baseline_min_prompts", *SECTIONS, "eval.acceptance_prompts", "eval.context_bins",
+READS = ("train", "model.train_on_quantized", "draft.method", "draft.length", "draft.max_category_drop", "draft.step_back", "validate.baseline_min_prompts", *SECTIONS, "eval.acceptance_prompts", "eval.acceptance_suite", "eval.context_bins",
          "eval.context_prompts", "eval.context_source", "eval.context_documents", "seed")
 ALL_RANKS = True  # every process of a multi-process launch trains
 
@@ -87,10 +87,11 @@ def unused(cfg: BuildConfig) -> tuple[str, ...]:
 
 
 def files_read(cfg: BuildConfig) -> list:
-    """eval.context_documents, where the held-out acceptance by context length reads documents."""
-    from trtspec.suites import context_documents_read
+    """eval.acceptance_suite, and eval.context_documents where the held-out acceptance by context length reads
+    documents."""
+    from trtspec.suites import acceptance_suite_read, context_documents_read
 
-    return context_documents_read(cfg)
+    return acceptance_suite_read(cfg) + context_documents_read(cfg)
 
 
 def environment_key() -> dict | None:
@@ -200,7 +201,38 @@ def heldout_eval_set(ctx: StageContext, base: Any, tok: Any, aux_layers: list[in
     if not ranks.is_main():
         return None, eval_file
     with matmul_attention_on_cpu(base):
-        return build_eval_set(base, tok, heldout, aux_layers, n_new, eval_file, ctx.log, EVAL_BATCH, engine), eval_file
+        return build_eval_set(base, tok, prompt_rows(heldout), aux_layers, n_new, eval_file, ctx.log, EVAL_BATCH,
+                              engine), eval_file
+
+
+def suite_eval_set(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int], target_dir: Path,
+                   engine: Any = None) -> list | None:
+    """eval.acceptance_suite: the target's greedy answers to the suite's prompts (none of them trained on), with its
+    states, cached by the file's content beside the held-out answers (rank 0 alone measures; engine: as
+    heldout_eval_set's); None without a suite."""
+    import hashlib
+    from collections import Counter
+
+    from trtspec.models import matmul_attention_on_cpu
+    from trtspec.suites import acceptance_suite_read
+
+    if not (files := acceptance_suite_read(ctx.cfg)) or not ranks.is_main():
+        return None
+    rows = files[0].read(files[0].path, Counter())
+    digest = hashlib.sha256(files[0].path.read_bytes()).hexdigest()[:16]
+    cache = target_dir / f"suite_seqs-{'' if engine is None else 'vllm-'}{digest}x{ctx.cfg.data.max_new_tokens}.pt"
+    with matmul_attention_on_cpu(base):
+        return build_eval_set(base, tok, rows, aux_layers, ctx.cfg.data.max_new_tokens, cache, ctx.log, EVAL_BATCH, engine)
+
+
+def suite_acceptance(model: Any, suite_set: list, k: int, drafts_fn: Any, held_out: dict) -> dict:
+    """The draft on eval.acceptance_suite's prompts: AL@k with its interval, per category, and its ratio to the
+    held-out AL (how far what the draft learned carries to prompts unlike its training ones)."""
+    acc = evaluate_acceptance(model, suite_set, k, drafts_fn)
+    return {"prompts": len(suite_set), f"AL@{k}": acc[f"AL@{k}"], f"AL@{k}_ci95": acc[f"AL@{k}_ci95"],
+            "vs_held_out": round(acc[f"AL@{k}"] / max(held_out[f"AL@{k}"], 1e-9), 3),
+            "per_category": {c: v[f"AL@{k}"] for c, v in acc["per_category"].items()},
+            "accept_rate_by_position": acc["accept_rate_by_position"]}
 
 
 def heldout_context_sets(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int], engine: Any = None) -> list[dict] | None:
@@ -305,9 +337,10 @@ def states_metrics(states: Any, storage: str) -> dict:
 
 
 def train_head(ctx: StageContext, fam: TrainableDraft, model: Any, head: Any, tokens: dict, states: dict | None,
-               eval_set: list | None) -> tuple[dict, dict]:
+               eval_set: list | None, suite_set: list | None = None) -> tuple[dict, dict]:
     """The HF Trainer run, resumed from the last checkpoint in ctx.work; returns the rows it trained on
-    (train.max_rows) and what the run did (steps, loss, seconds, per-rank memory and head parameters)."""
+    (train.max_rows) and what the run did (steps, loss, seconds, per-rank memory and head parameters). Every
+    train.eval_steps the held-out acceptance is logged, and the suite's (eval.acceptance_suite) beside it."""
     import time
 
     t, k = ctx.cfg.train, ctx.cfg.draft.length
@@ -319,7 +352,10 @@ def train_head(ctx: StageContext, fam: TrainableDraft, model: Any, head: Any, to
 
     def evaluate_now() -> dict | None:  # every rank (a sharded head is gathered); rank 0 measures
         with sharding.full_head(model, head):
-            return reported(evaluate_acceptance(model, eval_set, k, fam.drafts)) if ranks.is_main() else None
+            if not ranks.is_main():
+                return None
+            held = reported(evaluate_acceptance(model, eval_set, k, fam.drafts))
+            return {**held, "suite": suite_acceptance(model, suite_set, k, fam.drafts, held)} if suite_set else held
 
     args = training_args(ctx, ckpt_dir, len(tokens["input_ids"]), sharded=head is not None)
     trainer = make_trainer(model, HeadDataset(scored, states, fam.shift_labels), args, log_file, evaluate_now,
@@ -377,6 +413,7 @@ def run(ctx: StageContext) -> dict:
     engine = engine_target(ctx, tok, source) if from_engine else None
     eval_set, eval_file = heldout_eval_set(ctx, states_model, tok, aux_layers, target_dir, engine)
     context_sets = heldout_context_sets(ctx, states_model, tok, aux_layers, engine)
+    suite_set = suite_eval_set(ctx, states_model, tok, aux_layers, target_dir, engine)
     t0 = time.time()
     states = target_states(ctx, source, states_model, tokens, aux_layers, target_dir)
     del states_model
@@ -389,7 +426,7 @@ def run(ctx: StageContext) -> dict:
     head = sharding.shard_head(model, fam.module_attr) if t_cfg.sharding == "fsdp" and ranks.size() > 1 else None
     gc.collect()
 
-    tokens, trained = train_head(ctx, fam, model, head, tokens, states, eval_set)
+    tokens, trained = train_head(ctx, fam, model, head, tokens, states, eval_set, suite_set)
     if head is not None:
         sharding.keep_full_head(model, head)
     if not ranks.is_main():
@@ -413,6 +450,11 @@ def run(ctx: StageContext) -> dict:
     metrics["states"] = {"from": t_cfg.states_from, **states_metrics(states, t_cfg.states_storage)} if states is not None else None
     metrics["target_in_trainer"] = target_held
     ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k} {fit[f'AL@{k}']:.2f}")
+    if suite_set:
+        metrics["suite"] = suite = {"path": ctx.cfg.eval.acceptance_suite, **suite_acceptance(model, suite_set, k, fam.drafts, acc)}
+        lo, hi = suite[f"AL@{k}_ci95"]
+        ctx.log(f"eval.acceptance_suite: AL@{k} {suite[f'AL@{k}']:.2f} ({lo:.2f}-{hi:.2f}) on {suite['prompts']} prompts, "
+                f"{suite['vs_held_out']:.2f}x the held-out AL; " + ", ".join(f"{c} {v:.2f}" for c, v in suite["per_category"].items()))
     if context_sets:
         metrics["per_context"] = context_acceptance(model, context_sets, k, fam.drafts)
         for r in metrics["per_context"]:

@@ -88,16 +88,17 @@ EVAL_SEQS = "eval_seqs.pt"  # the unquantized target's greedy answers to the fir
 
 def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int], max_new_tokens: int, cache: Path, log: Any,
                    batch_size: int = 16, engine: Any = None) -> list[dict]:
-    """The target's greedy answers to held-out prompts, with their hidden states (the answers cached in ctx.work).
-    engine: answers and states from the engine that serves the target (EngineTarget), not from `base`."""
+    """The target's greedy answers to prompt rows {id, category, messages: the turns before the answer} (chat.
+    prompt_rows), with their hidden states (the answers cached in `cache`). engine: answers and states from the
+    engine that serves the target (EngineTarget), not from `base`."""
     import torch
 
     if cache.is_file():
         seqs = torch.load(cache, weights_only=True)
     else:
-        log(f"generating greedy target answers for {len(rows)} held-out prompts (acceptance evaluation)")
+        log(f"generating greedy target answers for {len(rows)} prompts (acceptance evaluation)")
         answer = engine.greedy_answers if engine is not None else partial(greedy_answers, base)
-        seqs = answer(tok, prompt_rows(rows), max_new_tokens, batch_size)
+        seqs = answer(tok, rows, max_new_tokens, batch_size)
         torch.save(seqs, cache)
     return engine.with_states(seqs) if engine is not None else with_states(base, seqs, aux_layers)
 
@@ -186,7 +187,7 @@ def acceptance_by_target(draft_model: Any, targets: dict[str, tuple[Any, Path | 
         base = load()  # one target in memory at a time
         log(f"acceptance with the {name} target ({len(rows)} held-out prompts)")
         cache = answers if answers and answers.is_file() else scratch / f"eval_{name}.pt"
-        eval_set = build_eval_set(base, tok, rows, aux_layers, max_new_tokens, cache, log)
+        eval_set = build_eval_set(base, tok, prompt_rows(rows), aux_layers, max_new_tokens, cache, log)
         out[name] = evaluate_acceptance(draft_model, eval_set, k, drafts_fn)[f"AL@{k}"]
         del base, eval_set
     return out
