@@ -91,11 +91,19 @@ def adapt_config(run: RunDir, traffic_file: str, traffic_rows: int, longest_prom
     raw["draft"] = {**raw.get("draft", {}), "init_from": str(run.path.resolve()), "max_category_drop": tolerance,
                     "grow_vocab": default_growth(raw) if o.grow_vocab is None else o.grow_vocab, "step_back": list(o.step_back)}
     raw["train"] = {**raw.get("train", {}), "epochs": o.epochs, "lr": o.lr, "max_steps": None}
-    eval_ = {k: v for k, v in raw.get("eval", {}).items() if k not in ("prompts", "suites", "context_source")}
+    eval_ = {k: v for k, v in raw.get("eval", {}).items() if k not in ("prompts", "suites", "context_source", "acceptance_suite")}
     raw["eval"] = {**eval_, "acceptance_prompts": old_heldout + new_heldout}
+    if suite := earlier_suite(run):  # the earlier draft's unseen prompts, measured again after adapting
+        raw["eval"]["acceptance_suite"] = suite
     report = run.path / "validate" / "report.json"
     raw["validate"] = {**raw.get("validate", {}), "baseline": str(report.resolve()) if report.is_file() else None}
     return raw
+
+
+def earlier_suite(run: RunDir) -> str | None:
+    """The file of the earlier train stage's eval.acceptance_suite (its manifest's suite.file), where it still is."""
+    file = (((run.manifest("train") or {}).get("metrics") or {}).get("suite") or {}).get("file")
+    return file if file and Path(file).is_file() else None
 
 
 def default_growth(raw: dict[str, Any]) -> int:

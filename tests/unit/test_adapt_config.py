@@ -53,6 +53,23 @@ def test_adapt_config_trains_on_the_traffic_beside_the_earlier_rows_from_the_ear
     assert cfg.seed == 3 and cfg.convert.draft_vocab_size == 4096
 
 
+def test_adapt_measures_the_earlier_runs_acceptance_suite_where_its_file_still_is(tmp_path):
+    """eval.acceptance_suite is written relative to the earlier YAML: the adaptation reads the file the earlier train
+    stage resolved (its manifest's suite.file), and leaves the key out where that file is gone."""
+    run = earlier(tmp_path)
+    train = run.path / "train" / "manifest.json"
+    suite = tmp_path / "unseen.jsonl"
+    suite.write_text('{"prompt": "Hi", "category": "chat"}\n')
+    m = json.loads(train.read_text())
+    m["config"]["eval.acceptance_suite"] = "prompts/unseen.jsonl"
+    m["metrics"] = {"suite": {"path": "prompts/unseen.jsonl", "file": str(suite)}}
+    train.write_text(json.dumps(m))
+    raw = adapt_config(run, "traffic.jsonl", 100, longest_prompt=150, o=AdaptOptions())
+    assert raw["eval"]["acceptance_suite"] == str(suite)
+    suite.unlink()
+    assert "acceptance_suite" not in adapt_config(run, "traffic.jsonl", 100, longest_prompt=150, o=AdaptOptions())["eval"]
+
+
 def test_adapt_grows_a_compressed_draft_vocabulary_by_default(tmp_path):
     """--grow-vocab unset: GROW_VOCAB tokens for an EAGLE-3 draft with a compressed vocabulary, none for a draft of the
     target's whole vocabulary; the defaults replay the earlier rows 10 to 1 at lr 3e-4."""

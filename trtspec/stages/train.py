@@ -451,7 +451,9 @@ def run(ctx: StageContext) -> dict:
     metrics["target_in_trainer"] = target_held
     ctx.log(metrics["headline"] + f"; by draft position {acc['accept_rate_by_position']}; on training rows AL@{k} {fit[f'AL@{k}']:.2f}")
     if suite_set:
-        metrics["suite"] = suite = {"path": ctx.cfg.eval.acceptance_suite, **suite_acceptance(model, suite_set, k, fam.drafts, acc)}
+        path = ctx.cfg.eval.acceptance_suite  # as the YAML writes it, and where it is (an adaptation measures it again)
+        metrics["suite"] = suite = {"path": path, "file": str(ctx.cfg.resolve_path(path)),
+                                    **suite_acceptance(model, suite_set, k, fam.drafts, acc)}
         lo, hi = suite[f"AL@{k}_ci95"]
         ctx.log(f"eval.acceptance_suite: AL@{k} {suite[f'AL@{k}']:.2f} ({lo:.2f}-{hi:.2f}) on {suite['prompts']} prompts, "
                 f"{suite['vs_held_out']:.2f}x the held-out AL; " + ", ".join(f"{c} {v:.2f}" for c, v in suite["per_category"].items()))
