@@ -277,6 +277,23 @@ def prompt_rows(rows: list[dict]) -> list[dict]:
             for i, r in enumerate(rows) if len(r["messages"]) > 1]
 
 
+NEAR_TWIN = 0.7  # words two prompts share (Jaccard) from which one is the other's template filled in again
+
+
+def near_twins(prompts: list[dict], others: list[dict], overlap: float = NEAR_TWIN) -> list[bool]:
+    """Whether each prompt row has a near-twin among the `others`: a prompt sharing at least `overlap` of their
+    distinct words (Jaccard over lowercased words of the turns before the answer). A held-out prompt with a twin among
+    the training prompts ("Write a short poem about a quiet forest." beside "... about a spring morning.") measures
+    the templates a draft learned more than what it carries to traffic it never saw."""
+    import re
+
+    def words(row: dict) -> frozenset[str]:
+        return frozenset(re.findall(r"\w+", " ".join(str(m.get("content") or "") for m in row["messages"]).lower()))
+
+    pool = [w for w in map(words, others) if w]
+    return [bool(w) and any(len(w & o) >= overlap * len(w | o) for o in pool) for w in map(words, prompts)]
+
+
 def token_counts(tokens_file: Path, vocab: int) -> Any:
     """How often each target token is a training label (assistant tokens) in the data stage's tensors."""
     import torch

@@ -416,6 +416,9 @@ def test_train_few_steps_writes_head_and_log(upstream, tiny_model_dir, tmp_path,
     cats = m["per_category"]
     assert sum(c["prompts"] for c in cats.values()) == m["eval_prompts"] and "per_category" not in m["fit"]
     assert "per_prompt" not in m and "per_prompt" not in m["fit"]  # the paired comparisons' counts stay out of the manifest
+    twins = m["held_out_twins"]  # "Count to 3." is trained on: every held-out prompt has a twin
+    assert twins["with_twin"]["prompts"] == m["eval_prompts"] and twins["without_twin"] is None
+    assert twins["with_twin"]["AL@3"] == m["AL@3"]
     assert all(c["AL@3_ci95"][0] <= c["AL@3"] <= c["AL@3_ci95"][1] for c in cats.values())
     assert (ctx.out / "head.safetensors").is_file()
     seqs = torch.load(ctx.out / head_eval.EVAL_SEQS, weights_only=True)  # the held-out greedy answers, for export

@@ -61,12 +61,25 @@ def evaluate_acceptance(model: Any, eval_set: list[dict], k_max: int, drafts_fn:
     groups: dict[str, list[tuple[int, int]]] = {}
     for ex, counts in zip(eval_set, per_prompt[k_max], strict=True):
         groups.setdefault(ex.get("category", "chat"), []).append(counts)
-    out["per_category"] = {c: {"prompts": len(v), f"AL@{k_max}": round(sum(t for t, _ in v) / max(sum(f for _, f in v), 1), 3),
-                               f"AL@{k_max}_ci95": al_interval(v)} for c, v in sorted(groups.items())}
+    out["per_category"] = {c: pooled(v, k_max) for c, v in sorted(groups.items())}
     # (tokens, forwards) and category of each prompt at k_max: two drafts compared prompt by prompt
     out["per_prompt"], out["categories"] = per_prompt[k_max], [ex.get("category", "chat") for ex in eval_set]
     # acceptance of draft position i = share of verification steps whose first i+1 drafts were all accepted
     return {**out, "accept_rate_by_position": [round(a / max(steps, 1), 3) for a in per_pos]}
+
+
+def pooled(per_prompt: list[tuple[int, int]], k: int) -> dict:
+    """AL@k of some prompts' (tokens, forwards) pooled (sum over sum), with its 95% bootstrap interval over them."""
+    return {"prompts": len(per_prompt), f"AL@{k}": round(sum(t for t, _ in per_prompt) / max(sum(f for _, f in per_prompt), 1), 3),
+            f"AL@{k}_ci95": al_interval(per_prompt)}
+
+
+def split_by_twins(acc: dict, twins: list[bool], k: int) -> dict:
+    """An evaluate_acceptance result split by which prompts have a near-twin among the training prompts (chat.
+    near_twins): AL@k with interval of each part (None where a part is empty)."""
+    parts = {"with_twin": [c for c, t in zip(acc["per_prompt"], twins, strict=True) if t],
+             "without_twin": [c for c, t in zip(acc["per_prompt"], twins, strict=True) if not t]}
+    return {name: pooled(counts, k) if counts else None for name, counts in parts.items()}
 
 
 def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, batch_size: int = 16) -> list[dict]:
