@@ -9,8 +9,10 @@ A run whose train stage answered its held-out prompts with an engine (train.stat
 engine's greedy answers, which in bf16 leave HF's after a few dozen tokens on most prompts: the two runs' own figures
 are then on different rows. Here every draft is measured on every run's rows (RUN/train/eval_seqs.pt) and on the
 target's greedy answers to the suite's prompts (data.max_new_tokens of the first run), teacher-forced as the train
-stage measures (training.acceptance), so a draft no engine loads (a head of two layers) is measured too. The runs
-share one target, draft method and length; each draft keeps its own shape (its convert stage's config).
+stage measures (training.acceptance), so a draft no engine loads (a head of two layers) is measured too; and each
+draft's own held-out AL split between the prompts with a near-twin among those it trained on and the rest
+(chat.near_twins). The runs share one target, draft method and length; each draft keeps its own shape (its convert
+stage's config).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def main() -> None:
     from trtspec.bench import model_source, suite_rows, verified
     from trtspec.draft_families import family
     from trtspec.models import load_model, load_tokenizer, matmul_attention_on_cpu
-    from trtspec.training.acceptance import evaluate_acceptance, greedy_answers, with_states
+    from trtspec.training.acceptance import evaluate_acceptance, greedy_answers, split_by_twins, with_states
 
     ap = arg_parser(__doc__)
     ap.add_argument("runs", type=Path, nargs="+", help="run directories whose train stage is done, of one target")
@@ -81,6 +83,8 @@ def main() -> None:
             results.append({"draft_of": str(run), "rows_of": rows_of, f"AL@{k}": acc[f"AL@{k}"],
                             f"AL@{k}_ci95": acc[f"AL@{k}_ci95"], "per_category": acc["per_category"],
                             "trained_held_out": manifest["metrics"][f"AL@{k}"]})
+            if rows_of == str(run):  # its own held-out rows, by near-twins among the prompts it trained on
+                results[-1]["held_out_twins"] = split_by_twins(acc, held_out_twins(run, manifest, len(acc["per_prompt"])), k)
             if not a.json:
                 lo, hi = acc[f"AL@{k}_ci95"]
                 print(f"{str(run):28} {rows_of:28} {acc[f'AL@{k}']:.3f} ({lo:.3f}-{hi:.3f})", flush=True)
@@ -89,6 +93,17 @@ def main() -> None:
         print_suite_table(results, str(a.suite), k)
     if a.json:
         print(json.dumps({"draft_length": k, "results": results}, indent=1))
+
+
+def held_out_twins(run: Path, manifest: dict, n: int) -> list[bool]:
+    """Which of the run's first n held-out prompts (those its train stage answered) have a near-twin among the prompts
+    it trained on (chat.near_twins)."""
+    from trtspec.bench import verified
+    from trtspec.chat import near_twins, prompt_rows, read_rows
+
+    data = verified(run, "data")[0]
+    trained = prompt_rows(read_rows(data / "train.jsonl")[: manifest["config"]["train"].get("max_rows")])
+    return near_twins(prompt_rows(read_rows(data / "heldout.jsonl"))[:n], trained)
 
 
 def print_suite_table(results: list[dict], suite: str, k: int) -> None:
@@ -103,6 +118,14 @@ def print_suite_table(results: list[dict], suite: str, k: int) -> None:
     own = {r["draft_of"]: r[f"AL@{k}"] for r in results if r["rows_of"] == r["draft_of"]}
     print(f"{'own held-out':16}" + "".join(f" {own[r['draft_of']]:>22.3f}" for r in rows))
     print(f"{'suite / own':16}" + "".join(f" {r[f'AL@{k}'] / own[r['draft_of']]:>22.3f}" for r in rows))
+    twins = {r["draft_of"]: r["held_out_twins"] for r in results if "held_out_twins" in r}
+    for part, name in (("with_twin", "own, twin"), ("without_twin", "own, no twin")):
+        print(f"{name:16}" + "".join(f" {cell(twins[r['draft_of']][part], k):>22}" for r in rows))
+
+
+def cell(part: dict | None, k: int) -> str:
+    """AL@k on n prompts, or '-' for no prompt."""
+    return f"{part[f'AL@{k}']:.3f} on {part['prompts']}" if part else "-"
 
 
 if __name__ == "__main__":
