@@ -37,6 +37,7 @@ def main() -> None:
     import torch
 
     from trtspec.bench import model_source, suite_rows, verified
+    from trtspec.chat import held_out_twins
     from trtspec.draft_families import family
     from trtspec.models import load_model, load_tokenizer, matmul_attention_on_cpu
     from trtspec.training.acceptance import evaluate_acceptance, greedy_answers, split_by_twins, with_states
@@ -75,6 +76,8 @@ def main() -> None:
                   for rows_of, seqs in answers.items() for read in set(layers.values())}
     del base
     results = []
+    if not a.json:
+        print(f"{'draft of':28} {'rows of':28} AL@{k} (95% CI)")
     for run, (folder, manifest) in trained.items():
         model = fam.build(fresh_base(), shapes[run])
         fam.load_head(model, folder / fam.head_file)
@@ -84,7 +87,8 @@ def main() -> None:
                             f"AL@{k}_ci95": acc[f"AL@{k}_ci95"], "per_category": acc["per_category"],
                             "trained_held_out": manifest["metrics"][f"AL@{k}"]})
             if rows_of == str(run):  # its own held-out rows, by near-twins among the prompts it trained on
-                results[-1]["held_out_twins"] = split_by_twins(acc, held_out_twins(run, manifest, len(acc["per_prompt"])), k)
+                results[-1]["held_out_twins"] = split_by_twins(acc, held_out_twins(
+                    verified(run, "data")[0], manifest["config"]["eval.acceptance_prompts"], manifest["config"]["train"].get("max_rows")), k)
             if not a.json:
                 lo, hi = acc[f"AL@{k}_ci95"]
                 print(f"{str(run):28} {rows_of:28} {acc[f'AL@{k}']:.3f} ({lo:.3f}-{hi:.3f})", flush=True)
@@ -93,17 +97,6 @@ def main() -> None:
         print_suite_table(results, str(a.suite), k)
     if a.json:
         print(json.dumps({"draft_length": k, "results": results}, indent=1))
-
-
-def held_out_twins(run: Path, manifest: dict, n: int) -> list[bool]:
-    """Which of the run's first n held-out prompts (those its train stage answered) have a near-twin among the prompts
-    it trained on (chat.near_twins)."""
-    from trtspec.bench import verified
-    from trtspec.chat import near_twins, prompt_rows, read_rows
-
-    data = verified(run, "data")[0]
-    trained = prompt_rows(read_rows(data / "train.jsonl")[: manifest["config"]["train"].get("max_rows")])
-    return near_twins(prompt_rows(read_rows(data / "heldout.jsonl"))[:n], trained)
 
 
 def print_suite_table(results: list[dict], suite: str, k: int) -> None:

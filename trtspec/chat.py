@@ -294,6 +294,13 @@ def near_twins(prompts: list[dict], others: list[dict], overlap: float = NEAR_TW
     return [bool(w) and any(len(w & o) >= overlap * len(w | o) for o in pool) for w in map(words, prompts)]
 
 
+def held_out_twins(data_dir: Path, acceptance_prompts: int, max_rows: int | None) -> list[bool]:
+    """Which of a data stage's held-out prompts the train stage measures (its first eval.acceptance_prompts rows) have
+    a near-twin among the prompts trained on (the first train.max_rows rows of train.jsonl)."""
+    held = prompt_rows(read_rows(data_dir / "heldout.jsonl")[:acceptance_prompts])
+    return near_twins(held, prompt_rows(read_rows(data_dir / "train.jsonl")[:max_rows]))
+
+
 def token_counts(tokens_file: Path, vocab: int) -> Any:
     """How often each target token is a training label (assistant tokens) in the data stage's tensors."""
     import torch

@@ -225,18 +225,16 @@ def suite_eval_set(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int]
         return build_eval_set(base, tok, rows, aux_layers, ctx.cfg.data.max_new_tokens, cache, ctx.log, EVAL_BATCH, engine)
 
 
-def held_out_twins(ctx: StageContext, acc: dict, k: int) -> dict | None:
+def twin_split(ctx: StageContext, acc: dict, k: int) -> dict | None:
     """The held-out AL split between the prompts with a near-twin among the prompts trained on (chat.near_twins: a
     template filled in again) and those without: how much of the held-out figure is the templates."""
-    from trtspec.chat import NEAR_TWIN, near_twins
+    from trtspec.chat import NEAR_TWIN, held_out_twins
     from trtspec.training.acceptance import split_by_twins
 
-    data = ctx.inputs["data"]
-    held = prompt_rows(read_rows(data / "heldout.jsonl")[: ctx.cfg.eval.acceptance_prompts])
-    if len(held) != len(acc["per_prompt"]):
+    twins = held_out_twins(ctx.inputs["data"], ctx.cfg.eval.acceptance_prompts, ctx.cfg.train.max_rows)
+    if len(twins) != len(acc["per_prompt"]):
         return None  # answers not one per held-out prompt (cannot be told apart)
-    trained = prompt_rows(read_rows(data / "train.jsonl")[: ctx.cfg.train.max_rows])
-    return {"overlap": NEAR_TWIN, **split_by_twins(acc, near_twins(held, trained), k)}
+    return {"overlap": NEAR_TWIN, **split_by_twins(acc, twins, k)}
 
 
 def suite_acceptance(model: Any, suite_set: list, k: int, drafts_fn: Any, held_out: dict) -> dict:
@@ -463,7 +461,7 @@ def run(ctx: StageContext) -> dict:
         metrics["gate"] = gate
     metrics["states"] = {"from": t_cfg.states_from, **states_metrics(states, t_cfg.states_storage)} if states is not None else None
     metrics["target_in_trainer"] = target_held
-    if twins := held_out_twins(ctx, acc, k):
+    if twins := twin_split(ctx, acc, k):
         metrics["held_out_twins"] = twins
         part = {key: f"{p[f'AL@{k}']:.2f} on {p['prompts']}" if (p := twins[key]) else "none" for key in ("with_twin", "without_twin")}
         ctx.log(f"held-out AL@{k} of the prompts with a near-twin among the training prompts ({twins['overlap']:.0%} of "
