@@ -6,10 +6,12 @@ your traffic hands the target rather than on the demo generator's made-up notice
 Each prompt is a run of 2-4 whole sentences of one document (--words long) with one of the demo generator's
 instructions for its kind (trtspec.demo_prompts.PASSAGE_FORMS); the kinds take turns, no passage twice.
 Deterministic: the same documents and seed write the same file. DOCS: one document per line (data.sources kind:
-text's format), blank lines skipped, or JSONL rows with a `text` field (trtspec.chat.read_documents).
+text's format), blank lines skipped, or JSONL rows with a `text` field (trtspec.chat.read_documents); or the word
+`builtin`: the paragraphs of the Python language reference on every machine (trtspec.suites.builtin_prose).
 
     python scripts/make_passage_prompts.py docs.txt --n 300 --out passages.jsonl
     python scripts/make_passage_prompts.py docs.txt --n 300 --words 40-120 --seed 1 --out passages.jsonl
+    python scripts/make_passage_prompts.py builtin --n 96 --out prose.jsonl
     trtspec adapt runs/demo --prompts passages.jsonl --out runs/demo-passages
 """
 
@@ -23,6 +25,7 @@ from trtspec.bench import arg_parser
 from trtspec.chat import read_documents
 from trtspec.demo_prompts import passage_prompts
 from trtspec.errors import DataError, run_main
+from trtspec.suites import builtin_prose
 
 
 def word_range(text: str) -> tuple[int, int]:
@@ -34,14 +37,18 @@ def word_range(text: str) -> tuple[int, int]:
 
 def main() -> None:
     ap = arg_parser(__doc__)
-    ap.add_argument("docs", type=Path, help="a text file, one document per line")
+    ap.add_argument("docs", type=Path, help="a text file, one document per line, or builtin (the Python language "
+                    "reference's paragraphs)")
     ap.add_argument("--n", type=int, default=300, help="prompts to write at most (default 300)")
     ap.add_argument("--words", default="25-75", help="a passage's length in words, a range (default 25-75)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     words = word_range(a.words)
-    docs = read_documents(a.docs, Counter(), "documents file", "one document per line, or JSONL rows with a text field")
+    if str(a.docs) == "builtin":
+        docs = builtin_prose()
+    else:
+        docs = read_documents(a.docs, Counter(), "documents file", "one document per line, or JSONL rows with a text field")
     rows = passage_prompts(docs, a.n, a.seed, words)
     if not rows:
         raise DataError(f"{a.docs}: no run of 2-4 sentences of {a.words} words in its {len(docs)} documents "

@@ -243,6 +243,17 @@ def builtin_documents() -> list[str]:
             for m in BUILTIN_DOCUMENT_MODULES]
 
 
+def builtin_prose(min_words: int = 50) -> list[str]:
+    """Prose people wrote, with no hub and no file: the paragraphs of the Python language reference's topics
+    (pydoc_data.topics, what `help("if")` prints) of at least `min_words` words and hardly any code symbols, each one
+    line; for passages of real text (scripts/make_passage_prompts.py builtin) where the generator's are formulaic."""
+    import re
+    from pydoc_data.topics import topics
+
+    paragraphs = (" ".join(p.split()) for _, text in sorted(topics.items()) for p in re.split(r"\n\s*\n", text))
+    return [p for p in paragraphs if len(p.split()) >= min_words and sum(c in "()[]{}=*<>:_" for c in p) < 0.01 * len(p)]
+
+
 def context_fill(cfg: BuildConfig, data_dir: Path | None) -> list:
     """What fills eval.context_bins' contexts (chat.at_context): the run's training conversations (data/train.jsonl),
     or documents (eval.context_documents, else builtin_documents)."""

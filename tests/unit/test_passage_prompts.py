@@ -63,3 +63,17 @@ def test_the_script_writes_the_file_and_refuses_bad_input_in_one_line(tmp_path, 
         with pytest.raises(DataError, match=match):
             script.main()
     assert not (tmp_path / "bad.jsonl").exists()
+
+
+def test_builtin_prose_is_paragraphs_of_the_language_reference_the_script_reads(tmp_path, monkeypatch, capsys):
+    """`builtin`: the Python language reference's paragraphs, prose of 50 words and more (no code), as documents."""
+    from trtspec.suites import builtin_prose
+
+    prose = builtin_prose()
+    assert len(prose) >= 50 and all(len(p.split()) >= 50 and "\n" not in p and "def " not in p for p in prose)
+    out = tmp_path / "prose.jsonl"
+    monkeypatch.setattr(sys, "argv", ["x", "builtin", "--n", "30", "--out", str(out)])
+    load_script("make_passage_prompts").main()
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 30 and {r["category"] for r in rows} == {"extraction", "summarization", "rewriting"}
+    assert f"from {len(prose)} documents" in capsys.readouterr().out
