@@ -116,8 +116,10 @@ def suite_rows(path: Path, spread_to: int | None = None) -> list[dict]:
     from trtspec.config import EvalSuite
     from trtspec.suites import read_suite_file
 
-    rows = read_suite_file(path, Counter(), EvalSuite(kind="jsonl", path=str(path)), "--suite",
-                           "a JSONL file of {prompt or messages, category} rows, the path absolute or relative to the current directory")
+    hint = "a JSONL file of {prompt or messages, category} rows, the path absolute or relative to the current directory"
+    rows = read_suite_file(path, Counter(), EvalSuite(kind="jsonl", path=str(path)), "--suite", hint)
+    if not rows:
+        raise DataError(f"--suite '{path}' holds no prompt", hint)
     return rows if spread_to is None else rows[:: max(1, len(rows) // spread_to)][:spread_to]
 
 

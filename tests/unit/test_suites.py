@@ -189,3 +189,6 @@ def test_suite_rows_spread_over_the_file(tmp_path):
     assert len(suite_rows(path)) == 16
     assert [r["category"] for r in suite_rows(path, spread_to=4)] == ["c0", "c1", "c2", "c3"]
     assert len(suite_rows(path, spread_to=40)) == 16
+    path.write_text("\n")
+    with pytest.raises(DataError, match="--suite '.*suite.jsonl' holds no prompt"):
+        suite_rows(path)  # a script's one line, not an empty measurement
