@@ -12,6 +12,7 @@ text's format), blank lines skipped, or JSONL rows with a `text` field (trtspec.
     python scripts/make_passage_prompts.py docs.txt --n 300 --out passages.jsonl
     python scripts/make_passage_prompts.py docs.txt --n 300 --words 40-120 --seed 1 --out passages.jsonl
     python scripts/make_passage_prompts.py builtin --n 96 --out prose.jsonl
+    python scripts/make_passage_prompts.py builtin --min-words 30 --n 300 --seed 1 --out prose.jsonl
     trtspec adapt runs/demo --prompts passages.jsonl --out runs/demo-passages
 """
 
@@ -41,12 +42,14 @@ def main() -> None:
                     "reference's paragraphs)")
     ap.add_argument("--n", type=int, default=300, help="prompts to write at most (default 300)")
     ap.add_argument("--words", default="25-75", help="a passage's length in words, a range (default 25-75)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="which sentences start a passage and which instruction it gets")
+    ap.add_argument("--min-words", type=int, default=50, help="builtin only: the shortest paragraph read (default 50; "
+                    "30 reads 249 paragraphs where 50 reads 102)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     words = word_range(a.words)
     if str(a.docs) == "builtin":
-        docs = builtin_prose()
+        docs = builtin_prose(a.min_words)
     else:
         docs = read_documents(a.docs, Counter(), "documents file", "one document per line, or JSONL rows with a text field")
     rows = passage_prompts(docs, a.n, a.seed, words)

@@ -77,3 +77,14 @@ def test_builtin_prose_is_paragraphs_of_the_language_reference_the_script_reads(
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 30 and {r["category"] for r in rows} == {"extraction", "summarization", "rewriting"}
     assert f"from {len(prose)} documents" in capsys.readouterr().out
+
+
+def test_min_words_reads_the_shorter_paragraphs_too(tmp_path, monkeypatch, capsys):
+    """`--min-words 30`: every paragraph of 30 words and more, so more documents than the default 50 reads."""
+    from trtspec.suites import builtin_prose
+
+    short = builtin_prose(30)
+    assert len(short) > len(builtin_prose()) and min(len(p.split()) for p in short) >= 30
+    monkeypatch.setattr(sys, "argv", ["x", "builtin", "--min-words", "30", "--n", "10", "--out", str(tmp_path / "p.jsonl")])
+    load_script("make_passage_prompts").main()
+    assert f"from {len(short)} documents" in capsys.readouterr().out
