@@ -455,15 +455,16 @@ def test_train_measures_held_out_acceptance_by_context_length(upstream, tiny_mod
     assert long["vs_shortest"] == round(long["AL@3"] / short["AL@3"], 3)
 
 
-def test_train_measures_the_acceptance_suite_beside_the_held_out_prompts(upstream, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("method", ["eagle3", "dflash"])
+def test_train_measures_the_acceptance_suite_beside_the_held_out_prompts(request, tiny_model_dir, tmp_path, method):
     """eval.acceptance_suite: the draft on the target's greedy answers to prompts it never trained on, per category and
     as a ratio to the held-out AL, in the manifest and at each train.eval_steps in the training log; the answers
-    cached once by the file's content."""
-    _, inputs = upstream
+    cached once by the file's content. A block drafter is measured the same way (its family's drafts)."""
+    inputs = request.getfixturevalue("upstream")[1] if method == "eagle3" else request.getfixturevalue("dflash_upstream")
     rows = [{"prompt": "Name three colours.", "category": "lists"}, {"prompt": "Say hello twice.", "category": "chat"},
             {"messages": [{"role": "user", "content": "Count to 4."}], "category": "chat"}]
     (tmp_path / "unseen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", inputs, mode="online", eval_steps=2,
+    ctx = _stage_ctx(tmp_path, tiny_model_dir, "train", inputs, method, mode="online", eval_steps=2,
                      sections={"eval": {"acceptance_prompts": 2, "acceptance_suite": "unseen.jsonl"}})
     m = train.run(ctx)
     suite = m["suite"]
@@ -472,7 +473,8 @@ def test_train_measures_the_acceptance_suite_beside_the_held_out_prompts(upstrea
     assert suite["vs_held_out"] == round(suite["AL@3"] / m["AL@3"], 3) and len(suite["accept_rate_by_position"]) == 3
     evals = [r["eval"] for r in map(json.loads, (ctx.out / "train_log.jsonl").read_text().splitlines()) if "eval" in r]
     assert len(evals) == 2 and all(e["suite"]["prompts"] == 3 for e in evals)
-    aux = json.loads((inputs["convert"] / "eagle_config.json").read_text())["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"]
+    aux = ([0, 2] if method == "dflash" else  # dflash_upstream's target layers
+           json.loads((inputs["convert"] / "eagle_config.json").read_text())["eagle_architecture_config"]["eagle_aux_hidden_state_layer_ids"])
     assert len(list(train.target_states_dir(ctx, aux).glob("suite_seqs-*.pt"))) == 1
 
 
