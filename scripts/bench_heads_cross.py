@@ -40,6 +40,7 @@ def main() -> None:
     from trtspec.chat import held_out_twins
     from trtspec.draft_families import family
     from trtspec.models import load_model, load_tokenizer, matmul_attention_on_cpu
+    from trtspec.stages.train import EVAL_BATCH  # the suite answered in batches as the train stage answers it
     from trtspec.training.acceptance import evaluate_acceptance, greedy_answers, split_by_twins, with_states
 
     ap = arg_parser(__doc__)
@@ -69,7 +70,7 @@ def main() -> None:
     if a.suite:
         with matmul_attention_on_cpu(base):
             answers[str(a.suite)] = greedy_answers(base, load_tokenizer(model_source(a.runs[0])), suite_rows(a.suite),
-                                                   data["data"]["max_new_tokens"], 64)
+                                                   data["data"]["max_new_tokens"], EVAL_BATCH)
     layers = {run: tuple(fam.state_layers(shape)) for run, shape in shapes.items()}
     with matmul_attention_on_cpu(base):  # every set's states before any draft is attached to a target
         states = {(rows_of, read): with_states(base, seqs, list(read))
