@@ -40,8 +40,13 @@ def main() -> None:
     from trtspec.chat import held_out_twins
     from trtspec.draft_families import family
     from trtspec.models import load_model, load_tokenizer, matmul_attention_on_cpu
-    from trtspec.stages.train import EVAL_BATCH  # the suite answered in batches as the train stage answers it
-    from trtspec.training.acceptance import evaluate_acceptance, greedy_answers, split_by_twins, with_states
+    from trtspec.training.acceptance import (
+        EVAL_BATCH,  # the suite answered in batches as the train stage answers it
+        evaluate_acceptance,
+        greedy_answers,
+        split_by_twins,
+        with_states,
+    )
 
     ap = arg_parser(__doc__)
     ap.add_argument("runs", type=Path, nargs="+", help="run directories whose train stage is done, of one target")

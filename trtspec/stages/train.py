@@ -27,6 +27,7 @@ from trtspec.errors import ArtifactError, ConfigError, DataError
 from trtspec.pipeline.stage import StageContext
 from trtspec.training import sharding
 from trtspec.training.acceptance import (
+    EVAL_BATCH,
     EVAL_SEQS,
     build_eval_set,
     context_acceptance,
@@ -54,7 +55,6 @@ READS = ("train", "model.train_on_quantized", "draft.method", "draft.length", "d
 ALL_RANKS = True  # every process of a multi-process launch trains
 
 CONTEXT_KEYS = ("eval.context_prompts", "eval.context_source", "eval.context_documents")  # used with eval.context_bins only
-EVAL_BATCH = 64  # held-out prompts answered at once by the target (the train stage's evaluation)
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:

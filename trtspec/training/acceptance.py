@@ -96,6 +96,7 @@ def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, b
     return out
 
 
+EVAL_BATCH = 64  # prompts answered at once by the target when an acceptance set is built (the train stage's)
 EVAL_SEQS = "eval_seqs.pt"  # the unquantized target's greedy answers to the first eval.acceptance_prompts held-out prompts
 
 
