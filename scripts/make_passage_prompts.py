@@ -49,7 +49,11 @@ def main() -> None:
     a = ap.parse_args()
     words = word_range(a.words)
     if str(a.docs) == "builtin":
-        docs = builtin_prose(a.min_words)
+        if a.min_words < 1:
+            raise DataError(f"--min-words {a.min_words}: expected a word count of 1 or more")
+        if not (docs := builtin_prose(a.min_words)):
+            raise DataError(f"--min-words {a.min_words}: no paragraph of the language reference is that long",
+                            "lower it (50 reads 102 paragraphs)")
     else:
         docs = read_documents(a.docs, Counter(), "documents file", "one document per line, or JSONL rows with a text field")
     rows = passage_prompts(docs, a.n, a.seed, words)

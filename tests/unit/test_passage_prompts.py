@@ -88,3 +88,13 @@ def test_min_words_reads_the_shorter_paragraphs_too(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(sys, "argv", ["x", "builtin", "--min-words", "30", "--n", "10", "--out", str(tmp_path / "p.jsonl")])
     load_script("make_passage_prompts").main()
     assert f"from {len(short)} documents" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("min_words", "why"), [("0", "expected a word count of 1 or more"),
+                                                  ("100000", "no paragraph of the language reference is that long")])
+def test_a_min_words_below_one_or_no_paragraph_reaches_is_one_error_and_no_file(tmp_path, monkeypatch, min_words, why):
+    out = tmp_path / "p.jsonl"
+    monkeypatch.setattr(sys, "argv", ["x", "builtin", "--min-words", min_words, "--out", str(out)])
+    with pytest.raises(DataError, match=f"--min-words {min_words}: {why}"):
+        load_script("make_passage_prompts").main()
+    assert not out.exists()
