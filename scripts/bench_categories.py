@@ -7,6 +7,7 @@ draft, and tokens/s against it (each prompt decoded without and with the draft b
     python scripts/bench_categories.py runs/demo --prompts 32 --max-new-tokens 64 --json
     python scripts/bench_categories.py runs/demo --suite build_configs/prompts/unseen_prompts.jsonl   # prompts of yours
     python scripts/bench_categories.py runs/demo --suffix-min-match 4   # a suffix match drafts first (validate's eagle3_suffix)
+    python scripts/bench_categories.py runs/demo --suffix-branch 1      # a suffix match drafts beside the head (one tree)
 
 The same per-category summary validate writes into report.json (checks.acceptance_summary), on more prompts than
 validate times (eval.num_prompts), with the no-draft runtime as the greedy reference instead of HF generate.
@@ -30,6 +31,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--suffix-min-match", type=int, default=0, metavar="N",
                     help="draft a suffix match of at least N tokens instead of the head (validate's eagle3_suffix); 0: the head alone")
+    ap.add_argument("--suffix-branch", type=int, default=0, metavar="N",
+                    help="a suffix match of at least N tokens drafts beside the head, as a second branch of one tree "
+                         "the target verifies (runtime.suffix.SuffixBranchDrafter); 0: not")
     ap.add_argument("--json", action="store_true")
     add_runtime_flags(ap)
     a = ap.parse_args()
@@ -43,16 +47,19 @@ def main() -> None:
     from trtspec.checks import acceptance_summary
     from trtspec.measure import timed, warm_up
     from trtspec.runtime import DraftSpec, generate, speculative_decode
-    from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
+    from trtspec.runtime.suffix import SuffixBranchDrafter, SuffixDrafter, SuffixThenModelDrafter
 
     settings = runtime_settings(a)
     bundle = open_bundle(a.run_dir)
     rows = suite_rows(a.suite)[: a.prompts] if a.suite else load_prompt_rows(a.run_dir, a.prompts)
     prompts = [torch.tensor(encode_prompt(bundle.tok, r["messages"])) for r in rows]
     target, head = bundle.runtime(settings=settings)
-    drafter = SuffixThenModelDrafter(head, SuffixDrafter(min_match=a.suffix_min_match)) if a.suffix_min_match else head
+    if a.suffix_min_match and a.suffix_branch:
+        ap.error("--suffix-min-match and --suffix-branch: give one (a suffix match in front of the head, or beside it)")
+    drafter = (SuffixThenModelDrafter(head, SuffixDrafter(min_match=a.suffix_min_match)) if a.suffix_min_match else
+               SuffixBranchDrafter(head, SuffixDrafter(min_match=a.suffix_branch)) if a.suffix_branch else head)
     k = bundle.draft_length
-    spec, eos, new = DraftSpec(shape="chain", k=k), bundle.eos, a.max_new_tokens
+    spec, eos, new = DraftSpec(shape="chain_suffix" if a.suffix_branch else "chain", k=k), bundle.eos, a.max_new_tokens
     if settings.compile:  # every row count a step verifies compiled first, or its compilation lands in a timed run
         warm_up(target, [(head, spec)], lambda: [(generate(target, p, 8, eos), speculative_decode(target, drafter, p, 8, spec, eos))
                                                     for p in prompts[:2]])

@@ -589,23 +589,59 @@ def test_suffix_index_finds_the_longest_earlier_match():
     assert index.match() == (2, 6) and index.continuation(6, 2) == [3, 7]  # the latest earlier "1 2" ends at 6
 
 
-@pytest.mark.parametrize("combined", [False, True])
-def test_suffix_drafts_keep_greedy_output(eagle_export, target_dir, prompts, hf_greedy, combined):
-    """Suffix drafting alone and in front of EAGLE-3 (chains of up to 6 suffix tokens, EAGLE-3 chains of 3)."""
+@pytest.mark.parametrize("how", ["alone", "in front", "beside"])
+def test_suffix_drafts_keep_greedy_output(eagle_export, target_dir, prompts, hf_greedy, how):
+    """Suffix drafting alone, in front of EAGLE-3 and beside it as a second branch (chains of up to 6 suffix
+    tokens, EAGLE-3 chains of 3)."""
     from trtspec.runtime.decode import warm_up_row_counts
-    from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
+    from trtspec.runtime.suffix import SuffixBranchDrafter, SuffixDrafter, SuffixThenModelDrafter
 
     target = load_transformer(target_dir)[0]
     eagle = load_eagle3_drafter(eagle_export[0], target)
-    drafter = SuffixThenModelDrafter(eagle, SuffixDrafter(min_match=2)) if combined else SuffixDrafter()
-    warm_up_row_counts(target, eagle, DraftSpec(k=3, suffix_len=6))  # scratch passes over every row count: nothing of them may leak into outputs
+    drafter = {"alone": SuffixDrafter(), "in front": SuffixThenModelDrafter(eagle, SuffixDrafter(min_match=2)),
+               "beside": SuffixBranchDrafter(eagle, SuffixDrafter(min_match=1))}[how]
+    spec = DraftSpec(shape="chain_suffix" if how == "beside" else "chain", k=3, suffix_len=6)
+    warm_up_row_counts(target, eagle, spec)  # scratch passes over every row count: nothing of them may leak into outputs
     for p, ref in zip(prompts, hf_greedy, strict=True):
         # the prompt twice: the second copy's suffix matches the first, so suffix drafts are proposed and judged
         doubled = torch.cat((p, p))
         want = generate(target, doubled, NEW, eos={2}).tokens
-        g = speculative_decode(target, drafter, doubled, NEW, DraftSpec(k=3, suffix_len=6), eos={2})
+        g = speculative_decode(target, drafter, doubled, NEW, spec, eos={2})
         assert g.tokens == want and max(g.stats.drafted) >= 1
-        assert speculative_decode(target, drafter, p, NEW, DraftSpec(k=3, suffix_len=6), eos={2}).tokens == ref
+        assert speculative_decode(target, drafter, p, NEW, spec, eos={2}).tokens == ref
+    if how == "beside":
+        assert drafter.branch_steps > 0 and max(g.stats.drafted) <= 6  # trees with a branch were verified
+
+
+def test_a_suffix_branch_beside_the_head_shares_a_common_start_and_adds_the_rest():
+    """The branch joins the model's chain where both begin alike and leaves it where they part; a match of n tokens
+    drafts n tokens (SuffixDrafter's rule)."""
+    from trtspec.runtime.suffix import SuffixBranchDrafter, SuffixDrafter, SuffixIndex
+
+    class Chain:  # a model drafter that always guesses 5, 6, 7
+        name = "model"
+
+        def draft(self, root, spec, temperature=0.0, generator=None):
+            assert spec.shape == "chain"
+            tree = Tree.root(root)
+            for j, t in enumerate([5, 6, 7][: spec.k]):
+                tree.add(t, j)
+            return tree, None
+
+    suffix = SuffixDrafter(min_match=1)
+    drafter = SuffixBranchDrafter(Chain(), suffix)
+    suffix.index.extend([1, 2, 5, 9, 8, 4, 1, 2])  # "1 2" occurred before, followed by 5 9
+    tree, q = drafter.draft(2, DraftSpec(shape="chain_suffix", k=3))
+    assert tree.tokens == [2, 5, 6, 7, 9] and tree.parents == [-1, 0, 1, 2, 1] and q is None and drafter.branch_steps == 1
+    suffix.index = SuffixIndex(8)
+    suffix.index.extend([3, 5, 6, 4, 3])  # "3" was followed by 5, the chain's own first guess: nothing added
+    assert drafter.draft(3, DraftSpec(shape="chain_suffix", k=3))[0].tokens == [3, 5, 6, 7] and drafter.branch_steps == 1
+    assert DraftSpec(shape="chain_suffix", k=3).max_nodes() == 7
+    assert DraftSpec(shape="chain_suffix", k=3, suffix_len=8).max_nodes() == 12
+    with pytest.raises(ModelError, match="greedy"):
+        drafter.draft(3, DraftSpec(shape="chain_suffix", k=3), temperature=0.7)
+    with pytest.raises(ValueError, match="chain_suffix"):
+        drafter.draft(3, DraftSpec(k=3))
 
 
 def test_ngram_draft_keeps_greedy_output(target, prompts, hf_greedy):

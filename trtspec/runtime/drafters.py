@@ -28,7 +28,7 @@ from trtspec.runtime.tree import Tree, static_tree
 
 @dataclass
 class DraftSpec:
-    shape: str = "chain"  # chain | tree | dynamic_tree
+    shape: str = "chain"  # chain | tree | dynamic_tree | chain_suffix (runtime/suffix.py's SuffixBranchDrafter)
     k: int = 3  # chain length / tree depth
     topk: int = 4  # branching of trees
     total: int = 16  # drafted nodes in a tree (root excluded)
@@ -41,6 +41,8 @@ class DraftSpec:
     def max_nodes(self) -> int:
         """Upper bound on tree size including the root (cache room to reserve)."""
         suffix = self.suffix_len + 1
+        if self.shape == "chain_suffix":  # the model's chain and a suffix match's branch beside it
+            return self.k + (self.suffix_len or self.k) + 1
         if self.shape == "chain":
             return max(self.k + 1, suffix)
         if self.shape == "tree":

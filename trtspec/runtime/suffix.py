@@ -10,8 +10,11 @@ drafter otherwise — the rule of TensorRT-LLM's EAGLE-3 with a suffix-automaton
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import Tensor
 
+from trtspec.errors import ModelError
 from trtspec.runtime.drafters import DraftSpec
 from trtspec.runtime.tree import Tree
 
@@ -110,6 +113,47 @@ class SuffixThenModelDrafter:
             self.suffix_steps += 1
             return chain(root, tokens), None
         return self.model.draft(root, spec, temperature, generator)
+
+
+class SuffixBranchDrafter:
+    """The model drafter's chain and, beside it in one tree, what followed the longest earlier match of the text's
+    suffix (at least `min_match` tokens; spec.suffix_len tokens at most, spec.k where 0): the target's greedy walk
+    takes whichever branch it agrees with. In front of the model (SuffixThenModelDrafter) a match must be long to be
+    trusted over the model's guess; as a branch it needs no such trust, so a short match (a word of the prompt
+    after the word before it) is verified too. What it buys: a head reading prompts unlike its training ones misses
+    most of the words an answer copies from the prompt (docs/results.md, issue #68). Where both branches begin
+    alike they share those nodes. Costs: up to k + suffix_len + 1 rows a verify pass (spec.shape chain_suffix
+    reserves them). Greedy only: sampling verifies chains."""
+
+    def __init__(self, model, suffix: SuffixDrafter):
+        self.model, self.suffix = model, suffix
+        self.name = f"{model.name}|suffix"
+        self.branch_steps = 0  # steps whose tree held a suffix branch
+
+    def setup(self, max_len: int) -> None:
+        self.model.setup(max_len)
+
+    def start(self, prompt: Tensor, first: int, aux: Tensor | None) -> None:
+        self.model.start(prompt, first, aux)
+        self.suffix.start(prompt, first, aux)
+
+    def accepted(self, tokens: Tensor, aux: Tensor | None) -> None:
+        self.model.accepted(tokens, aux)
+        self.suffix.accepted(tokens, aux)
+
+    def draft(self, root: int, spec: DraftSpec, temperature: float = 0.0, generator=None) -> tuple[Tree, Tensor | None]:
+        if temperature > 0:
+            raise ModelError("sampling (temperature > 0) verifies chains only: a suffix branch beside the head is "
+                             "greedy", "draft the suffix match in front of the head instead (SuffixThenModelDrafter)")
+        if spec.shape != "chain_suffix":
+            raise ValueError(f"a suffix branch needs DraftSpec(shape='chain_suffix') for its rows, not '{spec.shape}'")
+        tree, _ = self.model.draft(root, replace(spec, shape="chain"), 0.0, generator)
+        node, grew = 0, False
+        for t in self.suffix.proposal(spec.suffix_len or spec.k)[1]:
+            same = next((c for c in tree.children()[node] if tree.tokens[c] == t), None)
+            node, grew = (same, grew) if same is not None else (tree.add(t, node), True)
+        self.branch_steps += grew
+        return tree, None
 
 
 def chain(root: int, tokens: list[int]) -> Tree:
