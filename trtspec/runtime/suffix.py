@@ -1,5 +1,5 @@
 """Suffix drafting: propose what followed the longest earlier occurrence of the text's own suffix (the prompt and
-the answer so far), alone or in front of a model drafter.
+the answer so far), alone, in front of a model drafter, or beside it as a second branch of one tree.
 
 On copy-heavy work (editing code, answering about a given document, rewriting) the answer repeats long stretches
 of its prompt, and a suffix match of many tokens predicts the next several exactly; a learned head guesses one
@@ -85,16 +85,15 @@ class SuffixDrafter:
         return chain(root, self.proposal(spec.suffix_len or spec.k)[1]), None
 
 
-class SuffixThenModelDrafter:
-    """A suffix match of at least `min_match` tokens drafts (spec.k tokens at most, the model drafter's own length);
-    otherwise the model drafter does. This is TensorRT-LLM's rule for EAGLE-3 with `sa_config` (SADraftEnhancer:
-    per request and step, all-or-nothing, threshold 4 by default). The model drafter sees every accepted token
-    either way, so its cache stays in step with the target."""
+class _SuffixWithModel:
+    """A suffix drafter and a model drafter side by side: both see the prompt and every accepted token, so the
+    model's cache stays in step with the target whichever of them drafted."""
+
+    joiner = "+"
 
     def __init__(self, model, suffix: SuffixDrafter):
         self.model, self.suffix = model, suffix
-        self.name = f"{model.name}+suffix"
-        self.suffix_steps = 0
+        self.name = f"{model.name}{self.joiner}suffix"
 
     def setup(self, max_len: int) -> None:
         self.model.setup(max_len)
@@ -106,6 +105,14 @@ class SuffixThenModelDrafter:
     def accepted(self, tokens: Tensor, aux: Tensor | None) -> None:
         self.model.accepted(tokens, aux)
         self.suffix.accepted(tokens, aux)
+
+
+class SuffixThenModelDrafter(_SuffixWithModel):
+    """A suffix match of at least `min_match` tokens drafts (spec.k tokens at most, the model drafter's own length);
+    otherwise the model drafter does. This is TensorRT-LLM's rule for EAGLE-3 with `sa_config` (SADraftEnhancer:
+    per request and step, all-or-nothing, threshold 4 by default)."""
+
+    suffix_steps = 0
 
     def draft(self, root: int, spec: DraftSpec, temperature: float = 0.0, generator=None) -> tuple[Tree, Tensor | None]:
         n, tokens = self.suffix.proposal(spec.k)
@@ -115,7 +122,7 @@ class SuffixThenModelDrafter:
         return self.model.draft(root, spec, temperature, generator)
 
 
-class SuffixBranchDrafter:
+class SuffixBranchDrafter(_SuffixWithModel):
     """The model drafter's chain and, beside it in one tree, what followed the longest earlier match of the text's
     suffix (at least `min_match` tokens; spec.suffix_len tokens at most, spec.k where 0): the target's greedy walk
     takes whichever branch it agrees with. In front of the model (SuffixThenModelDrafter) a match must be long to be
@@ -125,21 +132,8 @@ class SuffixBranchDrafter:
     alike they share those nodes. Costs: up to k + suffix_len + 1 rows a verify pass (spec.shape chain_suffix
     reserves them). Greedy only: sampling verifies chains."""
 
-    def __init__(self, model, suffix: SuffixDrafter):
-        self.model, self.suffix = model, suffix
-        self.name = f"{model.name}|suffix"
-        self.branch_steps = 0  # steps whose tree held a suffix branch
-
-    def setup(self, max_len: int) -> None:
-        self.model.setup(max_len)
-
-    def start(self, prompt: Tensor, first: int, aux: Tensor | None) -> None:
-        self.model.start(prompt, first, aux)
-        self.suffix.start(prompt, first, aux)
-
-    def accepted(self, tokens: Tensor, aux: Tensor | None) -> None:
-        self.model.accepted(tokens, aux)
-        self.suffix.accepted(tokens, aux)
+    joiner = "|"
+    branch_steps = 0  # steps whose tree held a suffix branch
 
     def draft(self, root: int, spec: DraftSpec, temperature: float = 0.0, generator=None) -> tuple[Tree, Tensor | None]:
         if temperature > 0:
