@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--suffix-branch", type=int, default=0, metavar="N",
                     help="a suffix match of at least N tokens drafts beside the head, as a second branch of one tree "
                          "the target verifies (runtime.suffix.SuffixBranchDrafter); 0: not")
+    ap.add_argument("--suffix-len", type=int, default=0, metavar="L",
+                    help="with --suffix-branch: the branch's longest chain (a match of n tokens drafts min(n, L)); 0: k")
     ap.add_argument("--json", action="store_true")
     add_runtime_flags(ap)
     a = ap.parse_args()
@@ -59,7 +61,8 @@ def main() -> None:
     drafter = (SuffixThenModelDrafter(head, SuffixDrafter(min_match=a.suffix_min_match)) if a.suffix_min_match else
                SuffixBranchDrafter(head, SuffixDrafter(min_match=a.suffix_branch)) if a.suffix_branch else head)
     k = bundle.draft_length
-    spec, eos, new = DraftSpec(shape="chain_suffix" if a.suffix_branch else "chain", k=k), bundle.eos, a.max_new_tokens
+    spec = DraftSpec(shape="chain_suffix", k=k, suffix_len=a.suffix_len) if a.suffix_branch else DraftSpec(shape="chain", k=k)
+    eos, new = bundle.eos, a.max_new_tokens
     if settings.compile:  # every row count a step verifies compiled first, or its compilation lands in a timed run
         warm_up(target, [(head, spec)], lambda: [(generate(target, p, 8, eos), speculative_decode(target, drafter, p, 8, spec, eos))
                                                     for p in prompts[:2]])

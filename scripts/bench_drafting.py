@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""EAGLE-3, suffix drafting and the two combined, side by side on several prompt sets, on a finished run.
+"""EAGLE-3, suffix drafting and the two combined (in front, beside), side by side on several prompt sets, on a finished run.
 
     python scripts/bench_drafting.py runs/demo                       # table on stdout
     python scripts/bench_drafting.py runs/demo --json --prompts 6 --sets heldout,code,copy
@@ -7,9 +7,10 @@
 Prompt sets: `heldout` (the data stage's held-out chat prompts), `code` (build_configs/prompts/code_prompts.jsonl:
 complete a function) and `copy` (build_configs/prompts/copy_prompts.jsonl: answers that quote, rename or rewrite
 text given in the prompt), or any JSONL/text file of prompts. For each set, every prompt runs the runtime without a
-draft, with the EAGLE-3 head (chains of --k), with suffix drafting alone (chains of up to --suffix-len) and with
-both (a suffix match of at least --min-match tokens drafts, the head otherwise) in turn, interleaved so machine
-noise hits all alike. `exact` counts the prompts whose output is token-identical to the runtime without a draft
+draft, with the EAGLE-3 head (chains of --k), with suffix drafting alone (chains of up to --suffix-len), with
+both (a suffix match of at least --min-match tokens drafts, the head otherwise) and with a match of at least
+--branch-min-match tokens beside the head's chain (one tree, runtime.suffix.SuffixBranchDrafter) in turn,
+interleaved so machine noise hits all alike. `exact` counts the prompts whose output is token-identical to the runtime without a draft
 (itself held equal to HF generate by validate and the tests). The runtime's passes are torch.compile'd first.
 """
 
@@ -53,6 +54,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3, help="EAGLE-3 chain length")
     ap.add_argument("--suffix-len", type=int, default=8, help="longest chain a suffix match drafts")
     ap.add_argument("--min-match", type=int, default=4, help="combined: shortest suffix match that drafts instead of the head")
+    ap.add_argument("--branch-min-match", type=int, default=1, help="beside: shortest suffix match drafted as a branch beside the head")
     ap.add_argument("--no-compile", action="store_true", help="run the runtime eagerly (no torch.compile)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     a = ap.parse_args()
@@ -63,26 +65,29 @@ def main() -> None:
     from trtspec.measure import interleaved, warm_up
     from trtspec.runtime import DraftSpec, Stats, generate, speculative_decode
     from trtspec.runtime.kernels import cpu_description
-    from trtspec.runtime.suffix import SuffixDrafter, SuffixThenModelDrafter
+    from trtspec.runtime.suffix import SuffixBranchDrafter, SuffixDrafter, SuffixThenModelDrafter
 
     run, bundle = a.run_dir, open_bundle(a.run_dir)
     eos, new = bundle.eos, a.max_new_tokens
     sets = {name: load_set(name, run, bundle.tok, a.prompts) for name in a.sets.split(",")}
     target, eagle = bundle.runtime()
-    spec = DraftSpec(k=a.k, suffix_len=a.suffix_len)
+    spec, beside = DraftSpec(k=a.k, suffix_len=a.suffix_len), DraftSpec("chain_suffix", k=a.k, suffix_len=a.suffix_len)
     drafters = {"eagle3": eagle, "suffix": SuffixDrafter(),
-                "eagle3+suffix": SuffixThenModelDrafter(eagle, SuffixDrafter(min_match=a.min_match))}
+                "eagle3+suffix": SuffixThenModelDrafter(eagle, SuffixDrafter(min_match=a.min_match)),
+                "eagle3|suffix": SuffixBranchDrafter(eagle, SuffixDrafter(min_match=a.branch_min_match))}
+    specs = {m: beside if m == "eagle3|suffix" else spec for m in drafters}
     methods = {"no_draft": lambda p: generate(target, torch.tensor(p), new, eos)}
-    methods |= {m: (lambda p, d=d: speculative_decode(target, d, torch.tensor(p), new, spec, eos)) for m, d in drafters.items()}
+    methods |= {m: (lambda p, d=d, s=specs[m]: speculative_decode(target, d, torch.tensor(p), new, s, eos)) for m, d in drafters.items()}
 
     machine = cpu_description()
     compile_s, compile_note = 0.0, "off (--no-compile)"
     if not a.no_compile:  # warm up every row count a draft can verify, then every method on every set
-        compile_s, compile_note = warm_up(target, [(eagle, spec)],
+        compile_s, compile_note = warm_up(target, [(eagle, beside)],  # its rows include the chains' own
                                           lambda: [methods[m](ps[0]) for ps in sets.values() for m in methods])
     if not a.json:
         print(f"machine: {machine['model']}, {machine['cores']} cores, {machine['torch_threads']} threads; runtime: {compile_note} ({compile_s:.0f} s)")
-        print(f"k={a.k}, suffix chains up to {a.suffix_len}, combined: suffix when its match is >= {a.min_match} tokens; "
+        print(f"k={a.k}, suffix chains up to {a.suffix_len}, in front: suffix when its match is >= {a.min_match} tokens, "
+              f"beside: a branch when it is >= {a.branch_min_match}; "
               f"{a.prompts} prompts per set, {new} new tokens", flush=True)
 
     rows = []
@@ -111,6 +116,7 @@ def main() -> None:
                           f"{r['tokens_per_s']:>7.1f} {r['speedup_vs_no_draft']:>10.2f}x", flush=True)
     if a.json:
         print(json.dumps({"run_dir": str(run), "k": a.k, "suffix_len": a.suffix_len, "min_match": a.min_match,
+                          "branch_min_match": a.branch_min_match,
                           "max_new_tokens": new, "compile": {"seconds": compile_s, "note": compile_note},
                           "machine": machine, "rows": rows}, indent=2))
 
