@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     add_runtime_flags(ap)
     a = ap.parse_args()
+    if a.suffix_min_match and a.suffix_branch:  # before anything loads
+        ap.error("--suffix-min-match and --suffix-branch: give one (a suffix match in front of the head, or beside it)")
 
     from collections import defaultdict
 
@@ -56,8 +58,6 @@ def main() -> None:
     rows = suite_rows(a.suite)[: a.prompts] if a.suite else load_prompt_rows(a.run_dir, a.prompts)
     prompts = [torch.tensor(encode_prompt(bundle.tok, r["messages"])) for r in rows]
     target, head = bundle.runtime(settings=settings)
-    if a.suffix_min_match and a.suffix_branch:
-        ap.error("--suffix-min-match and --suffix-branch: give one (a suffix match in front of the head, or beside it)")
     drafter = (SuffixThenModelDrafter(head, SuffixDrafter(min_match=a.suffix_min_match)) if a.suffix_min_match else
                SuffixBranchDrafter(head, SuffixDrafter(min_match=a.suffix_branch)) if a.suffix_branch else head)
     k = bundle.draft_length
