@@ -41,6 +41,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.suffix_min_match and a.suffix_branch:  # before anything loads
         ap.error("--suffix-min-match and --suffix-branch: give one (a suffix match in front of the head, or beside it)")
+    if a.suffix_len and not a.suffix_branch:
+        ap.error("--suffix-len sets the length of a branch beside the head: give --suffix-branch N with it")
 
     from collections import defaultdict
 

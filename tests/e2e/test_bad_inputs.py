@@ -896,3 +896,14 @@ def test_script_bad_input_is_one_line(script, args, pattern, tmp_path):
     assert re.search(pattern, errors[0]), errors[0]
     debug = subprocess.run([*argv, "--debug"], capture_output=True, text=True, timeout=300)
     assert debug.returncode == 2 and "Traceback" in debug.stderr and errors[0] in debug.stderr, debug.stderr
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (["--suffix-min-match", "4", "--suffix-branch", "1"], "give one"),
+    (["--suffix-len", "3"], "give --suffix-branch N with it"),
+])
+def test_bench_categories_refuses_flags_that_do_not_go_together(args, pattern, tmp_path):
+    """Refused by their names before anything loads (the run named does not even exist): exit 2, no traceback."""
+    plain = subprocess.run([sys.executable, str(SCRIPTS / "bench_categories.py"), str(tmp_path / "no-run"), *args],
+                           capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 2 and pattern in plain.stderr and "Traceback" not in plain.stderr, plain.stderr
