@@ -1,5 +1,6 @@
 """scripts/bench_categories.py on the interop tier's CI run: every held-out prompt decoded without and with the draft
-(the head alone, a suffix match in front of it, and one beside it), greedy outputs identical, a summary per category."""
+(the head alone, a suffix match in front of it, and one beside it), greedy outputs identical, a summary per category;
+and the other bench scripts over drafts and suites (generalisation, step, drafters, drafting)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,18 @@ def test_drafters_bench_on_a_suite(ci_run, monkeypatch, capsys, tmp_path):
     bench.main()
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert {r["prompts"] for r in rows} == {"mine"} and all(r["identical"] == r["of"] == 2 for r in rows)
+
+
+def test_drafting_bench_keeps_greedy_output(ci_run, monkeypatch, capsys, tmp_path):
+    """scripts/bench_drafting.py: the head, suffix drafting alone, in front of the head and beside it, each prompt in
+    turn; every method's greedy output identical to the runtime without a draft, on the held-out set and a file."""
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text("".join(json.dumps({"prompt": f"Repeat after me: red, green, blue, {i}."}) + "\n" for i in range(2)))
+    bench = load_script("bench_drafting")
+    monkeypatch.setattr(sys, "argv", ["bench_drafting.py", str(ci_run), "--sets", f"heldout,{mine}", "--prompts", "2",
+                                      "--max-new-tokens", "12", "--no-compile", "--json"])
+    bench.main()
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["method"] for r in rows} == {"eagle3", "suffix", "eagle3+suffix", "eagle3|suffix"}
+    assert {r["set"] for r in rows} == {"heldout", str(mine)}
+    assert all(r["exact"] == r["prompts"] == 2 and 1.0 <= r["acceptance_length"] for r in rows), rows
