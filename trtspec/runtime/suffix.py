@@ -142,9 +142,10 @@ class SuffixBranchDrafter(_SuffixWithModel):
         if spec.shape != "chain_suffix":
             raise ValueError(f"a suffix branch needs DraftSpec(shape='chain_suffix') for its rows, not '{spec.shape}'")
         tree, _ = self.model.draft(root, replace(spec, shape="chain"), 0.0, generator)
-        node, grew = 0, False
+        node, grew, children = 0, False, tree.children()
         for t in self.suffix.proposal(spec.suffix_len or spec.k)[1]:
-            same = next((c for c in tree.children()[node] if tree.tokens[c] == t), None)
+            # the chain's nodes are shared while both agree; a node added past that has no children to share
+            same = None if grew else next((c for c in children[node] if tree.tokens[c] == t), None)
             node, grew = (same, grew) if same is not None else (tree.add(t, node), True)
         self.branch_steps += grew
         return tree, None
