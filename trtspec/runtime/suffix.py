@@ -146,7 +146,9 @@ class SuffixBranchDrafter(_SuffixWithModel):
         for t in self.suffix.proposal(spec.suffix_len or spec.k)[1]:
             # the chain's nodes are shared while both agree; a node added past that has no children to share
             same = None if grew else next((c for c in children[node] if tree.tokens[c] == t), None)
-            node, grew = (same, grew) if same is not None else (tree.add(t, node), True)
+            if same is None:
+                same, grew = tree.add(t, node), True
+            node = same
         self.branch_steps += grew
         return tree, None
 
