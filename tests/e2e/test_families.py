@@ -67,3 +67,27 @@ def test_family_end_to_end(name, method, tmp_path, demo_model_dir, finished_runs
         # the same draft on the same prompts: vLLM's counters and trtspec's runtime accept alike
         assert abs(engine["metrics"]["runtime_agreement"]["engine_over_runtime"] - 1) <= 0.02, engine["metrics"]
     finished_runs[("tiny-families", name, method)] = run  # notebook 01 builds tiny:qwen3_moe with EAGLE-3 too
+
+
+def test_adapt_continues_a_mixture_of_experts_draft(tmp_path, demo_model_dir, finished_runs):
+    """`trtspec adapt` on a target that is no Llama (the tiny Qwen3-MoE, the matrix's run where it built one): the
+    draft starts from the run's, every category is measured before and after, the bundle names where it came from."""
+    run = finished_runs.get(("tiny-families", "qwen3_moe", "eagle3"))
+    if run is None:
+        run = tmp_path / "run"
+        subprocess.run([sys.executable, "-m", "trtspec.cli", "build", str(RECIPES["eagle3"]), "--out", str(run),
+                        "--set", "model.source=tiny:qwen3_moe", "--until", "export"], check=True, capture_output=True)
+    traffic = tmp_path / "requests.jsonl"
+    traffic.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in (
+        "Name two animals that can fly.", "What is 15 plus 27?", "Write one sentence about the sea.",
+        "List three things found in a kitchen.", "Name a planet with rings.", "What is 9 times 6?")))
+    new = tmp_path / "new"
+    proc = subprocess.run([sys.executable, "-m", "trtspec.cli", "adapt", str(run), "--prompts", str(traffic), "--out", str(new),
+                           "--category", "traffic", "--epochs", "1", "--tolerance", "1.0"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    read = lambda stage: json.loads((new / stage / "manifest.json").read_text())["metrics"]  # noqa: E731
+    old_head = json.loads((run / "train" / "manifest.json").read_text())["files"]["head.safetensors"]["sha256"]
+    assert read("convert")["init_from"]["head_sha256"] == old_head == read("bundle")["lineage"]["head_sha256"]
+    train = read("train")
+    assert "traffic" in train["per_category"] and set(train["before"]["per_category"]) == set(train["per_category"])
+    assert read("bundle")["aux_layers"] == json.loads((run / "bundle" / "manifest.json").read_text())["metrics"]["aux_layers"]
