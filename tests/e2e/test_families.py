@@ -75,8 +75,9 @@ def test_adapt_continues_a_mixture_of_experts_draft(tmp_path, demo_model_dir, fi
     run = finished_runs.get(("tiny-families", "qwen3_moe", "eagle3"))
     if run is None:
         run = tmp_path / "run"
-        subprocess.run([sys.executable, "-m", "trtspec.cli", "build", str(RECIPES["eagle3"]), "--out", str(run),
-                        "--set", "model.source=tiny:qwen3_moe", "--until", "export"], check=True, capture_output=True)
+        built = subprocess.run([sys.executable, "-m", "trtspec.cli", "build", str(RECIPES["eagle3"]), "--out", str(run),
+                                "--set", "model.source=tiny:qwen3_moe", "--until", "export"], capture_output=True, text=True, timeout=900)
+        assert built.returncode == 0, built.stderr[-3000:]
     traffic = tmp_path / "requests.jsonl"
     traffic.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in (
         "Name two animals that can fly.", "What is 15 plus 27?", "Write one sentence about the sea.",
