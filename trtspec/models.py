@@ -156,14 +156,14 @@ def resolve_model(source: str) -> Path:
 
 def tiny_model(name: str) -> Path:
     """A tiny random decoder, `FAMILY` or `FAMILY:SHAPE`, with the demo model's tokenizer (trtspec.targets.tiny),
-    built once."""
-    from trtspec.targets.tiny import SHAPES, TINY, build_tiny, split_source
+    built once for each definition of it (the folder is named by its fingerprint)."""
+    from trtspec.targets.tiny import SHAPES, TINY, build_tiny, fingerprint, split_source
 
     family, shape = split_source(name)
     if family not in TINY or shape not in SHAPES:
         raise ModelError(f"unknown tiny model 'tiny:{name}'", f"known: {', '.join('tiny:' + k for k in TINY)}, each "
                          f"also as tiny:FAMILY:SHAPE, SHAPE one of {', '.join(SHAPES)}")
-    out = cache_dir() / "models" / ("tiny-" + family + ("" if shape == "base" else f"-{shape}"))
+    out = cache_dir() / "models" / f"tiny-{family}{'' if shape == 'base' else '-' + shape}-{fingerprint(family, shape)}"
     if (out / "config.json").is_file():
         return out
     tok = load_tokenizer(resolve_model("demo:smollm2-135m-instruct"))

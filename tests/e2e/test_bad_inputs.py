@@ -182,6 +182,11 @@ def case_engine_cannot_serve_family(tmp, model, mp):
     return build(tmp, config(tmp, "tiny:gemma3", engine={"backend": "vllm"}))
 
 
+def case_engine_head_size_on_cpu(tmp, model, mp):
+    """Heads of 48: vLLM's CPU attention runs none of that size (it failed inside the engine, after the training)."""
+    return build(tmp, config(tmp, edited_model(tmp, model, head_dim=48), engine={"backend": "vllm"}))
+
+
 def model_vocab(model) -> int:
     return json.loads((Path(model) / "config.json").read_text())["vocab_size"]
 
@@ -750,6 +755,7 @@ CASES = [
     Case("model-embedding", case_embedding_model, 2, r"'BertModel' \(bert\) is not a causal LM", "data", before_data=True),
     Case("model-remote-code", case_remote_code, 2, r"ships its own modelling code .*trust_remote_code", "data", before_data=True),
     Case("engine-family-not-served", case_engine_cannot_serve_family, 2, r"engine\.backend vllm cannot serve this build: gemma3: .*SupportsEagle3", "data", before_data=True),
+    Case("engine-head-size-on-cpu", case_engine_head_size_on_cpu, 2, r"engine\.backend vllm cannot serve this build: llama: vLLM 0\.32's CPU attention runs heads of size 32, 64, .*; this target's are 48", "data", before_data=True),
     Case("model-corrupted-weights", case_corrupted_weights, 2, r"cannot load model weights", "convert"),
     Case("model-no-chat-template", case_no_chat_template, 2, r"no chat template", "data"),
     Case("data-missing", case_data_missing, 2, r"data file .*data\.jsonl' does not exist", "data"),

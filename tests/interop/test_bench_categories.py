@@ -1,14 +1,18 @@
 """scripts/bench_categories.py on the interop tier's CI run: every held-out prompt decoded without and with the draft
 (the head alone, a suffix match in front of it, and one beside it), greedy outputs identical, a summary per category;
-and the other bench scripts over drafts and suites (generalisation, step, drafters, drafting)."""
+and the other bench scripts over drafts and suites (generalisation, step, drafters, drafting, and in the full tier
+speculative and compile)."""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from stagekit import load_script
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 @pytest.mark.parametrize("how,name", [([], "eagle3"), (["--suffix-min-match", "2"], "eagle3+suffix"),
@@ -89,3 +93,29 @@ def test_drafting_bench_keeps_greedy_output(ci_run, monkeypatch, capsys, tmp_pat
     assert {r["method"] for r in rows} == {"eagle3", "suffix", "eagle3+suffix", "eagle3|suffix"}
     assert {r["set"] for r in rows} == {"heldout", str(mine)}
     assert all(r["exact"] == r["prompts"] == 2 and 1.0 <= r["acceptance_length"] for r in rows), rows
+
+
+@pytest.mark.full
+def test_speculative_bench_keeps_greedy_output(ci_run):
+    """scripts/bench_speculative.py on a finished run: one row per k, and the speculative outputs equal HF generate's."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(SCRIPTS / "bench_speculative.py"), str(ci_run), "--prompts", "2",
+                          "--max-new-tokens", "8", "--ks", "1,2", "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout[out.stdout.index("{"):])["rows"]
+    assert [r["k"] for r in rows] == [1, 2]
+    assert all(r["exact"] == 2 and r["acceptance_length"] >= 1.0 and r["hf_generate"] > 0 for r in rows)
+
+
+@pytest.mark.full
+def test_compile_bench_compiles_with_an_empty_and_a_warm_cache(ci_run):
+    """scripts/bench_compile.py: a process with an empty inductor cache, then one reusing it; both compile."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(SCRIPTS / "bench_compile.py"), str(ci_run), "--runs", "2", "--json"],
+                         capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout[out.stdout.index("{"):])["rows"]
+    assert [r["cache"] for r in rows] == ["empty", "warm"]
+    assert all("compiled with torch.compile" in r["note"] and r["seconds"] > 0 for r in rows)

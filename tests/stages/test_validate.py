@@ -246,34 +246,3 @@ def test_bad_inputs_are_one_line_errors(tmp_path, run_inputs):
     ctx.inputs["export"] = broken
     with pytest.raises(ArtifactError, match=r"missing draft/model.safetensors"):
         validate.run(ctx)
-
-
-@pytest.mark.full
-def test_bench_speculative_script(tmp_path, run_inputs):
-    """scripts/bench_speculative.py on the tiny run: one row per k, and the speculative outputs equal HF generate's."""
-    import subprocess
-    import sys
-
-    root = run_inputs[0]
-    script = Path(__file__).parents[2] / "scripts" / "bench_speculative.py"
-    out = subprocess.run([sys.executable, str(script), str(root), "--prompts", "2", "--max-new-tokens", "8", "--ks", "1,2", "--json"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = json.loads(out.stdout[out.stdout.index("{"):])["rows"]
-    assert [r["k"] for r in rows] == [1, 2]
-    assert all(r["exact"] == 2 and r["acceptance_length"] >= 1.0 and r["hf_generate"] > 0 for r in rows)
-
-
-@pytest.mark.full
-def test_bench_compile_script(tmp_path, run_inputs):
-    """scripts/bench_compile.py: a process with an empty inductor cache, then one reusing it; both compile."""
-    import subprocess
-    import sys
-
-    script = Path(__file__).parents[2] / "scripts" / "bench_compile.py"
-    out = subprocess.run([sys.executable, str(script), str(run_inputs[0]), "--runs", "2", "--json"],
-                         capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = json.loads(out.stdout[out.stdout.index("{"):])["rows"]
-    assert [r["cache"] for r in rows] == ["empty", "warm"]
-    assert all("compiled with torch.compile" in r["note"] and r["seconds"] > 0 for r in rows)

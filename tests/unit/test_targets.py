@@ -100,6 +100,25 @@ def test_vllm_refusals_are_its_support_tables():
     assert refusal_for("deepseek_v3", "eagle3", on_gpu=True) is None
 
 
+def test_vllm_cpu_head_sizes_as_its_files_compute_them():
+    """vLLM's CPU attention runs some head sizes only; Qwen2's file takes hidden / heads whatever head_dim says."""
+    from types import SimpleNamespace as C
+
+    from trtspec.engines.vllm.support import cpu_head_refusal, head_size
+    from trtspec.targets.tiny import TINY, overrides
+
+    assert head_size(C(hidden_size=128, num_attention_heads=8, head_dim=32), "qwen2") == 16
+    assert head_size(C(hidden_size=128, num_attention_heads=8, head_dim=32), "llama") == 32
+    assert head_size(C(hidden_size=576, num_attention_heads=9, head_dim=None), "llama") == 64
+    assert head_size(C(hidden_size=128, num_attention_heads=4, kv_lora_rank=32), "deepseek_v3") is None
+    assert "this target's are 16 (hidden_size / num_attention_heads" in cpu_head_refusal(
+        C(hidden_size=128, num_attention_heads=8, head_dim=32), "qwen2")
+    assert cpu_head_refusal(C(hidden_size=896, num_attention_heads=14, head_dim=None), "qwen2") is None  # Qwen2.5-0.5B
+    for family in TINY:  # every tiny shape runs in vLLM's CPU build
+        for shape in ("base", "deep", "wide"):
+            assert cpu_head_refusal(C(**overrides(family, shape)), family) is None, (family, shape)
+
+
 def test_every_engine_declares_every_family():
     """A family added to trtspec.targets without a line in each engine's support table fails here, not in a build."""
     from trtspec.engines import ENGINES, matrix_rows

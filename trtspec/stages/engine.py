@@ -66,7 +66,6 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     (engines/<name>/support.py), engine.sweep without what it drives (check_sweep): one line before any stage spends
     minutes (backend auto skips the stage with the same reason and goes on)."""
     from trtspec.errors import ConfigError
-    from trtspec.targets import family_of
 
     if cfg.engine.sweep:
         check_sweep(cfg)
@@ -76,7 +75,7 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
         raise ConfigError(f"engine.backend {cfg.engine.backend} cannot serve this build: {why}",
                           "set engine.backend: auto (the engine stage is then skipped with this reason)")
     method = family(cfg.draft.method).engine_method(cfg)
-    if why := engines.engine(cfg.engine.backend).build_refusal(family_of(model_config).name, method):
+    if why := engines.engine(cfg.engine.backend).build_refusal(model_config, method):
         raise ConfigError(f"engine.backend {cfg.engine.backend} cannot serve this build: {why}",
                           "set engine.backend: auto (the engine stage is then skipped with this reason) or stop the build "
                           "before the engine (--until export)")

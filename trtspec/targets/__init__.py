@@ -90,10 +90,25 @@ def family_if_known(model_dir: Path) -> TargetFamily | None:
         return None
 
 
+def config_if_known(model_dir: Path) -> Any:
+    """read_config where its family is known, else None."""
+    try:
+        config = read_config(model_dir)
+        family_of(config)
+        return config
+    except ModelError:
+        return None
+
+
 def read_family(model_dir: Path) -> TargetFamily:
     """The family of the HF folder `model_dir` from its config.json alone (no transformers import): the preflight's
-    check, before any stage spends time. Models that ship their own code need trust_remote_code, which trtspec
-    does not set: refused by name."""
+    check, before any stage spends time."""
+    return family_of(read_config(model_dir))
+
+
+def read_config(model_dir: Path) -> Any:
+    """The HF folder's config.json as attributes (text_config too), read without transformers. Models that ship their
+    own code need trust_remote_code, which trtspec does not set: refused by name."""
     from types import SimpleNamespace
 
     try:
@@ -107,7 +122,7 @@ def read_family(model_dir: Path) -> TargetFamily:
     ns = SimpleNamespace(**raw)
     if text is not None:
         ns.text_config = SimpleNamespace(**text)
-    return family_of(ns)
+    return ns
 
 
 def rope_parameters(text: Any) -> dict:

@@ -52,8 +52,8 @@ TINY = {
 
 
 # A second shape of every family (`tiny:FAMILY:deep`), so that the matrix tests the family, not one model of it:
-# 6 layers, 8 query heads over 2 KV heads (groups of 4, against 2), sliding and full attention alternating (GPT-OSS's
-# own pattern, against three sliding then one full), the per-layer lists (NoPE layers, a wider full-attention head)
+# 6 layers, 8 query heads of 32 over 2 KV heads (groups of 4, against 2; 256 wide where the family's heads are hidden
+# / heads wide), sliding and full attention alternating (GPT-OSS's own pattern, against three sliding then one full), the per-layer lists (NoPE layers, a wider full-attention head)
 # drawn anew for 6 layers.
 # A third (`tiny:FAMILY:wide`): 512 wide, and a mixture of experts routed as the ones users bring (Qwen3-30B-A3B sends
 # each token to 8 of 128 experts) with 64 experts, top 8: a target whose cost is in its experts, not in per-call
@@ -68,8 +68,10 @@ def deep(family: str, extra: dict) -> dict:
     shaped = {**extra, "num_hidden_layers": layers, "num_attention_heads": 8, "num_key_value_heads": 2}
     if "kv_lora_rank" in extra:  # MLA: heads of their own sizes, one KV head per query head
         shaped["num_key_value_heads"] = 8
-    else:
+    elif "head_dim" in extra:
         shaped["head_dim"] = 32
+    else:  # heads of hidden / heads, as the family's releases have them (vLLM's Qwen2 reads no other head_dim)
+        shaped["hidden_size"] = 8 * 32
     if "layer_types" in extra:
         shaped["layer_types"] = ["sliding_attention", "full_attention"] * (layers // 2)
     if "per_layer_config" in extra:
@@ -100,12 +102,25 @@ def split_source(name: str) -> tuple[str, str]:
     return family, shape or "base"
 
 
+def overrides(family: str, shape: str = "base") -> dict:
+    """The family's config fields in `shape`, COMMON's included (vocabulary and special tokens come from the tokenizer)."""
+    extra = TINY[family][1]
+    return {**COMMON, **({"deep": deep, "wide": wide}[shape](family, extra) if shape != "base" else extra)}
+
+
+def fingerprint(family: str, shape: str = "base") -> str:
+    """8 hex digits of the family's definition in `shape`: its cache folder is named by it, so a definition changed
+    since an earlier build is built anew, never read from that build."""
+    import hashlib
+
+    text = json.dumps([TINY[family][0], overrides(family, shape)], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 def tiny_config(family: str, vocab_size: int, special: dict[str, int], shape: str = "base") -> Any:
     from transformers import CONFIG_MAPPING
 
-    model_type, extra = TINY[family]
-    extra = {"deep": deep, "wide": wide}[shape](family, extra) if shape != "base" else extra
-    config = CONFIG_MAPPING[model_type](vocab_size=vocab_size, **{**COMMON, **extra}, **special)
+    config = CONFIG_MAPPING[TINY[family][0]](vocab_size=vocab_size, **overrides(family, shape), **special)
     if hasattr(config, "vocab_size_per_layer_input"):  # Gemma 4's per-layer embeddings: the tokenizer's vocabulary too
         config.vocab_size_per_layer_input = vocab_size
     return config

@@ -42,9 +42,8 @@ def refusal(model_config: Any) -> str | None:
     """Why vLLM cannot extract this target's states here, or None: a family whose vLLM file hands no hidden states to
     drafts, or that vLLM does not run on this machine."""
     from trtspec.engines import vllm as vllm_engine
-    from trtspec.targets import family_of
 
-    return vllm_engine.build_refusal(family_of(model_config).name, "eagle3")
+    return vllm_engine.build_refusal(model_config, "eagle3")
 
 
 def check_engine_states(model_config: Any, states_from: str = "vllm") -> None:

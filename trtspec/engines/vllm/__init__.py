@@ -85,15 +85,15 @@ QUANTIZED_ON_CPU = ("vLLM's CPU build runs no Model Optimizer quantized checkpoi
 def refusal(target: Path | None, method: str | None) -> str | None:
     """Why vLLM cannot run the target folder `target` (with speculative `method`, None: without a draft) on this
     machine, or None: a Model Optimizer quantized target on a CPU, what its support table says of the target's
-    family (engines/vllm/support.py), DSpark's GPU-only kernels."""
+    family and head size (engines/vllm/support.py), DSpark's GPU-only kernels."""
     import torch
 
     if target is not None and not torch.cuda.is_available() and (algo := modelopt_quantized(target)):
         return QUANTIZED_ON_CPU.format(algo=algo)
-    if target is not None and method is not None:
-        from trtspec.targets import family_if_known
+    if target is not None:
+        from trtspec.targets import config_if_known
 
-        if (family := family_if_known(target)) and (why := build_refusal(family.name, method)):
+        if (config := config_if_known(target)) is not None and (why := build_refusal(config, method)):
             return why
     return DSPARK_ON_CPU if method == "dspark" and not torch.cuda.is_available() else None
 
@@ -105,12 +105,18 @@ def modelopt_quantized(target: Path) -> str | None:
     return (q.get("quant_algo") or "quantized") if q.get("quant_method") == "modelopt" else None
 
 
-def build_refusal(family: str, method: str) -> str | None:
-    """Why a build that names vLLM as its engine stops before its first stage: vLLM serves no `method` draft for the
-    family on this machine."""
+def build_refusal(model_config: Any, method: str | None) -> str | None:
+    """Why a build that names vLLM as its engine stops before its first stage: vLLM serves no `method` draft (None:
+    no draft) for the target's family on this machine, or its CPU build runs no attention of the target's head size."""
     import torch
 
-    return support.refusal_for(family, method, torch.cuda.is_available())
+    from trtspec.targets import family_of, text_config
+
+    family = family_of(model_config).name
+    on_gpu = torch.cuda.is_available()
+    if method is not None and (why := support.refusal_for(family, method, on_gpu)):
+        return why
+    return None if on_gpu else support.cpu_head_refusal(text_config(model_config), family)
 
 
 def support_row(family: str) -> dict[str, Any]:

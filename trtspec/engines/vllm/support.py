@@ -7,6 +7,7 @@ DFlash and DSpark alike) and measured by scripts/family_matrix.py (the CPU colum
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,32 @@ SUPPORT: dict[str, VllmSupport] = {
     "olmo2": VllmSupport(TRANSFORMERS_BACKEND),
     "smollm3": VllmSupport(TRANSFORMERS_BACKEND),
 }
+
+
+# vLLM 0.32's CPU attention (v1/attention/backends/cpu_attn.py: CPUAttentionBackend.get_supported_head_sizes); a
+# head of another size fails inside the engine ("Unsupported CPU attention configuration")
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+HEADS_FROM_WIDTH = ("qwen2", "qwen2_moe")  # their vLLM files take hidden_size / num_attention_heads, not head_dim
+
+
+def head_size(text: Any, family: str) -> int | None:
+    """The attention head size vLLM gives the target's layers (`text`: its decoder config), None for MLA (heads of
+    their own sizes) or a config without heads."""
+    heads = getattr(text, "num_attention_heads", None)
+    if getattr(text, "kv_lora_rank", None) or not heads:
+        return None
+    head_dim = getattr(text, "head_dim", None)
+    return text.hidden_size // heads if family in HEADS_FROM_WIDTH or not head_dim else int(head_dim)
+
+
+def cpu_head_refusal(text: Any, family: str) -> str | None:
+    """Why vLLM's CPU build cannot run the target's attention (`text`: its decoder config), or None."""
+    size = head_size(text, family)
+    if size is None or size in CPU_HEAD_SIZES:
+        return None
+    how = " (hidden_size / num_attention_heads, as vLLM's file for this family takes it)" if family in HEADS_FROM_WIDTH else ""
+    return (f"{family}: vLLM 0.32's CPU attention runs heads of size {', '.join(map(str, CPU_HEAD_SIZES))}; this "
+            f"target's are {size}{how}")
 
 
 def support(family: str) -> VllmSupport:
