@@ -53,8 +53,8 @@ TINY = {
 
 # A second shape of every family (`tiny:FAMILY:deep`), so that the matrix tests the family, not one model of it:
 # 6 layers, 8 query heads of 32 over 2 KV heads (groups of 4, against 2; 256 wide where the family's heads are hidden
-# / heads wide), sliding and full attention alternating (GPT-OSS's own pattern, against three sliding then one full), the per-layer lists (NoPE layers, a wider full-attention head)
-# drawn anew for 6 layers.
+# / heads wide), sliding and full attention alternating (GPT-OSS's own pattern, against three sliding then one full),
+# the per-layer lists (NoPE layers, a wider full-attention head) drawn anew for 6 layers.
 # A third (`tiny:FAMILY:wide`): 512 wide, and a mixture of experts routed as the ones users bring (Qwen3-30B-A3B sends
 # each token to 8 of 128 experts) with 64 experts, top 8: a target whose cost is in its experts, not in per-call
 # overhead as at 128 wide with 4 experts (scripts/bench_states.py compares HF's and vLLM's states on it).

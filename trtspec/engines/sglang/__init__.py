@@ -51,7 +51,7 @@ def refusal(target: Path, method: str | None) -> str | None:
     return support.refusal_for(family.name, method) if family is not None and method else None
 
 
-def build_refusal(model_config: Any, method: str) -> str | None:
+def build_refusal(model_config: Any, method: str | None) -> str | None:
     return None  # never engine.backend
 
 

@@ -69,7 +69,7 @@ def refusal(target: Path, method: str | None) -> str | None:
     return support.refusal_for(family.name, method) if family is not None and method else None
 
 
-def build_refusal(model_config: Any, method: str) -> str | None:
+def build_refusal(model_config: Any, method: str | None) -> str | None:
     """None: TensorRT-LLM is the default engine and runs on a GPU server, not here; a family it serves no draft for
     still gets its bundle (for vLLM and SGLang), and the engine stage skips saying why (refusal)."""
     return None
