@@ -444,8 +444,8 @@ def case_states_endpoint_down(tmp, model, mp):
                  "--set", "train.states_endpoint.url=http://127.0.0.1:9", "--set", "train.states_endpoint.retries=0")
 
 
-def case_states_buffer_too_small(tmp, model, mp):
-    return build(tmp, config(tmp, model), "--set", "train.states_from=vllm", "--set", "train.mode=streamed",
+def case_states_buffer_too_small(tmp, model, mp):  # a target whose heads vLLM's CPU build runs (the tiny model's are 16)
+    return build(tmp, config(tmp, "tiny:llama3"), "--set", "train.states_from=vllm", "--set", "train.mode=streamed",
                  "--set", "train.states_buffer_mib=0.001")
 
 
