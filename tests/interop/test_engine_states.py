@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from trtspec.engines.vllm.support import refusal_for
+from trtspec.engines.vllm.support import patches_transformers, refusal_for
+from trtspec.stages.engine import in_own_process
 from trtspec.targets import BY_MODEL_TYPE
 from trtspec.targets.tiny import TINY
 
@@ -23,13 +24,24 @@ def extractable(name: str) -> bool:
 FAMILIES = [pytest.param(n, marks=() if n in DEFAULT_TIER else pytest.mark.full) for n in TINY if extractable(n)]
 
 
+def vllm_states(model_dir, aux, layers, norm, folder, rows):
+    """The states vLLM extracts for `rows` (VllmStates, opened and closed)."""
+    from trtspec.training.engine_states import VllmStates
+
+    vllm = VllmStates(model_dir, aux, layers, norm, folder, "float32", 128)
+    try:
+        return vllm.extract(rows)
+    finally:
+        vllm.close()
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_vllm_states_equal_hf_states(name, tmp_path):
     import numpy as np
     import torch
 
     from trtspec.models import load_model, resolve_model
-    from trtspec.training.engine_states import VllmStates, final_norm
+    from trtspec.training.engine_states import final_norm
     from trtspec.training.states import HFStates
 
     model_dir = resolve_model(f"tiny:{name}")
@@ -39,11 +51,11 @@ def test_vllm_states_equal_hf_states(name, tmp_path):
     g = torch.Generator().manual_seed(0)
     rows = [torch.randint(3, 400, (n,), generator=g) for n in (5, 37, 70)]
     hf = HFStates(base, aux).extract(rows)
-    vllm = VllmStates(model_dir, aux, layers, final_norm(base), tmp_path / "states", "float32", 128)
-    try:
-        got = vllm.extract(rows)
-    finally:
-        vllm.close()
+    # vLLM's Transformers backend rewrites transformers' classes in the process it runs in: a spawned one, so that
+    # later tests in this process build those families with transformers' own
+    own = patches_transformers(BY_MODEL_TYPE[TINY[name][0]].name)
+    args = (model_dir, aux, layers, final_norm(base), tmp_path / "states", rows)
+    got = in_own_process(vllm_states, *args) if own else vllm_states(*args)
     assert not list((tmp_path / "states").glob("*")), "every file vLLM wrote is deleted once read"
     for (ha, hl), (va, vl), r in zip(hf, got, rows, strict=True):
         assert ha.shape == va.shape == (len(r), len(aux) * base.config.hidden_size)

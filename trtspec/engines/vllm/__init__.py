@@ -90,12 +90,15 @@ def refusal(target: Path | None, method: str | None) -> str | None:
 
     if target is not None and not torch.cuda.is_available() and (algo := modelopt_quantized(target)):
         return QUANTIZED_ON_CPU.format(algo=algo)
-    if target is not None:
-        from trtspec.targets import config_if_known
+    from trtspec.targets import config_if_known
 
-        if (config := config_if_known(target)) is not None and (why := build_refusal(config, method)):
-            return why
-    return DSPARK_ON_CPU if method == "dspark" and not torch.cuda.is_available() else None
+    on_gpu = torch.cuda.is_available()
+    config = config_if_known(target) if target is not None else None
+    if config is not None and method is not None and (why := family_refusal(config, method, on_gpu)):
+        return why
+    if method == "dspark" and not on_gpu:
+        return DSPARK_ON_CPU
+    return None if config is None or on_gpu else head_refusal(config)
 
 
 def modelopt_quantized(target: Path) -> str | None:
@@ -110,13 +113,23 @@ def build_refusal(model_config: Any, method: str | None) -> str | None:
     no draft) for the target's family on this machine, or its CPU build runs no attention of the target's head size."""
     import torch
 
+    on_gpu = torch.cuda.is_available()
+    return (family_refusal(model_config, method, on_gpu) if method is not None else None) or (
+        None if on_gpu else head_refusal(model_config))
+
+
+def family_refusal(model_config: Any, method: str, on_gpu: bool) -> str | None:
+    """What vLLM's support table says of a `method` draft for the target's family (engines/vllm/support.py)."""
+    from trtspec.targets import family_of
+
+    return support.refusal_for(family_of(model_config).name, method, on_gpu)
+
+
+def head_refusal(model_config: Any) -> str | None:
+    """Why vLLM's CPU build runs no attention of the target's head size, or None."""
     from trtspec.targets import family_of, text_config
 
-    family = family_of(model_config).name
-    on_gpu = torch.cuda.is_available()
-    if method is not None and (why := support.refusal_for(family, method, on_gpu)):
-        return why
-    return None if on_gpu else support.cpu_head_refusal(text_config(model_config), family)
+    return support.cpu_head_refusal(text_config(model_config), family_of(model_config).name)
 
 
 def support_row(family: str) -> dict[str, Any]:
