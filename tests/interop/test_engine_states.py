@@ -76,6 +76,9 @@ def test_a_family_vllm_cannot_extract_from_is_refused_by_name():
     config = SimpleNamespace(model_type="mixtral")
     with pytest.raises(ConfigError, match="mixtral.*train.states_from: hf"):
         check_engine_states(config)
+    # served through vLLM's Transformers backend, which would leave the build's process unable to load it with HF
+    with pytest.raises(ConfigError, match="olmo2: vLLM serves it through its Transformers backend.*train.states_from: hf"):
+        check_engine_states(SimpleNamespace(model_type="olmo2"))
 
 
 @pytest.mark.full  # the default tier's states-server test trains with no target layer too
