@@ -84,10 +84,8 @@ def refuse_non_decoder(config: Any) -> None:
 
 def family_if_known(model_dir: Path) -> TargetFamily | None:
     """read_family, or None where the folder's config names no family (an engine then says what it can do)."""
-    try:
-        return read_family(model_dir)
-    except ModelError:
-        return None
+    config = config_if_known(model_dir)
+    return None if config is None else family_of(config)
 
 
 def config_if_known(model_dir: Path) -> Any:

@@ -40,13 +40,14 @@ def require_vllm() -> None:
 
 def refusal(model_config: Any) -> str | None:
     """Why vLLM cannot extract this target's states here, or None: a family whose vLLM file hands no hidden states to
-    drafts, or that vLLM does not run on this machine."""
+    drafts, that vLLM does not run on this machine, or that it serves through its Transformers backend (which would
+    leave this process unable to load the target with transformers in the later stages)."""
     from trtspec.engines import vllm as vllm_engine
     from trtspec.engines.vllm import support
     from trtspec.targets import family_of
 
     family = family_of(model_config).name
-    if support.patches_transformers(family):  # measured: the export stage's HF load then failed (olmo2, 2026-12-01)
+    if support.patches_transformers(family):
         return (f"{family}: vLLM serves it through its Transformers backend, which rewrites transformers' classes in the "
                 "process it runs in, where the later stages load the target with transformers")
     return vllm_engine.build_refusal(model_config, "eagle3")

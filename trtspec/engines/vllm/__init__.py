@@ -114,8 +114,9 @@ def build_refusal(model_config: Any, method: str | None) -> str | None:
     import torch
 
     on_gpu = torch.cuda.is_available()
-    return (family_refusal(model_config, method, on_gpu) if method is not None else None) or (
-        None if on_gpu else head_refusal(model_config))
+    if method is not None and (why := family_refusal(model_config, method, on_gpu)):
+        return why
+    return None if on_gpu else head_refusal(model_config)
 
 
 def family_refusal(model_config: Any, method: str, on_gpu: bool) -> str | None:
