@@ -23,6 +23,18 @@ class TrtspecError(Exception):
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
+    def __reduce__(self) -> tuple:
+        # rebuilt from its fields, not its __init__'s arguments (DiskFull's differ): an error raised in a spawned
+        # process (trtspec.engines.worker) reaches this one whole, hint included
+        return _rebuild, (type(self), self.__dict__)
+
+
+def _rebuild(cls: type, fields: dict) -> TrtspecError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, fields["message"])
+    error.__dict__.update(fields)
+    return error
+
 
 class ConfigError(TrtspecError):
     """The build config (file, YAML, keys, types, values, --set overrides) is wrong."""
