@@ -1,5 +1,6 @@
 """Who answers the data stage's `regenerate` prompts (data.answer_with): transformers in this process, vLLM's offline
-engine in this process, or an OpenAI-compatible server (vllm serve, trtllm-serve, SGLang).
+engine (in this process, or a spawned one where it would rewrite transformers' classes), or an OpenAI-compatible
+server (vllm serve, trtllm-serve, SGLang).
 
 Each takes prompts as the target's token ids and yields (prompt index, answer token ids up to and with the first eos)
 as answers finish, so the caller saves each at once and a killed run asks nothing twice. Answers are always the
@@ -39,19 +40,22 @@ def answer_hf(model: Any, prompts: list[list[int]], max_new: int, eos: set[int],
 
 def answer_vllm(model_dir: Path, dtype: str, prompts: list[list[int]], max_new: int, eos: set[int],
                 temperature: float, chunk: int = 256) -> Answers:
-    """vLLM's offline engine in this process (continuous batching), `chunk` prompts per call so that answers are
-    saved as they come."""
+    """vLLM's offline engine (continuous batching), `chunk` prompts per call so that answers are saved as they come;
+    in this process, or in a spawned one for a family vLLM serves through its Transformers backend (which would
+    leave this process unable to load the target with transformers: trtspec.engines.worker)."""
     from trtspec.engines import vllm as vllm_engine
+    from trtspec.engines.worker import EngineWorker
 
     if not vllm_engine.installed():
         raise DataError("data.answer_with: vllm, but vllm is not installed", vllm_engine.INSTALL_HINT)
-    llm = vllm_engine.load(model_dir, None, 0, max(map(len, prompts)) + max_new + 8, min(chunk, 256), dtype=dtype)
+    engine = EngineWorker(vllm_engine.load, (model_dir, None, 0, max(map(len, prompts)) + max_new + 8, min(chunk, 256),
+                                             dtype), vllm_engine.shutdown, vllm_engine.own_process(model_dir))
     try:
         for start in range(0, len(prompts), chunk):
-            answers = vllm_engine.generate(llm, prompts[start : start + chunk], max_new, temperature, sorted(eos))
+            answers = engine.call(vllm_engine.generate, prompts[start : start + chunk], max_new, temperature, sorted(eos))
             yield from enumerate((cut_after_eos(a, eos) for a in answers), start)
     finally:
-        vllm_engine.shutdown(llm)
+        engine.close()
 
 
 class EndpointError(Exception):

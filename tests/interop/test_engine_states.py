@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 from trtspec.engines.vllm.support import patches_transformers, refusal_for
-from trtspec.stages.engine import in_own_process
 from trtspec.targets import BY_MODEL_TYPE
 from trtspec.targets.tiny import TINY
 
@@ -24,11 +23,11 @@ def extractable(name: str) -> bool:
 FAMILIES = [pytest.param(n, marks=() if n in DEFAULT_TIER else pytest.mark.full) for n in TINY if extractable(n)]
 
 
-def vllm_states(model_dir, aux, layers, norm, folder, rows):
+def vllm_states(model_dir, aux, layers, norm, folder, rows, spawned=False):
     """The states vLLM extracts for `rows` (VllmStates, opened and closed)."""
     from trtspec.training.engine_states import VllmStates
 
-    vllm = VllmStates(model_dir, aux, layers, norm, folder, "float32", 128)
+    vllm = VllmStates(model_dir, aux, layers, norm, folder, "float32", 128, spawned=spawned)
     try:
         return vllm.extract(rows)
     finally:
@@ -51,11 +50,10 @@ def test_vllm_states_equal_hf_states(name, tmp_path):
     g = torch.Generator().manual_seed(0)
     rows = [torch.randint(3, 400, (n,), generator=g) for n in (5, 37, 70)]
     hf = HFStates(base, aux).extract(rows)
-    # vLLM's Transformers backend rewrites transformers' classes in the process it runs in: a spawned one, so that
-    # later tests in this process build those families with transformers' own
-    own = patches_transformers(BY_MODEL_TYPE[TINY[name][0]].name)
-    args = (model_dir, aux, layers, final_norm(base), tmp_path / "states", rows)
-    got = in_own_process(vllm_states, *args) if own else vllm_states(*args)
+    # vLLM's Transformers backend rewrites transformers' classes in the process it runs in: VllmStates runs it in a
+    # spawned one, as a build does, so that later tests in this process build those families with transformers' own
+    spawned = patches_transformers(BY_MODEL_TYPE[TINY[name][0]].name)
+    got = vllm_states(model_dir, aux, layers, final_norm(base), tmp_path / "states", rows, spawned)
     assert not list((tmp_path / "states").glob("*")), "every file vLLM wrote is deleted once read"
     for (ha, hl), (va, vl), r in zip(hf, got, rows, strict=True):
         assert ha.shape == va.shape == (len(r), len(aux) * base.config.hidden_size)
@@ -76,9 +74,34 @@ def test_a_family_vllm_cannot_extract_from_is_refused_by_name():
     config = SimpleNamespace(model_type="mixtral")
     with pytest.raises(ConfigError, match="mixtral.*train.states_from: hf"):
         check_engine_states(config)
-    # served through vLLM's Transformers backend, which would leave the build's process unable to load it with HF
-    with pytest.raises(ConfigError, match="olmo2: vLLM serves it through its Transformers backend.*train.states_from: hf"):
-        check_engine_states(SimpleNamespace(model_type="olmo2"))
+
+
+@pytest.mark.full  # OLMo 2 is a full-tier family
+def test_a_family_vllm_serves_through_its_transformers_backend_answers_and_extracts_in_a_spawned_process(tmp_path):
+    """data.answer_with: vllm and train.states_from: vllm for OLMo 2, whose vLLM Transformers backend rewrites
+    transformers' classes in the process it runs in: vLLM runs in a spawned process, so the same build's convert and
+    export still load the target with transformers (they failed as 'corrupted' when vLLM ran in the build's process),
+    and vLLM's greedy answers are the HF forward's."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    runs = {}
+    for name, extra in (("hf", ["--until", "data"]),
+                        ("vllm", ["--until", "export", "--set", "data.answer_with=vllm", "--set", "train.states_from=vllm",
+                                  "--set", "train.mode=streamed"])):
+        run = tmp_path / name
+        proc = subprocess.run([sys.executable, "-m", "trtspec.cli", "build", str(root / "build_configs" / "tiny-families.yaml"),
+                               "--out", str(run), "--set", "model.source=tiny:olmo2", *extra],
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = [json.loads(line)["input_ids"] for line in (run / "data" / "train.jsonl").read_text().splitlines()]
+    assert runs["vllm"] == runs["hf"]
+    train = json.loads((tmp_path / "vllm" / "train" / "manifest.json").read_text())["metrics"]
+    assert train["states"]["from"] == "vllm" and train["states"]["rows_extracted"] > 0
+    assert (tmp_path / "vllm" / "bundle" / "manifest.json").is_file()
 
 
 @pytest.mark.full  # the default tier's states-server test trains with no target layer too

@@ -185,7 +185,7 @@ def test_an_unwritable_states_folder_and_aux_layers_past_the_target_are_refused(
     (tmp_path / "a-file").write_text("")
     states = VllmStates(tmp_path, [0], 4, torch.nn.Identity(), tmp_path / "a-file" / "states", "float32", 64)
     with pytest.raises(ConfigError, match="cannot write vLLM's hidden states"):
-        states.load()
+        states.prepare_folder()
     with pytest.raises(ConfigError, match=r"aux layers \[3\] are not inside the target's 4 layers"):
         VllmStates(tmp_path, [0, 3], 4, torch.nn.Identity(), tmp_path / "s", "float32", 64)
 

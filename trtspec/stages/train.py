@@ -266,7 +266,9 @@ def heldout_context_sets(ctx: StageContext, base: Any, tok: Any, aux_layers: lis
 
 def states_source(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int], target_dir: Path) -> Any:
     """Where the target's states come from (train.states_from): the HF forward here, vLLM serving the target in this
-    process, or a states server (checked before anything else runs against it)."""
+    process (in a spawned one where it would rewrite transformers' classes), or a states server (checked before
+    anything else runs against it)."""
+    from trtspec.engines import vllm as vllm_engine
     from trtspec.models import use_bf16
     from trtspec.training.engine_states import (
         EndpointStates,
@@ -288,7 +290,7 @@ def states_source(ctx: StageContext, base: Any, tok: Any, aux_layers: list[int],
     return VllmStates(ctx.model_path, aux_layers, base.config.num_orig_hidden_layers, final_norm(base),
                       target_dir / f"vllm-rank{ranks.rank()}", target_dtype_for_states(bf16, ctx.model_path),
                       ctx.cfg.data.seq_len + ctx.cfg.data.max_new_tokens + 8,  # the held-out prompts and answers too
-                      engine_args=ctx.cfg.train.states_engine.engine_args())
+                      engine_args=ctx.cfg.train.states_engine.engine_args(), spawned=vllm_engine.own_process(ctx.model_path))
 
 
 def target_states(ctx: StageContext, source: Any, base: Any, tokens: dict, aux_layers: list[int], target_dir: Path) -> Any:

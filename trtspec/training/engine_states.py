@@ -40,16 +40,10 @@ def require_vllm() -> None:
 
 def refusal(model_config: Any) -> str | None:
     """Why vLLM cannot extract this target's states here, or None: a family whose vLLM file hands no hidden states to
-    drafts, that vLLM does not run on this machine, or that it serves through its Transformers backend (which would
-    leave this process unable to load the target with transformers in the later stages)."""
+    drafts, or that vLLM does not run on this machine. (A family vLLM serves through its Transformers backend is
+    extracted in a spawned process: VllmStates' `spawned`.)"""
     from trtspec.engines import vllm as vllm_engine
-    from trtspec.engines.vllm import support
-    from trtspec.targets import family_of
 
-    family = family_of(model_config).name
-    if support.patches_transformers(family):
-        return (f"{family}: vLLM serves it through its Transformers backend, which rewrites transformers' classes in the "
-                "process it runs in, where the later stages load the target with transformers")
     return vllm_engine.build_refusal(model_config, "eagle3")
 
 
@@ -149,55 +143,45 @@ class ExtractedStates:
 
 
 class VllmStates(ExtractedStates):
-    """States of token-id rows from vLLM in this process. `folder` holds vLLM's per-request files only until each is
-    read (a window at a time)."""
+    """States of token-id rows from vLLM's offline engine, in this process or, for a family vLLM serves through its
+    Transformers backend (`spawned`; trtspec.engines.worker), in a spawned process of its own. `folder` holds vLLM's
+    per-request files only until each is read here (a window at a time)."""
 
     name = "vllm"
     batch_rows = 128  # rows cache_states hands over at once: vLLM schedules them itself, and each call has a fixed cost
 
     def __init__(self, model_dir: Path, aux_layers: list[int], num_layers: int, final_norm: Any, folder: Path,
                  dtype: str, max_len: int, kv_cache_gib: float = 1.0, max_num_seqs: int = 16,
-                 engine_args: dict | None = None):
+                 engine_args: dict | None = None, spawned: bool = False):
+        from trtspec.engines import vllm as vllm_engine
+        from trtspec.engines.worker import EngineWorker
+
         require_vllm()
         super().__init__(aux_layers, num_layers, final_norm)
         self.folder = Path(folder)
-        self.engine_args = dict(model=str(model_dir), dtype=dtype, max_model_len=max_len, max_num_seqs=max_num_seqs,
-                                kv_cache_gib=kv_cache_gib)
-        self.extra = dict(engine_args or {})  # train.states_engine: vLLM's parallelism
-        self.llm: Any = None  # loaded on the first extract: a cache already complete loads no engine
+        settings = dict(model=str(model_dir), dtype=dtype, max_model_len=max_len, max_num_seqs=max_num_seqs,
+                        kv_cache_gib=kv_cache_gib, extra=dict(engine_args or {}))  # extra: train.states_engine's
+        # loaded on the first extract: a cache already complete loads no engine
+        self.worker = EngineWorker(open_extraction, (settings, self.ids, str(self.folder)), vllm_engine.shutdown, spawned)
 
-    def load(self) -> Any:
-        import torch
-
-        from trtspec.engines import vllm as vllm_engine
-
-        a = self.engine_args
-        shutil.rmtree(self.folder, ignore_errors=True)  # files of a killed run: never read as this run's
+    def prepare_folder(self) -> None:
+        """An empty folder for vLLM's files: those of a killed run are never read as this run's."""
+        shutil.rmtree(self.folder, ignore_errors=True)
         try:
             self.folder.mkdir(parents=True)
         except OSError as e:
             raise ConfigError(f"cannot write vLLM's hidden states to '{self.folder}': {e.strerror}",
                               "point TRTSPEC_CACHE or the run directory at a writable disk") from e
-        kv = vllm_engine.prepare_environment(a["kv_cache_gib"])
-        gpu = torch.cuda.is_available()
-        spec, transfer = extraction_config(self.ids, str(self.folder), gpu)
-        transfer["kv_connector_extra_config"]["use_synchronization_lock"] = False  # one process: flush() waits
-        from vllm import LLM
 
-        return LLM(model=a["model"], dtype=a["dtype"], max_model_len=a["max_model_len"], max_num_seqs=a["max_num_seqs"],
-                   enforce_eager=not gpu, seed=0, **kv, **self.extra, speculative_config=spec,
-                   kv_transfer_config=transfer)
+    def call(self, fn: Any, *args: Any) -> Any:
+        if not self.worker.opened:
+            self.prepare_folder()
+        return self.worker.call(fn, *args)
 
     def extract(self, rows: list[Any]) -> list[tuple[Any, Any]]:
         """[(aux [n, A*H], last [n, H]) as fp16 numpy] for each row of token ids; each file is deleted once read."""
-        from vllm import SamplingParams
-
-        if self.llm is None:
-            self.llm = self.load()
-        outs = self.llm.generate([{"prompt_token_ids": [int(t) for t in r]} for r in rows], SamplingParams(max_tokens=1),
-                                 use_tqdm=False)
-        paths = [Path(o.kv_transfer_params["hidden_states_path"]) for o in outs]
-        self.flush(paths)
+        rows = [[int(t) for t in r] for r in rows]
+        paths = [Path(p) for p in self.call(extraction_files, rows)]
         self.peak_disk = max(self.peak_disk, sum(p.stat().st_size for p in self.folder.glob("*.safetensors")))
         return [self.read(p, r) for p, r in zip(paths, rows, strict=True)]
 
@@ -205,39 +189,71 @@ class VllmStates(ExtractedStates):
         """Greedy answers from the extraction's own engine (one engine for answers and states: it generates as the
         target does, greedy equal to HF's, tests/interop/test_engine_states.py); the states file it writes for each
         is deleted."""
-        from trtspec.engines import vllm as vllm_engine
         from trtspec.generation import cut_after_eos
 
-        if self.llm is None:
-            self.llm = self.load()
-        outs = vllm_engine.submit(self.llm, [[int(t) for t in p] for p in prompts], max_new, temperature, sorted(eos))
-        paths = [Path(o.kv_transfer_params["hidden_states_path"]) for o in outs if o.kv_transfer_params]
-        self.flush(paths)
-        for p in paths:
-            remove_states_file(p)
-        return enumerate(cut_after_eos(a, eos) for a in vllm_engine.answer_ids(outs))
-
-    def flush(self, paths: list[Path]) -> None:
-        """In one process, vLLM writes a finished request's states on its next scheduler step: step it until every
-        file is there."""
-        for _ in range(8):
-            if all(p.is_file() for p in paths):
-                return
-            self.llm.llm_engine.step()
-        missing = [p.name for p in paths if not p.is_file()]
-        raise ArtifactError(f"vLLM wrote no hidden states for {len(missing)} requests ({missing[0]}, ...)",
-                            "check that the KV-transfer connector loaded (vLLM's log), or set train.states_from: hf")
+        answers = self.call(engine_answers, [[int(t) for t in p] for p in prompts], max_new, temperature, sorted(eos))
+        return enumerate(cut_after_eos(a, eos) for a in answers)
 
     def close(self) -> None:
         import gc
 
-        from trtspec.engines import vllm as vllm_engine
-
-        if self.llm is not None:
-            vllm_engine.shutdown(self.llm)
-            self.llm = None
-            gc.collect()
+        self.worker.close()
+        gc.collect()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# --- where vLLM runs (this process or VllmStates' spawned one): token ids and file paths in, file paths out ---
+
+
+def open_extraction(settings: dict, ids: list[int], folder: str) -> Any:
+    """vLLM's LLM over the target with the extraction of layer ids `ids` into `folder`."""
+    import torch
+
+    from trtspec.engines import vllm as vllm_engine
+
+    kv = vllm_engine.prepare_environment(settings["kv_cache_gib"])
+    gpu = torch.cuda.is_available()
+    spec, transfer = extraction_config(ids, folder, gpu)
+    transfer["kv_connector_extra_config"]["use_synchronization_lock"] = False  # one process: flush() waits
+    from vllm import LLM
+
+    return LLM(model=settings["model"], dtype=settings["dtype"], max_model_len=settings["max_model_len"],
+               max_num_seqs=settings["max_num_seqs"], enforce_eager=not gpu, seed=0, **kv, **settings["extra"],
+               speculative_config=spec, kv_transfer_config=transfer)
+
+
+def extraction_files(llm: Any, rows: list[list[int]]) -> list[str]:
+    """The states file vLLM wrote for each row (a prefill and one token)."""
+    from vllm import SamplingParams
+
+    outs = llm.generate([{"prompt_token_ids": r} for r in rows], SamplingParams(max_tokens=1), use_tqdm=False)
+    paths = [Path(o.kv_transfer_params["hidden_states_path"]) for o in outs]
+    flush(llm, paths)
+    return [str(p) for p in paths]
+
+
+def engine_answers(llm: Any, prompts: list[list[int]], max_new: int, temperature: float, eos: list[int]) -> list[list[int]]:
+    """The engine's answers to `prompts`, the states files it wrote for them deleted."""
+    from trtspec.engines import vllm as vllm_engine
+
+    outs = vllm_engine.submit(llm, prompts, max_new, temperature, eos)
+    paths = [Path(o.kv_transfer_params["hidden_states_path"]) for o in outs if o.kv_transfer_params]
+    flush(llm, paths)
+    for p in paths:
+        remove_states_file(p)
+    return vllm_engine.answer_ids(outs)
+
+
+def flush(llm: Any, paths: list[Path]) -> None:
+    """In one process, vLLM writes a finished request's states on its next scheduler step: step it until every file
+    is there."""
+    for _ in range(8):
+        if all(p.is_file() for p in paths):
+            return
+        llm.llm_engine.step()
+    missing = [p.name for p in paths if not p.is_file()]
+    raise ArtifactError(f"vLLM wrote no hidden states for {len(missing)} requests ({missing[0]}, ...)",
+                        "check that the KV-transfer connector loaded (vLLM's log), or set train.states_from: hf")
 
 
 class EndpointStates(ExtractedStates):
