@@ -68,6 +68,13 @@ class LockedError(TrtspecError):
     exit_code = 4
 
 
+class ProcessDied(TrtspecError):
+    """A spawned process (an engine kept apart from the build's, trtspec.engines.worker) ended without answering:
+    killed, most often by the kernel for memory."""
+
+    exit_code = 5
+
+
 class MissingDependency(TrtspecError):
     """An optional package or hardware (tensorrt_llm, CUDA) the stage needs is not here."""
 

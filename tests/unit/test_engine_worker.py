@@ -51,3 +51,27 @@ def test_the_engine_lives_where_it_was_asked_and_keeps_its_state(spawned, tmp_pa
     assert raised.value.hint == "give a JSONL of chat prompts"
     worker.close()
     assert marker.read_text() == "13" and not worker.opened
+
+
+def die(engine: dict) -> None:
+    import os
+
+    os._exit(9)  # as the kernel's out-of-memory kill leaves it: no answer, no exception
+
+
+def test_a_spawned_engine_whose_process_dies_is_one_clear_error_and_closes(tmp_path, monkeypatch):
+    from trtspec.engines.worker import in_own_process
+    from trtspec.errors import ProcessDied
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    worker = EngineWorker(open_counter, (0, str(tmp_path / "closed")), close_counter, spawned=True)
+    worker.call(bump, 1)
+    with pytest.raises(ProcessDied, match="ended without answering") as raised:
+        worker.call(die)
+    assert raised.value.exit_code == 5 and "memory" in raised.value.hint
+    with pytest.raises(ProcessDied):  # the next call too, not a hang
+        worker.call(bump, 1)
+    worker.close()
+    assert not worker.opened and not (tmp_path / "closed").exists()
+    with pytest.raises(ProcessDied):
+        in_own_process(die, {})

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from trtspec.errors import ProcessDied
+
 _HELD: dict[str, Any] = {}  # in a spawned worker: the engine its opener built
 
 
@@ -26,6 +28,33 @@ def _close_here(closer: Callable[[Any], None]) -> None:
     engine = _HELD.pop("engine", None)
     if engine is not None:
         closer(engine)
+
+
+def spawned_pool() -> Any:
+    """A pool of one spawned process (a fresh interpreter: nothing of this one's modules carried over)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    return ProcessPoolExecutor(1, mp_context=get_context("spawn"))
+
+
+def ask(pool: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs) in the pool's process: its result or its error; a process that ended without answering
+    (now or before) as one clear error."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        return pool.submit(fn, *args, **kwargs).result()
+    except BrokenProcessPool as e:
+        raise ProcessDied("the engine's own process ended without answering (killed: most often for memory)",
+                          "check free memory (`dmesg | tail` names the kernel's kills), lower the batch or "
+                          "max_num_seqs, and re-run: finished stages are kept") from e
+
+
+def in_own_process(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs) once, in a spawned process of its own, for what leaves this one changed."""
+    with spawned_pool() as pool:
+        return ask(pool, fn, *args, **kwargs)
 
 
 class EngineWorker:
@@ -48,23 +77,22 @@ class EngineWorker:
                 self.engine = self.opener(*self.args)
             return fn(self.engine, *args)
         if self.pool is None:
-            from concurrent.futures import ProcessPoolExecutor
-            from multiprocessing import get_context
-
-            pool = ProcessPoolExecutor(1, mp_context=get_context("spawn"))
+            pool = spawned_pool()
             try:
-                pool.submit(_open_here, self.opener, self.args).result()
+                ask(pool, _open_here, self.opener, self.args)
             except BaseException:
                 pool.shutdown()
                 raise
             self.pool = pool
-        return self.pool.submit(_call_here, fn, args).result()
+        return ask(self.pool, _call_here, fn, args)
 
     def close(self) -> None:
         if self.pool is not None:
             pool, self.pool = self.pool, None
             try:
-                pool.submit(_close_here, self.closer).result()
+                ask(pool, _close_here, self.closer)
+            except ProcessDied:
+                pass  # the engine went with its process: nothing left to close
             finally:
                 pool.shutdown()
         if self.engine is not None:

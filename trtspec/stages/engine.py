@@ -23,6 +23,7 @@ from trtspec.chat import encode_prompt
 from trtspec.deploy.serving import llm_api_options, speculative_options
 from trtspec.draft_families import family, speculative_method
 from trtspec.engines import read_options
+from trtspec.engines.worker import in_own_process
 from trtspec.errors import ArtifactError
 from trtspec.generation import compare, hf_reference
 from trtspec.models import resolve_model
@@ -268,15 +269,6 @@ def in_this_process(fn: Any, *args: Any, **kwargs: Any) -> Any:
     result = fn(*args, **kwargs)
     gc.collect()
     return result
-
-
-def in_own_process(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """fn(*args, **kwargs) in a spawned process of its own, for what leaves this one changed."""
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
-
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-        return pool.submit(fn, *args, **kwargs).result()
 
 
 def speed_table(spec: dict, base: dict, hf: dict[int, float], engine: str) -> dict[str, dict]:
