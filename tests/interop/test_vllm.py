@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -151,8 +152,12 @@ def test_regeneration_with_vllm_in_process_answers_like_hf(ci_bundle, prompts, h
     assert [got[i] for i in range(len(prompts))] == hf_outputs
 
 
-def test_engine_stage_runs_the_bundle_in_vllm(ci_run, ci_config, tmp_path):
-    """`engine.backend: vllm` through the pipeline: greedy = HF and vLLM alone, acceptance and speed per batch size."""
+SWEEP = ["engine.sweep=[1, 2]", "engine.sweep_draft_lengths=[0, 1]", "engine.sweep_max_tokens=8"]
+
+
+def test_engine_stage_runs_the_bundle_in_vllm_and_sweeps_in_lockstep(ci_run, ci_config, tmp_path):
+    """`engine.backend: vllm` through the pipeline: greedy = HF and vLLM alone, acceptance and speed per batch size;
+    with engine.sweep in lockstep (the default method) in the same stage: the sweep's table and schedule, deployed."""
     from trtspec.artifacts import read_json
     from trtspec.config import load_config
     from trtspec.pipeline import runner as pipeline
@@ -161,7 +166,7 @@ def test_engine_stage_runs_the_bundle_in_vllm(ci_run, ci_config, tmp_path):
     shutil.copytree(ci_run, run)
     config, overrides = ci_config
     cfg = load_config(config, [*overrides, "engine.backend=vllm", "engine.batch_sizes=[1, 4]", "eval.num_prompts=2",
-                                  "eval.max_new_tokens=24"])
+                                  "eval.max_new_tokens=24", *SWEEP, "engine.sweep_method=lockstep", "engine.sweep_repeats=1"])
     results = pipeline.run_build(cfg, run, until="engine")
     assert [r.status for r in results if r.stage == "engine"] == ["done"], results
     m = read_json(run / "engine" / "manifest.json")["metrics"]
@@ -171,6 +176,7 @@ def test_engine_stage_runs_the_bundle_in_vllm(ci_run, ci_config, tmp_path):
     for row in m["speed"].values():  # vLLM's own per-request stats: first token, then the later ones' spacing
         assert min(row["ttft_ms"], row["itl_ms"], row["vllm_base_ttft_ms"], row["vllm_base_itl_ms"]) > 0
     assert m["crossover"] and "vLLM" in m["headline"]
+    check_sweep_and_its_deployment(run, cfg, tmp_path, "lockstep", repeats=1)  # repeated rounds: test_bench_serving
 
 
 def test_vllm_serves_a_draft_length_schedule_losslessly(ci_bundle, prompts, hf_outputs):
@@ -184,31 +190,34 @@ def test_vllm_serves_a_draft_length_schedule_losslessly(ci_bundle, prompts, hf_o
     assert got["acceptance"]["drafts"] > 0 and got["acceptance"]["acceptance_length"] > 1
 
 
-@pytest.mark.parametrize("method", ["lockstep", pytest.param("aiperf", marks=pytest.mark.full)])
-def test_engine_stage_sweeps_draft_lengths_and_deploy_serves_the_schedule(ci_run, ci_config, tmp_path, method):
-    """engine.sweep: vLLM at each draft length and concurrency, its engines in lockstep in the stage's process or its
-    OpenAI server under aiperf; the manifest keeps the table, engine/sweep.json the schedule, and deploy triton
-    --drafting auto serves exactly that schedule, in TensorRT-LLM's form."""
-    import yaml
-
-    from trtspec.artifacts import read_json
+@pytest.mark.full
+def test_engine_stage_sweeps_under_aiperf_and_deploy_serves_the_schedule(ci_run, ci_config, tmp_path):
+    """engine.sweep_method aiperf: the bundle in vLLM's OpenAI server under NVIDIA's load generator, one round a level
+    (minutes of servers); the same sweep file, manifest table and deployment as in lockstep."""
     from trtspec.config import load_config
-    from trtspec.deploy.serving import write_triton_repo
-    from trtspec.draft_schedule import trtllm_tiers
     from trtspec.engines.vllm.sweep import find_aiperf
     from trtspec.pipeline import runner as pipeline
 
-    if method == "aiperf":
-        find_aiperf()  # bash scripts/setup.sh --bench (scripts/test.sh installs it)
-    repeats = {"lockstep": 2, "aiperf": 1}[method]  # an aiperf round is minutes of servers and load generator
+    find_aiperf()  # bash scripts/setup.sh --bench (scripts/test.sh installs it)
     run = tmp_path / "run"
     shutil.copytree(ci_run, run)
     config, overrides = ci_config
     cfg = load_config(config, [*overrides, "engine.backend=vllm", "engine.batch_sizes=[1]", "eval.num_prompts=1",
-                               "eval.max_new_tokens=8", "engine.sweep=[1, 2]", "engine.sweep_draft_lengths=[0, 1]",
-                               "engine.sweep_max_tokens=8", f"engine.sweep_method={method}", f"engine.sweep_repeats={repeats}"])
+                               "eval.max_new_tokens=8", *SWEEP, "engine.sweep_method=aiperf", "engine.sweep_repeats=1"])
     results = pipeline.run_build(cfg, run, until="engine")
     assert [r.status for r in results if r.stage == "engine"] == ["done"], results
+    check_sweep_and_its_deployment(run, cfg, tmp_path, "aiperf", repeats=1)
+
+
+def check_sweep_and_its_deployment(run: Path, cfg, tmp_path: Path, method: str, repeats: int) -> None:
+    """engine/sweep.json (every draft length at every concurrency, `repeats` rounds each), the manifest's table, and
+    deploy triton --drafting auto serving exactly that schedule, in TensorRT-LLM's form."""
+    import yaml
+
+    from trtspec.artifacts import read_json
+    from trtspec.deploy.serving import write_triton_repo
+    from trtspec.draft_schedule import trtllm_tiers
+
     sweep = read_json(run / "engine" / "sweep.json")
     assert sweep["kind"] == {"lockstep": "trtspec/lockstep-sweep", "aiperf": "trtspec/serving-sweep"}[method]
     assert set(sweep["rows"]) == {"0", "1"} and all(set(r) == {"1", "2"} for r in sweep["rows"].values())

@@ -223,7 +223,7 @@ def test_a_context_bin_past_the_window_is_refused_before_any_stage(tmp_path, run
 def test_gate_fails_after_writing_the_report(tmp_path, run_inputs):
     from trtspec.stages import validate
 
-    ctx = make_ctx(tmp_path, run_inputs, min_speedup=1000.0, compare_hf=False, sampling_temperature=None)
+    ctx = make_ctx(tmp_path, run_inputs, min_speedup=1000.0, compile=False, compare_hf=False, sampling_temperature=None)
     with pytest.raises(ValidationFailed, match="speedup .* < required 1000"):
         validate.run(ctx)
     kept = ctx.run.path / "validate-failed" / "report.json"

@@ -108,6 +108,29 @@ def test_repeated_rounds_interleave_and_keep_each_levels_median_round():
     assert rows["k3"][4]["tokens_per_s"] == 45.0
 
 
+def test_lockstep_rounds_keep_each_engines_median_round(monkeypatch):
+    """LockstepPool.rows (vLLM's lockstep replaced by a table of rounds): plan.repeats rounds of the engines together,
+    each engine's median round kept with every round's tokens/s; at least 2 x concurrency requests a round."""
+    from trtspec.engines import vllm as vllm_engine
+
+    rounds = iter([{"k0": 30.0, "k3": 50.0}, {"k0": 40.0, "k3": 20.0}, {"k0": 35.0, "k3": 45.0}])
+    asked = []
+
+    def lockstep(engines, prompts, max_new, concurrency, requests):
+        asked.append((sorted(engines), concurrency, requests))
+        speeds = next(rounds)
+        return {label: {"tokens_per_s": speeds[label], "ttft_ms": speeds[label], "itl_ms": 1.0} for label in engines}
+
+    monkeypatch.setattr(vllm_engine, "lockstep", lockstep)
+    pool = object.__new__(sweep.LockstepPool)  # its engines stand in: rows only steps them through lockstep
+    pool.plan, pool.prompts, pool.log = sweep.SweepPlan([16], [0, 3], max_tokens=8, min_requests=8, repeats=3), [[1]], lambda m: None
+    pool.engines = {"k0": object(), "k3": object()}
+    rows = pool.rows({16: ["k0", "k3"]})
+    assert asked == [(["k0", "k3"], 16, 32)] * 3
+    assert rows["k0"][16] == {"tokens_per_s": 35.0, "ttft_ms": 35.0, "itl_ms": 1.0, "runs": [30.0, 40.0, 35.0]}
+    assert rows["k3"][16]["tokens_per_s"] == 45.0 and rows["k3"][16]["runs"] == [50.0, 20.0, 45.0]
+
+
 def test_the_schedules_ratio_is_the_median_of_its_rounds_ratios():
     """Rounds measured side by side pair up (a round where the host ran slow for both engines cancels out); the ratio
     of the two median rounds would mix rounds (here 100 / 100 = 1.0x, where the rounds read 1.0x, 0.8x, 0.95x)."""
