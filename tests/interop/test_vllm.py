@@ -176,7 +176,7 @@ def test_engine_stage_runs_the_bundle_in_vllm_and_sweeps_in_lockstep(ci_run, ci_
     for row in m["speed"].values():  # vLLM's own per-request stats: first token, then the later ones' spacing
         assert min(row["ttft_ms"], row["itl_ms"], row["vllm_base_ttft_ms"], row["vllm_base_itl_ms"]) > 0
     assert m["crossover"] and "vLLM" in m["headline"]
-    check_sweep_and_its_deployment(run, cfg, tmp_path, "lockstep", repeats=1)  # repeated rounds: test_bench_serving
+    check_sweep_and_its_deployment(run, cfg, tmp_path)  # repeated rounds: test_bench_serving
 
 
 def test_vllm_serves_a_draft_length_schedule_losslessly(ci_bundle, prompts, hf_outputs):
@@ -206,18 +206,19 @@ def test_engine_stage_sweeps_under_aiperf_and_deploy_serves_the_schedule(ci_run,
                                "eval.max_new_tokens=8", *SWEEP, "engine.sweep_method=aiperf", "engine.sweep_repeats=1"])
     results = pipeline.run_build(cfg, run, until="engine")
     assert [r.status for r in results if r.stage == "engine"] == ["done"], results
-    check_sweep_and_its_deployment(run, cfg, tmp_path, "aiperf", repeats=1)
+    check_sweep_and_its_deployment(run, cfg, tmp_path)
 
 
-def check_sweep_and_its_deployment(run: Path, cfg, tmp_path: Path, method: str, repeats: int) -> None:
-    """engine/sweep.json (every draft length at every concurrency, `repeats` rounds each), the manifest's table, and
-    deploy triton --drafting auto serving exactly that schedule, in TensorRT-LLM's form."""
+def check_sweep_and_its_deployment(run: Path, cfg, tmp_path: Path) -> None:
+    """engine/sweep.json (every draft length at every concurrency, engine.sweep_repeats rounds each, by
+    engine.sweep_method), the manifest's table, and deploy triton --drafting auto serving exactly that schedule, in TensorRT-LLM's form."""
     import yaml
 
     from trtspec.artifacts import read_json
     from trtspec.deploy.serving import write_triton_repo
     from trtspec.draft_schedule import trtllm_tiers
 
+    method, repeats = cfg.engine.sweep_method, cfg.engine.sweep_repeats
     sweep = read_json(run / "engine" / "sweep.json")
     assert sweep["kind"] == {"lockstep": "trtspec/lockstep-sweep", "aiperf": "trtspec/serving-sweep"}[method]
     assert set(sweep["rows"]) == {"0", "1"} and all(set(r) == {"1", "2"} for r in sweep["rows"].values())
