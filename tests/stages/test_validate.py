@@ -54,9 +54,17 @@ def make_ctx(tmp_path: Path, run_inputs, draft: dict | None = None, evaluation: 
                         {"data": data, "export": bundle}, {})
 
 
-def test_validate_writes_report(tmp_path, run_inputs):
+# torch.compile's own work (inductor's C++ for every row count a tree verifies: 2 min on a slow CPU with a cold cache)
+# is tested by test_runtime's compiled greedy test; the default tier runs validate with torch.compile as the identity,
+# so compile_steps, its warm-up and the report run as they do compiled; the full tier compiles for real.
+@pytest.mark.parametrize("inductor", [False, pytest.param(True, marks=pytest.mark.full)], ids=["compile-identity", "inductor"])
+def test_validate_writes_report(tmp_path, run_inputs, monkeypatch, inductor):
+    import torch
+
     from trtspec.stages import validate
 
+    if not inductor:
+        monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
     metrics = validate.run(make_ctx(tmp_path, run_inputs, {"shape": "dynamic_tree"}, require_exact=True))
     r = json.loads((tmp_path / "out" / "report.json").read_text())
     assert r["greedy_match"] == {"matched": 2, "total": 2, "first_divergence": {}, "runtime_no_draft_matched": 2}
