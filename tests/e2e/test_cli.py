@@ -134,7 +134,7 @@ def test_shipped_configs_validate():
 
 def test_loading_model_optimizer_does_not_load_vllm():
     """trtspec's processes load Model Optimizer without its vLLM quantization plugin (which imports vLLM: seconds of
-    every build's start); vLLM itself stays importable for the engines that run it."""
+    every build's start)."""
     code = ("import sys, trtspec, modelopt.torch.speculative, modelopt.torch.quantization; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'vllm'}))")
     r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)

@@ -54,7 +54,7 @@ def make_ctx(tmp_path: Path, run_inputs, draft: dict | None = None, evaluation: 
                         {"data": data, "export": bundle}, {})
 
 
-# torch.compile's own work (inductor's C++ for every row count a tree verifies: 2 min on a slow CPU with a cold cache)
+# torch.compile's own work (inductor's C++ for every row count a tree verifies: minutes on a slow CPU, cold cache)
 # is tested by test_runtime's compiled greedy test; the default tier runs validate with torch.compile as the identity,
 # so compile_steps, its warm-up and the report run as they do compiled; the full tier compiles for real.
 @pytest.mark.parametrize("inductor", [False, pytest.param(True, marks=pytest.mark.full)], ids=["compile-identity", "inductor"])
