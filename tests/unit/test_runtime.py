@@ -480,16 +480,56 @@ def test_compiled_runtime_keeps_greedy_output(eagle_export, target_dir, prompts,
     assert [generate(target, p, NEW, eos={2}).tokens for p in prompts] == hf_greedy
 
 
+def set_kernels(net, by_rows: tuple[str, ...]) -> None:
+    """Every runtime Linear of `net` runs `by_rows` (the kernel for 1, ..., FEW_ROWS rows, then for more), as if
+    `choose_kernels` had picked them."""
+    for m in net.modules():
+        if isinstance(m, Linear):
+            m.kernels = by_rows
+
+
+def test_a_compiled_pass_holds_a_graph_per_run_of_row_counts_sharing_a_kernel(target_dir, monkeypatch):
+    """Verifying 1..9 rows where 1-3 rows take one product kernel and 4-9 another: the compiled pass holds a graph for
+    one row, one for 2-3 and one for 4-9 (and one more where dynamo specialises the first count it meets with a mask),
+    not one per count: on an empty inductor cache each graph is seconds of C++. Dynamo's graphs are counted with its
+    eager backend (no inductor); the kernels chosen per count are checked in test_chosen_kernel_is_the_bucket_s."""
+    from torch._dynamo.utils import counters
+
+    from trtspec.runtime.decode import warm_up_row_counts
+
+    inductor_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: inductor_compile(fn, **{**kw, "backend": "eager"}))
+    target = load_transformer(target_dir)[0]
+    target.use_native_pass(False)  # the compiled forward
+    set_kernels(target, ("linear",) * 3 + ("weight_left",) * (FEW_ROWS - 2))
+    torch._dynamo.reset()
+    before = counters["stats"]["unique_graphs"]
+    spec = DraftSpec(k=FEW_ROWS)
+    assert spec.max_nodes() == FEW_ROWS + 1
+    assert compile_steps([target], lambda: warm_up_row_counts(target, None, spec))[1] == COMPILED
+    assert 3 <= counters["stats"]["unique_graphs"] - before <= 4
+
+
+def test_chosen_kernel_is_the_bucket_s():
+    """kernels.chosen_kernel (comparisons at the runs' ends, for torch.compile) picks kernels[bucket(rows)] for every
+    pattern of two kernels over the buckets and every row count 1..MANY_ROWS."""
+    from trtspec.runtime.kernels import bucket, chosen_kernel
+
+    for by_rows in itertools.product(("linear", "native"), repeat=len(TIMED_ROWS)):
+        assert [chosen_kernel(r, by_rows) for r in range(1, MANY_ROWS + 1)] == [by_rows[bucket(r)] for r in range(1, MANY_ROWS + 1)]
+
+
 @pytest.mark.full
 def test_compiled_passes_hold_a_graph_for_every_row_count(target_dir, monkeypatch):
-    """The products' kernel is chosen per row count, so a compiled pass holds one graph per count: verifying 1..9 rows
-    (a DSpark block of 8) must stay within dynamo's recompile limit, past which a pass silently runs eager inside
-    timed runs (here made an error, so that compile_steps reports it)."""
+    """Where the chosen product kernel changes at every row count, a compiled pass holds one graph per count:
+    verifying 1..9 rows (a DSpark block of 8) must stay within dynamo's recompile limit, past which a pass silently
+    runs eager inside timed runs (here made an error, so that compile_steps reports it)."""
     from trtspec.runtime.decode import warm_up_row_counts
 
     monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
     target = load_transformer(target_dir)[0]
     target.use_native_pass(False)  # the compiled forward
+    set_kernels(target, tuple(("linear", "weight_left")[r % 2] for r in range(len(TIMED_ROWS))))
     torch._dynamo.reset()
     spec = DraftSpec(k=FEW_ROWS)
     assert spec.max_nodes() > FEW_ROWS

@@ -129,7 +129,7 @@ def warm_up_row_counts(target: Transformer, drafter, spec: DraftSpec) -> None:
     token count 1..N (N = spec.max_nodes()).
 
     The products' kernel is chosen per row count (kernels.few_rows_linear), so a compiled step holds one graph per
-    count, compiled the first time that count occurs. Drafts of varying length (suffix matches) meet counts a fixed
+    run of counts that share a kernel, compiled the first time a count of that run occurs. Drafts of varying length (suffix matches) meet counts a fixed
     chain never does; without this, those compilations would land inside timed runs. Cache contents written here are
     scratch: every generation starts with a prefill."""
     max_rows = spec.max_nodes()

@@ -51,6 +51,16 @@ def row_labels() -> list[str]:
     return [str(r) for r in range(1, FEW_ROWS + 1)] + [f"{FEW_ROWS + 1}-{MANY_ROWS}"]
 
 
+def chosen_kernel(rows: int, kernels: tuple[str, ...]) -> str:
+    """kernels[bucket(rows)], found by comparing `rows` with the last count of each run of equal choices (1..MANY_ROWS
+    rows). Under torch.compile a pass then guards on the run its row count falls in, not on the count itself: one
+    graph serves every row count that shares a kernel (an index by the count would compile one graph per count)."""
+    for i in range(FEW_ROWS):
+        if kernels[i] != kernels[i + 1] and rows <= i + 1:
+            return kernels[i]
+    return kernels[FEW_ROWS]
+
+
 def product(x: Tensor, weight: Tensor, kernel: str) -> Tensor:
     """x [rows, K] @ weight[N, K].T -> [rows, N] with the named kernel ("packed": weight is the packed copy,
     [N / 32, K, 32], `native.pack_panels`)."""
@@ -84,7 +94,7 @@ def kernel_for(rows: int, weight: Tensor, kernels: tuple[str, ...], packed: Tens
     """(kernel, the tensor it reads) for a product of `rows` (1..MANY_ROWS) float32 rows with a layer's weight: the
     kernel chosen for that many rows (`bucket`), the native one for bfloat16-stored weights, "native16" where
     "packed" was chosen but the layer has no packed copy."""
-    chosen = kernels[bucket(rows)]
+    chosen = chosen_kernel(rows, kernels)
     kernel = bf16_kernel(chosen) if weight.dtype == torch.bfloat16 else chosen
     if kernel == "packed" and packed is None:
         kernel = "native16"

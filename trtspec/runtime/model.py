@@ -365,8 +365,8 @@ def compile_steps(models: list[Stepper], warm_up: Callable[[], object]) -> tuple
     cache = compile_cache_dir()
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     ours = cache.parent.name == "trtspec"
-    # one graph per row count 1..FEW_ROWS (the products' kernel is chosen per count) and a few beyond: dynamo's
-    # default limit of 8 graphs a function would send the 9th row count (a block of 8 verified) to eager silently
+    # a graph per run of row counts that share a product kernel (kernels.chosen_kernel), and more where a pass's
+    # shapes differ: dynamo's default limit of 8 graphs a function would send the next one to eager silently
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * FEW_ROWS)
     for attempt in (1, 2):
         for m in models:
