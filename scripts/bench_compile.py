@@ -41,7 +41,7 @@ if {kernels!r}:  # the same products in every run, so that runs differ only in t
             m.kernels = tuple({kernels!r}.split(","))
 p = torch.tensor(load_prompts(run, bundle.tok, 1)[0])
 d = json.loads((bundle.path / "manifest.json").read_text())["config"]["draft"]
-spec = DraftSpec(shape="chain", k={k} or d["length"], suffix_len={suffix_len} if {suffix_len} >= 0 else d.get("suffix_len") or 0)
+spec = DraftSpec(shape="chain", k={k} or d["length"], suffix_len={suffix_len!r} if {suffix_len!r} is not None else d.get("suffix_len") or 0)
 seconds, note = warm_up(target, [(drafter, spec)], lambda: (generate(target, p, 32), speculative_decode(target, drafter, p, 32, spec)))
 libraries = sum(1 for _ in Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]).rglob("*.so"))
 print(json.dumps({{"seconds": seconds, "note": note, "graphs": counters["stats"]["unique_graphs"], "max_rows": spec.max_nodes(),
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--runs", type=int, default=2, help="processes in a row: the first with an empty cache")
     ap.add_argument("--k", type=int, default=0, help="draft length of the warm-up (default: the bundle's draft.length)")
-    ap.add_argument("--suffix-len", type=int, default=-1,
+    ap.add_argument("--suffix-len", type=int,
                     help="suffix drafts of up to this many tokens, verified by the same passes (default: the bundle's "
                     "draft.suffix_len): the warm-up covers row counts 1..max(k + 1, suffix_len + 1)")
     ap.add_argument("--draft-kernels", default="", metavar="K1,...,K9",

@@ -114,8 +114,8 @@ def main() -> None:
     if not a.no_compile:
         first = next(iter(sets.values()))[0]
         layers_of = {id(drafter): layers for drafter, layers, _ in drafts.values()}
-        # every row count each draft's passes meet (a graph per run of counts sharing a kernel), each draft reading its own target layers,
-        # then every method
+        # every row count each draft's passes meet (a graph per run of counts sharing a kernel), each draft reading
+        # its own target layers, then every method
         compile_s, compile_note = warm_up(target, [(d, DraftSpec(k=k)) for d, _, kk in drafts.values() for k in kk],
                                           lambda: [m(first) for m in methods.values()],
                                           before_draft=lambda d: setattr(target, "aux_layers", layers_of[id(d)]))

@@ -162,9 +162,9 @@ def warm_up(target: Any, drafts: list[tuple[Any, Any]], extra: Callable[[], obje
     The networks compiled: the target's (not an HF target's: it runs its own HF forward, eagerly) and each drafter's
     network in `drafts`. The warm-up runs, for every (drafter, DraftSpec) in `drafts` in turn, the target's verify
     pass and the drafter's passes on every row count that spec verifies (decode.warm_up_row_counts: a graph per run
-    of counts that share a product kernel, each compiled on first use), then `extra()`: the generations that will be timed, for the graphs of their
-    own shapes. `before_draft(drafter)` runs before each drafter's row counts (e.g. to hand the target the layers
-    that draft reads)."""
+    of counts that share a product kernel, each compiled on first use), then `extra()`: the generations that will be
+    timed, for the graphs of their own shapes. `before_draft(drafter)` runs before each drafter's row counts (e.g. to
+    hand the target the layers that draft reads)."""
     from trtspec.runtime import HFTarget, compile_steps
     from trtspec.runtime.decode import warm_up_row_counts
 

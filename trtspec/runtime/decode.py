@@ -129,9 +129,9 @@ def warm_up_row_counts(target: Transformer, drafter, spec: DraftSpec) -> None:
     token count 1..N (N = spec.max_nodes()).
 
     The products' kernel is chosen per row count (kernels.few_rows_linear), so a compiled step holds one graph per
-    run of counts that share a kernel, compiled the first time a count of that run occurs. Drafts of varying length (suffix matches) meet counts a fixed
-    chain never does; without this, those compilations would land inside timed runs. Cache contents written here are
-    scratch: every generation starts with a prefill."""
+    run of counts that share a kernel, compiled the first time a count of that run occurs. Drafts of varying length
+    (suffix matches) meet counts a fixed chain never does; without this, those compilations would land inside timed
+    runs. Cache contents written here are scratch: every generation starts with a prefill."""
     max_rows = spec.max_nodes()
     prompt = torch.arange(1, 9)
     need = prompt.numel() + max_rows * (max_rows + 2) + 2

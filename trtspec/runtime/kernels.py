@@ -92,7 +92,7 @@ def bf16_kernel(kernel: str) -> str:
 
 def kernel_for(rows: int, weight: Tensor, kernels: tuple[str, ...], packed: Tensor | None) -> tuple[str, Tensor]:
     """(kernel, the tensor it reads) for a product of `rows` (1..MANY_ROWS) float32 rows with a layer's weight: the
-    kernel chosen for that many rows (`bucket`), the native one for bfloat16-stored weights, "native16" where
+    kernel chosen for that many rows (`chosen_kernel`), the native one for bfloat16-stored weights, "native16" where
     "packed" was chosen but the layer has no packed copy."""
     chosen = chosen_kernel(rows, kernels)
     kernel = bf16_kernel(chosen) if weight.dtype == torch.bfloat16 else chosen
@@ -104,7 +104,7 @@ def kernel_for(rows: int, weight: Tensor, kernels: tuple[str, ...], packed: Tens
 def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: tuple[str, ...] = DEFAULT,
                     packed: Tensor | None = None) -> Tensor:
     """F.linear, except that 1..MANY_ROWS float32 rows on a CPU without autograd use the kernel chosen for that many
-    rows (`kernel_for`; under torch.compile each row count the run uses gets its own graph). `packed`: the weight's
+    rows (`kernel_for`; under torch.compile a graph per run of row counts that share a kernel). `packed`: the weight's
     packed copy, for the "packed" kernel (without one, a layer runs "native16" in its place)."""
     if torch.compiler.is_exporting():  # a graph for another runtime (ONNX) holds the plain product
         return F.linear(x, weight, bias)
