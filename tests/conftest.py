@@ -67,3 +67,25 @@ def finished_runs() -> dict:
     """Runs a test built and checked, by what they were built from, for a later test that builds the same recipe:
     a copy of one is found finished by `trtspec build` (the same fingerprints), not built a second time."""
     return {}
+
+
+def _kib(status: str, key: str) -> int:
+    """A `VmRSS:`-style line of /proc/<pid>/status, in KiB (0 where the kernel gives none)."""
+    line = next((s for s in status.splitlines() if s.startswith(key + ":")), "")
+    return int(line.split()[1]) if line else 0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logfinish(nodeid: str, location) -> None:
+    """TRTSPEC_RSS_LOG=FILE: after each test, a line of its memory: this process's resident set now and at its
+    peak (VmRSS, VmHWM), the largest peak of any child process it has waited for (RUSAGE_CHILDREN), in MiB.
+    What /usr/bin/time reports for the whole suite is the largest of these; this log says which test reached it."""
+    path = os.environ.get("TRTSPEC_RSS_LOG")
+    if not path:
+        return
+    import resource
+
+    status = Path("/proc/self/status").read_text()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    with open(path, "a") as f:
+        f.write(f"{_kib(status, 'VmRSS') // 1024}\t{_kib(status, 'VmHWM') // 1024}\t{children // 1024}\t{nodeid}\n")
