@@ -75,11 +75,18 @@ def _kib(status: str, key: str) -> int:
     return int(line.split()[1]) if line else 0
 
 
+def pytest_sessionstart(session) -> None:
+    """TRTSPEC_RSS_LOG=FILE: the log starts empty with each run (see pytest_runtest_logfinish)."""
+    if path := os.environ.get("TRTSPEC_RSS_LOG"):
+        Path(path).write_text("")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_logfinish(nodeid: str, location) -> None:
-    """TRTSPEC_RSS_LOG=FILE: after each test, a line of its memory: this process's resident set now and at its
-    peak (VmRSS, VmHWM), the largest peak of any child process it has waited for (RUSAGE_CHILDREN), in MiB.
-    What /usr/bin/time reports for the whole suite is the largest of these; this log says which test reached it."""
+    """TRTSPEC_RSS_LOG=FILE: after each test, a line of its memory in MiB: this process's resident set now and at its
+    peak (VmRSS, VmHWM: the peak since a stage last reset it, trtspec.artifacts), and the largest peak of any child
+    process it has waited for (RUSAGE_CHILDREN; a forked child's counts its parent's pages). What /usr/bin/time
+    reports for the whole suite is about the largest of these; this log says which test reached it."""
     path = os.environ.get("TRTSPEC_RSS_LOG")
     if not path:
         return
@@ -89,3 +96,14 @@ def pytest_runtest_logfinish(nodeid: str, location) -> None:
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     with open(path, "a") as f:
         f.write(f"{_kib(status, 'VmRSS') // 1024}\t{_kib(status, 'VmHWM') // 1024}\t{children // 1024}\t{nodeid}\n")
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """TRTSPEC_RSS_LOG=FILE: one line naming the test after which the log's largest peak was first seen."""
+    path = os.environ.get("TRTSPEC_RSS_LOG")
+    rows = [line.split("\t") for line in Path(path).read_text().splitlines()] if path and Path(path).exists() else []
+    if rows:
+        peak = max(rows, key=lambda r: max(int(r[1]), int(r[2])))  # the first row of the largest peak
+        who = "this pytest process" if int(peak[1]) >= int(peak[2]) else "a child process"
+        terminalreporter.write_line(f"memory: peak {max(int(peak[1]), int(peak[2]))} MiB in {who}, first seen after "
+                                    f"{peak[3]} (each test's line: {path})")
