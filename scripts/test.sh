@@ -3,16 +3,17 @@
 # bundle in them), then run lint, the unit tests, the integration tests on the real demo model, the notebooks and
 # the interop tests.   bash scripts/test.sh [extra pytest args...]
 # Tiers (README, "Tests"): the default leaves out the tests marked `full` (the whole family matrix, the aiperf
-# sweep, every launcher variant); TRTSPEC_TIER=full bash scripts/test.sh runs them too.
+# sweep, every launcher variant); TRTSPEC_TIER=full bash scripts/test.sh runs them too, and only it sets up aiperf
+# (.venv-bench: a minute of set-up that only the full tier's aiperf sweep uses).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --engines vllm --bench
+case "${TRTSPEC_TIER:-default}" in
+  default) tier=(-m "not full"); bench=() ;;
+  full) tier=(); bench=(--bench) ;;
+  *) echo "test.sh: unknown TRTSPEC_TIER '$TRTSPEC_TIER' (expected default or full)" >&2; exit 2 ;;
+esac
+bash scripts/setup.sh --engines vllm "${bench[@]}"
 . "${TRTSPEC_VENV:-.venv}/bin/activate"
 export TRTSPEC_TRANSFORMERS4=${TRTSPEC_TRANSFORMERS4:-$(cd "${TRTSPEC_VENV:-.venv}" && pwd)/transformers4}
 ruff check trtspec tests scripts notebooks
-case "${TRTSPEC_TIER:-default}" in
-  default) tier=(-m "not full") ;;
-  full) tier=() ;;
-  *) echo "test.sh: unknown TRTSPEC_TIER '$TRTSPEC_TIER' (expected default or full)" >&2; exit 2 ;;
-esac
 python -m pytest -q -ra --timeout=3600 "${tier[@]}" "$@"

@@ -198,7 +198,7 @@ def test_engine_stage_sweeps_under_aiperf_and_deploy_serves_the_schedule(ci_run,
     from trtspec.engines.vllm.sweep import find_aiperf
     from trtspec.pipeline import runner as pipeline
 
-    find_aiperf()  # bash scripts/setup.sh --bench (scripts/test.sh installs it)
+    find_aiperf()  # bash scripts/setup.sh --bench (TRTSPEC_TIER=full bash scripts/test.sh installs it)
     run = tmp_path / "run"
     shutil.copytree(ci_run, run)
     config, overrides = ci_config
