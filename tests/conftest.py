@@ -102,8 +102,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
     """TRTSPEC_RSS_LOG=FILE: one line naming the test after which the log's largest peak was first seen."""
     path = os.environ.get("TRTSPEC_RSS_LOG")
     rows = [line.split("\t") for line in Path(path).read_text().splitlines()] if path and Path(path).exists() else []
-    if rows:
-        peak = max(rows, key=lambda r: max(int(r[1]), int(r[2])))  # the first row of the largest peak
-        who = "this pytest process" if int(peak[1]) >= int(peak[2]) else "a child process"
-        terminalreporter.write_line(f"memory: peak {max(int(peak[1]), int(peak[2]))} MiB in {who}, first seen after "
-                                    f"{peak[3]} (each test's line: {path})")
+    if rows:  # the first row of the largest peak, this process's (VmHWM) or a child's
+        own, child, nodeid = max(((int(r[1]), int(r[2]), r[3]) for r in rows), key=lambda r: max(r[0], r[1]))
+        who = "this pytest process" if own >= child else "a child process"
+        terminalreporter.write_line(f"memory: peak {max(own, child)} MiB in {who}, first seen after {nodeid} "
+                                    f"(each test's line: {path})")
