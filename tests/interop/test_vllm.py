@@ -19,7 +19,6 @@ from trtspec import answering
 from trtspec.engines.vllm.sweep import free_port
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of RAM per engine: plenty for a few short prompts
 
 K, MAX_NEW = 3, 48
 

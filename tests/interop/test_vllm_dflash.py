@@ -4,14 +4,12 @@ target's alone and trtspec's runtime's, and vLLM's own acceptance counters equal
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from vllm_harness import build_on_ci_data, eos_of, vllm_run
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "build_configs" / "smollm2-135m-dflash-ci.yaml"

@@ -14,7 +14,6 @@ from vllm_harness import vllm_model
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
 pytest.importorskip("speculators", reason="speculators is not installed (bash scripts/setup.sh --engines vllm)")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 K = 7
 REFUSAL = "Model Runner V1 does not support: DFlash candidate-head drafts"  # vllm/config/vllm.py, its CPU build

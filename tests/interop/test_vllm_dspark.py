@@ -21,7 +21,6 @@ import pytest
 from vllm_harness import build_on_ci_data, eos_of, vllm_model
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "build_configs" / "smollm2-135m-dflash-ci.yaml"

@@ -149,11 +149,12 @@ def own_process(target: Path) -> bool:
 
 
 def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_seqs: int, dtype: str | None = None,
-         schedule: dict[int, int] | None = None, kv_cache_gib: float = 4, method: str | None = None) -> Any:
+         schedule: dict[int, int] | None = None, kv_cache_gib: float | None = None, method: str | None = None) -> Any:
     """vLLM's LLM over the bundle's target, in the target's dtype (or `dtype`); with `draft`, speculation of k tokens
     by that draft with vLLM's `method` for it (from_options: the bundle's; draft_families.speculative_method: any
     exported draft's), or of schedule's length per batch size (trtspec.draft_schedule). On a CPU its KV cache takes
-    kv_cache_gib GiB of RAM, unless VLLM_CPU_KVCACHE_SPACE is set (which the CPU build reads over the engine's own
+    kv_cache_gib GiB of RAM (None: what max_num_seqs sequences of max_model_len tokens hold, at most
+    KV_CACHE_GIB_AT_MOST), unless VLLM_CPU_KVCACHE_SPACE is set (which the CPU build reads over the engine's own
     setting): engines loaded together each take their own."""
     import torch
 
@@ -161,7 +162,8 @@ def load(target: Path, draft: Path | None, k: int, max_model_len: int, max_num_s
         raise ValueError("vllm.load: a draft needs vLLM's speculative method for it")
     if why := refusal(target, method):
         raise MissingDependency(why)
-    kv = prepare_environment(kv_cache_gib)
+    kv = prepare_environment(kv_cache_gib if kv_cache_gib is not None else
+                             kv_cache_gib_needed(target, draft, max_num_seqs, max_model_len))
     from vllm import LLM
 
     spec = {"speculative_config": {"method": method, "model": str(draft), "num_speculative_tokens": k}} if draft else {}
@@ -187,10 +189,28 @@ def prepare_environment(kv_cache_gib: float) -> dict:
     return {"kv_cache_memory_bytes": int(kv_cache_gib * 2**30)}
 
 
+# The KV cache a CPU engine takes when its caller names none and its sequences would fill more: what vLLM then cannot
+# hold at once waits for a free block (answering hundreds of prompts), instead of holding more of the RAM.
+KV_CACHE_GIB_AT_MOST = 4.0
+
+
+def kv_cache_gib_needed(target: Path, draft: Path | None, sequences: int, tokens_each: int) -> float:
+    """The KV cache of `sequences` sequences of `tokens_each` tokens in the target and its draft (kv_cache_gib_for),
+    at most KV_CACHE_GIB_AT_MOST."""
+    return min(KV_CACHE_GIB_AT_MOST, kv_cache_gib_for(target, sequences * tokens_each, layers_of_draft(draft)))
+
+
+def layers_of_draft(draft: Path | None) -> int:
+    """The layers of an exported draft (its config.json's num_hidden_layers; 1 where it names none), 0 without one."""
+    if draft is None:
+        return 0
+    config = Path(draft) / "config.json"
+    return int(json.loads(config.read_text()).get("num_hidden_layers") or 1) if config.is_file() else 1
+
+
 def kv_cache_gib_for(target: Path, tokens: int, draft_layers: int = 1) -> float:
     """GiB of KV cache that `tokens` tokens take in the target plus a draft of `draft_layers` layers (with half again
-    for vLLM's block rounding; at least 0.5): what each of several engines loaded together needs, instead of
-    load's default."""
+    for vLLM's block rounding; at least 0.5): what an engine of that many tokens in flight needs."""
     cfg = json.loads((Path(target) / "config.json").read_text())
     text = cfg.get("text_config") or cfg
     heads = text.get("num_key_value_heads") or text["num_attention_heads"]
