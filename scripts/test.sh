@@ -12,8 +12,13 @@ case "${TRTSPEC_TIER:-default}" in
   full) tier=(); bench=(--bench) ;;
   *) echo "test.sh: unknown TRTSPEC_TIER '$TRTSPEC_TIER' (expected default or full)" >&2; exit 2 ;;
 esac
+# Two pytest-xdist workers, each on its own core (tests/conftest.py pins them), the tests sharing a build in one
+# worker; TRTSPEC_TEST_WORKERS=1 runs them in this one process.
+workers=${TRTSPEC_TEST_WORKERS:-2}
+xdist=()
+[ "$workers" -gt 1 ] && xdist=(-n "$workers")
 bash scripts/setup.sh --engines vllm "${bench[@]}"
 . "${TRTSPEC_VENV:-.venv}/bin/activate"
 export TRTSPEC_TRANSFORMERS4=${TRTSPEC_TRANSFORMERS4:-$(cd "${TRTSPEC_VENV:-.venv}" && pwd)/transformers4}
 ruff check trtspec tests scripts notebooks
-python -m pytest -q -ra --timeout=3600 "${tier[@]}" "$@"
+python -m pytest -q -ra --timeout=3600 "${xdist[@]}" "${tier[@]}" "$@"

@@ -18,6 +18,66 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pin_worker_to_its_cpus() -> None:
+    """A pytest-xdist worker (`-n N`: scripts/test.sh runs 2) runs on its own 1/N of the CPUs, and so do the
+    processes it starts (they inherit the affinity; trtspec binds vLLM's threads to it). Unpinned, two workers'
+    torch and vLLM threads spin against each other on shared cores (tiny ops ~10x slower, the `one_thread` fixture).
+    Before torch is imported: OpenMP sizes its thread pool then."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not worker.startswith("gw") or not count.isdigit() or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus, n = sorted(os.sched_getaffinity(0)), int(count)
+    if n > len(cpus):
+        return  # fewer CPUs than workers: they share them all
+    mine = cpus[int(worker[2:]) % n :: n]
+    os.sched_setaffinity(0, mine)
+    os.environ["OMP_NUM_THREADS"] = str(len(mine))
+
+
+pin_worker_to_its_cpus()
+
+# What runs in one pytest-xdist worker (scripts/test.sh): the test files sharing the interop run (the session-scoped
+# `ci_run`, a build of minutes), the family matrix with the notebooks (`finished_runs`: notebook 01 finds a family
+# build finished), and otherwise each test file (its module-scoped fixtures built once). The groups are handed out
+# in GROUP_ORDER, the longest first, so that the last ones to finish are short.
+INTEROP_RUN_FILES = {f"tests/interop/test_{name}.py" for name in (
+    "adapt", "bench_categories", "bench_heads_cross", "speculators", "transformers4", "triton", "vllm", "vllm_dflash",
+    "vllm_dspark")}
+FAMILY_RUN_FILES = {"tests/e2e/test_families.py", "tests/e2e/test_notebooks.py"}
+GROUP_ORDER = ["interop-run", "family-runs", "tests/interop/", "tests/e2e/", "tests/stages/", "tests/unit/"]
+
+
+def xdist_group(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    return "interop-run" if path in INTEROP_RUN_FILES else "family-runs" if path in FAMILY_RUN_FILES else path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's workers take whole groups (xdist_group), in the collection's order. Its own `--dist loadgroup`
+    does not group under pytest 9 (it renames items through an attribute pytest no longer reads)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    config.option.loadscopereorder = False
+    return ByGroup(config, log)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under pytest-xdist: the groups in GROUP_ORDER; a test file using `ci_run` outside INTEROP_RUN_FILES would
+    build that run again in another worker, so it stops the collection."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    strays = sorted({item.nodeid.split("::")[0] for item in items if "ci_run" in getattr(item, "fixturenames", ())}
+                    - INTEROP_RUN_FILES)
+    if strays:
+        raise pytest.UsageError(f"{', '.join(strays)} use ci_run: add them to INTEROP_RUN_FILES in tests/conftest.py")
+    rank = lambda item: next(i for i, g in enumerate([*GROUP_ORDER, ""]) if xdist_group(item.nodeid).startswith(g))  # noqa: E731
+    items.sort(key=rank)  # stable: each group's own order kept
+
+
 @pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
     """The embedded SmolLM2-135M-Instruct as an HF folder (converted once into the trtspec cache)."""
@@ -77,8 +137,8 @@ def _kib(status: str, key: str) -> int:
 
 def pytest_sessionstart(session) -> None:
     """TRTSPEC_RSS_LOG=FILE: the log starts empty with each run (see pytest_runtest_logfinish)."""
-    if path := os.environ.get("TRTSPEC_RSS_LOG"):
-        Path(path).write_text("")
+    if (path := os.environ.get("TRTSPEC_RSS_LOG")) and "PYTEST_XDIST_WORKER" not in os.environ:
+        Path(path).write_text("")  # by the main process only: pytest-xdist's workers all append to it
 
 
 @pytest.hookimpl(trylast=True)
@@ -107,3 +167,4 @@ def pytest_terminal_summary(terminalreporter) -> None:
         who = "this pytest process" if own >= child else "a child process"
         terminalreporter.write_line(f"memory: peak {max(own, child)} MiB in {who}, first seen after {nodeid} "
                                     f"(each test's line: {path})")
+

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CI_CONFIG = ROOT / "build_configs" / "smollm2-135m-eagle3-ci.yaml"
 # The CI recipe trained long enough that the head learns its 18 training answers by heart (AL@3 ~3.9 on them, 1.3
 # held out): on those prompts an engine that fed it other layers' states than it trained on accepts visibly less.
-OVERRIDES = ["train.epochs=24", "draft.length=3"]
+# Acceptance measured at the end only (the recipe's eval_steps 4 is for notebook 02's curve): the same head.
+OVERRIDES = ["train.epochs=24", "draft.length=3", "train.eval_steps=0"]
 
 
 def pytest_collection_modifyitems(items):

@@ -63,12 +63,19 @@ def availability() -> tuple[bool, str]:
 def cpu_environment(kv_cache_gib: int = 4, server: bool = False) -> dict[str, str]:
     """The variables vLLM's CPU build reads, with this process's defaults (set before vllm is imported); server: for
     vLLM's OpenAI server in a process of its own (its engine core in a subprocess, as it runs by default)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return {
         **({} if server else {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
-        "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}" if cores > 1 else "0",
+        "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, usable_cpus())),
     }
+
+
+def usable_cpus() -> list[int]:
+    """The ids of the CPUs this process may run on (its affinity: a container's cpuset, `taskset`, a test worker's
+    share), which vLLM's threads are bound to; not 0..N-1, which on a cpuset of "2-3" are CPUs it may not use."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
 
 
 def target_dtype(target: Path) -> str:
