@@ -15,6 +15,7 @@ esac
 # Two pytest-xdist workers, each on its own core (tests/conftest.py pins them), the tests sharing a build in one
 # worker; TRTSPEC_TEST_WORKERS=1 runs them in this one process.
 workers=${TRTSPEC_TEST_WORKERS:-2}
+case "$workers" in ''|*[!0-9]*) echo "test.sh: TRTSPEC_TEST_WORKERS must be a number of workers (got '$workers')" >&2; exit 2 ;; esac
 xdist=()
 [ "$workers" -gt 1 ] && xdist=(-n "$workers")
 bash scripts/setup.sh --engines vllm "${bench[@]}"

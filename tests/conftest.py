@@ -52,6 +52,7 @@ def xdist_group(nodeid: str) -> str:
     return "interop-run" if path in INTEROP_RUN_FILES else "family-runs" if path in FAMILY_RUN_FILES else path
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: pytest without it must not refuse this file
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's workers take whole groups (xdist_group), in the collection's order. Its own `--dist loadgroup`
     does not group under pytest 9 (it renames items through an attribute pytest no longer reads)."""
@@ -66,16 +67,24 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Under pytest-xdist: the groups in GROUP_ORDER; a test file using `ci_run` outside INTEROP_RUN_FILES would
-    build that run again in another worker, so it stops the collection."""
+    """Under pytest-xdist: the groups in GROUP_ORDER."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return
-    strays = sorted({item.nodeid.split("::")[0] for item in items if "ci_run" in getattr(item, "fixturenames", ())}
-                    - INTEROP_RUN_FILES)
-    if strays:
-        raise pytest.UsageError(f"{', '.join(strays)} use ci_run: add them to INTEROP_RUN_FILES in tests/conftest.py")
-    rank = lambda item: next(i for i, g in enumerate([*GROUP_ORDER, ""]) if xdist_group(item.nodeid).startswith(g))  # noqa: E731
-    items.sort(key=rank)  # stable: each group's own order kept
+    items.sort(key=lambda item: group_rank(xdist_group(item.nodeid)))  # stable: each group's own order kept
+
+
+def group_rank(group: str) -> int:
+    """The place of a group in GROUP_ORDER (the first entry it starts with), after them all if none."""
+    return next((i for i, g in enumerate(GROUP_ORDER) if group.startswith(g)), len(GROUP_ORDER))
+
+
+@pytest.fixture(autouse=True)
+def interop_run_users_are_grouped(request) -> None:
+    """A test file using `ci_run` outside INTEROP_RUN_FILES would build that run again in another worker: its tests
+    fail saying so, in one process or several."""
+    path = request.node.nodeid.split("::")[0]
+    if "ci_run" in request.fixturenames and path not in INTEROP_RUN_FILES:
+        pytest.fail(f"{path} uses ci_run: add it to INTEROP_RUN_FILES in tests/conftest.py", pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -167,4 +176,3 @@ def pytest_terminal_summary(terminalreporter) -> None:
         who = "this pytest process" if own >= child else "a child process"
         terminalreporter.write_line(f"memory: peak {max(own, child)} MiB in {who}, first seen after {nodeid} "
                                     f"(each test's line: {path})")
-
