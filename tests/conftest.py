@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def pin_worker_to_its_cpus() -> None:
     """A pytest-xdist worker (`-n N`: scripts/test.sh runs 2) runs on its own 1/N of the CPUs, and so do the
     processes it starts (they inherit the affinity; trtspec binds vLLM's threads to it). Unpinned, two workers'
-    torch and vLLM threads spin against each other on shared cores (tiny ops ~10x slower, the `one_thread` fixture).
+    torch and vLLM threads spin against each other on shared cores (as the `one_thread` fixture says of tiny ops).
     Before torch is imported: OpenMP sizes its thread pool then."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if not worker.startswith("gw") or not count.isdigit() or not hasattr(os, "sched_setaffinity"):

@@ -14,7 +14,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "build_configs" / "smollm2-135m-dflash-ci.yaml"
 # trained long enough to learn its 18 training answers by heart: on those prompts acceptance is high and sensitive;
-# measured at the end only (the recipe's eval_steps 4 measured 30 times: a third of the build, the same head)
+# acceptance measured at the end only (the recipe's eval_steps 4 is for notebook 02's curve): the same head
 OVERRIDES = ["train.epochs=24", "draft.length=7", "train.eval_steps=0"]
 K, MAX_NEW = 7, 48
 
