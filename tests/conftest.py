@@ -78,12 +78,12 @@ def group_rank(group: str) -> int:
     return next((i for i, g in enumerate(GROUP_ORDER) if group.startswith(g)), len(GROUP_ORDER))
 
 
-@pytest.fixture(autouse=True)
-def interop_run_users_are_grouped(request) -> None:
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
     """A test file using `ci_run` outside INTEROP_RUN_FILES would build that run again in another worker: its tests
-    fail saying so, in one process or several."""
-    path = request.node.nodeid.split("::")[0]
-    if "ci_run" in request.fixturenames and path not in INTEROP_RUN_FILES:
+    fail saying so, in one process or several, before any fixture (the run's build among them) is set up."""
+    path = item.nodeid.split("::")[0]
+    if "ci_run" in item.fixturenames and path not in INTEROP_RUN_FILES:
         pytest.fail(f"{path} uses ci_run: add it to INTEROP_RUN_FILES in tests/conftest.py", pytrace=False)
 
 
