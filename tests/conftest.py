@@ -37,19 +37,26 @@ def pin_worker_to_its_cpus() -> None:
 pin_worker_to_its_cpus()
 
 # What runs in one pytest-xdist worker (scripts/test.sh): the test files sharing the interop run (the session-scoped
-# `ci_run`, a build of minutes), the family matrix with the notebooks (`finished_runs`: notebook 01 finds a family
-# build finished), and otherwise each test file (its module-scoped fixtures built once). The groups are handed out
-# in GROUP_ORDER, the longest first, so that the last ones to finish are short.
+# `ci_run`, a build of minutes), the tests sharing the family matrix's tiny:qwen3_moe EAGLE-3 build (`finished_runs`:
+# its adapt test and notebook 01 find it finished), and otherwise each test file (its module-scoped fixtures built
+# once) but the family matrix, whose builds share nothing else and go one by one (the full tier has 75). The groups
+# are handed out in GROUP_ORDER, the longest first, so that the last ones to finish are short.
 INTEROP_RUN_FILES = {f"tests/interop/test_{name}.py" for name in (
     "adapt", "bench_categories", "bench_heads_cross", "speculators", "transformers4", "triton", "vllm", "vllm_dflash",
     "vllm_dspark")}
-FAMILY_RUN_FILES = {"tests/e2e/test_families.py", "tests/e2e/test_notebooks.py"}
+FAMILIES = "tests/e2e/test_families.py"
+FAMILY_RUN_TESTS = {f"{FAMILIES}::test_family_end_to_end[qwen3_moe-eagle3]",
+                    f"{FAMILIES}::test_adapt_continues_a_mixture_of_experts_draft", "tests/e2e/test_notebooks.py"}
 GROUP_ORDER = ["interop-run", "family-runs", "tests/interop/", "tests/e2e/", "tests/stages/", "tests/unit/"]
 
 
 def xdist_group(nodeid: str) -> str:
     path = nodeid.split("::")[0]
-    return "interop-run" if path in INTEROP_RUN_FILES else "family-runs" if path in FAMILY_RUN_FILES else path
+    if path in INTEROP_RUN_FILES:
+        return "interop-run"
+    if nodeid in FAMILY_RUN_TESTS or path in FAMILY_RUN_TESTS:
+        return "family-runs"
+    return nodeid if path == FAMILIES else path
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: pytest without it must not refuse this file
