@@ -151,10 +151,22 @@ def _kib(status: str, key: str) -> int:
     return int(line.split()[1]) if line else 0
 
 
+LOG_ONLY_IN_WORKERS = False
+
+
 def pytest_sessionstart(session) -> None:
     """TRTSPEC_RSS_LOG=FILE: the log starts empty with each run (see pytest_runtest_logfinish)."""
+    global LOG_ONLY_IN_WORKERS
+    LOG_ONLY_IN_WORKERS = session.config.pluginmanager.has_plugin("dsession")  # the main process of xdist's workers
     if (path := os.environ.get("TRTSPEC_RSS_LOG")) and "PYTEST_XDIST_WORKER" not in os.environ:
         Path(path).write_text("")  # by the main process only: pytest-xdist's workers all append to it
+
+
+def machine_mib_in_use() -> int:
+    """The machine's memory in use now, MemTotal - MemAvailable of /proc/meminfo, in MiB (0 where there is none):
+    every worker's and server's together, what a CI machine's limit is on."""
+    info = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").exists() else ""
+    return max(_kib(info, "MemTotal") - _kib(info, "MemAvailable"), 0) // 1024
 
 
 @pytest.hookimpl(trylast=True)
@@ -162,24 +174,34 @@ def pytest_runtest_logfinish(nodeid: str, location) -> None:
     """TRTSPEC_RSS_LOG=FILE: after each test, a line of its memory in MiB: this process's resident set now and at its
     peak (VmRSS, VmHWM: the peak since a stage last reset it, trtspec.artifacts), and the largest peak of any child
     process it has waited for (RUSAGE_CHILDREN; a forked child's counts its parent's pages). What /usr/bin/time
-    reports for the whole suite is about the largest of these; this log says which test reached it."""
+    reports for the whole suite is about the largest of these; this log says which test reached it. Then the test,
+    the pytest-xdist worker (or "main"), the time, and the machine's memory in use as the test ends: with two
+    workers the machine holds both at once, and the log says which tests ran side by side."""
     path = os.environ.get("TRTSPEC_RSS_LOG")
-    if not path:
+    if not path or LOG_ONLY_IN_WORKERS:  # pytest-xdist's main process replays every worker's test: not its own
         return
     import resource
+    import time
 
     status = Path("/proc/self/status").read_text()
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     with open(path, "a") as f:
-        f.write(f"{_kib(status, 'VmRSS') // 1024}\t{_kib(status, 'VmHWM') // 1024}\t{children // 1024}\t{nodeid}\n")
+        f.write(f"{_kib(status, 'VmRSS') // 1024}\t{_kib(status, 'VmHWM') // 1024}\t{children // 1024}\t{nodeid}\t"
+                f"{worker}\t{time.strftime('%H:%M:%S')}\t{machine_mib_in_use()}\n")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """TRTSPEC_RSS_LOG=FILE: one line naming the test after which the log's largest peak was first seen."""
+    """TRTSPEC_RSS_LOG=FILE: a line naming the test after which the log's largest peak was first seen, and one
+    naming the test at whose end the machine held the most."""
     path = os.environ.get("TRTSPEC_RSS_LOG")
     rows = [line.split("\t") for line in Path(path).read_text().splitlines()] if path and Path(path).exists() else []
     if rows:  # the first row of the largest peak, this process's (VmHWM) or a child's
-        own, child, nodeid = max(((int(r[1]), int(r[2]), r[3]) for r in rows), key=lambda r: max(r[0], r[1]))
-        who = "this pytest process" if own >= child else "a child process"
-        terminalreporter.write_line(f"memory: peak {max(own, child)} MiB in {who}, first seen after {nodeid} "
+        peak = max(rows, key=lambda r: max(int(r[1]), int(r[2])))
+        own, child = int(peak[1]), int(peak[2])
+        who = f"the pytest process ({peak[4]})" if own >= child else f"a child process (of {peak[4]})"
+        terminalreporter.write_line(f"memory: peak {max(own, child)} MiB in {who}, first seen after {peak[3]} "
                                     f"(each test's line: {path})")
+        machine = max(rows, key=lambda r: int(r[6]))
+        terminalreporter.write_line(f"memory: the machine held at most {machine[6]} MiB at a test's end, after "
+                                    f"{machine[3]} ({machine[4]}, {machine[5]})")
