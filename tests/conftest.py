@@ -151,13 +151,8 @@ def _kib(status: str, key: str) -> int:
     return int(line.split()[1]) if line else 0
 
 
-LOG_ONLY_IN_WORKERS = False
-
-
 def pytest_sessionstart(session) -> None:
-    """TRTSPEC_RSS_LOG=FILE: the log starts empty with each run (see pytest_runtest_logfinish)."""
-    global LOG_ONLY_IN_WORKERS
-    LOG_ONLY_IN_WORKERS = session.config.pluginmanager.has_plugin("dsession")  # the main process of xdist's workers
+    """TRTSPEC_RSS_LOG=FILE: the log starts empty with each run (see pytest_runtest_teardown)."""
     if (path := os.environ.get("TRTSPEC_RSS_LOG")) and "PYTEST_XDIST_WORKER" not in os.environ:
         Path(path).write_text("")  # by the main process only: pytest-xdist's workers all append to it
 
@@ -169,8 +164,17 @@ def machine_mib_in_use() -> int:
     return max(_kib(info, "MemTotal") - _kib(info, "MemAvailable"), 0) // 1024
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_logfinish(nodeid: str, location) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After each test's teardown, in the process that ran it (not pytest-xdist's main process, which only replays
+    the workers' reports): its line in the memory log."""
+    try:
+        return (yield)
+    finally:
+        log_memory(item.nodeid)
+
+
+def log_memory(nodeid: str) -> None:
     """TRTSPEC_RSS_LOG=FILE: after each test, a line of its memory in MiB: this process's resident set now and at its
     peak (VmRSS, VmHWM: the peak since a stage last reset it, trtspec.artifacts), and the largest peak of any child
     process it has waited for (RUSAGE_CHILDREN; a forked child's counts its parent's pages). What /usr/bin/time
@@ -178,7 +182,7 @@ def pytest_runtest_logfinish(nodeid: str, location) -> None:
     the pytest-xdist worker (or "main"), the time, and the machine's memory in use as the test ends: with two
     workers the machine holds both at once, and the log says which tests ran side by side."""
     path = os.environ.get("TRTSPEC_RSS_LOG")
-    if not path or LOG_ONLY_IN_WORKERS:  # pytest-xdist's main process replays every worker's test: not its own
+    if not path:
         return
     import resource
     import time
