@@ -62,9 +62,9 @@ def _print_summary(results, as_json: bool) -> None:
 def _build(config, out, overrides, start, until, force, as_json, stage_command: bool = False, check: bool = False) -> None:
     from trtspec import ranks
     from trtspec.config import load_config
-    from trtspec.pipeline.runner import check_build, follow_build, run_build
+    from trtspec.pipeline.runner import check_build, follow_build, resolve_engines, run_build
 
-    cfg = load_config(config, overrides)
+    cfg = resolve_engines(load_config(config, overrides))
     if check:
         from trtspec import resources
 

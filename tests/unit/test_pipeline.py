@@ -337,3 +337,60 @@ def test_keys_added_after_runs_were_made_are_keyed_only_when_set():
     served = config_from_dict({**RAW, "model": {"train_on_quantized": "runs/fp8"}})
     assert pipeline._section_values(served, "data")["model"]["train_on_quantized"] == "runs/fp8"
     assert pipeline._section_values(served, "train")["model.train_on_quantized"] == "runs/fp8"
+
+
+AUTO = {**RAW, "data": {**RAW["data"], "answer_with": "auto"}, "train": {"states_from": "auto"}}
+
+
+@pytest.fixture
+def vllm_here(monkeypatch):
+    """vLLM installed and running every target (its build refusal None), unless a test says otherwise."""
+    from trtspec.engines import vllm as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "installed", lambda: True)
+    monkeypatch.setattr(vllm_engine, "build_refusal", lambda model_config, method: None)
+    monkeypatch.setattr(pipeline, "load_model_config", lambda source: "model-config")
+    return vllm_engine
+
+
+def resolved(raw: dict) -> tuple[str, str, list[str]]:
+    said: list[str] = []
+    cfg = pipeline.resolve_engines(config_from_dict(raw), said.append)
+    return cfg.data.answer_with, cfg.train.states_from, said
+
+
+def test_auto_answers_and_states_come_from_vllm_where_it_runs_the_target(vllm_here):
+    assert resolved(AUTO) == ("vllm", "vllm", ["data.answer_with: auto -> vllm; train.states_from: auto -> vllm"])
+
+
+def test_auto_falls_back_to_hf_saying_why(vllm_here, monkeypatch):
+    monkeypatch.setattr(vllm_here, "installed", lambda: False)
+    assert resolved(AUTO)[:2] == ("hf", "hf")
+    monkeypatch.setattr(vllm_here, "installed", lambda: True)
+    monkeypatch.setattr(vllm_here, "build_refusal", lambda cfg, method: "no states" if method == "eagle3" else None)
+    answers, states, said = resolved(AUTO)
+    assert (answers, states) == ("vllm", "hf") and said == ["data.answer_with: auto -> vllm; train.states_from: auto -> hf (no states)"]
+    online = {**AUTO, "train": {"states_from": "auto", "mode": "online"}}
+    monkeypatch.setattr(vllm_here, "build_refusal", lambda cfg, method: None)
+    assert resolved(online)[:2] == ("vllm", "hf")  # the HF forward runs in every step
+    quantized = {**AUTO, "model": {"train_on_quantized": "runs/fp8"}}
+    assert resolved(quantized)[:2] == ("hf", "hf")  # only the HF target is quantized
+
+
+def test_auto_streamed_states_with_no_engine_is_one_line(vllm_here, monkeypatch):
+    monkeypatch.setattr(vllm_here, "installed", lambda: False)
+    streamed = {**AUTO, "train": {"states_from": "auto", "mode": "streamed"}}
+    with pytest.raises(ConfigError, match="no engine to stream states from: vllm is not installed"):
+        resolved(streamed)
+
+
+def test_concrete_settings_are_left_as_they_are(monkeypatch):
+    monkeypatch.setattr(pipeline, "load_model_config", lambda source: pytest.fail("no auto: nothing to resolve"))
+    cfg = config_from_dict(RAW)
+    assert pipeline.resolve_engines(cfg, pytest.fail) is cfg
+
+
+def test_a_build_keys_its_stages_on_what_auto_resolved_to(tmp_path, calls, vllm_here):
+    pipeline.run_build(config_from_dict(AUTO), tmp_path / "r", until="train")
+    data = json.loads((tmp_path / "r" / "data" / "manifest.json").read_text())
+    assert data["config"]["data"]["answer_with"] == "vllm"

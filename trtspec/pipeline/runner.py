@@ -144,6 +144,7 @@ def run_build(
     on_result: Callable[[StageResult], None] | None = None,
 ) -> list[StageResult]:
     """Run every stage up to `until`; stages from `start` on (or all with force) are redone."""
+    cfg = resolve_engines(cfg)
     needed, redo = select_stages(start, until)
     redo = set(needed if force else (redo if start else []))
     run = RunDir(run_dir)
@@ -242,6 +243,40 @@ def likely_to_run(cfg: BuildConfig, run: RunDir, needed: list[str], redo: set[st
         if stage in redo or not m or m.get("status") != "done" or m.get("config") != _section_values(cfg, stage) or changed & set(upstream_of(stage)):
             changed.add(stage)
     return [s for s in needed if s in changed]
+
+
+def resolve_engines(cfg: BuildConfig, log: Callable[[str], None] | None = None) -> BuildConfig:
+    """`cfg` with data.answer_with and train.states_from `auto` made concrete before any stage keys on them: vllm
+    where vLLM is installed and runs the target here (its build refusal: none for the answers, none for an EAGLE-3
+    draft's states) and the setting lets an engine compute them (model.train_on_quantized: only the HF target is
+    quantized; train.mode online: the HF forward runs in every step); hf otherwise. The same answers and states
+    either way in float32 (docs/results.md), in less time from vLLM."""
+    answers, states = cfg.data.answer_with == "auto", cfg.train.states_from == "auto"
+    if not (answers or states):
+        return cfg
+    from trtspec.engines import vllm as vllm_engine
+
+    def why_not(method: str | None) -> str | None:
+        if not vllm_engine.installed():
+            return "vllm is not installed"
+        if cfg.model.train_on_quantized:
+            return "model.train_on_quantized: the quantized target runs in HF"
+        return vllm_engine.build_refusal(load_model_config(cfg.model.source), method)
+
+    update, said = {}, []
+    if answers:
+        why = why_not(None)
+        update["data"] = cfg.data.model_copy(update={"answer_with": "hf" if why else "vllm"})
+        said.append(f"data.answer_with: auto -> {'hf (' + why + ')' if why else 'vllm'}")
+    if states:
+        why = "train.mode: online runs the HF forward in every step" if cfg.train.mode == "online" else why_not("eagle3")
+        if why and cfg.train.mode == "streamed":
+            raise ConfigError(f"train.states_from: auto found no engine to stream states from: {why}",
+                              vllm_engine.INSTALL_HINT)
+        update["train"] = cfg.train.model_copy(update={"states_from": "hf" if why else "vllm"})
+        said.append(f"train.states_from: auto -> {'hf (' + why + ')' if why else 'vllm'}")
+    (log or (lambda m: print(m, file=sys.stderr, flush=True)))("; ".join(said))
+    return cfg.model_copy(update=update)
 
 
 def load_model_config(source: str) -> Any:
