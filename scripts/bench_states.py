@@ -4,7 +4,8 @@
     python scripts/bench_states.py --models demo:smollm2-135m-instruct,tiny:qwen3_moe,tiny:gemma3 --rows 64
 
 For each target: tokens/s of trtspec's HF forward (HFStates, batches of 16 padded rows) and of vLLM's
-extract_hidden_states (VllmStates), rounds alternated (HF, vLLM, HF, ...) so that a drift of the host's speed falls
+extract_hidden_states (VllmStates), on the rows shortest first as the offline cache hands them over (`cache_states`:
+little padding in HF's batches; --unsorted: in the given order, as streamed training reads them), rounds alternated (HF, vLLM, HF, ...) so that a drift of the host's speed falls
 on both; the ratio is the median of the rounds' ratios. Both in the precision the train stage would use here
 (bf16 where the CPU has it natively). Also what the states take on disk: the offline cache for these rows at
 data.seq_len against the streamed buffer (train.states_buffer_mib) and vLLM's largest window of files. A family vLLM
@@ -95,6 +96,8 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=192, help="the longest row (the demo's data.seq_len)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--buffer-mib", type=float, default=64)
+    ap.add_argument("--unsorted", action="store_true", help="rows in their random order (streamed training's), not "
+                    "shortest first (the offline cache's)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     results = []
@@ -102,11 +105,13 @@ def main() -> None:
         from trtspec.models import load_model, resolve_model
 
         vocab = load_model(resolve_model(source), "auto").config.vocab_size
-        r = bench_model(source, rows_of(a.rows, a.seq_len, vocab), a.rounds, a.seq_len, a.buffer_mib)
+        rows = rows_of(a.rows, a.seq_len, vocab)
+        r = bench_model(source, rows if a.unsorted else sorted(rows, key=len), a.rounds, a.seq_len, a.buffer_mib)
+        r["order"] = "as given" if a.unsorted else "shortest first"
         results.append(r)
         if not a.json:
             v = (f"vLLM {r['vllm_tokens_per_s']} tok/s = {r['vllm_over_hf']}x" if "vllm_over_hf" in r else r["vllm"])
-            print(f"{r['model']} ({r['family']}, {r['precision']}, {r['tokens']} tokens): HF {r['hf_tokens_per_s']} tok/s, "
+            print(f"{r['model']} ({r['family']}, {r['precision']}, {r['tokens']} tokens, {r['order']}): HF {r['hf_tokens_per_s']} tok/s, "
                   f"{v}; disk: offline cache {r['offline_cache_mib']} MiB, streamed buffer {r['streamed_buffer_mib']} MiB"
                   + (f", vLLM's files at most {r['vllm_files_peak_mib']} MiB" if "vllm_files_peak_mib" in r else ""),
                   flush=True)
