@@ -249,19 +249,23 @@ def resolve_engines(cfg: BuildConfig, log: Callable[[str], None] | None = None) 
     """`cfg` with data.answer_with and train.states_from `auto` made concrete before any stage keys on them: vllm
     where vLLM is installed and runs the target here (its build refusal: none for the answers, none for an EAGLE-3
     draft's states) and the setting lets an engine compute them (model.train_on_quantized: only the HF target is
-    quantized; train.mode online: the HF forward runs in every step); hf otherwise. The same answers and states
-    either way in float32 (docs/results.md), in less time from vLLM."""
+    quantized; train.mode online: the HF forward runs in every step); hf otherwise. In float32 both give the same
+    answers and states; vLLM answers in less time (docs/results.md, "The data stage: who answers the prompts")."""
     answers, states = cfg.data.answer_with == "auto", cfg.train.states_from == "auto"
     if not (answers or states):
         return cfg
+    from functools import cache
+
     from trtspec.engines import vllm as vllm_engine
+
+    model_config = cache(lambda: load_model_config(cfg.model.source))
 
     def why_not(method: str | None) -> str | None:
         if not vllm_engine.installed():
             return "vllm is not installed"
         if cfg.model.train_on_quantized:
             return "model.train_on_quantized: the quantized target runs in HF"
-        return vllm_engine.build_refusal(load_model_config(cfg.model.source), method)
+        return vllm_engine.build_refusal(model_config(), method)
 
     update, said = {}, []
     if answers:
