@@ -6,7 +6,8 @@
 For each target: tokens/s of trtspec's HF forward (HFStates, batches of 16 padded rows) and of vLLM's
 extract_hidden_states (VllmStates), on the rows shortest first as the offline cache hands them over (`cache_states`:
 little padding in HF's batches; --unsorted: in the given order, as streamed training reads them), rounds alternated (HF, vLLM, HF, ...) so that a drift of the host's speed falls
-on both; the ratio is the median of the rounds' ratios. Both in the precision the train stage would use here
+on both; the ratio is the median of the rounds' ratios. Each round reads rows of its own (another seed): rows a round
+before had left in vLLM's prefix cache would be read back, not computed (the offline cache extracts each row once). Both in the precision the train stage would use here
 (bf16 where the CPU has it natively). Also what the states take on disk: the offline cache for these rows at
 data.seq_len against the streamed buffer (train.states_buffer_mib) and vLLM's largest window of files. A family vLLM
 cannot extract from prints why and its HF figure alone.
@@ -33,7 +34,8 @@ def rows_of(n: int, seq_len: int, vocab: int, seed: int = 0) -> list:
     return [torch.randint(10, min(vocab, 30000), (t,), generator=g) for t in lengths]
 
 
-def bench_model(source: str, rows: list, rounds: int, seq_len: int, buffer_mib: float) -> dict:
+def bench_model(source: str, rounds: list[list], seq_len: int, buffer_mib: float) -> dict:
+    """rounds: each round's rows (HF and vLLM read the same ones in a round; no round repeats another's)."""
     from trtspec.models import load_model, resolve_model, use_bf16
     from trtspec.targets import read_family
     from trtspec.training.engine_states import VllmStates, final_norm, refusal, target_dtype_for_states
@@ -44,7 +46,8 @@ def bench_model(source: str, rows: list, rounds: int, seq_len: int, buffer_mib: 
     layers, hidden = base.config.num_hidden_layers, base.config.hidden_size
     aux = [1, layers // 2 - 1, layers - 4] if layers >= 8 else [0, 1, layers - 2]
     bf16 = use_bf16("auto")
-    tokens = sum(len(r) for r in rows)
+    rows = rounds[0]
+    tokens = sum(len(r) for rows in rounds for r in rows)  # each engine's, over all rounds
     hf = HFStates(base, aux, bf16)
     why = refusal(json_config(model_dir))
     out = {"model": source, "family": read_family(model_dir).name, "tokens": tokens, "precision": "bf16" if bf16 else "fp32"}
@@ -52,14 +55,14 @@ def bench_model(source: str, rows: list, rounds: int, seq_len: int, buffer_mib: 
     vllm = None if why else VllmStates(model_dir, aux, layers, final_norm(base), folder, target_dtype_for_states(bf16, model_dir),
                                        seq_len + 8)
     if vllm is not None:
-        vllm.extract(rows[:2])  # load and warm up outside the timed rounds
-    hf.extract(rows[:2])
+        vllm.extract(rows_of(2, seq_len, 1000, seed=10**6))  # load and warm up outside the timed rounds
+    hf.extract(rows_of(2, seq_len, 1000, seed=10**6))
     hf_s, vllm_s = [], []
-    for _ in range(rounds):
-        hf_s.append(timed(lambda: hf.extract(rows))[1])
+    for batch in rounds:
+        hf_s.append(timed(lambda batch=batch: hf.extract(batch))[1])
         if vllm is not None:
-            vllm_s.append(timed(lambda: vllm.extract(rows))[1])
-    out["hf_tokens_per_s"] = round(tokens / statistics.median(hf_s), 1)
+            vllm_s.append(timed(lambda batch=batch: vllm.extract(batch))[1])
+    out["hf_tokens_per_s"] = round(tokens / sum(hf_s), 1)
     offline = states_bytes({"input_ids": _Shape(len(rows), seq_len)}, hidden, len(aux))
     window = window_rows(buffer_mib, seq_len, hidden, len(aux))
     out["offline_cache_mib"] = round(offline / 2**20, 1)
@@ -67,7 +70,7 @@ def bench_model(source: str, rows: list, rounds: int, seq_len: int, buffer_mib: 
     if vllm is None:
         out["vllm"] = f"refused: {why}"
         return out
-    out["vllm_tokens_per_s"] = round(tokens / statistics.median(vllm_s), 1)
+    out["vllm_tokens_per_s"] = round(tokens / sum(vllm_s), 1)
     out["vllm_over_hf"] = round(statistics.median(h / v for h, v in zip(hf_s, vllm_s, strict=True)), 2)
     out["vllm_files_peak_mib"] = round(vllm.peak_disk / 2**20, 1)
     out["rounds"] = {"hf_s": [round(x, 2) for x in hf_s], "vllm_s": [round(x, 2) for x in vllm_s]}
@@ -105,8 +108,9 @@ def main() -> None:
         from trtspec.models import load_model, resolve_model
 
         vocab = load_model(resolve_model(source), "auto").config.vocab_size
-        rows = rows_of(a.rows, a.seq_len, vocab)
-        r = bench_model(source, rows if a.unsorted else sorted(rows, key=len), a.rounds, a.seq_len, a.buffer_mib)
+        rounds = [rows_of(a.rows, a.seq_len, vocab, seed=i) for i in range(a.rounds)]
+        rounds = rounds if a.unsorted else [sorted(rows, key=len) for rows in rounds]
+        r = bench_model(source, rounds, a.seq_len, a.buffer_mib)
         r["order"] = "as given" if a.unsorted else "shortest first"
         results.append(r)
         if not a.json:
