@@ -5,9 +5,10 @@
 
 For each target: tokens/s of trtspec's HF forward (HFStates, batches of 16 padded rows) and of vLLM's
 extract_hidden_states (VllmStates), on the rows shortest first as the offline cache hands them over (`cache_states`:
-little padding in HF's batches; --unsorted: in the given order, as streamed training reads them), rounds alternated (HF, vLLM, HF, ...) so that a drift of the host's speed falls
-on both; the ratio is the median of the rounds' ratios. Each round reads rows of its own (another seed): rows a round
-before had left in vLLM's prefix cache would be read back, not computed (the offline cache extracts each row once). Both in the precision the train stage would use here
+little padding in HF's batches; --unsorted: in the given order, as streamed training reads them), rounds alternated
+(HF, vLLM, HF, ...) so that a drift of the host's speed falls on both; the ratio is the median of the rounds' ratios.
+Each round reads rows of its own (another seed): rows a round before had left in vLLM's prefix cache would be read
+back, not computed (the offline cache extracts each row once). Both in the precision the train stage would use here
 (bf16 where the CPU has it natively). Also what the states take on disk: the offline cache for these rows at
 data.seq_len against the streamed buffer (train.states_buffer_mib) and vLLM's largest window of files. A family vLLM
 cannot extract from prints why and its HF figure alone.
@@ -46,24 +47,24 @@ def bench_model(source: str, rounds: list[list], seq_len: int, buffer_mib: float
     layers, hidden = base.config.num_hidden_layers, base.config.hidden_size
     aux = [1, layers // 2 - 1, layers - 4] if layers >= 8 else [0, 1, layers - 2]
     bf16 = use_bf16("auto")
-    rows = rounds[0]
-    tokens = sum(len(r) for rows in rounds for r in rows)  # each engine's, over all rounds
+    tokens = sum(len(r) for batch in rounds for r in batch)  # each engine's, over all rounds
     hf = HFStates(base, aux, bf16)
     why = refusal(json_config(model_dir))
     out = {"model": source, "family": read_family(model_dir).name, "tokens": tokens, "precision": "bf16" if bf16 else "fp32"}
     folder = Path(tempfile.mkdtemp(prefix="bench-states-"))
     vllm = None if why else VllmStates(model_dir, aux, layers, final_norm(base), folder, target_dtype_for_states(bf16, model_dir),
                                        seq_len + 8)
+    warm = rows_of(2, seq_len, 1000, seed=10**6)  # load and warm up outside the timed rounds, on rows no round reads
     if vllm is not None:
-        vllm.extract(rows_of(2, seq_len, 1000, seed=10**6))  # load and warm up outside the timed rounds
-    hf.extract(rows_of(2, seq_len, 1000, seed=10**6))
+        vllm.extract(warm)
+    hf.extract(warm)
     hf_s, vllm_s = [], []
     for batch in rounds:
         hf_s.append(timed(lambda batch=batch: hf.extract(batch))[1])
         if vllm is not None:
             vllm_s.append(timed(lambda batch=batch: vllm.extract(batch))[1])
     out["hf_tokens_per_s"] = round(tokens / sum(hf_s), 1)
-    offline = states_bytes({"input_ids": _Shape(len(rows), seq_len)}, hidden, len(aux))
+    offline = states_bytes({"input_ids": _Shape(len(rounds[0]), seq_len)}, hidden, len(aux))
     window = window_rows(buffer_mib, seq_len, hidden, len(aux))
     out["offline_cache_mib"] = round(offline / 2**20, 1)
     out["streamed_buffer_mib"] = round(window * 2 * seq_len * hidden * (len(aux) + 1) / 2**20, 1)

@@ -247,8 +247,8 @@ def likely_to_run(cfg: BuildConfig, run: RunDir, needed: list[str], redo: set[st
 
 def resolve_engines(cfg: BuildConfig, log: Callable[[str], None] | None = None) -> BuildConfig:
     """`cfg` with data.answer_with and train.states_from `auto` made concrete before any stage keys on them: vllm
-    where vLLM is installed and runs the target here (its build refusal: none for the answers, none for an EAGLE-3
-    draft's states) and the setting lets an engine compute them (model.train_on_quantized: only the HF target is
+    where vLLM is installed and runs the target here (its build refusal for the answers, engine_states.refusal for
+    the states) and the setting lets an engine compute them (model.train_on_quantized: only the HF target is
     quantized; train.mode online: the HF forward runs in every step); hf otherwise. In float32 both give the same
     answers and states; vLLM answers in less time (docs/results.md, "The data stage: who answers the prompts")."""
     answers, states = cfg.data.answer_with == "auto", cfg.train.states_from == "auto"
@@ -257,23 +257,25 @@ def resolve_engines(cfg: BuildConfig, log: Callable[[str], None] | None = None) 
     from functools import cache
 
     from trtspec.engines import vllm as vllm_engine
+    from trtspec.training.engine_states import refusal as states_refusal
 
     model_config = cache(lambda: load_model_config(cfg.model.source))
 
-    def why_not(method: str | None) -> str | None:
+    def why_not(refusal: Callable[[Any], str | None]) -> str | None:
         if not vllm_engine.installed():
             return "vllm is not installed"
         if cfg.model.train_on_quantized:
             return "model.train_on_quantized: the quantized target runs in HF"
-        return vllm_engine.build_refusal(model_config(), method)
+        return refusal(model_config())
 
     update, said = {}, []
     if answers:
-        why = why_not(None)
+        why = why_not(lambda config: vllm_engine.build_refusal(config, None))
         update["data"] = cfg.data.model_copy(update={"answer_with": "hf" if why else "vllm"})
         said.append(f"data.answer_with: auto -> {'hf (' + why + ')' if why else 'vllm'}")
     if states:
-        why = "train.mode: online runs the HF forward in every step" if cfg.train.mode == "online" else why_not("eagle3")
+        why = ("train.mode: online runs the HF forward in every step" if cfg.train.mode == "online" else
+               why_not(states_refusal))
         if why and cfg.train.mode == "streamed":
             raise ConfigError(f"train.states_from: auto found no engine to stream states from: {why}",
                               vllm_engine.INSTALL_HINT)
