@@ -45,10 +45,12 @@ class AdaptOptions:
 
 def earlier_config(run: RunDir) -> dict[str, Any]:
     """The earlier run's build config as its stages recorded it (each manifest holds the keys its stage reads), keys
-    at their defaults left out (as a YAML would leave them: another draft family's section stays unset)."""
+    at their defaults left out (as a YAML would leave them: another draft family's section stays unset), and the
+    engines the YAML left to `auto` (data.answer_with, train.states_from) left to it again."""
     raw: dict[str, Any] = {}
     for stage in STAGES:
-        for key, value in ((run.manifest(stage) or {}).get("config") or {}).items():
+        manifest = run.manifest(stage) or {}
+        for key, value in (manifest.get("config") or {}).items():
             section, _, sub = key.partition(".")
             if sub:
                 raw.setdefault(section, {})[sub] = value
@@ -56,6 +58,9 @@ def earlier_config(run: RunDir) -> dict[str, Any]:
                 raw[section] = {**raw.get(section, {}), **value}
             else:
                 raw[section] = value
+        for key in manifest.get("from_auto") or ():  # chosen again on the machine the adaptation runs on
+            section, _, sub = key.partition(".")
+            raw.setdefault(section, {})[sub] = "auto"
     return without_defaults(raw)
 
 

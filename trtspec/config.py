@@ -479,6 +479,9 @@ class BuildConfig(Section):
 
     # where the YAML lives: relative paths inside it are relative to this folder (not a YAML key)
     _base_dir: Path = Path(".")
+    # keys set to `auto` in the YAML that pipeline.runner.resolve_engines made concrete (not YAML keys): the manifests
+    # record them so that `trtspec adapt` chooses again on the machine it runs on
+    _from_auto: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _check_conflicts(self) -> BuildConfig:

@@ -169,3 +169,20 @@ def test_a_fallen_draft_is_stepped_back_toward_the_earlier_one_until_the_gate_pa
     with pytest.raises(ValidationFailed, match=r"falls behind the one it started from \(stepped back to 0\.75, 0\.50 of "
                                                r"the fine-tune too\): category 'chat': AL 1\.80 is 10\.0% below"):
         train.refuse_fallen_draft(gate_ctx(tmp_path), gate)
+
+
+def test_engines_the_earlier_yaml_left_to_auto_are_chosen_again_where_the_adaptation_runs(tmp_path):
+    """A run whose `auto` resolved to vllm, adapted on a machine without vLLM, answers with HF there (and the other
+    way round): the adaptation's YAML says auto where the earlier one did, and what the earlier run chose otherwise."""
+    run = earlier(tmp_path)
+    for stage, key, chose in (("data", "data.answer_with", "vllm"), ("train", "train.states_from", "vllm")):
+        manifest = json.loads((run.path / stage / "manifest.json").read_text())
+        section = key.partition(".")[0]
+        manifest["config"][section][key.partition(".")[2]] = chose
+        manifest["from_auto"] = [key]
+        write_json(run.path / stage / "manifest.json", manifest)
+    raw = earlier_config(run)
+    assert raw["data"]["answer_with"] == "auto" and raw["train"]["states_from"] == "auto"
+    write_json(run.path / "train" / "manifest.json", {**json.loads((run.path / "train" / "manifest.json").read_text()),
+                                                      "from_auto": []})  # chosen in the YAML: kept
+    assert earlier_config(run)["train"]["states_from"] == "vllm"

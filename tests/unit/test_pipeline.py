@@ -394,3 +394,6 @@ def test_a_build_keys_its_stages_on_what_auto_resolved_to(tmp_path, calls, vllm_
     pipeline.run_build(config_from_dict(AUTO), tmp_path / "r", until="train")
     data = json.loads((tmp_path / "r" / "data" / "manifest.json").read_text())
     assert data["config"]["data"]["answer_with"] == "vllm"
+    assert data["from_auto"] == ["data.answer_with"]  # trtspec adapt chooses again where it runs
+    train = json.loads((tmp_path / "r" / "train" / "manifest.json").read_text())
+    assert train["config"]["train"]["states_from"] == "vllm" and train["from_auto"] == ["train.states_from"]

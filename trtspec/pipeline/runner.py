@@ -282,7 +282,9 @@ def resolve_engines(cfg: BuildConfig, log: Callable[[str], None] | None = None) 
         update["train"] = cfg.train.model_copy(update={"states_from": "hf" if why else "vllm"})
         said.append(f"train.states_from: auto -> {'hf (' + why + ')' if why else 'vllm'}")
     (log or (lambda m: print(m, file=sys.stderr, flush=True)))("; ".join(said))
-    return cfg.model_copy(update=update)
+    out = cfg.model_copy(update=update)
+    out._from_auto = tuple(k for k, asked in (("data.answer_with", answers), ("train.states_from", states)) if asked)
+    return out
 
 
 def load_model_config(source: str) -> Any:
@@ -376,6 +378,7 @@ def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, key: str, ups
             "reason": reason,
             "fingerprint": fp,
             "config": _section_values(cfg, stage),
+            "from_auto": [k for k in cfg._from_auto if {k, k.partition(".")[0]} & set(contract(stage).READS)],
             "inputs": upstream,
             "versions": package_versions(),
             "wall_s": round(seconds, 2),
