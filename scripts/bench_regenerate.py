@@ -4,10 +4,11 @@ and vLLM's OpenAI server on 127.0.0.1 (started here) at a given concurrency. Pri
 ratio to the first.
 
     python scripts/bench_regenerate.py build_configs/smollm2-135m-eagle3.yaml --prompts 96 \\
-        --variant hf-matmul:128 --variant vllm:256 --variant server:32
+        --variant hf-matmul:128 --variant vllm:256 --variant vllm-feed:256 --variant server:32
 
 Variants: hf-sdpa:BATCH, hf-matmul:BATCH (transformers' SDPA / trtspec's matmul attention, what the data stage uses
-on a CPU), vllm:CHUNK (prompts per LLM.generate call), server:CONCURRENCY (requests in flight). HF variants repeat
+on a CPU), vllm:CHUNK (prompts per LLM.generate call), vllm-feed:WINDOW (requests in flight, each finished one
+replaced at once: the data stage's answer_vllm), server:CONCURRENCY (requests in flight). HF variants repeat
 interleaved (--repeats); each engine loads for its turn and shuts down after (load/start times printed apart).
 """
 
@@ -100,6 +101,10 @@ def main() -> None:
             llm = vllm_engine.load(path, None, 0, max_len, min(n, 256), dtype=dtype)
             answers = ((i, a) for start in range(0, len(prompts), n)
                        for i, a in enumerate(vllm_engine.generate(llm, prompts[start : start + n], max_new, 0.0, sorted(eos)), start))
+            return answers, lambda: vllm_engine.shutdown(llm)
+        if kind == "vllm-feed":
+            llm = vllm_engine.load(path, None, 0, max_len, min(n, 256), dtype=dtype)
+            answers = answering.fed_answers(lambda fn, *a: fn(llm, *a), prompts, max_new, eos, 0.0, min(n, 256))
             return answers, lambda: vllm_engine.shutdown(llm)
         proc, url, _ = start_server(path, dtype, max_len, Path(f"/tmp/bench_regenerate_server_{os.getpid()}.log"))
         ep = answering.Endpoint(SimpleNamespace(url=url, model=None, concurrency=n, timeout_s=600.0, retries=2), print)

@@ -13,7 +13,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from trtspec.config import EndpointSection
 
 Answers = Iterator[tuple[int, list[int]]]  # (index of the prompt, its answer's token ids)
+
+VLLM_WINDOW = 256  # requests vLLM holds in flight while answering (its max_num_seqs), each finished one replaced at once
 
 # text whose tokens show a tokenizer apart (spaces, digits, newlines, code, non-ASCII)
 PROBE_TEXT = "Hello world! 12 + 30 = 42.\n\n1. def f(x):\n    return x  # café, naïve 東京"
@@ -39,23 +41,40 @@ def answer_hf(model: Any, prompts: list[list[int]], max_new: int, eos: set[int],
 
 
 def answer_vllm(model_dir: Path, dtype: str, prompts: list[list[int]], max_new: int, eos: set[int],
-                temperature: float, chunk: int = 256) -> Answers:
-    """vLLM's offline engine (continuous batching), `chunk` prompts per call so that answers are saved as they come;
-    in this process, or in a spawned one for a family vLLM serves through its Transformers backend (which would
-    leave this process unable to load the target with transformers: trtspec.engines.worker)."""
+                temperature: float, window: int = VLLM_WINDOW) -> Answers:
+    """vLLM's offline engine with `window` requests in flight, a finished one replaced by the next prompt at once
+    (vllm_engine.feed), each answer yielded as it finishes; in this process, or in a spawned one for a family vLLM
+    serves through its Transformers backend (which would leave this process unable to load the target with
+    transformers: trtspec.engines.worker)."""
     from trtspec.engines import vllm as vllm_engine
     from trtspec.engines.worker import EngineWorker
 
     if not vllm_engine.installed():
         raise DataError("data.answer_with: vllm, but vllm is not installed", vllm_engine.INSTALL_HINT)
-    engine = EngineWorker(vllm_engine.load, (model_dir, None, 0, max(map(len, prompts)) + max_new + 8, min(chunk, 256),
-                                             dtype), vllm_engine.shutdown, vllm_engine.own_process(model_dir))
+    window = max(1, min(window, len(prompts)))
+    engine = EngineWorker(vllm_engine.load, (model_dir, None, 0, max(map(len, prompts)) + max_new + 8, window, dtype),
+                          vllm_engine.shutdown, vllm_engine.own_process(model_dir))
     try:
-        for start in range(0, len(prompts), chunk):
-            answers = engine.call(vllm_engine.generate, prompts[start : start + chunk], max_new, temperature, sorted(eos))
-            yield from enumerate((cut_after_eos(a, eos) for a in answers), start)
+        yield from fed_answers(engine.call, prompts, max_new, eos, temperature, window)
     finally:
         engine.close()
+
+
+def fed_answers(call: Callable[..., Any], prompts: list[list[int]], max_new: int, eos: set[int], temperature: float,
+                window: int) -> Answers:
+    """`prompts` through vllm_engine.feed with `window` requests in flight; `call(fn, *args)` runs fn(llm, *args)
+    where the engine lives (EngineWorker.call)."""
+    from trtspec.engines import vllm as vllm_engine
+
+    sent = in_flight = 0
+    while sent < len(prompts) or in_flight:
+        new = [(i, prompts[i]) for i in range(sent, min(len(prompts), sent + window - in_flight))]
+        sent, in_flight = sent + len(new), in_flight + len(new)
+        finished = call(vllm_engine.feed, new, max_new, temperature, sorted(eos))
+        if not finished:
+            raise DataError(f"vLLM holds no request but {in_flight} were not answered", "re-run: answers so far are kept")
+        in_flight -= len(finished)
+        yield from ((i, cut_after_eos(ids, eos)) for i, ids in finished)
 
 
 class EndpointError(Exception):

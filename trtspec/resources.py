@@ -108,8 +108,12 @@ class Sizes:
         disk = None if rows is None else rows * c.data.seq_len * 8 / GIB  # token ids and text of each conversation
         if not any(s.kind == "regenerate" or s.regenerate for s in c.data.sources) or c.data.answer_with == "endpoint":
             return 0.0, "the tokenizer", disk, "the conversations"
-        if c.data.answer_with == "vllm":
-            return self.vllm_gib(1, c.data.batch_size), "a vLLM engine of the target", disk, "the conversations"
+        if c.data.answer_with == "vllm":  # the engine answer_vllm loads: VLLM_WINDOW requests in flight
+            from trtspec.answering import VLLM_WINDOW
+            from trtspec.engines import vllm as vllm_engine
+
+            kv = vllm_engine.kv_cache_gib_needed(self.target, None, min(VLLM_WINDOW, rows or VLLM_WINDOW), c.data.seq_len)
+            return vllm_engine.engines_memory_gib(self.target, 1, kv), "a vLLM engine of the target", disk, "the conversations"
         return self.target_gib(c.model.build_dtype, True), "the target answering", disk, "the conversations"
 
     def convert(self) -> tuple:

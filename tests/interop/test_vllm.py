@@ -147,7 +147,7 @@ def test_the_bundle_vllm_snippet_serves(ci_bundle, prompts, hf_outputs, tmp_path
 
 def test_regeneration_with_vllm_in_process_answers_like_hf(ci_bundle, prompts, hf_outputs):
     """data.answer_with: vllm — the offline engine's answers are HF generate's token ids."""
-    got = dict(answering.answer_vllm(ci_bundle / "target", "float32", prompts, MAX_NEW, eos_of(ci_bundle), 0.0, chunk=4))
+    got = dict(answering.answer_vllm(ci_bundle / "target", "float32", prompts, MAX_NEW, eos_of(ci_bundle), 0.0, window=3))
     assert [got[i] for i in range(len(prompts))] == hf_outputs
 
 

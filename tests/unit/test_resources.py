@@ -92,6 +92,12 @@ def test_each_stage_is_sized_from_the_targets_checkpoint(tmp_path):
     _, served = stages(data={"answer_with": "endpoint"}, engine={"backend": "vllm", "batch_sizes": [1]})
     assert served["data"]["memory_gib"] == LIBRARIES_GIB
     assert served["engine"]["memory_gib"] > 2 * weights  # two vLLM engines of the target
+    # vLLM answering holds its weights and the KV cache of answer_vllm's window (at most KV_CACHE_GIB_AT_MOST), not
+    # of data.batch_size: at batch 8 it is sized as at 128
+    from trtspec.engines.vllm import ENGINE_OWN_GIB, KV_CACHE_GIB_AT_MOST
+
+    _, vllm8 = stages(data={"answer_with": "vllm", "batch_size": 8})
+    assert vllm8["data"]["memory_gib"] == round(weights + KV_CACHE_GIB_AT_MOST + ENGINE_OWN_GIB + LIBRARIES_GIB, 1)
     # a DFlash2 draft's layers are its dflash backbone's: 4 of them weigh more than 2 in the train stage
     _, two = stages(draft={"method": "dflash2"}, dflash={"num_layers": 2})
     _, four = stages(draft={"method": "dflash2"}, dflash={"num_layers": 4})

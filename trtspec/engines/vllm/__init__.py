@@ -253,6 +253,25 @@ def generate(llm: Any, prompts: list[list[int]], max_tokens: int, temperature: f
     return answer_ids(submit(llm, prompts, max_tokens, temperature, stop_ids))
 
 
+def feed(llm: Any, new: list[tuple[int, list[int]]], max_tokens: int, temperature: float = 0.0,
+         stop_ids: list[int] | None = None) -> list[tuple[int, list[int]]]:
+    """Continuous batching one call at a time: `new` (index, prompt token ids) joins the requests in flight, then the
+    engine steps until one or more finish (or none is left) -> each finished request's (index, answer token ids). A
+    caller that hands over as many prompts as came back keeps the engine full, where whole batches of `generate` wait
+    for their longest answer with ever fewer requests in flight."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, stop_token_ids=stop_ids)
+    for i, prompt in new:
+        engine.add_request(f"feed-{i}", {"prompt_token_ids": prompt}, params)
+    while engine.has_unfinished_requests():
+        if finished := [(int(o.request_id.removeprefix("feed-")), list(o.outputs[0].token_ids))
+                        for o in engine.step() if o.finished]:
+            return finished
+    return []
+
+
 def answer_ids(outputs: list[Any]) -> list[list[int]]:
     """Each RequestOutput's answer as token ids."""
     return [list(o.outputs[0].token_ids) for o in outputs]
