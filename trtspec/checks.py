@@ -5,6 +5,7 @@ at temperature > 0, and the gates (how the methods are timed and what limits the
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,18 +81,33 @@ def hf_assisted_methods(cfg: BuildConfig, hf: Any, source: Path, eos: set[int]) 
     return methods, {}, notes
 
 
-def runnable_comparisons(methods: dict, prompt: list[int], skipped: dict[str, str], log: Any) -> dict:
-    """The optional comparisons (HF's own speed-ups) that run on this model, each tried once on one prompt: one that
-    raises inside the library (transformers' assisted generation fails on some layer patterns) is skipped with its
-    reason in the report, and the build goes on."""
-    kept = {}
+def runnable_comparisons(methods: dict, prompt: list[int], skipped: dict[str, str], log: Any,
+                         baseline: Callable[[list[int]], list[int]] | None = None, min_speed: float = 0.0) -> dict:
+    """The optional comparisons (HF's own speed-ups) worth timing on this model, each tried once on one prompt: one
+    that raises inside the library (transformers' assisted generation fails on some layer patterns) is skipped with
+    its reason in the report, and the build goes on; with `baseline` (HF generate), one reading under `min_speed`
+    times the baseline's speed on that prompt is skipped with both figures (not timed over every prompt)."""
+    import time
+
+    kept, base_tps = {}, None
     for name, method in methods.items():
+        start = time.perf_counter()
         try:
-            method(prompt)
+            tokens = len(method(prompt))
         except Exception as e:  # noqa: BLE001 - a library's failure on this model: a comparison the report goes without
             skipped[name] = f"transformers raised {type(e).__name__} on this model: {str(e).splitlines()[0][:160] if str(e) else ''}"
             log(f"{name} skipped: {skipped[name]}")
             continue
+        tps = tokens / (time.perf_counter() - start)
+        if baseline is not None and min_speed > 0:
+            if base_tps is None:
+                start = time.perf_counter()
+                base_tps = len(baseline(prompt)) / (time.perf_counter() - start)
+            if tps < min_speed * base_tps:
+                skipped[name] = (f"{tps / base_tps:.2f}x HF generate on the first prompt ({tps:.1f} against {base_tps:.1f} "
+                                 f"tok/s), under validate.compare_hf_min_speed {min_speed}: not timed further")
+                log(f"{name} skipped: {skipped[name]}")
+                continue
         kept[name] = method
     return kept
 

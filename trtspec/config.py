@@ -438,6 +438,11 @@ class ValidateSection(Section):
     compile: bool = key(True, "torch.compile the runtime's passes (inductor, needs a C++ compiler; else eager and the "
                         "report says why)")
     compare_hf: bool = key(True, "also time HF prompt lookup and assisted generation")
+    compare_hf_min_speed: float = key(0.5, "HF's speed-ups (validate.compare_hf) are each tried on the first prompt "
+                                      "beside HF generate; one reading under this share of HF generate's speed there "
+                                      "is reported with that figure (report `skipped`) and not timed further (HF's "
+                                      "early-exit self-speculation on a target never trained for it: minutes of the "
+                                      "stage); 0 = time them all", ge=0, le=10, keyed_when_set=True)
     assistant_model: str | None = key(None, "a small model with the target's tokenizer for HF assisted generation; "
                                       "null = the target's own early exit", min_length=1)
     sampling_temperature: float | None = key(0.8, "the lossless check at temperature > 0 (a statistical test on the "

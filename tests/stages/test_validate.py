@@ -65,7 +65,8 @@ def test_validate_writes_report(tmp_path, run_inputs, monkeypatch, inductor):
 
     if not inductor:
         monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
-    metrics = validate.run(make_ctx(tmp_path, run_inputs, {"shape": "dynamic_tree"}, require_exact=True))
+    metrics = validate.run(make_ctx(tmp_path, run_inputs, {"shape": "dynamic_tree"}, require_exact=True,
+                                    compare_hf_min_speed=0))  # every comparison timed, however slow on this model
     r = json.loads((tmp_path / "out" / "report.json").read_text())
     assert r["greedy_match"] == {"matched": 2, "total": 2, "first_divergence": {}, "runtime_no_draft_matched": 2}
     assert r["prompts"] == 2 and r["draft_len"] == 3 and r["acceptance_length"] >= 1.0

@@ -107,3 +107,23 @@ def test_a_comparison_the_library_cannot_run_on_the_model_is_skipped_with_its_re
     assert list(kept) == ["hf_prompt_lookup"]
     assert skipped["hf_assisted"].startswith("transformers raised IndexError on this model: list index out of range")
     assert logged == [f"hf_assisted skipped: {skipped['hf_assisted']}"]
+
+
+def test_a_comparison_far_slower_than_hf_generate_is_reported_from_its_trial_and_not_timed():
+    """validate.compare_hf_min_speed: a speed-up reading under that share of HF generate's speed on the first prompt
+    is skipped with both figures; one as fast is kept; 0 keeps every one."""
+    import time
+
+    from trtspec.checks import runnable_comparisons
+
+    def taking(seconds):  # a method answering 8 tokens in `seconds`
+        return lambda p: time.sleep(seconds) or p[:8]
+
+    methods = {"hf_prompt_lookup": taking(0.03), "hf_assisted": taking(0.6)}
+    skipped, logged = {}, []
+    kept = runnable_comparisons(methods, list(range(40)), skipped, logged.append, taking(0.03), 0.5)
+    assert list(kept) == ["hf_prompt_lookup"]
+    assert skipped["hf_assisted"].startswith("0.0") and " HF generate on the first prompt (" in skipped["hf_assisted"]
+    assert skipped["hf_assisted"].endswith("under validate.compare_hf_min_speed 0.5: not timed further")
+    assert logged == [f"hf_assisted skipped: {skipped['hf_assisted']}"]
+    assert list(runnable_comparisons(methods, list(range(40)), {}, print, taking(0.03), 0)) == list(methods)

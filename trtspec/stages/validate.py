@@ -248,7 +248,8 @@ def timed_methods(ctx: StageContext, b: Bench, hf: Any) -> tuple[dict[str, Any],
         b.drafters.update(suffix=suffix_alone, eagle3_suffix=suffix_first)
     drafting = [m for m in ("speculative", "suffix", "eagle3_suffix") if m in methods]
     assisted, skipped, method_notes = hf_assisted_methods(ctx.cfg, hf, ctx.model_path, eos)
-    methods.update(runnable_comparisons(assisted, b.prompts[0], skipped, ctx.log))
+    methods.update(runnable_comparisons(assisted, b.prompts[0], skipped, ctx.log, methods["hf_generate"],
+                                        ctx.cfg.validate_.compare_hf_min_speed))
     return methods, drafting, skipped, method_notes
 
 
