@@ -67,10 +67,11 @@ def fed_answers(call: Callable[..., Any], prompts: list[list[int]], max_new: int
     from trtspec.engines import vllm as vllm_engine
 
     sent = in_flight = 0
+    stop_ids = sorted(eos)
     while sent < len(prompts) or in_flight:
         new = [(i, prompts[i]) for i in range(sent, min(len(prompts), sent + window - in_flight))]
         sent, in_flight = sent + len(new), in_flight + len(new)
-        finished = call(vllm_engine.feed, new, max_new, temperature, sorted(eos))
+        finished = call(vllm_engine.feed, new, max_new, temperature, stop_ids)
         if not finished:
             raise DataError(f"vLLM holds no request but {in_flight} were not answered", "re-run: answers so far are kept")
         in_flight -= len(finished)
