@@ -23,6 +23,18 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.interop)
 
 
+@pytest.fixture
+def vllm_rpc():
+    """A folder of its own for the ZMQ sockets of a vLLM server a test starts (VLLM_RPC_BASE_PATH), which vLLM
+    leaves behind after a clean exit; short, as a socket's path is at most 107 bytes; removed after."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="vllm-")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def ci_config() -> tuple[Path, list[str]]:
     """The recipe and overrides the interop run is built with (for tests that run further stages on it)."""

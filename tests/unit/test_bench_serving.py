@@ -40,6 +40,19 @@ def test_stat_reads_aiperf_exports():
     assert b.stat({}, "inter_token_latency") is None
 
 
+def test_a_stopped_server_leaves_no_socket_folder(tmp_path):
+    """stop() ends the server's process group and removes the folder its ZMQ sockets were named in."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    proc.rpc_dir = str(tmp_path / "rpc")
+    (tmp_path / "rpc").mkdir()
+    (tmp_path / "rpc" / "socket-left-by-vllm").touch()
+    sweep.stop(proc)
+    assert proc.returncode is not None and not (tmp_path / "rpc").exists()
+
+
 class FakePool:
     """A pool's interface (start, stop, rows) over a table of tokens/s per (label, concurrency), its rows measured by
     the real measure_interleaved, recording what ran in order."""

@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -155,12 +156,17 @@ def start_vllm(bundle: Path, spec: dict | None, max_seqs: int, log: Path, plan: 
     """vLLM's OpenAI server on a free loopback port; returns once /v1/models answers."""
     port = free_port()
     env, extra = server_environment(plan.preload_iomp)
+    # vLLM names its ZMQ sockets under VLLM_RPC_BASE_PATH and leaves them there after a clean exit (7 a server in
+    # /tmp): a folder of the server's own, removed by stop()
+    env["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="trtspec-vllm-")
     with log.open("w") as out:
         proc = subprocess.Popen(vllm_command(bundle, port, spec, max_seqs) + extra, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+    proc.rpc_dir = env["VLLM_RPC_BASE_PATH"]
     deadline = time.time() + plan.server_timeout_s
     while True:
         if proc.poll() is not None:
+            stop(proc)
             raise SweepFailed(f"vLLM's server exited ({proc.returncode}) before answering", f"see {log}")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5).read()
@@ -173,6 +179,7 @@ def start_vllm(bundle: Path, spec: dict | None, max_seqs: int, log: Path, plan: 
 
 
 def stop(proc: subprocess.Popen) -> None:
+    """The server's process group ended (SIGTERM, SIGKILL after a minute) and its socket folder removed."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -180,6 +187,8 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+    if rpc_dir := getattr(proc, "rpc_dir", None):
+        shutil.rmtree(rpc_dir, ignore_errors=True)
 
 
 def spec_counters(port: int) -> dict[str, float]:
@@ -201,6 +210,8 @@ def run_aiperf(aiperf: str, port: int, tokenizer: Path, prompts: Path, concurren
     # aiperf 0.13 under HF_HUB_OFFLINE loads every tokenizer as a cached hub snapshot, which a local folder is not
     # (HFValidationError); the tokenizer here is always the bundle's folder, so nothing is fetched without it
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    out.mkdir(parents=True, exist_ok=True)
+    env["AIPERF_DATASET_MMAP_BASE_PATH"] = str(out)  # its per-run dataset folder, else left empty in /tmp
     with log.open("w") as f:
         done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=plan.level_timeout_s, env=env)
     exports = sorted(out.rglob("profile_export_aiperf.json"))
