@@ -151,8 +151,8 @@ def prepare(run_path: Path, prompts: Path, out: Path, o: AdaptOptions, overrides
         stage_of(run, stage, "RUN")
     if out.resolve() == run.path.resolve():
         raise ConfigError(f"--out '{out}' is the run being adapted", "write the adaptation to a new folder")
-    rows, skips, fmt = read_traffic(prompts, o.fmt, o.category)
     tok = load_tokenizer(stage_of(run, "export", "RUN")[0] / "target")
+    rows, skips, fmt = read_traffic(prompts, o.fmt, o.category, tok)
     longest = max(len(encode_prompt(tok, r["messages"])) for r in rows)
     new = RunDir(out)
     new.ensure()

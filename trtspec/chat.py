@@ -266,6 +266,46 @@ def encode_prompt(tok: Any, messages: list[dict]) -> list[int]:
     return tok("\n".join(m["content"] for m in messages))["input_ids"]
 
 
+def turns_reader(tok: Any, max_turns: int = 16) -> Any:
+    """A function from a prompt text the tokenizer's chat template wrote (with its generation prompt; what a client
+    sends a raw-text endpoint such as Triton's LLM-API model) back to its turns [{role, content}], or None where no
+    conversation of up to `max_turns` user turns, with or without a system turn, renders to exactly that text.
+
+    Each candidate conversation is rendered once with marker contents; the text between the markers is literal, so
+    a text matches where those literals stand in it in order, and the turns are what lies between them; a match is
+    kept only if the turns render back to the same text (a content holding a literal would split wrongly). The
+    conversation of the most user turns is tried first (one user turn holding a whole rendered conversation also
+    renders back to it), without a system turn before with one (a template's default system turn is not the user's)."""
+    import re
+
+    if not tok.chat_template:
+        return lambda text: None
+    candidates = []
+    for users in range(max_turns, 0, -1):
+        roles = ["user"] + ["assistant", "user"] * (users - 1)
+        for lead in ([], ["system"]):
+            turns = [{"role": r, "content": f"\u2063TRTSPEC{i}\u2063"} for i, r in enumerate(lead + roles)]
+            try:
+                rendered = tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+            except Exception:  # noqa: BLE001 - a template that refuses a system turn (Gemma's) or a turn order
+                continue
+            pieces = re.split("\u2063TRTSPEC\\d+\u2063", rendered)
+            if len(pieces) == len(turns) + 1:  # every content rendered once, as given
+                candidates.append(([t["role"] for t in turns], re.compile("(.*?)".join(map(re.escape, pieces)), re.S)))
+
+    def turns_of(text: str) -> list[dict] | None:
+        for roles, pattern in candidates:
+            m = pattern.fullmatch(text)
+            if m is None:
+                continue
+            turns = [{"role": r, "content": c} for r, c in zip(roles, m.groups(), strict=True)]
+            if tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True) == text:
+                return turns
+        return None
+
+    return turns_of
+
+
 def read_rows(path: Path) -> list[dict]:
     """The rows of one of the data stage's conversation files (data/train.jsonl, data/heldout.jsonl)."""
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -185,10 +185,11 @@ _validate.callback = _validate_callback
 @main.command(context_settings=CONTEXT)
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--prompts", "prompts", required=True, type=click.Path(dir_okay=False),
-              help="Prompts the service received: chat JSONL (messages|prompt, category), an OpenAI batch file or a "
-              "vLLM request log (--enable-log-requests --log-level DEBUG).")
+              help="Prompts the service received: chat JSONL (messages|prompt, category), an OpenAI batch file, a "
+              "vLLM request log (--enable-log-requests --log-level DEBUG) or a Triton trace (--trace-config "
+              "level=TENSORS; FILE or the FILE.0, FILE.1, ... of its log-frequency).")
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="The new run directory.")
-@click.option("--format", "fmt", type=click.Choice(["auto", "chat", "openai-batch", "vllm-log"]), default="auto",
+@click.option("--format", "fmt", type=click.Choice(["auto", "chat", "openai-batch", "vllm-log", "triton-trace"]), default="auto",
               show_default=True, help="The --prompts file's format.")
 @click.option("--category", help="Category of the prompts that name none (default: traffic).")
 @click.option("--epochs", type=click.FloatRange(min=0.01, max=1000), default=2.0, show_default=True)
@@ -223,6 +224,7 @@ def adapt(run_dir, prompts, out, fmt, category, epochs, lr, replay, holdout, gro
     Examples:
       trtspec adapt runs/demo --prompts traffic.jsonl --out runs/demo-adapted
       trtspec adapt runs/demo --prompts vllm.log --format vllm-log --category support --out runs/demo-support
+      trtspec adapt runs/demo --prompts /tmp/trace.json --out runs/demo-triton    # tritonserver's TENSORS trace
       trtspec adapt runs/demo --prompts batch.jsonl --out runs/a2 --epochs 1 --until validate
     """
     from trtspec.adapt import AdaptOptions, prepare, shares

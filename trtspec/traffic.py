@@ -7,23 +7,37 @@ Formats (--format, `auto` tells them apart by their first usable line):
                 "/v1/chat/completions", "body": {"messages": [...]}}; a `metadata.category` in the body is kept
   vllm-log      a `vllm serve --enable-log-requests --log-level DEBUG` log: each request's "JSON body" line (a body cut
                 by --max-log-len is skipped, counted)
+  triton-trace  the trace Triton writes with `--trace-config triton,file=FILE --trace-config level=TENSORS
+                --trace-config rate=1`: each request's `text_input` tensor, read back into its turns with the earlier
+                run's chat template (a text that template did not write is skipped, counted); FILE and the FILE.0,
+                FILE.1, ... Triton writes instead with `--trace-config triton,log-frequency=N`
 Raw-text completion requests (/v1/completions) carry no chat turns and are skipped, counted. Repeated prompts are kept
 once. Rows are {id, category, messages}, as a prompt file of the data stage (kind: regenerate) holds them.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
+import math
+import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trtspec.chat import read_lines
 from trtspec.errors import DataError
 from trtspec.suites import prompt_turns
 
-FORMATS = ("auto", "chat", "openai-batch", "vllm-log")
+FORMATS = ("auto", "chat", "openai-batch", "vllm-log", "triton-trace")
 VLLM_BODY = " JSON body: "  # vLLM's RequestLogger.log_request_body: "Request <id> JSON body: <json>"
+# Triton's TraceManager::TraceTensorActivity writes a BYTES element between quotes as it is, unescaped (2.51 here:
+# `"data":"\"TEXT\""`), so a trace holding a prompt with a quote or a newline is no JSON: its text_input tensors
+# are found by their fixed frame instead
+TRITON_TEXT_INPUT = re.compile(r'\{"id":\d+,"activity":"TENSOR_QUEUE_INPUT","tensor":\{"name":"text_input","data":"'
+                               r'(.*?)","shape":"([\d,]*)","dtype":"BYTES"\}\}', re.S)
 
 
 def content_text(turns: list) -> list:
@@ -53,6 +67,8 @@ def request_prompt(body: dict, skips: Counter) -> list[dict] | None:
 def detect_format(lines: list[str]) -> str:
     """The format of a traffic file from its first non-blank line."""
     first = next((ln for ln in lines if ln.strip()), "")
+    if first.lstrip().startswith('[{"id":'):
+        return "triton-trace"
     if VLLM_BODY in first or any(VLLM_BODY in ln for ln in lines[:2000]):
         return "vllm-log"
     try:
@@ -97,19 +113,65 @@ def records(lines: list[str], fmt: str, skips: Counter) -> list[tuple[dict, str 
     return out
 
 
-def read_traffic(path: Path, fmt: str = "auto", category: str | None = None) -> tuple[list[dict], Counter, str]:
+def trace_files(path: Path) -> list[Path]:
+    """A Triton trace's files: FILE where Triton wrote one (at its exit), then FILE.0, FILE.1, ... (log-frequency)."""
+    numbered = [p for p in path.parent.glob(f"{glob.escape(path.name)}.*") if p.suffix[1:].isdigit() and p.is_file()]
+    return ([path] if path.is_file() else []) + sorted(numbered, key=lambda p: int(p.suffix[1:]))
+
+
+def trace_text(element: str) -> str:
+    """A text_input element as the trace frames it (`\"TEXT\"` in 2.51, `"TEXT"` as the tracer's source writes it)."""
+    for quote in ('\\"', '"'):
+        if len(element) >= 2 * len(quote) and element.startswith(quote) and element.endswith(quote):
+            return element[len(quote):-len(quote)]
+    return element
+
+
+def trace_records(files: list[Path], turns_of: Callable[[str], list[dict] | None], skips: Counter) -> list[tuple[dict, None]]:
+    """(a request body {messages}, None) per text_input tensor of a Triton trace's files, its text read back into
+    turns by `turns_of`."""
+    out = []
+    for f in files:
+        for m in TRITON_TEXT_INPUT.finditer(f.read_text(encoding="utf-8", errors="replace")):
+            if math.prod(int(d) for d in m.group(2).split(",") if d) != 1:
+                skips["text_input of several prompts"] += 1
+                continue
+            turns = turns_of(trace_text(m.group(1)))
+            if turns is None:
+                skips["text_input the chat template did not write (raw text)"] += 1
+                continue
+            out.append(({"messages": turns}, None))
+    return out
+
+
+def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
+                 tok: Any = None) -> tuple[list[dict], Counter, str]:
     """(prompt rows {id, category, messages}, skips, the format read) of a traffic file; `category` names rows that
-    name none (default "traffic"). A file that is no traffic, or holds no usable prompt, is a DataError."""
+    name none (default "traffic"); `tok`: the target's tokenizer, whose chat template reads a Triton trace's texts
+    back into turns. A file that is no traffic, or holds no usable prompt, is a DataError."""
     where = f"--prompts '{path}'"
-    lines = read_lines(path, "--prompts file", "pass a JSONL of chat requests, an OpenAI batch file or a vLLM request log")
-    found = detect_format(lines) if fmt == "auto" else fmt
+    hint = "pass a JSONL of chat requests, an OpenAI batch file, a vLLM request log or a Triton trace"
+    traces = trace_files(path) if fmt in ("auto", "triton-trace") else []
+    if traces and not path.is_file():  # only the FILE.N Triton writes with log-frequency
+        lines, found = [], "triton-trace"
+    else:
+        lines = read_lines(path, "--prompts file", hint)
+        found = detect_format(lines) if fmt == "auto" else fmt
     if found == "unknown":
         raise DataError(f"{where}: not a traffic file this tool reads (its first line is no chat request, OpenAI "
-                        "batch request or vLLM request-log line)",
+                        "batch request, vLLM request-log line or Triton trace)",
                         f"formats: {', '.join(FORMATS[1:])} (trtspec adapt --help)")
     skips: Counter = Counter()
+    if found == "triton-trace":
+        from trtspec.chat import turns_reader
+
+        if tok is None:
+            raise ValueError("a Triton trace is read with the target's tokenizer (its chat template): pass tok")
+        bodies = trace_records(traces or [path], turns_reader(tok), skips)
+    else:
+        bodies = records(lines, found, skips)
     rows, seen = [], set()
-    for body, cat in records(lines, found, skips):
+    for body, cat in bodies:
         msgs = request_prompt(body, skips)
         if msgs is None:
             continue
@@ -123,5 +185,6 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None) -> 
     if not rows:
         why = ", ".join(f"{n} {r}" for r, n in skips.items()) or "no request in it"
         raise DataError(f"{where} holds no usable prompt ({found}: {why})",
-                        "a chat request needs a user turn; a vLLM log needs --enable-log-requests --log-level DEBUG")
+                        "a chat request needs a user turn; a vLLM log needs --enable-log-requests --log-level DEBUG; "
+                        "a Triton trace needs --trace-config level=TENSORS and prompts in the target's chat template")
     return rows, skips, found

@@ -66,13 +66,22 @@ def deployments(ci_run, tmp_path_factory) -> dict[str, Path]:
     return {"plain": deploy(ci_run, root / "plain"), "streaming": deploy(ci_run, root / "streaming", "--streaming")}
 
 
-def serve(deployment: Path, tmp: Path):
-    return running(stage_repository(deployment / "model_repo", tmp / "repo"), deployment, tmp / "server.log")
+def serve(deployment: Path, tmp: Path, *args: str):
+    return running(stage_repository(deployment / "model_repo", tmp / "repo"), deployment, tmp / "server.log", args=args)
+
+
+def tracing(trace: Path) -> tuple[str, ...]:
+    """Triton's request trace with the input tensors, every request, a file each (trace.json.0, .1, ...)."""
+    return (f"--trace-config=triton,file={trace}", "--trace-config=triton,log-frequency=1", "--trace-config=rate=1",
+            "--trace-config=level=TENSORS")
 
 
 @pytest.fixture(scope="module")
 def server(deployments, tmp_path_factory):
-    with serve(deployments["plain"], tmp_path_factory.mktemp("plain-server")) as s:
+    """The plain repository's server, tracing its requests' tensors into `server.trace` (what `trtspec adapt` reads)."""
+    tmp = tmp_path_factory.mktemp("plain-server")
+    with serve(deployments["plain"], tmp, *tracing(tmp / "trace.json")) as s:
+        s.trace = tmp / "trace.json"
         yield s
 
 
@@ -249,6 +258,27 @@ def test_prometheus_metrics_count_the_requests(server, prompts):
     assert metric(after, "nv_inference_request_success") == metric(mid, "nv_inference_request_success") + 1
     assert metric(after, "nv_inference_request_failure") == metric(mid, "nv_inference_request_failure")
     assert re.search(r"^nv_cpu_utilization \S+$", after, re.M)
+
+
+def test_adapt_reads_the_prompts_back_from_the_servers_trace(server, ci_run, prompts, tmp_path):
+    """Triton's own request trace (level TENSORS) as `trtspec adapt --prompts`: each chat-formatted text_input read
+    back into the turns it was rendered from with the run's chat template; a raw-text request skipped, counted."""
+    from trtspec.adapt import AdaptOptions, prepare
+
+    rows = [json.loads(x) for x in (ci_run / "data" / "train.jsonl").read_text().splitlines() if x.strip()]
+    sent = [r["messages"][:-1] for r in rows[:2]]  # what the prompts fixture rendered prompts[0] and [1] from
+    ask(server, prompts[0])
+    ask(server, prompts[1], "grpc")
+    ask(server, "no chat template around this text")
+    deadline = time.monotonic() + 10  # a trace is written when Triton releases its request, just after the answer
+    while sum(f.read_text(errors="replace").count("no chat template around") for f in server.trace.parent.glob("trace.json.*")) < 1:
+        assert time.monotonic() < deadline, "the trace of the last request was not written within 10 s"
+        time.sleep(0.2)
+    config, summary = prepare(ci_run, server.trace, tmp_path / "new", AdaptOptions(category="triton"))
+    assert summary["format"] == "triton-trace" and summary["categories"] == ["triton"], summary
+    assert summary["skipped"]["text_input the chat template did not write (raw text)"] >= 1, summary
+    traffic = [json.loads(x) for x in (config.parent / "traffic.jsonl").read_text().splitlines()]
+    assert all(turns in [r["messages"] for r in traffic] for turns in sent), (sent, traffic)
 
 
 # --- bad inputs: one clear line each, the server always stopped -------------------------------------

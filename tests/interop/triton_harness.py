@@ -111,15 +111,15 @@ def first_error(log: Path) -> str:
 
 
 def start(repo: Path, cwd: Path, log: Path, ports: tuple[int, int, int] | None = None, timeout_s: float = 600,
-          env: dict[str, str] | None = None) -> Server:
+          env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Server:
     """tritonserver on `repo` with `cwd` as its working folder (model.yaml's paths are relative to it), bound to
-    127.0.0.1 on free ports, `env` added to the stub's environment; returns once the server is ready, raises
-    ServerError (server stopped) when it is not."""
+    127.0.0.1 on free ports, `env` added to the stub's environment, `args` added to its command line; returns once
+    the server is ready, raises ServerError (server stopped) when it is not."""
     http, grpc, metrics = ports or (free_port(), free_port(), free_port())
     cmd = [str(binary()), f"--model-repository={repo}", f"--backend-directory={TRITON_DIR / 'backends'}",
            "--http-address=127.0.0.1", f"--http-port={http}", "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
            "--metrics-address=127.0.0.1", f"--metrics-port={metrics}", "--allow-gpu-metrics=false",
-           "--exit-timeout-secs=5"]
+           "--exit-timeout-secs=5", *args]
     t0 = time.perf_counter()
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=cwd, env={**stub_environment(), **(env or {})}, stdout=out, stderr=subprocess.STDOUT,

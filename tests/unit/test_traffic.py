@@ -66,3 +66,73 @@ def test_unknown_format_and_no_usable_prompt_are_one_line_errors(tmp_path):
         read_traffic(write(tmp_path / "y.jsonl", [{"messages": [{"role": "assistant", "content": "only an answer"}]}]))
     with pytest.raises(DataError, match="holds no usable prompt"):
         read_traffic(write(tmp_path / "z.log", ["INFO nothing here"]), fmt="vllm-log")
+
+
+def triton_trace(requests: list[tuple[int, str, str]]) -> str:
+    """A trace as tritonserver 2.51 writes it at level TENSORS (seen in tests/interop/test_triton.py): each BYTES
+    element framed by a backslash and a quote, its text as it is, quotes and newlines unescaped (no JSON)."""
+    frame = '\\"'
+    return "[" + ",".join(
+        f'{{"id":{i},"model_name":"tensorrt_llm","model_version":1}},'
+        f'{{"id":{i},"timestamps":[{{"name":"QUEUE_START","ns":{i}000}}]}},'
+        f'{{"id":{i},"activity":"TENSOR_QUEUE_INPUT","tensor":{{"name":"text_input","data":"{frame}{text}{frame}",'
+        f'"shape":"{shape}","dtype":"BYTES"}}}},'
+        f'{{"id":{i},"activity":"TENSOR_QUEUE_INPUT","tensor":{{"name":"streaming","data":"0","shape":"1","dtype":"BOOL"}}}}'
+        for i, text, shape in requests) + "]"
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": 'Say "hi",\nthen stop. Ünïcode ✓'}],
+    [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Name a color."}],
+    [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b <|im_end|> b"}, {"role": "user", "content": "c"}],
+]
+
+
+def test_a_triton_trace_is_read_back_into_turns_with_the_chat_template(tmp_path, demo_model_dir):
+    """Triton's FILE.0, FILE.1, ... (log-frequency) or one FILE: each text_input rendered by the target's chat
+    template read back into the turns it was rendered from; raw text, repeats and batched inputs skipped, counted."""
+    from trtspec.models import load_tokenizer
+
+    tok = load_tokenizer(demo_model_dir)
+    texts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in CONVERSATIONS]
+    (tmp_path / "trace.json.0").write_text(triton_trace([(1, texts[0], "1"), (2, texts[1], "1")]))
+    (tmp_path / "trace.json.1").write_text(triton_trace([(3, texts[2], "1,1"), (4, "raw text, no template", "1"),
+                                                         (5, texts[0], "1"), (6, texts[1], "2")]))
+    rows, skips, fmt = read_traffic(tmp_path / "trace.json", tok=tok)  # no FILE: Triton wrote only FILE.N
+    assert fmt == "triton-trace" and [r["messages"] for r in rows] == CONVERSATIONS
+    assert skips == {"text_input the chat template did not write (raw text)": 1, "repeated prompt": 1,
+                     "text_input of several prompts": 1}
+    one = tmp_path / "one" / "trace.json"
+    one.parent.mkdir()
+    one.write_text(triton_trace([(1, texts[1], "1")]))
+    rows, _, fmt = read_traffic(one, tok=tok)
+    assert fmt == "triton-trace" and [r["messages"] for r in rows] == [CONVERSATIONS[1]]
+
+
+def test_turns_are_read_back_through_a_template_without_a_system_turn(demo_model_dir):
+    """A Gemma-like template: it refuses a system turn and trims contents; what it did not write reads as None."""
+    from trtspec.chat import turns_reader
+    from trtspec.models import load_tokenizer
+
+    tok = load_tokenizer(demo_model_dir)
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system') }}"
+                         "{% endif %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+                         "{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    read = turns_reader(tok)
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+             {"role": "user", "content": "Two\nlines"}]
+    assert read(tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)) == turns
+    assert read("<start_of_turn>user\nHi<end_of_turn>\n") is None  # no generation prompt: no request for an answer
+    assert read("Hi") is None
+
+
+def test_a_triton_trace_without_tensors_is_one_line(tmp_path, demo_model_dir):
+    from trtspec.models import load_tokenizer
+
+    f = tmp_path / "trace.json"
+    f.write_text('[{"id":1,"model_name":"tensorrt_llm","model_version":1},'
+                 '{"id":1,"timestamps":[{"name":"REQUEST_START","ns":1}]}]')
+    with pytest.raises(DataError, match=r"holds no usable prompt \(triton-trace: no request in it\)") as e:
+        read_traffic(f, tok=load_tokenizer(demo_model_dir))
+    assert "level=TENSORS" in e.value.hint
