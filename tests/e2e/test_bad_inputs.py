@@ -564,6 +564,14 @@ def case_adapt_no_usable_prompt(tmp, model, mp):
     return adapt(tmp, finished_run(tmp, model), [{"messages": [{"role": "assistant", "content": "an answer only"}]}])
 
 
+def case_adapt_triton_trace_raw_text(tmp, model, mp):
+    """A Triton trace (level TENSORS, as 2.51 frames a text) whose one request is text no chat template wrote."""
+    trace = tmp / "trace.json"
+    trace.write_text('[{"id":1,"model_name":"tensorrt_llm","model_version":1},{"id":1,"activity":"TENSOR_QUEUE_INPUT",'
+                     '"tensor":{"name":"text_input","data":"\\"Name a color.\\"","shape":"1","dtype":"BYTES"}}]')
+    return ["adapt", str(finished_run(tmp, model)), "--prompts", str(trace), "--out", str(tmp / "run")]
+
+
 def case_adapt_empty_category(tmp, model, mp):
     return adapt(tmp, finished_run(tmp, model), None, "--category", " ")
 
@@ -831,6 +839,7 @@ CASES = [
     Case("quantized-states-from-vllm", case_quantized_states_from_vllm, 2, r"model\.train_on_quantized: the quantized target's states come from its HF forward before training \(train\.states_from: hf, mode offline or streamed\), not train\.states_from vllm", "data", before_data=True),
     Case("adapt-unknown-format", case_adapt_unknown_format, 2, r"--prompts '.*traffic\.jsonl': not a traffic file this tool reads"),
     Case("adapt-no-usable-prompt", case_adapt_no_usable_prompt, 2, r"--prompts '.*traffic\.jsonl' holds no usable prompt \(chat: 1 request without a usable chat turn\)"),
+    Case("adapt-triton-trace-raw-text", case_adapt_triton_trace_raw_text, 2, r"--prompts '.*trace\.json' holds no usable prompt \(triton-trace: 1 text_input the chat template did not write \(raw text\)\)"),
     Case("adapt-empty-category", case_adapt_empty_category, 2, r"--category is empty"),
     Case("adapt-step-back-not-shares", case_adapt_step_back_not_shares, 2, r"--step-back '0\.5,1\.5' is not a list of shares"),
     Case("rundir-foreign", case_out_is_foreign_dir, 2, r"not a trtspec run directory; refusing to write"),
