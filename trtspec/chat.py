@@ -266,16 +266,15 @@ def encode_prompt(tok: Any, messages: list[dict]) -> list[int]:
     return tok("\n".join(m["content"] for m in messages))["input_ids"]
 
 
-def turns_reader(tok: Any, max_turns: int = 16) -> Any:
+def turns_reader(tok: Any, max_turns: int = 64) -> Any:
     """A function from a prompt text the tokenizer's chat template wrote (with its generation prompt; what a client
     sends a raw-text endpoint such as Triton's LLM-API model) back to its turns [{role, content}], or None where no
     conversation of up to `max_turns` user turns, with or without a system turn, renders to exactly that text.
 
-    Each candidate conversation is rendered once with marker contents; the text between the markers is literal, so
-    a text matches where those literals stand in it in order, and the turns are what lies between them; a match is
-    kept only if the turns render back to the same text (a content holding a literal would split wrongly). The
-    conversation of the most user turns is tried first (one user turn holding a whole rendered conversation also
-    renders back to it), without a system turn before with one (a template's default system turn is not the user's)."""
+    Each candidate conversation is rendered once with marker contents; the text between the markers is literal. A
+    text is cut where those literals stand in it (cut_at), and the turns are what lies between them, kept only if
+    they render back to the very same text. The conversation of the most user turns is tried first, without a system
+    turn before with one (a template's default system turn is not the user's)."""
     import re
 
     if not tok.chat_template:
@@ -291,19 +290,40 @@ def turns_reader(tok: Any, max_turns: int = 16) -> Any:
                 continue
             pieces = re.split("\u2063TRTSPEC\\d+\u2063", rendered)
             if len(pieces) == len(turns) + 1:  # every content rendered once, as given
-                candidates.append(([t["role"] for t in turns], re.compile("(.*?)".join(map(re.escape, pieces)), re.S)))
+                candidates.append(([t["role"] for t in turns], pieces))
+
+    between = {p for _, pieces in candidates for p in pieces[1:-1] if p}  # what the template writes between turns
 
     def turns_of(text: str) -> list[dict] | None:
-        for roles, pattern in candidates:
-            m = pattern.fullmatch(text)
-            if m is None:
+        for roles, pieces in candidates:
+            contents = cut_at(text, pieces, between)
+            if contents is None:
                 continue
-            turns = [{"role": r, "content": c} for r, c in zip(roles, m.groups(), strict=True)]
+            turns = [{"role": r, "content": c} for r, c in zip(roles, contents, strict=True)]
             if tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True) == text:
                 return turns
         return None
 
     return turns_of
+
+
+def cut_at(text: str, pieces: list[str], between: set[str]) -> list[str] | None:
+    """The texts between `pieces` (literals that begin and end `text`, the ones between found in order, each at its
+    first place after the one before), or None where they are not all there or a text between holds one of the
+    literals `between` (a conversation of more turns, or a content quoting the template: no cut to trust); no
+    backtracking."""
+    first, last = pieces[0], pieces[-1]
+    if len(text) < len(first) + len(last) or not (text.startswith(first) and text.endswith(last)):
+        return None
+    at, end, out = len(first), len(text) - len(last), []
+    for literal in pieces[1:-1]:
+        found = text.find(literal, at, end)
+        if found < 0:
+            return None
+        out.append(text[at:found])
+        at = found + len(literal)
+    out.append(text[at:end])
+    return None if any(p in c for c in out for p in between) else out
 
 
 def read_rows(path: Path) -> list[dict]:

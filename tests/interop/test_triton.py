@@ -71,9 +71,10 @@ def serve(deployment: Path, tmp: Path, *args: str):
 
 
 def tracing(trace: Path) -> tuple[str, ...]:
-    """Triton's request trace with the input tensors, every request, a file each (trace.json.0, .1, ...)."""
-    return (f"--trace-config=triton,file={trace}", "--trace-config=triton,log-frequency=1", "--trace-config=rate=1",
-            "--trace-config=level=TENSORS")
+    """The request trace launch.sh's comment shows in TRITON_ARGS (the input tensors of every request), into `trace`,
+    a file a request (trace.json.0, .1, ...) so that a test reads it while the server runs."""
+    documented = re.search(r'TRITON_ARGS="([^"]+)"', LAUNCH_SH).group(1)
+    return (*documented.replace("/deploy/trace.json", str(trace)).split(), "--trace-config", "triton,log-frequency=1")
 
 
 @pytest.fixture(scope="module")

@@ -202,6 +202,42 @@ def test_write_triton_repo(tmp_path):
     assert model_yaml["triton_config"] == {"max_batch_size": 0, "decoupled": True}  # what streaming needs
 
 
+def test_launch_sh_hands_triton_args_to_tritonserver_in_the_container(tmp_path):
+    """launch.sh run with a stand-in `docker` that runs the container's script here with only the variables docker
+    run -e passes on, and stand-ins for the commands it calls: tritonserver gets TRITON_ARGS, word by word."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "deploy"
+    write_triton_repo(finished_run(tmp_path, make_cfg(tmp_path)), out)
+    bin_, image_bin, llmapi = tmp_path / "bin", tmp_path / "image-bin", tmp_path / "llmapi"
+    for d in (bin_, image_bin, llmapi):
+        d.mkdir()
+    (llmapi / "model.py").write_text("# NVIDIA's, in the image\n")
+    (bin_ / "docker").write_text(f"""#!{sys.executable}
+import os, subprocess, sys
+args = sys.argv[1:]
+assert args[-3:-1] == ["bash", "-c"], args
+env = {{a: os.environ[a] for a in (args[i + 1] for i, x in enumerate(args) if x == "-e") if a in os.environ}}
+env["PATH"] = "{image_bin}:" + os.environ["PATH"]
+sys.exit(subprocess.call(["bash", "-c", args[-1]], env=env))
+""")
+    (image_bin / "tritonserver").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path / "argv"}\n')
+    for cmd in ("rm", "cp"):  # the script's copy into /tmp/repo, not done here
+        (image_bin / cmd).write_text("#!/bin/sh\nexit 0\n")
+    for f in [*bin_.iterdir(), *image_bin.iterdir()]:
+        f.chmod(0o755)
+    trace = "--trace-config triton,file=/deploy/trace.json --trace-config level=TENSORS --trace-config rate=1"
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "TRITON_ARGS": trace, "TRTLLM_LLMAPI_MODEL_DIR": str(llmapi)}
+    run = subprocess.run(["bash", str(out / "launch.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "argv").read_text().split("\n")[:-1] == ["--model-repository=/tmp/repo", *trace.split()]
+    assert trace in (out / "launch.sh").read_text()  # the example its comment gives is the one run here
+    run = subprocess.run(["bash", str(out / "launch.sh")], env={**env, "TRITON_ARGS": ""}, capture_output=True, text=True)
+    assert run.returncode == 0 and (tmp_path / "argv").read_text() == "--model-repository=/tmp/repo\n"
+
+
 def test_triton_repo_serves_the_drafting_validate_measured_fastest(tmp_path):
     """deploy triton --drafting auto: the fastest of validate's side-by-side drafting on this very bundle; a report
     of an older bundle is not trusted; a named method wins over the report."""

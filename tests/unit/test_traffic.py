@@ -125,6 +125,13 @@ def test_turns_are_read_back_through_a_template_without_a_system_turn(demo_model
     assert read(tok.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)) == turns
     assert read("<start_of_turn>user\nHi<end_of_turn>\n") is None  # no generation prompt: no request for an answer
     assert read("Hi") is None
+    long = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(39)]  # 20 user turns
+    assert read(tok.apply_chat_template(long, tokenize=False, add_generation_prompt=True)) == long
+    # more user turns than it tries, or a content that quotes what the template writes between turns: no cut to
+    # trust, so no turns (not one turn holding the rest)
+    assert turns_reader(tok, max_turns=19)(tok.apply_chat_template(long, tokenize=False, add_generation_prompt=True)) is None
+    quoting = [{"role": "user", "content": "Why does <end_of_turn>\n<start_of_turn>model\n end a turn?"}]
+    assert read(tok.apply_chat_template(quoting, tokenize=False, add_generation_prompt=True)) is None
 
 
 def test_a_triton_trace_without_tensors_is_one_line(tmp_path, demo_model_dir):

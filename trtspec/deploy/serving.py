@@ -174,6 +174,9 @@ LAUNCH_SH = """\
 # Triton Inference Server with TensorRT-LLM's LLM-API Python backend, in NVIDIA's container.
 #   ./launch.sh                 # HTTP on :8000, gRPC on :8001, metrics on :8002
 #   TRITON_IMAGE=nvcr.io/nvidia/tritonserver:<yy.mm>-trtllm-python-py3 ./launch.sh
+#   TRITON_ARGS="--trace-config triton,file=/deploy/trace.json --trace-config level=TENSORS --trace-config rate=1" \\
+#     ./launch.sh               # more tritonserver options: this one writes each request's prompt to trace.json in
+#                               # the folder mounted as /deploy, for `trtspec adapt RUN --prompts trace.json`
 # Then: python scripts/triton_client.py --url localhost:8000 --prompt "Name three colors."
 # model.py/helpers.py of the `tensorrt_llm` model ship in the container (all_models/llmapi); they are
 # copied next to model.yaml at start. Paths in model.yaml are relative to this folder (the server's cwd).
@@ -181,12 +184,12 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")/{up}" && pwd)"
 image="${{TRITON_IMAGE:-{image}}}"
 exec docker run --rm --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 \\
-  -e TRTLLM_LLMAPI_MODEL_DIR -p 8000:8000 -p 8001:8001 -p 8002:8002 -v "$here":/deploy -w /deploy "$image" bash -c '
+  -e TRTLLM_LLMAPI_MODEL_DIR -e TRITON_ARGS -p 8000:8000 -p 8001:8001 -p 8002:8002 -v "$here":/deploy -w /deploy "$image" bash -c '
     set -e
     src="${{TRTLLM_LLMAPI_MODEL_DIR:-$(dirname "$(find / -path "*all_models/llmapi/tensorrt_llm/1/model.py" -print -quit 2>/dev/null)")}}"
     [ -f "$src/model.py" ] || {{ echo "no all_models/llmapi/tensorrt_llm/1/model.py in this image; set TRTLLM_LLMAPI_MODEL_DIR" >&2; exit 3; }}
     rm -rf /tmp/repo && cp -r {repo} /tmp/repo && cp "$src"/*.py /tmp/repo/tensorrt_llm/1/
-    exec tritonserver --model-repository=/tmp/repo'
+    exec tritonserver --model-repository=/tmp/repo $TRITON_ARGS'
 """
 
 
