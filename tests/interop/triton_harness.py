@@ -5,6 +5,7 @@ and always stopped. Errors are one line: the server log's first error, not its t
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import re
 import shutil
@@ -22,6 +23,9 @@ from pathlib import Path
 from trtspec.engines.vllm.sweep import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+# Triton's Python backend makes a folder of its own at this fixed path when it loads (EnvironmentManager, mkdtemp) and
+# removes it at a clean exit only: a server killed, or one that failed to start, leaves it behind
+PYTHON_ENVS = "/tmp/python_env_*"
 TRITON_DIR = Path(os.environ.get("TRTSPEC_TRITONSERVER_DIR") or Path(sys.prefix) / "triton" / "pytriton" / "tritonserver")
 STANDIN = Path(__file__).resolve().parent / "triton_standin" / "model.py"
 MODEL = "tensorrt_llm"
@@ -79,6 +83,7 @@ class Server:
     metrics: int
     log: Path
     load_s: float = 0.0
+    env_dirs: tuple[str, ...] = ()  # the Python backend's folders this server made (PYTHON_ENVS)
 
     @property
     def http_url(self) -> str:
@@ -121,6 +126,7 @@ def start(repo: Path, cwd: Path, log: Path, ports: tuple[int, int, int] | None =
            "--metrics-address=127.0.0.1", f"--metrics-port={metrics}", "--allow-gpu-metrics=false",
            "--exit-timeout-secs=5", *args]
     t0 = time.perf_counter()
+    envs_before = set(glob.glob(PYTHON_ENVS))
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, cwd=cwd, env={**stub_environment(), **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -133,21 +139,39 @@ def start(repo: Path, cwd: Path, log: Path, ports: tuple[int, int, int] | None =
                 raise ServerError(f"tritonserver not ready within {timeout_s:.0f} s: {first_error(log)}", proc.pid)
             time.sleep(0.5)
     except BaseException:
+        server.env_dirs = tuple(set(glob.glob(PYTHON_ENVS)) - envs_before)
         stop(server)
         raise
+    # its own: the servers these tests start come up one at a time (test_triton.py, in one worker)
+    server.env_dirs = tuple(set(glob.glob(PYTHON_ENVS)) - envs_before)
     server.load_s = time.perf_counter() - t0
     return server
 
 
 def kill(server: Server) -> None:
-    """SIGKILL to the server's process group: the server dies as in a crash, with no time to finish a request."""
+    """SIGKILL to the server's process group: the server dies as in a crash, with no time to finish a request (its
+    Python backend's folder removed here, as the crash leaves it)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(server.proc.pid, signal.SIGKILL)
     server.proc.wait(timeout=20)
+    remove_env_dirs(server)
+
+
+def remove_env_dirs(server: Server) -> None:
+    for d in server.env_dirs:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def stop(server: Server) -> None:
-    """SIGTERM to the server's process group (its stubs too), SIGKILL if still there after 20 s."""
+    """SIGTERM to the server's process group (its stubs too), SIGKILL if still there after 20 s; whatever Python
+    backend folder it left, removed."""
+    try:
+        end(server)
+    finally:
+        remove_env_dirs(server)
+
+
+def end(server: Server) -> None:
     if server.proc.poll() is None:
         os.killpg(server.proc.pid, signal.SIGTERM)
         try:
