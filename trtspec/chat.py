@@ -42,9 +42,14 @@ def check_text_file(path: Path, what: str, hint: str) -> None:
 
 def read_lines(path: Path, what: str = "data file", hint: str = "check data.sources[*].path (relative to the YAML)") -> list[str]:
     """The lines of a UTF-8 text file; a missing or binary file is a DataError naming it as `what`."""
+    return read_text(path, what, hint).splitlines()
+
+
+def read_text(path: Path, what: str = "data file", hint: str = "check data.sources[*].path (relative to the YAML)") -> str:
+    """A UTF-8 text file whole; a missing or binary file is a DataError naming it as `what`."""
     require_file(path, what, hint)
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        return path.read_text(encoding="utf-8")
     except (UnicodeDecodeError, OSError) as e:
         raise DataError(f"{what} '{path}' cannot be read as UTF-8 text ({e.__class__.__name__})") from None
 

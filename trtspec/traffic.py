@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtspec.chat import read_lines
+from trtspec.chat import read_text
 from trtspec.errors import DataError
 from trtspec.suites import prompt_turns
 
@@ -64,11 +64,12 @@ def request_prompt(body: dict, skips: Counter) -> list[dict] | None:
     return None
 
 
-def detect_format(lines: list[str]) -> str:
+def detect_format(text: str) -> str:
     """The format of a traffic file from its first non-blank line."""
-    first = next((ln for ln in lines if ln.strip()), "")
-    if first.lstrip().startswith('[{"id":'):
+    if text.lstrip().startswith('[{"id":'):
         return "triton-trace"
+    lines = text.splitlines()
+    first = next((ln for ln in lines if ln.strip()), "")
     if VLLM_BODY in first or any(VLLM_BODY in ln for ln in lines[:2000]):
         return "vllm-log"
     try:
@@ -127,12 +128,12 @@ def trace_text(element: str) -> str:
     return element
 
 
-def trace_records(files: list[Path], turns_of: Callable[[str], list[dict] | None], skips: Counter) -> list[tuple[dict, None]]:
-    """(a request body {messages}, None) per text_input tensor of a Triton trace's files, its text read back into
-    turns by `turns_of`."""
+def trace_records(texts: list[str], turns_of: Callable[[str], list[dict] | None], skips: Counter) -> list[tuple[dict, None]]:
+    """(a request body {messages}, None) per text_input tensor of a Triton trace's files (their texts), its text read
+    back into turns by `turns_of`."""
     out = []
-    for f in files:
-        for m in TRITON_TEXT_INPUT.finditer(f.read_text(encoding="utf-8", errors="replace")):
+    for text in texts:
+        for m in TRITON_TEXT_INPUT.finditer(text):
             if math.prod(int(d) for d in m.group(2).split(",") if d) != 1:
                 skips["text_input of several prompts"] += 1
                 continue
@@ -153,10 +154,10 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
     hint = "pass a JSONL of chat requests, an OpenAI batch file, a vLLM request log or a Triton trace"
     traces = trace_files(path) if fmt in ("auto", "triton-trace") else []
     if traces and not path.is_file():  # only the FILE.N Triton writes with log-frequency
-        lines, found = [], "triton-trace"
+        text, found = "", "triton-trace"
     else:
-        lines = read_lines(path, "--prompts file", hint)
-        found = detect_format(lines) if fmt == "auto" else fmt
+        text = read_text(path, "--prompts file", hint)  # read once: a trace of every request's tensors is large
+        found = detect_format(text) if fmt == "auto" else fmt
     if found == "unknown":
         raise DataError(f"{where}: not a traffic file this tool reads (its first line is no chat request, OpenAI "
                         "batch request, vLLM request-log line or Triton trace)",
@@ -167,9 +168,10 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
 
         if tok is None:
             raise ValueError("a Triton trace is read with the target's tokenizer (its chat template): pass tok")
-        bodies = trace_records(traces or [path], turns_reader(tok), skips)
+        numbered = [f.read_text(encoding="utf-8", errors="replace") for f in traces if f != path]
+        bodies = trace_records([text, *numbered], turns_reader(tok), skips)
     else:
-        bodies = records(lines, found, skips)
+        bodies = records(text.splitlines(), found, skips)
     rows, seen = [], set()
     for body, cat in bodies:
         msgs = request_prompt(body, skips)
