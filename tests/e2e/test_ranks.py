@@ -44,8 +44,9 @@ def write_config(tmp: Path, model: Path, batch_size: int, **train) -> Path:
 
 
 def torchrun(cfg: Path, out: Path, procs: int = 2) -> list[str]:
+    # --log-dir: torchrun's folder of the ranks' logs, otherwise a torchelastic_* folder it leaves in the temp folder
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}",
-            "-m", "trtspec.cli", "build", str(cfg), "--out", str(out), "--until", "train"]
+            f"--log-dir={out}-ranks", "-m", "trtspec.cli", "build", str(cfg), "--out", str(out), "--until", "train"]
 
 
 def single(cfg: Path, out: Path) -> list[str]:
@@ -160,7 +161,7 @@ def accelerate_launch(cfg: Path, out: Path, procs: int = 2) -> list[str]:
     # --multi_gpu is accelerate's torch.distributed.run launcher; on a machine without GPUs the ranks use gloo.
     # (--cpu with several processes is accelerate's mpirun launcher, which needs MPI and a hostfile.)
     return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={procs}", "--num_machines=1",
-            "--mixed_precision=no", "--dynamo_backend=no", "-m", "trtspec.cli", "build", str(cfg), "--out", str(out),
+            "--mixed_precision=no", "--dynamo_backend=no", f"--log_dir={out}-ranks", "-m", "trtspec.cli", "build", str(cfg), "--out", str(out),
             "--until", "train"]
 
 

@@ -24,14 +24,16 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture
-def vllm_rpc():
-    """A folder of its own for the ZMQ sockets of a vLLM server a test starts (VLLM_RPC_BASE_PATH), which vLLM
-    leaves behind after a clean exit; short, as a socket's path is at most 107 bytes; removed after."""
+def vllm_temp_env():
+    """The environment a vLLM server a test starts needs to leave nothing in the temp folder: a folder of its own
+    for its sockets and rendezvous file, as trtspec's own servers get (sweep.server_temp_folder); removed after."""
     import shutil
-    import tempfile
 
-    folder = tempfile.mkdtemp(prefix="vllm-")
-    yield folder
+    from trtspec.engines.vllm.sweep import server_temp_folder
+
+    env: dict[str, str] = {}
+    folder = server_temp_folder(env)
+    yield env
     shutil.rmtree(folder, ignore_errors=True)
 
 

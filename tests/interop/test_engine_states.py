@@ -136,7 +136,7 @@ def test_the_trainer_holds_no_target_layer_when_vllm_computes_the_states(tmp_pat
     assert abs(vllm["AL@3"] - hf["AL@3"]) <= 0.1, (vllm["AL@3"], hf["AL@3"])
 
 
-def test_a_draft_trained_on_states_from_a_vllm_server_it_was_launched_for(tmp_path, vllm_rpc):
+def test_a_draft_trained_on_states_from_a_vllm_server_it_was_launched_for(tmp_path, vllm_temp_env):
     """train.states_from: endpoint, as a user runs it: convert, `trtspec states-server` prints the launch line, the
     server started by that very line (vLLM's OpenAI server with the extraction, on a CPU trtspec's connector), then the
     build trains on its states (streamed) and its greedy answers in two processes (torchrun), each fetching only the
@@ -170,7 +170,7 @@ def test_a_draft_trained_on_states_from_a_vllm_server_it_was_launched_for(tmp_pa
     cli("build", recipe, "--out", str(run), "--until", "convert", *sets)
     line = json.loads(cli("states-server", recipe, "--out", str(run), "--json", *sets).stdout)["launch"]
     assert f"--port {port}" in line and str(folder) in line and "extract_hidden_states" in line
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "VLLM_RPC_BASE_PATH": vllm_rpc}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **vllm_temp_env}
     with (tmp_path / "server.log").open("w") as log:
         server = subprocess.Popen(["bash", "-c", line], env=env, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
@@ -184,7 +184,8 @@ def test_a_draft_trained_on_states_from_a_vllm_server_it_was_launched_for(tmp_pa
             except OSError:
                 assert time.time() < deadline, "the states server did not start"
                 time.sleep(2)
-        two = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "trtspec.cli")
+        two = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               f"--log-dir={tmp_path / 'ranks'}", "-m", "trtspec.cli")
         cli("build", recipe, "--out", str(run), "--until", "train", *sets, launcher=two)
     finally:
         if server.poll() is None:

@@ -102,12 +102,12 @@ def post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def test_the_bundle_vllm_snippet_serves(ci_bundle, prompts, hf_outputs, tmp_path, vllm_rpc):
+def test_the_bundle_vllm_snippet_serves(ci_bundle, prompts, hf_outputs, tmp_path, vllm_temp_env):
     """snippets/vllm.sh as a user runs it (OpenAI server on 127.0.0.1) answers like HF generate."""
     from trtspec.models import load_tokenizer
 
     port = free_port()
-    env = {**os.environ, "PORT": str(port), "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_RPC_BASE_PATH": vllm_rpc}
+    env = {**os.environ, "PORT": str(port), "VLLM_CPU_KVCACHE_SPACE": "1", **vllm_temp_env}
     log = (tmp_path / "server.log").open("w")
     proc = subprocess.Popen([str(ci_bundle / "snippets" / "vllm.sh"), "--max-model-len", "1024", "--enforce-eager"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -3,6 +3,8 @@ best fixed length and no draft, where speculation stops paying."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from trtspec.engines.vllm import sweep
@@ -40,17 +42,33 @@ def test_stat_reads_aiperf_exports():
     assert b.stat({}, "inter_token_latency") is None
 
 
-def test_a_stopped_server_leaves_no_socket_folder(tmp_path):
-    """stop() ends the server's process group and removes the folder its ZMQ sockets were named in."""
+def test_a_server_writes_its_temp_files_in_a_folder_of_its_own(tmp_path, monkeypatch):
+    """vLLM's sockets and rendezvous file go to the server's folder (TMPDIR too); inductor's cache stays where it
+    was; the folder's path is short enough for a socket's name."""
+    import tempfile
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the temp folder this process sees
+    env = {"PATH": "/usr/bin"}
+    folder = sweep.server_temp_folder(env)
+    assert env["VLLM_RPC_BASE_PATH"] == env["TMPDIR"] == folder and Path(folder).parent == tmp_path
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir() and Path(default_cache_dir()).parent == tmp_path
+    assert len(folder) < len(str(tmp_path)) + 30
+
+
+def test_a_stopped_server_leaves_no_temp_folder(tmp_path):
+    """stop() ends the server's process group and removes the folder its sockets and rendezvous file were put in."""
     import subprocess
     import sys
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    proc.rpc_dir = str(tmp_path / "rpc")
-    (tmp_path / "rpc").mkdir()
-    (tmp_path / "rpc" / "socket-left-by-vllm").touch()
+    proc.temp_dir = str(tmp_path / "server")
+    (tmp_path / "server").mkdir()
+    (tmp_path / "server" / "socket-left-by-vllm").touch()
+    (tmp_path / "server" / "vllm_dist_0123").touch()
     sweep.stop(proc)
-    assert proc.returncode is not None and not (tmp_path / "rpc").exists()
+    assert proc.returncode is not None and not (tmp_path / "server").exists()
 
 
 class FakePool:

@@ -152,17 +152,27 @@ def server_environment(preload_iomp: bool) -> tuple[dict[str, str], list[str]]:
     return env, ["--enforce-eager"]
 
 
+def server_temp_folder(env: dict[str, str]) -> str:
+    """A short folder of the server's own (a socket's path is at most 107 bytes) for what vLLM leaves in the temp
+    folder after a clean exit: its ZMQ sockets (VLLM_RPC_BASE_PATH, 7 a server) and its one-process rendezvous file
+    (vllm_dist_*, in TMPDIR). Set in `env`, with inductor's cache kept where it would be without TMPDIR."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    folder = tempfile.mkdtemp(prefix="trtspec-vllm-")
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    env.update(VLLM_RPC_BASE_PATH=folder, TMPDIR=folder)
+    return folder
+
+
 def start_vllm(bundle: Path, spec: dict | None, max_seqs: int, log: Path, plan: SweepPlan) -> tuple[subprocess.Popen, int]:
     """vLLM's OpenAI server on a free loopback port; returns once /v1/models answers."""
     port = free_port()
     env, extra = server_environment(plan.preload_iomp)
-    # vLLM names its ZMQ sockets under VLLM_RPC_BASE_PATH and leaves them there after a clean exit (7 a server in
-    # /tmp): a folder of the server's own, removed by stop()
-    env["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="trtspec-vllm-")
+    temp_dir = server_temp_folder(env)
     with log.open("w") as out:
         proc = subprocess.Popen(vllm_command(bundle, port, spec, max_seqs) + extra, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    proc.rpc_dir = env["VLLM_RPC_BASE_PATH"]
+    proc.temp_dir = temp_dir  # stop() removes it
     deadline = time.time() + plan.server_timeout_s
     while True:
         if proc.poll() is not None:
@@ -179,7 +189,7 @@ def start_vllm(bundle: Path, spec: dict | None, max_seqs: int, log: Path, plan: 
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """The server's process group ended (SIGTERM, SIGKILL after a minute) and its socket folder removed."""
+    """The server's process group ended (SIGTERM, SIGKILL after a minute) and its temp folder removed."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -187,8 +197,8 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-    if rpc_dir := getattr(proc, "rpc_dir", None):
-        shutil.rmtree(rpc_dir, ignore_errors=True)
+    if temp_dir := getattr(proc, "temp_dir", None):
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def spec_counters(port: int) -> dict[str, float]:
