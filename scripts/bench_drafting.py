@@ -30,8 +30,9 @@ SETS = {"code": ROOT / "build_configs" / "prompts" / "code_prompts.jsonl",
 
 
 def load_set(name: str, run: Path, tok, n: int) -> list[list[int]]:
-    """The first n prompts of a set (heldout | code | copy | a file), chat-templated."""
-    from trtspec.bench import load_prompts
+    """n prompts of a set, chat-templated: the first n held-out ones, or n spread over a file (code | copy | a file;
+    a suite is ordered by category)."""
+    from trtspec.bench import load_prompts, spread
     from trtspec.chat import encode_prompt, read_prompt_file
 
     if name == "heldout":
@@ -42,7 +43,7 @@ def load_set(name: str, run: Path, tok, n: int) -> list[list[int]]:
     rows = read_prompt_file(path, Counter(), "prompt file", "give a JSONL (prompt|messages) or text file")
     if not rows:
         sys.exit(f"error: no prompts in set '{name}'")
-    return [encode_prompt(tok, r["messages"]) for r in rows[:n]]
+    return [encode_prompt(tok, r["messages"]) for r in spread(rows, n)]
 
 
 def main() -> None:

@@ -108,9 +108,14 @@ def load_prompt_rows(run: Path, n: int, split: str = "heldout") -> list[dict]:
     return rows
 
 
+def spread(rows: list, n: int) -> list:
+    """n of `rows` spread evenly over them (a suite is ordered by category: its first rows are one category)."""
+    return rows[:: max(1, len(rows) // n)][:n]
+
+
 def suite_rows(path: Path, spread_to: int | None = None) -> list[dict]:
     """A JSONL suite's rows {id, category, messages}, read as validate reads eval.suites; with `spread_to`, that
-    many rows spread evenly over the file (a suite is ordered by category: its first rows are one category)."""
+    many rows spread evenly over the file (spread)."""
     from collections import Counter
 
     from trtspec.config import EvalSuite
@@ -120,7 +125,7 @@ def suite_rows(path: Path, spread_to: int | None = None) -> list[dict]:
     rows = read_suite_file(path, Counter(), EvalSuite(kind="jsonl", path=str(path)), "--suite", hint)
     if not rows:
         raise DataError(f"--suite '{path}' holds no prompt", hint)
-    return rows if spread_to is None else rows[:: max(1, len(rows) // spread_to)][:spread_to]
+    return rows if spread_to is None else spread(rows, spread_to)
 
 
 def load_prompts(run: Path, tok: Any, n: int, split: str = "heldout") -> list[list[int]]:
