@@ -21,7 +21,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from trtspec.bench import arg_parser
+from trtspec.bench import arg_parser, count
 from trtspec.errors import run_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--sets", default="heldout,code,copy", help="prompt sets, comma separated (heldout, code, copy, or files)")
-    ap.add_argument("--prompts", type=int, default=6, help="prompts per set")
+    ap.add_argument("--prompts", type=count, default=6, help="prompts per set")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--k", type=int, default=3, help="EAGLE-3 chain length")
     ap.add_argument("--suffix-len", type=int, default=8, help="longest chain a suffix match drafts")

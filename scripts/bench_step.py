@@ -29,7 +29,7 @@ from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
-from trtspec.bench import add_runtime_flags, arg_parser, draft_specs
+from trtspec.bench import add_runtime_flags, arg_parser, count, draft_specs
 from trtspec.errors import run_main
 
 
@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3, help="draft length (the default --specs: chain:K)")
     ap.add_argument("--specs", help="draft shapes to time side by side, comma-separated shape:depth[:topk:total], "
                     "e.g. chain:3,dynamic_tree:4:3:8 (default chain:K)")
-    ap.add_argument("--prompts", type=int, default=3)
+    ap.add_argument("--prompts", type=count, default=3)
     ap.add_argument("--suite", type=Path, help="a JSONL suite (prompt or messages, category): --prompts of its rows, "
                     "spread evenly over the file, instead of the held-out split")
     ap.add_argument("--max-new-tokens", type=int, default=96)

@@ -108,6 +108,13 @@ def load_prompt_rows(run: Path, n: int, split: str = "heldout") -> list[dict]:
     return rows
 
 
+def count(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a count of prompts, of rounds)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"give a whole number of at least 1, not '{text}'")
+    return int(text)
+
+
 def spread(rows: list, n: int) -> list:
     """n of `rows` spread evenly over them (a suite is ordered by category: its first rows are one category)."""
     return rows[:: max(1, len(rows) // n)][:n]

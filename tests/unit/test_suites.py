@@ -180,6 +180,18 @@ def test_validate_preflight_reads_the_suites(tmp_path, tiny_model_dir):
         validate.preflight(config_from_dict(raw, base_dir=tmp_path), model_config)
 
 
+def test_a_benchs_count_of_prompts_is_a_whole_number_of_at_least_one():
+    """bench.count, the type of the bench scripts' --prompts: 0 would spread a suite over nothing."""
+    import argparse
+
+    from trtspec.bench import count
+
+    assert count("3") == 3
+    for bad in ("0", "-1", "x", "2.5", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="at least 1"):
+            count(bad)
+
+
 def test_suite_rows_spread_over_the_file(tmp_path):
     """bench.suite_rows(spread_to=n): n rows from across a suite ordered by category, not its first category's."""
     from trtspec.bench import suite_rows
