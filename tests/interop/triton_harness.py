@@ -132,18 +132,19 @@ def start(repo: Path, cwd: Path, log: Path, ports: tuple[int, int, int] | None =
                                 start_new_session=True)
     server = Server(proc, http, grpc, metrics, log)
     try:
-        while not server.ready():
-            if proc.poll() is not None:
-                raise ServerError(f"tritonserver exited ({proc.returncode}): {first_error(log)}", proc.pid)
-            if time.perf_counter() - t0 > timeout_s:
-                raise ServerError(f"tritonserver not ready within {timeout_s:.0f} s: {first_error(log)}", proc.pid)
-            time.sleep(0.5)
+        try:
+            while not server.ready():
+                if proc.poll() is not None:
+                    raise ServerError(f"tritonserver exited ({proc.returncode}): {first_error(log)}", proc.pid)
+                if time.perf_counter() - t0 > timeout_s:
+                    raise ServerError(f"tritonserver not ready within {timeout_s:.0f} s: {first_error(log)}", proc.pid)
+                time.sleep(0.5)
+        finally:
+            # its own: the servers these tests start come up one at a time (test_triton.py, in one worker)
+            server.env_dirs = tuple(set(glob.glob(PYTHON_ENVS)) - envs_before)
     except BaseException:
-        server.env_dirs = tuple(set(glob.glob(PYTHON_ENVS)) - envs_before)
         stop(server)
         raise
-    # its own: the servers these tests start come up one at a time (test_triton.py, in one worker)
-    server.env_dirs = tuple(set(glob.glob(PYTHON_ENVS)) - envs_before)
     server.load_s = time.perf_counter() - t0
     return server
 
