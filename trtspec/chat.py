@@ -41,8 +41,18 @@ def check_text_file(path: Path, what: str, hint: str) -> None:
 
 
 def read_lines(path: Path, what: str = "data file", hint: str = "check data.sources[*].path (relative to the YAML)") -> list[str]:
-    """The lines of a UTF-8 text file; a missing or binary file is a DataError naming it as `what`."""
-    return read_text(path, what, hint).splitlines()
+    """The lines of a UTF-8 text file (split_lines); a missing or binary file is a DataError naming it as `what`."""
+    return split_lines(read_text(path, what, hint))
+
+
+def split_lines(text: str) -> list[str]:
+    """The lines of a text file, split at "\\n" alone (a trailing "\\r" dropped), JSON Lines' separator: str.splitlines
+    also splits at U+0085, U+2028 and U+2029, which JSON holds unescaped inside a string (json.dumps with
+    ensure_ascii=False writes them so: the data stage's own files), and would cut such a row in two."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
 
 
 def read_text(path: Path, what: str = "data file", hint: str = "check data.sources[*].path (relative to the YAML)") -> str:
@@ -333,7 +343,7 @@ def cut_at(text: str, pieces: list[str], between: set[str]) -> list[str] | None:
 
 def read_rows(path: Path) -> list[dict]:
     """The rows of one of the data stage's conversation files (data/train.jsonl, data/heldout.jsonl)."""
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [json.loads(line) for line in split_lines(path.read_text(encoding="utf-8")) if line.strip()]
 
 
 def prompt_rows(rows: list[dict]) -> list[dict]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import io
+import itertools
 import json
 import math
 import re
@@ -27,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtspec.chat import read_text
+from trtspec.chat import read_text, split_lines
 from trtspec.errors import DataError
 from trtspec.suites import prompt_turns
 
@@ -65,12 +67,13 @@ def request_prompt(body: dict, skips: Counter) -> list[dict] | None:
 
 
 def detect_format(text: str) -> str:
-    """The format of a traffic file from its first non-blank line."""
+    """The format of a traffic file from its first non-blank line (a vLLM log: a request line among its first 2000);
+    only those lines are split off, read_traffic splits the whole file once."""
     if text.lstrip().startswith('[{"id":'):
         return "triton-trace"
-    lines = text.splitlines()
+    lines = list(itertools.islice(io.StringIO(text), 2000))
     first = next((ln for ln in lines if ln.strip()), "")
-    if VLLM_BODY in first or any(VLLM_BODY in ln for ln in lines[:2000]):
+    if any(VLLM_BODY in ln for ln in lines):
         return "vllm-log"
     try:
         row = json.loads(first)
@@ -171,7 +174,7 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
         numbered = [f.read_text(encoding="utf-8", errors="replace") for f in traces if f != path]
         bodies = trace_records([text, *numbered], turns_reader(tok), skips)
     else:
-        bodies = records(text.splitlines(), found, skips)
+        bodies = records(split_lines(text), found, skips)
     rows, seen = [], set()
     for body, cat in bodies:
         msgs = request_prompt(body, skips)

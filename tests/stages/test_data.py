@@ -47,6 +47,22 @@ def test_prompt_file_dedup_and_bad_lines(tmp_path):
     assert len(chat.read_prompt_file(plain, Counter())) == 2
 
 
+def test_rows_holding_unicode_line_separators_are_read_whole(tmp_path):
+    """JSON holds U+2028, U+2029 and U+0085 raw inside a string (json.dumps with ensure_ascii=False, as the data stage
+    writes data/train.jsonl); a JSON Lines row ends at "\\n" only, and a CRLF file reads as an LF one."""
+    texts = ["one\u2028line", "two\u2029paragraphs", "next\x85line"]
+    conv = [{"messages": [{"role": "user", "content": t}, {"role": "assistant", "content": t}]} for t in texts]
+    f = tmp_path / "c.jsonl"
+    f.write_text("".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in conv), encoding="utf-8")
+    skips: Counter = Counter()
+    got = chat.conversations_from_rows(chat.read_jsonl(f, skips), "c", skips)
+    assert [r["messages"][-1]["content"] for r in got] == texts and not skips
+    assert [r["messages"][-1]["content"] for r in chat.read_rows(f)] == texts
+    p = tmp_path / "p.jsonl"
+    p.write_text("".join(json.dumps({"prompt": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
+    assert [x["messages"][0]["content"] for x in chat.read_prompt_file(p, skips)] == texts and not skips
+
+
 def test_unreadable_and_missing_files(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         chat.read_jsonl(tmp_path / "nope.jsonl", Counter())

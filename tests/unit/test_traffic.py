@@ -59,6 +59,22 @@ def test_vllm_request_log_reads_json_bodies_and_counts_cut_ones(tmp_path):
     assert skips == {"request body cut short (vLLM's --max-log-len)": 1}
 
 
+def test_requests_holding_unicode_line_separators_are_read_whole(tmp_path):
+    """A request whose text holds U+2028 or U+0085 raw (JSON allows it; a writer with ensure_ascii=False writes it
+    so) is one line of a JSONL file or a vLLM log, not two unparsable halves."""
+    texts = ["Summarise:\u2028a passage", "next\x85line"]
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps({"prompt": t}, ensure_ascii=False) + "\n" for t in texts), encoding="utf-8")
+    rows, skips, fmt = read_traffic(f)
+    assert fmt == "chat" and [r["messages"][0]["content"] for r in rows] == texts and not skips
+    log = tmp_path / "vllm.log"
+    log.write_text("".join(f"DEBUG 11-28 10:00:0{i} [request_logger.py:73] Request chatcmpl-{i} JSON body: "
+                           + json.dumps({"messages": [{"role": "user", "content": t}]}, ensure_ascii=False) + "\n"
+                           for i, t in enumerate(texts)), encoding="utf-8")
+    rows, skips, fmt = read_traffic(log)
+    assert fmt == "vllm-log" and [r["messages"][0]["content"] for r in rows] == texts and not skips
+
+
 def test_unknown_format_and_no_usable_prompt_are_one_line_errors(tmp_path):
     with pytest.raises(DataError, match="not a traffic file"):
         read_traffic(write(tmp_path / "x.jsonl", [{"text": "a document"}]))
