@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 from trtspec.bench import stage_metrics
-from trtspec.engines.vllm.sweep import free_port
+from trtspec.engines.vllm.sweep import end_group, free_port
 from trtspec.errors import run_main
 
 CLI = [sys.executable, "-m", "trtspec.cli"]
@@ -77,9 +76,8 @@ def train(config: str, base: Path, out: Path, name: str, extra: list[str]) -> di
         run(["train", config, "--out", str(out), *sets(pairs)])
         wall = time.perf_counter() - t0
     finally:
-        if server is not None and server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(60)
+        if server is not None:
+            end_group(server)
     m = stage_metrics(out, "train")
     k = max((key for key in m if key.startswith("AL@") and key[3:].isdigit()), key=lambda key: int(key[3:]))
     return {"source": name, "al": m[k], "ci": m.get(f"{k}_ci95"), "fit": m["fit"][k],

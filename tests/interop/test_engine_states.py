@@ -143,14 +143,13 @@ def test_a_draft_trained_on_states_from_a_vllm_server_it_was_launched_for(tmp_pa
     rows it reads, holding no decoder layer of the target; every file the server wrote is read and deleted."""
     import json
     import os
-    import signal
     import subprocess
     import sys
     import time
     import urllib.request
     from pathlib import Path
 
-    from trtspec.engines.vllm.sweep import free_port
+    from trtspec.engines.vllm.sweep import end_group, free_port
 
     root = Path(__file__).resolve().parents[2]
     port = free_port()
@@ -188,9 +187,7 @@ def test_a_draft_trained_on_states_from_a_vllm_server_it_was_launched_for(tmp_pa
                f"--log-dir={tmp_path / 'ranks'}", "-m", "trtspec.cli")
         cli("build", recipe, "--out", str(run), "--until", "train", *sets, launcher=two)
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(60)
+        end_group(server)
     m = json.loads((run / "train" / "manifest.json").read_text())["metrics"]
     assert m["states"]["from"] == "endpoint" and m["world_size"] == 2
     # rank 0 reads half of each step's 4 rows; it extracts those (and a batch wrapped round at an epoch's end), not all

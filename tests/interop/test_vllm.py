@@ -16,7 +16,7 @@ import pytest
 from vllm_harness import eos_of, vllm_run
 
 from trtspec import answering
-from trtspec.engines.vllm.sweep import free_port
+from trtspec.engines.vllm.sweep import end_group, free_port
 
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
 
@@ -139,8 +139,7 @@ def test_the_bundle_vllm_snippet_serves(ci_bundle, prompts, hf_outputs, tmp_path
         got = dict(ep.answers(prompts, MAX_NEW, eos_of(ci_bundle), 0.0))
         assert [got[i] for i in range(len(prompts))] == hf_outputs
     finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=60)
+        end_group(proc)
         log.close()
 
 

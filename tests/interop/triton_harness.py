@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtspec.engines.vllm.sweep import free_port
+from trtspec.engines.vllm.sweep import end_group, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 # Triton's Python backend makes a folder of its own at this fixed path when it loads (EnvironmentManager, mkdtemp) and
@@ -173,13 +173,7 @@ def stop(server: Server) -> None:
 
 
 def end(server: Server) -> None:
-    if server.proc.poll() is None:
-        os.killpg(server.proc.pid, signal.SIGTERM)
-        try:
-            server.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.proc.pid, signal.SIGKILL)
-            server.proc.wait(timeout=20)
+    end_group(server.proc, term_s=20)
     try:  # stubs left behind (a stub busy answering outlives its server's SIGTERM)
         os.killpg(server.proc.pid, signal.SIGKILL)
     except ProcessLookupError:

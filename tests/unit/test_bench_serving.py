@@ -63,11 +63,10 @@ def test_a_stopped_server_leaves_no_temp_folder(tmp_path):
     import sys
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    proc.temp_dir = str(tmp_path / "server")
     (tmp_path / "server").mkdir()
     (tmp_path / "server" / "socket-left-by-vllm").touch()
     (tmp_path / "server" / "vllm_dist_0123").touch()
-    sweep.stop(proc)
+    sweep.stop(sweep.Server(proc, 0, str(tmp_path / "server")))
     assert proc.returncode is not None and not (tmp_path / "server").exists()
 
 

@@ -164,7 +164,18 @@ def server_temp_folder(env: dict[str, str]) -> str:
     return folder
 
 
-def start_vllm(bundle: Path, spec: dict | None, max_seqs: int, log: Path, plan: SweepPlan) -> tuple[subprocess.Popen, int]:
+@dataclass
+class Server:
+    """vLLM's OpenAI server as start_vllm left it: its process (the leader of its own process group), its loopback
+    port, and the temp folder of its sockets and rendezvous file (stop() removes it)."""
+
+    proc: subprocess.Popen
+    port: int
+    temp_dir: str
+    drafts: bool = False  # served with a speculative_config: its /metrics count drafts and accepted tokens
+
+
+def start_vllm(bundle: Path, spec: dict | None, max_seqs: int, log: Path, plan: SweepPlan) -> Server:
     """vLLM's OpenAI server on a free loopback port; returns once /v1/models answers."""
     port = free_port()
     env, extra = server_environment(plan.preload_iomp)
@@ -172,33 +183,40 @@ def start_vllm(bundle: Path, spec: dict | None, max_seqs: int, log: Path, plan: 
     with log.open("w") as out:
         proc = subprocess.Popen(vllm_command(bundle, port, spec, max_seqs) + extra, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    proc.temp_dir = temp_dir  # stop() removes it
+    server = Server(proc, port, temp_dir, drafts=spec is not None)
     deadline = time.time() + plan.server_timeout_s
     while True:
         if proc.poll() is not None:
-            stop(proc)
+            stop(server)
             raise SweepFailed(f"vLLM's server exited ({proc.returncode}) before answering", f"see {log}")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5).read()
-            return proc, port
+            return server
         except OSError:
             if time.time() > deadline:
-                stop(proc)
+                stop(server)
                 raise SweepFailed(f"vLLM's server was not ready within {plan.server_timeout_s:.0f} s", f"see {log}") from None
             time.sleep(2)
 
 
-def stop(proc: subprocess.Popen) -> None:
-    """The server's process group ended (SIGTERM, SIGKILL after a minute) and its temp folder removed."""
+def end_group(proc: subprocess.Popen, term_s: float = 60) -> None:
+    """SIGTERM to the process group `proc` leads (started with start_new_session), SIGKILL if `proc` is still there
+    after term_s seconds; returns once `proc` is reaped."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=term_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-    if temp_dir := getattr(proc, "temp_dir", None):
-        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def stop(server: Server) -> None:
+    """The server's process group ended (end_group) and its temp folder removed."""
+    try:
+        end_group(server.proc)
+    finally:
+        shutil.rmtree(server.temp_dir, ignore_errors=True)
 
 
 def spec_counters(port: int) -> dict[str, float]:
@@ -246,19 +264,19 @@ class ServerPool:
 
     def __init__(self, bundle: Path, plan: SweepPlan, work: Path, aiperf: str, prompts: Path, log: Any = print) -> None:
         self.bundle, self.plan, self.work, self.aiperf, self.prompts, self.log = bundle, plan, work, aiperf, prompts, log
-        self.servers: dict[str, tuple[subprocess.Popen, int, bool]] = {}
+        self.servers: dict[str, Server] = {}
         work.mkdir(parents=True, exist_ok=True)
 
     def start(self, label: str, k: int, schedule: dict[int, int] | None = None) -> None:
         spec = speculative_config(self.bundle, k, schedule)
-        proc, port = start_vllm(self.bundle, spec, max(self.plan.concurrency), self.work / f"vllm-{label}.log", self.plan)
-        self.servers[label] = (proc, port, spec is not None)
+        self.servers[label] = start_vllm(self.bundle, spec, max(self.plan.concurrency), self.work / f"vllm-{label}.log",
+                                         self.plan)
 
     def rows(self, levels: dict[int, list[str]], tag: str = "") -> dict[str, dict[int, dict]]:
         return measure_interleaved(self, levels, self.aiperf, self.prompts, tag, self.log)
 
     def stop(self, label: str) -> None:
-        stop(self.servers.pop(label)[0])
+        stop(self.servers.pop(label))
 
     def __enter__(self) -> ServerPool:
         return self
@@ -270,11 +288,11 @@ class ServerPool:
     def measure(self, label: str, c: int, aiperf: str, prompts: Path, tag: str) -> dict:
         """One aiperf level on server `label` at concurrency c -> its row (tokens/s, TTFT, ITL, requests/s, and the
         acceptance length vLLM counted during it)."""
-        _, port, drafts = self.servers[label]
-        before = spec_counters(port) if drafts else {}
-        summary = run_aiperf(aiperf, port, self.bundle / "target", prompts, c, max(2 * c, self.plan.min_requests),
+        server = self.servers[label]
+        before = spec_counters(server.port) if server.drafts else {}
+        summary = run_aiperf(aiperf, server.port, self.bundle / "target", prompts, c, max(2 * c, self.plan.min_requests),
                              self.plan, self.work / f"aiperf-{tag}-c{c}")
-        after = spec_counters(port) if drafts else {}
+        after = spec_counters(server.port) if server.drafts else {}
         n = after.get("drafts", 0) - before.get("drafts", 0)
         return {
             "tokens_per_s": stat(summary, "output_token_throughput"),
