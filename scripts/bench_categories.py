@@ -19,14 +19,15 @@ import json
 from functools import partial
 from pathlib import Path
 
-from trtspec.bench import add_runtime_flags, arg_parser
+from trtspec.bench import add_runtime_flags, arg_parser, count
 from trtspec.errors import run_main
 
 
 def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
-    ap.add_argument("--prompts", type=int, default=1000, help="held-out prompts at most")
+    ap.add_argument("--prompts", type=count, default=1000,
+                    help="prompts at most: the first held-out ones, or a suite's spread over its categories")
     ap.add_argument("--suite", type=Path, help="a JSONL suite (prompt or messages, category) instead of the held-out split")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--suffix-min-match", type=int, default=0, metavar="N",
@@ -57,7 +58,7 @@ def main() -> None:
 
     settings = runtime_settings(a)
     bundle = open_bundle(a.run_dir)
-    rows = suite_rows(a.suite)[: a.prompts] if a.suite else load_prompt_rows(a.run_dir, a.prompts)
+    rows = suite_rows(a.suite, a.prompts) if a.suite else load_prompt_rows(a.run_dir, a.prompts)
     prompts = [torch.tensor(encode_prompt(bundle.tok, r["messages"])) for r in rows]
     target, head = bundle.runtime(settings=settings)
     drafter = (SuffixThenModelDrafter(head, SuffixDrafter(min_match=a.suffix_min_match)) if a.suffix_min_match else

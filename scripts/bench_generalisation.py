@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trtspec.bench import add_runtime_flags, arg_parser
+from trtspec.bench import add_runtime_flags, arg_parser, count
 from trtspec.errors import run_main
 
 BINS = (0.0, 0.5, 0.8, 0.95, 0.99)  # lower edges of the target-probability bins; the last runs to 1
@@ -119,7 +119,8 @@ def main() -> None:
     ap = arg_parser(__doc__)
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--suite", type=Path, required=True, help="a JSONL suite (prompt or messages, category): your traffic")
-    ap.add_argument("--prompts", type=int, default=64, help="prompts of each set at most")
+    ap.add_argument("--prompts", type=count, default=64,
+                    help="prompts of each set at most (the suite's spread over its categories)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--json", action="store_true")
     add_runtime_flags(ap)
@@ -131,7 +132,7 @@ def main() -> None:
     bundle = open_bundle(a.run_dir)
     target, head = bundle.runtime(settings=runtime_settings(a))
     scorer = load_hf_target(bundle.path / "target")[0].model  # float32 HF, a quantized target's weights dequantized
-    sets = {"heldout": load_prompt_rows(a.run_dir, a.prompts), "suite": suite_rows(a.suite)[: a.prompts]}
+    sets = {"heldout": load_prompt_rows(a.run_dir, a.prompts), "suite": suite_rows(a.suite, a.prompts)}
     result: dict[str, Any] = {"run": str(a.run_dir), "suite_file": str(a.suite), "k": bundle.draft_length, "max_new_tokens": a.max_new_tokens}
     records = {}
     for name, rows in sets.items():
