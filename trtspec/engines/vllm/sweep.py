@@ -155,11 +155,15 @@ def server_environment(preload_iomp: bool) -> tuple[dict[str, str], list[str]]:
 def server_temp_folder(env: dict[str, str]) -> str:
     """A short folder of the server's own (a socket's path is at most 107 bytes) for what vLLM leaves in the temp
     folder after a clean exit: its ZMQ sockets (VLLM_RPC_BASE_PATH, 7 a server) and its one-process rendezvous file
-    (vllm_dist_*, in TMPDIR). Set in `env`, with inductor's cache kept where it would be without TMPDIR."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
+    (vllm_dist_*, in TMPDIR). Set in `env`, with inductor's cache kept where it would be without TMPDIR (a compiling
+    server's warm cache; a torch without that private helper compiles into the folder, and again next time)."""
     folder = tempfile.mkdtemp(prefix="trtspec-vllm-")
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    except ImportError:
+        pass
     env.update(VLLM_RPC_BASE_PATH=folder, TMPDIR=folder)
     return folder
 
