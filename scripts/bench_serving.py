@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from trtspec.bench import arg_parser, verified
+from trtspec.chat import read_rows
 from trtspec.engines.vllm.sweep import (
     ServerPool,
     SweepPlan,
@@ -34,7 +35,7 @@ from trtspec.errors import TrtspecError, run_main
 
 def heldout_prompts(run: Path) -> list[str]:
     """The user turn of the run's one-turn held-out conversations."""
-    rows = [json.loads(line) for line in (verified(run, "data")[0] / "heldout.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_rows(verified(run, "data")[0] / "heldout.jsonl")
     return [r["messages"][-2]["content"] for r in rows if len(r["messages"]) >= 2 and r["messages"][-2]["role"] == "user"]
 
 

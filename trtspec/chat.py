@@ -342,7 +342,7 @@ def cut_at(text: str, pieces: list[str], between: set[str]) -> list[str] | None:
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The rows of one of the data stage's conversation files (data/train.jsonl, data/heldout.jsonl)."""
+    """The rows of a JSON Lines file trtspec wrote (data/train.jsonl, data/heldout.jsonl, train/train_log.jsonl)."""
     return [json.loads(line) for line in split_lines(path.read_text(encoding="utf-8")) if line.strip()]
 
 
