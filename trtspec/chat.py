@@ -56,10 +56,11 @@ def split_lines(text: str) -> list[str]:
 
 
 def read_text(path: Path, what: str = "data file", hint: str = "check data.sources[*].path (relative to the YAML)") -> str:
-    """A UTF-8 text file whole; a missing or binary file is a DataError naming it as `what`."""
+    """A UTF-8 text file whole, without the byte-order mark some Windows editors put first (it would make the
+    first row unparsable); a missing or binary file is a DataError naming it as `what`."""
     require_file(path, what, hint)
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except (UnicodeDecodeError, OSError) as e:
         raise DataError(f"{what} '{path}' cannot be read as UTF-8 text ({e.__class__.__name__})") from None
 

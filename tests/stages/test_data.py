@@ -63,6 +63,18 @@ def test_rows_holding_unicode_line_separators_are_read_whole(tmp_path):
     assert [x["messages"][0]["content"] for x in chat.read_prompt_file(p, skips)] == texts and not skips
 
 
+def test_a_byte_order_mark_before_the_first_row_is_not_part_of_it(tmp_path):
+    """Notepad and Windows PowerShell 5 write UTF-8 with a byte-order mark; the first row is read as any other."""
+    p = tmp_path / "p.jsonl"
+    p.write_text("\ufeff" + "".join(json.dumps({"prompt": t}) + "\n" for t in ["a", "b"]), encoding="utf-8")
+    skips: Counter = Counter()
+    assert [x["messages"][0]["content"] for x in chat.read_prompt_file(p, skips)] == ["a", "b"] and not skips
+    c = tmp_path / "c.jsonl"
+    c.write_text("\ufeff" + json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+                 + "\n", encoding="utf-8")
+    assert len(chat.read_jsonl(c, skips)) == 1 and not skips
+
+
 def test_unreadable_and_missing_files(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         chat.read_jsonl(tmp_path / "nope.jsonl", Counter())

@@ -75,6 +75,14 @@ def test_requests_holding_unicode_line_separators_are_read_whole(tmp_path):
     assert fmt == "vllm-log" and [r["messages"][0]["content"] for r in rows] == texts and not skips
 
 
+def test_a_byte_order_mark_before_the_first_request_is_read_past(tmp_path):
+    """A JSONL saved by a Windows editor with a byte-order mark is still chat traffic, its first request kept."""
+    f = tmp_path / "t.jsonl"
+    f.write_text("\ufeff" + "".join(json.dumps({"prompt": t}) + "\n" for t in ["first", "second"]), encoding="utf-8")
+    rows, skips, fmt = read_traffic(f)
+    assert fmt == "chat" and [r["messages"][0]["content"] for r in rows] == ["first", "second"] and not skips
+
+
 def test_unknown_format_and_no_usable_prompt_are_one_line_errors(tmp_path):
     with pytest.raises(DataError, match="not a traffic file"):
         read_traffic(write(tmp_path / "x.jsonl", [{"text": "a document"}]))
