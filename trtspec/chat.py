@@ -133,6 +133,33 @@ def conversations_from_rows(rows: list[dict], name: str, skips: Counter) -> list
     return out
 
 
+def content_text(turns: list) -> list:
+    """OpenAI message content given as parts [{type: text, text}] joined to one text (other parts dropped)."""
+    out = []
+    for t in turns:
+        if isinstance(t, dict) and isinstance(t.get("content"), list):
+            t = {**t, "content": "".join(p.get("text", "") for p in t["content"] if isinstance(p, dict)
+                                         and p.get("type") == "text")}
+        out.append(t)
+    return out
+
+
+def prompt_turns(turns: Any) -> list[dict] | None:
+    """Chat turns [{role, content}] as a prompt (a last assistant turn dropped; content given as text parts joined,
+    content_text), or None where they are no prompt: a turn without a known role or text, or no text at all."""
+    if not isinstance(turns, list):
+        return None
+    msgs = []
+    for t in content_text(turns):
+        role = ROLES.get(str(t.get("role", "")).lower()) if isinstance(t, dict) else None
+        if role is None or not isinstance(t.get("content"), str):
+            return None
+        msgs.append({"role": role, "content": t["content"]})
+    if msgs and msgs[-1]["role"] == "assistant":
+        msgs = msgs[:-1]
+    return msgs if msgs and any(m["content"].strip() for m in msgs) else None
+
+
 def text_row(text: str, row_id: str) -> dict:
     # a plain document: one assistant message, tokenized without the chat template (see tokenize_row)
     return {"id": row_id, "category": "text", "messages": [{"role": "assistant", "content": text}]}
@@ -158,12 +185,8 @@ def read_prompt_file(path: Path, skips: Counter, what: str = "data file",
                 continue
             if isinstance(row.get("prompt"), str) and row["prompt"].strip():
                 msgs = [{"role": "user", "content": row["prompt"]}]
-            elif isinstance(row.get("messages"), list) and row["messages"]:
-                msgs = [m for m in row["messages"] if isinstance(m, dict) and isinstance(m.get("content"), str)]
-                if msgs and msgs[-1].get("role") == "assistant":
-                    msgs = msgs[:-1]  # regenerate the answer
-            else:
-                msgs = []
+            else:  # the turns before the answer (a last assistant turn is regenerated)
+                msgs = prompt_turns(row.get("messages")) or []
             if not msgs:
                 skips["prompt row without prompt"] += 1
                 continue

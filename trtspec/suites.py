@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtspec.chat import ROLES, read_lines
+from trtspec.chat import prompt_turns, read_lines
 from trtspec.errors import DataError
 
 if TYPE_CHECKING:
@@ -41,21 +41,6 @@ def suite_label(s: EvalSuite) -> str:
     if s.kind == "jsonl":
         return f"jsonl:{s.path}"
     return f"hf:{s.path}" + (f"[{s.subset}]" if s.subset else "") + f":{s.split}"
-
-
-def prompt_turns(turns: Any) -> list[dict] | None:
-    """Chat turns [{role, content}] as a prompt (a last assistant turn dropped), or None where they are no prompt."""
-    if not isinstance(turns, list):
-        return None
-    msgs = []
-    for t in turns:
-        role = ROLES.get(str(t.get("role", "")).lower()) if isinstance(t, dict) else None
-        if role is None or not isinstance(t.get("content"), str):
-            return None
-        msgs.append({"role": role, "content": t["content"]})
-    if msgs and msgs[-1]["role"] == "assistant":
-        msgs = msgs[:-1]
-    return msgs if msgs and any(m["content"].strip() for m in msgs) else None
 
 
 def mapped_row(rec: dict, s: EvalSuite, where: str, at: str, row_id: str) -> dict:

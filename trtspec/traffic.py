@@ -29,9 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtspec.chat import read_text, split_lines
+from trtspec.chat import prompt_turns, read_text, split_lines
 from trtspec.errors import DataError
-from trtspec.suites import prompt_turns
 
 FORMATS = ("auto", "chat", "openai-batch", "vllm-log", "triton-trace")
 VLLM_BODY = " JSON body: "  # vLLM's RequestLogger.log_request_body: "Request <id> JSON body: <json>"
@@ -42,21 +41,10 @@ TRITON_TEXT_INPUT = re.compile(r'\{"id":\d+,"activity":"TENSOR_QUEUE_INPUT","ten
                                r'(.*?)","shape":"([\d,]*)","dtype":"BYTES"\}\}', re.S)
 
 
-def content_text(turns: list) -> list:
-    """OpenAI message content given as parts [{type: text, text}] joined to one text (other parts dropped)."""
-    out = []
-    for t in turns:
-        if isinstance(t, dict) and isinstance(t.get("content"), list):
-            t = {**t, "content": "".join(p.get("text", "") for p in t["content"] if isinstance(p, dict)
-                                         and p.get("type") == "text")}
-        out.append(t)
-    return out
-
-
 def request_prompt(body: dict, skips: Counter) -> list[dict] | None:
     """A chat request's turns before its answer, or None (counted in skips) where it has none."""
     if isinstance(body.get("messages"), list):
-        msgs = prompt_turns(content_text(body["messages"]))
+        msgs = prompt_turns(body["messages"])
         if msgs is None:
             skips["request without a usable chat turn"] += 1
         return msgs

@@ -75,6 +75,24 @@ def test_a_byte_order_mark_before_the_first_row_is_not_part_of_it(tmp_path):
     assert len(chat.read_jsonl(c, skips)) == 1 and not skips
 
 
+def test_prompt_rows_of_messages_read_as_suites_and_traffic_read_them(tmp_path):
+    """A prompt file's `messages`: text parts joined, roles named as in conversations, a last answer dropped; a row
+    with a turn the target cannot be prompted with is skipped whole (it was cut down to its other turns: a system
+    turn alone asked the target for an answer)."""
+    rows = [
+        {"messages": [{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": [{"type": "text", "text": "Name "}, {"type": "text", "text": "a colour."}]}]},
+        {"messages": [{"role": "human", "content": "Hi"}, {"role": "gpt", "content": "Hello"}]},
+        {"messages": [{"role": "user", "content": "Weather?"}, {"role": "tool", "content": "{}"}]},
+    ]
+    skips: Counter = Counter()
+    got = chat.read_prompt_file(_write(tmp_path / "p.jsonl", rows), skips)
+    assert [x["messages"] for x in got] == [
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}],
+        [{"role": "user", "content": "Hi"}]]
+    assert skips == Counter({"prompt row without prompt": 1})
+
+
 def test_unreadable_and_missing_files(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         chat.read_jsonl(tmp_path / "nope.jsonl", Counter())
