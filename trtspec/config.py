@@ -725,6 +725,25 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     return config_from_dict(raw, source=str(path), base_dir=path.resolve().parent)
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping names the same key twice."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping. PyYAML keeps the last silently, so a
+    `train:` section appended to a config would replace the whole first one (its epochs, its lr) unnoticed."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str) and key in first and key != "<<":
+                raise DuplicateKeyError(f"key '{key}' is given twice in one mapping (lines {first[key]} and {line})")
+            first.setdefault(key, line)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml_with_parents(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """The YAML mapping at `path`; with `extends: other.yaml` (relative to it), that file's mapping first and this
     one merged over it section by section (a key set here wins; lists are replaced, not appended)."""
@@ -733,11 +752,13 @@ def read_yaml_with_parents(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'extends' loops back to itself")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file") from None
     except OSError as e:
         raise ConfigError(f"config file '{path}' cannot be read: {e.strerror}") from None
+    except DuplicateKeyError as e:
+        raise ConfigError(f"{path}: {e}", "a YAML reader would silently keep only the last: merge the two into one") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

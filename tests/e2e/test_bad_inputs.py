@@ -75,6 +75,12 @@ def case_yaml_syntax(tmp, model, mp):
     return build(tmp, tmp / "c.yaml")
 
 
+def case_duplicate_section(tmp, model, mp):
+    text = config(tmp, model, train={"epochs": 1}).read_text()  # a second train: section appended would silently replace the first
+    (tmp / "c.yaml").write_text(text + "train:\n  lr: 0.001\n")
+    return build(tmp, tmp / "c.yaml")
+
+
 def case_binary_config(tmp, model, mp):
     (tmp / "c.yaml").write_bytes(b"\xff\xfe\x00binary")
     return build(tmp, tmp / "c.yaml")
@@ -743,6 +749,7 @@ CLEANUPS: list[Callable[[], object]] = []
 CASES = [
     Case("config-missing", case_config_missing, 2, r"config file .* does not exist"),
     Case("config-yaml-syntax", case_yaml_syntax, 2, r"YAML syntax error at line \d+"),
+    Case("config-duplicate-key", case_duplicate_section, 2, r"key 'train' is given twice in one mapping \(lines \d+ and \d+\)"),
     Case("config-binary", case_binary_config, 2, r"not a text file"),
     Case("config-not-mapping", case_not_mapping, 2, r"top level must be a mapping"),
     Case("config-unknown-key", case_unknown_key, 2, r"unknown key 'train\.epocs'; did you mean 'train\.epochs'"),

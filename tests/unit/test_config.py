@@ -208,3 +208,12 @@ def test_relative_model_paths_are_relative_to_the_yaml(tmp_path):
     assert cfg.validate_.assistant_model == "org/small-model"
     assert load_config(write(tmp_path / "recipes", MINIMAL)).model.source.startswith("demo:")
 
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    # PyYAML keeps the last of two equal keys: an appended section would replace the first one whole, unnoticed
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(MINIMAL) + "train:\n  lr: 0.1\n  epochs: 2\n  lr: 0.2\n")
+    with pytest.raises(ConfigError, match=r"key 'lr' is given twice in one mapping \(lines \d+ and \d+\)"):
+        load_config(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(MINIMAL) + "train:\n  lr: 0.1\n  epochs: 2\n")
+    assert load_config(tmp_path / "d.yaml").train.lr == 0.1
