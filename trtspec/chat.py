@@ -20,9 +20,13 @@ ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assi
 
 
 def require_file(path: Path, what: str, hint: str) -> None:
-    """A DataError naming `path` as `what` when it is a folder or does not exist."""
+    """A DataError naming `path` as `what` when it is a folder, a pipe or device, or does not exist. A pipe
+    (`--prompts <(zcat log.gz)`) is refused: a build reads its files twice, once to check them and once to use them."""
     if path.is_dir():
         raise DataError(f"{what} '{path}' is a folder, not a file", hint)
+    if path.exists() and not path.is_file():
+        raise DataError(f"{what} '{path}' is not a regular file (a pipe or a device: trtspec reads its files more "
+                        "than once)", "write it to a file first")
     if not path.is_file():
         raise DataError(f"{what} '{path}' does not exist", hint)
 

@@ -4,6 +4,7 @@ refusals."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -91,6 +92,14 @@ def test_unknown_format_and_no_usable_prompt_are_one_line_errors(tmp_path):
     with pytest.raises(DataError, match="holds no usable prompt"):
         read_traffic(write(tmp_path / "z.log", ["INFO nothing here"]), fmt="vllm-log")
 
+
+
+def test_a_pipe_is_refused_as_not_a_regular_file(tmp_path):
+    # `--prompts <(zcat log.gz)` is a pipe: read once to check it, it would be empty when the stage reads it
+    fifo = tmp_path / "requests.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match=r"is not a regular file \(a pipe or a device"):
+        read_traffic(fifo)
 
 def triton_trace(requests: list[tuple[int, str, str]]) -> str:
     """A trace as tritonserver 2.51 writes it at level TENSORS (seen in tests/interop/test_triton.py): each BYTES
