@@ -7,6 +7,7 @@ its generation prompt (`encode_prompt`): the one way every stage and script turn
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 from collections import Counter
@@ -36,7 +37,7 @@ def check_text_file(path: Path, what: str, hint: str) -> None:
     require_file(path, what, hint)
     try:
         with open(path, "rb") as f:
-            f.read(1 << 16).decode("utf-8", errors="strict")
+            decode_text(f.read(1 << 16))
     except UnicodeDecodeError as e:
         if e.start < (1 << 16) - 4:  # not a multi-byte character cut at the end of the sample
             raise DataError(f"{what} '{path}' cannot be read as UTF-8 text (UnicodeDecodeError)") from None
@@ -60,13 +61,22 @@ def split_lines(text: str) -> list[str]:
 
 
 def read_text(path: Path, what: str = "data file", hint: str = "check data.sources[*].path (relative to the YAML)") -> str:
-    """A UTF-8 text file whole, without the byte-order mark some Windows editors put first (it would make the
-    first row unparsable); a missing or binary file is a DataError naming it as `what`."""
+    """A text file whole (decode_text: UTF-8, or UTF-16 with its byte-order mark); a missing or binary file is a
+    DataError naming it as `what`."""
     require_file(path, what, hint)
     try:
-        return path.read_text(encoding="utf-8-sig")
+        return decode_text(path.read_bytes())
     except (UnicodeDecodeError, OSError) as e:
         raise DataError(f"{what} '{path}' cannot be read as UTF-8 text ({e.__class__.__name__})") from None
+
+
+def decode_text(data: bytes) -> str:
+    """A user's text file as str: UTF-8, its byte-order mark dropped (Notepad writes one: it would make the first row
+    unparsable), or UTF-16 where a byte-order mark says so (Windows PowerShell 5's `>` and Out-File write it). A
+    truncated sample (check_text_file) may end inside a character: the caller judges where the error is."""
+    if data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+        return data.decode("utf-16")
+    return data.decode("utf-8-sig")
 
 
 def read_jsonl(path: Path, skips: Counter) -> list[dict]:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from trtspec.chat import decode_text
 from trtspec.errors import ConfigError
 
 STAGES = ("data", "convert", "train", "quantize", "export", "engine", "validate")
@@ -752,7 +753,7 @@ def read_yaml_with_parents(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'extends' loops back to itself")
     try:
-        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)
+        raw = yaml.load(decode_text(path.read_bytes()), Loader=UniqueKeyLoader)  # UTF-8, or UTF-16 with its mark
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file") from None
     except OSError as e:

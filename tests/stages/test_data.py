@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+import gzip
 import json
 from collections import Counter
 from pathlib import Path
@@ -75,6 +77,21 @@ def test_a_byte_order_mark_before_the_first_row_is_not_part_of_it(tmp_path):
     assert len(chat.read_jsonl(c, skips)) == 1 and not skips
 
 
+
+def test_utf16_with_its_byte_order_mark_is_read_and_unmarked_utf16_refused(tmp_path):
+    """Windows PowerShell 5's `>` and Out-File write UTF-16 with a byte-order mark: read like UTF-8, CRLF and all.
+    Without a mark the encoding cannot be told, and the file is refused in one line as before."""
+    text = "".join(json.dumps({"prompt": t}, ensure_ascii=False) + "\r\n" for t in ["Größe?", "✓ b"])
+    p = tmp_path / "p.jsonl"
+    for encoded in (text.encode("utf-16"), codecs.BOM_UTF16_BE + text.encode("utf-16-be")):
+        p.write_bytes(encoded)
+        skips: Counter = Counter()
+        chat.check_text_file(p, "data file", "")
+        assert [x["messages"][0]["content"] for x in chat.read_prompt_file(p, skips)] == ["Größe?", "✓ b"] and not skips
+    p.write_bytes(text.encode("utf-16-le"))
+    with pytest.raises(DataError, match="cannot be read as UTF-8 text"):
+        chat.read_prompt_file(p, Counter())
+
 def test_prompt_rows_of_messages_read_as_suites_and_traffic_read_them(tmp_path):
     """A prompt file's `messages`: text parts joined, roles named as in conversations, a last answer dropped; a row
     with a turn the target cannot be prompted with is skipped whole (it was cut down to its other turns: a system
@@ -97,7 +114,7 @@ def test_unreadable_and_missing_files(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         chat.read_jsonl(tmp_path / "nope.jsonl", Counter())
     bad = tmp_path / "bin.jsonl"
-    bad.write_bytes(b"\xff\xfe\x00garbage")
+    bad.write_bytes(gzip.compress(b"{}\n" * 9, mtime=0))  # a compressed file passed as it is (FF FE would be UTF-16's mark)
     with pytest.raises(DataError, match="UTF-8"):
         chat.read_jsonl(bad, Counter())
 

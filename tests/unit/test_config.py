@@ -217,3 +217,10 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
         load_config(tmp_path / "c.yaml")
     (tmp_path / "d.yaml").write_text(yaml.safe_dump(MINIMAL) + "train:\n  lr: 0.1\n  epochs: 2\n")
     assert load_config(tmp_path / "d.yaml").train.lr == 0.1
+
+
+
+def test_a_config_saved_as_utf16_with_its_mark_is_read(tmp_path):
+    # Windows PowerShell 5 writes UTF-16 with a byte-order mark; it was refused as "not a text file"
+    (tmp_path / "c.yaml").write_bytes((yaml.safe_dump({**MINIMAL, "train": {"lr": 0.01}}) + "# Größe\n").encode("utf-16"))
+    assert load_config(tmp_path / "c.yaml").train.lr == 0.01
