@@ -15,7 +15,9 @@ or on loops inductor does not vectorise across the cache (its fused sums); scrip
 
 Where the compiler targets AVX-512 the product also comes in 16-float vectors (`few_rows16`, the candidate
 "native16"): half the instructions per weight byte, which matters where a few rows' multiply-adds, not the bytes,
-bound the product; whether it wins is timed per machine like every candidate.
+bound the product; whether it wins is timed per machine like every candidate. And with its weight rows two at a time
+(`few_rows_pairs16`, "pairs16"): two streams a core, each cache line asked for where the next pair reads it, for a
+core whose one stream leaves bandwidth unused (4 rows at ~1.3 one-row products on one CPU with native16).
 
 A whole few-row pass of a Llama-family decoder, `decoder_step`: the decode or verification pass of runtime/model.py's
 Transformer in one call, its products by the kernels chosen for each, attention by the kernel above, norms, rope,
@@ -120,6 +122,41 @@ static inline void row_by_rows16(const WT* w, const float* x, float* y, int64_t 
     y[r * N] = s;
   }
 }
+
+// Two weight rows at once against RR input rows ("pairs16"): two streams for the memory system where row_by_rows16
+// has one, each input vector loaded once for both, and each cache line asked for where the next pair will read it (a
+// distance that grows with the row, not a fixed 1 KB). Where one stream a core leaves bandwidth unused, a few rows
+// cost what one row costs. Each output sums in row_by_rows16's order: the two kernels give the same floats.
+template <int RR, typename WT>
+static inline void two_rows_by_rows16(const WT* w, const float* x, float* y, int64_t K, int64_t N) {
+  constexpr int64_t per_line = 64 / sizeof(WT);
+  const WT* w2 = w + K;
+  const int64_t ahead = 2 * K * sizeof(WT);  // bytes: the same place in the next pair of rows
+  __m512 a[RR], b[RR];
+  for (int r = 0; r < RR; ++r) { a[r] = _mm512_setzero_ps(); b[r] = a[r]; }
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    if ((k & (per_line - 1)) == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + k) + ahead, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w2 + k) + ahead, _MM_HINT_T0);
+    }
+    const __m512 v = load16(w + k), v2 = load16(w2 + k);
+    for (int r = 0; r < RR; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + r * K + k);
+      a[r] = _mm512_fmadd_ps(v, xv, a[r]);
+      b[r] = _mm512_fmadd_ps(v2, xv, b[r]);
+    }
+  }
+  for (int r = 0; r < RR; ++r) {
+    float s = _mm512_reduce_add_ps(a[r]), s2 = _mm512_reduce_add_ps(b[r]);
+    for (int64_t t = k; t < K; ++t) {
+      s += to_float(w[t]) * x[r * K + t];
+      s2 += to_float(w2[t]) * x[r * K + t];
+    }
+    y[r * N] = s;
+    y[r * N + 1] = s2;
+  }
+}
 #endif
 
 // y[:, n] for every input row, 8 rows at a time, in vectors of LANES floats (8: AVX2, 16: AVX-512)
@@ -153,14 +190,29 @@ static void one_weight_row(const WT* w, const float* X, float* Y, int64_t R, int
   in_groups_of_8(R, [&](int64_t r, auto rr) { rows_of<LANES, decltype(rr)::value>(w, X + r * K, Y + r * N, K, N); });
 }
 
-template <int LANES, typename WT>
+// y[:, n] and y[:, n + 1] for every input row (two_rows_by_rows16), 8 rows at a time
+template <typename WT>
+static void two_weight_rows(const WT* w, const float* X, float* Y, int64_t R, int64_t K, int64_t N) {
+#if defined(__AVX512F__)
+  in_groups_of_8(R, [&](int64_t r, auto rr) { two_rows_by_rows16<decltype(rr)::value>(w, X + r * K, Y + r * N, K, N); });
+#else
+  one_weight_row<8>(w, X, Y, R, K, N);
+  one_weight_row<8>(w + K, X, Y + 1, R, K, N);
+#endif
+}
+
+// PAIRS: the weight rows two at a time (a core's odd last row alone)
+template <int LANES, bool PAIRS = false, typename WT>
 static void all_weight_rows(const WT* W, const float* X, float* Y, int64_t R, int64_t K, int64_t N) {
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) one_weight_row<LANES>(W + n * K, X, Y + n, R, K, N);
+    int64_t n = begin;
+    if constexpr (PAIRS)
+      for (; n + 2 <= end; n += 2) two_weight_rows(W + n * K, X, Y + n, R, K, N);
+    for (; n < end; ++n) one_weight_row<LANES>(W + n * K, X, Y + n, R, K, N);
   });
 }
 
-template <int LANES>
+template <int LANES, bool PAIRS = false>
 static torch::Tensor product(torch::Tensor x, torch::Tensor w) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "few_rows: x [R, K], w [N, K]");
   TORCH_CHECK(x.scalar_type() == torch::kFloat, "few_rows: float32 inputs only");
@@ -170,9 +222,9 @@ static torch::Tensor product(torch::Tensor x, torch::Tensor w) {
   const int64_t R = x.size(0), K = x.size(1), N = w.size(0);
   auto y = torch::empty({R, N}, x.options());
   if (w.scalar_type() == torch::kFloat)
-    all_weight_rows<LANES>(w.data_ptr<float>(), x.data_ptr<float>(), y.data_ptr<float>(), R, K, N);
+    all_weight_rows<LANES, PAIRS>(w.data_ptr<float>(), x.data_ptr<float>(), y.data_ptr<float>(), R, K, N);
   else
-    all_weight_rows<LANES>(w.data_ptr<at::BFloat16>(), x.data_ptr<float>(), y.data_ptr<float>(), R, K, N);
+    all_weight_rows<LANES, PAIRS>(w.data_ptr<at::BFloat16>(), x.data_ptr<float>(), y.data_ptr<float>(), R, K, N);
   return y;
 }
 
@@ -260,6 +312,8 @@ torch::Tensor few_rows_packed(torch::Tensor x, torch::Tensor wp) {
 torch::Tensor few_rows(torch::Tensor x, torch::Tensor w) { return product<8>(x, w); }
 // 16 lanes where the compiler targets AVX-512; elsewhere the 8-lane product (and `wide_lanes` says 0)
 torch::Tensor few_rows16(torch::Tensor x, torch::Tensor w) { return product<16>(x, w); }
+// the same two weight rows at a time (two_rows_by_rows16); without AVX-512, the 8-lane product of each row
+torch::Tensor few_rows_pairs16(torch::Tensor x, torch::Tensor w) { return product<16, true>(x, w); }
 
 #if defined(__AVX2__) && defined(__FMA__)
 // exp(x) for 8 floats (Cephes' expf: range reduction by ln 2, degree-5 polynomial; ~1e-7 relative), x <= 88.3
@@ -410,6 +464,7 @@ static torch::Tensor product_by(const torch::Tensor& x, const torch::Tensor& w, 
     case 5: return product<8>(x, w);
     case 6: return product<16>(x, w);
     case 7: return few_rows_packed(x, w);
+    case 8: return product<16, true>(x, w);
     default: return at::linear(x, w);
   }
 }
@@ -556,6 +611,7 @@ int64_t wide_lanes() {
 TORCH_LIBRARY(trtspec, m) {
   m.def("few_rows(Tensor x, Tensor w) -> Tensor");
   m.def("few_rows16(Tensor x, Tensor w) -> Tensor");
+  m.def("few_rows_pairs16(Tensor x, Tensor w) -> Tensor");
   m.def("few_rows_packed(Tensor x, Tensor wp) -> Tensor");
   m.def("wide_lanes() -> int");
   m.def("attention(Tensor q, Tensor k, Tensor v, SymInt length, Tensor? mask) -> Tensor");
@@ -568,6 +624,7 @@ TORCH_LIBRARY(trtspec, m) {
 TORCH_LIBRARY_IMPL(trtspec, CPU, m) {
   m.impl("few_rows", &few_rows);
   m.impl("few_rows16", &few_rows16);
+  m.impl("few_rows_pairs16", &few_rows_pairs16);
   m.impl("few_rows_packed", &few_rows_packed);
   m.impl("attention", &few_rows_attention);
   m.impl("decoder_step", &decoder_step);
@@ -613,7 +670,7 @@ def build() -> tuple[bool, str]:
                 f"trtspec_few_rows_{cpu_key()}", cpp_sources=SOURCE, extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False,
             )
-            for op in ("trtspec::few_rows", "trtspec::few_rows16"):
+            for op in ("trtspec::few_rows", "trtspec::few_rows16", "trtspec::few_rows_pairs16"):
                 torch.library.register_fake(op)(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
             torch.library.register_fake("trtspec::few_rows_packed")(
                 lambda x, wp: x.new_empty((x.shape[0], wp.shape[0] * wp.shape[2])))
@@ -652,9 +709,11 @@ def vector_loops() -> bool:
     return _width == 8
 
 
-def few_rows(x: Tensor, w: Tensor, lanes: int = 8) -> Tensor:
+def few_rows(x: Tensor, w: Tensor, lanes: int = 8, pairs: bool = False) -> Tensor:
     """x [R, K] (float32) @ w[N, K].T (float32 or bfloat16) with the native kernel in vectors of `lanes` floats (8, or
-    16 where `wide_loops()`); `build()` must have succeeded."""
+    16 where `wide_loops()`), its weight rows two at a time where `pairs` (16 lanes); `build()` must have succeeded."""
+    if pairs:
+        return torch.ops.trtspec.few_rows_pairs16(x, w)
     return torch.ops.trtspec.few_rows16(x, w) if lanes == 16 else torch.ops.trtspec.few_rows(x, w)
 
 
@@ -677,7 +736,8 @@ def wide_loops() -> bool:
 
 
 # the product kernels by the codes decoder_step's product_by reads (kernels.CANDIDATES)
-KERNEL_CODES = {"linear": 0, "weight_left": 1, "blocks2": 2, "blocks4": 3, "blocks8": 4, "native": 5, "native16": 6, "packed": 7}
+KERNEL_CODES = {"linear": 0, "weight_left": 1, "blocks2": 2, "blocks4": 3, "blocks8": 4, "native": 5, "native16": 6, "packed": 7,
+                "pairs16": 8}
 
 
 def move_rows(caches: list[Tensor], src: Tensor, dst: int) -> None:
