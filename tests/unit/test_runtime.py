@@ -120,7 +120,7 @@ def test_every_kernel_is_linear(kernel):
     (a weight whose rows do not split into the blocks falls back); under autograd it is F.linear itself."""
     g = torch.Generator().manual_seed(0)
     # 304 = 8 * 38 splits into every block count, 300 not into 8; 320 = 10 panels of 32 (packed, else native16);
-    # 301: a core's last weight row alone (pairs16)
+    # 301: a core's last weight row alone (pairs, pairs16)
     for n in (304, 300, 320, 301):
         w, b = torch.randn(n, 64, generator=g), torch.randn(n, generator=g)
         packed = native.pack_panels(w) if kernel == "packed" and n % native.PANEL == 0 and native.wide_loops() else None
@@ -132,7 +132,7 @@ def test_every_kernel_is_linear(kernel):
                     y = few_rows_linear(x, w, bias, (kernel,) * len(TIMED_ROWS), packed)
                     assert y.shape == (*shape[:-1], n)
                     torch.testing.assert_close(y, torch.nn.functional.linear(x, w, bias), atol=1e-5, rtol=1e-5)
-    if kernel in ("native", "native16", "packed", "pairs16"):  # ops torch.compile can trace: their fakes give the shape
+    if kernel in ("native", "native16", "packed", "pairs", "pairs16"):  # ops torch.compile can trace: their fakes give the shape
         compiled = torch.compile(lambda x: few_rows_linear(x, w, None, (kernel,) * len(TIMED_ROWS), packed), fullgraph=True)
         with torch.no_grad():
             x = torch.randn(3, 64, generator=g)
@@ -143,17 +143,18 @@ def test_every_kernel_is_linear(kernel):
 
 
 
-def test_pairs16_gives_native16s_floats():
-    """Two weight rows at a time sum each output as one row at a time does: the same floats, not merely close ones
-    (float32 and bfloat16 weights, a scalar tail, an odd row count)."""
-    if not native.wide_loops():
-        pytest.skip("AVX-512 loops are not built here")
+def test_two_weight_rows_at_a_time_give_one_rows_floats():
+    """Two weight rows at a time (pairs, pairs16) sum each output as one row at a time does in the same lanes (native,
+    native16): the same floats, not merely close ones (float32 and bfloat16 weights, a scalar tail, an odd row count)."""
+    if not native.vector_loops():
+        pytest.skip("the native kernel with vector loops is not built here")
     g = torch.Generator().manual_seed(0)
-    for n, k, dtype in [(301, 64, torch.float32), (300, 61, torch.float32), (257, 600, torch.bfloat16)]:
-        w = torch.randn(n, k, generator=g).to(dtype)
-        for rows in (1, 2, 4, 8, 11):
-            x = torch.randn(rows, k, generator=g)
-            assert torch.equal(native.few_rows(x, w, 16, pairs=True), native.few_rows(x, w, 16))
+    for lanes in (8, 16) if native.wide_loops() else (8,):
+        for n, k, dtype in [(301, 64, torch.float32), (300, 61, torch.float32), (257, 600, torch.bfloat16)]:
+            w = torch.randn(n, k, generator=g).to(dtype)
+            for rows in (1, 2, 4, 8, 11):
+                x = torch.randn(rows, k, generator=g)
+                assert torch.equal(native.few_rows(x, w, lanes, pairs=True), native.few_rows(x, w, lanes))
 
 def test_bfloat16_weights_are_widened_to_the_same_float32_products():
     """A draft's weights stored in bfloat16: the native kernel's product equals F.linear on the widened weights for
@@ -166,8 +167,8 @@ def test_bfloat16_weights_are_widened_to_the_same_float32_products():
         with torch.no_grad():
             for shape in [(1, k), (1, 3, k), (4, k), (8, k), (2, 5, k), (0, k), (17, k), (MANY_ROWS + 1, k)]:
                 x = torch.randn(*shape, generator=g)
-                for bias, kernels in itertools.product((None, b), [(c,) * len(TIMED_ROWS) for c in ("native", "native16", "pairs16")]):
-                    y = few_rows_linear(x, w, bias, kernels)  # native16, pairs16: AVX-512's lanes, or 8 where it is absent
+                for bias, kernels in itertools.product((None, b), [(c,) * len(TIMED_ROWS) for c in ("native", "native16", "pairs", "pairs16")]):
+                    y = few_rows_linear(x, w, bias, kernels)  # 16: AVX-512's lanes, or 8 where it is absent
                     assert y.dtype == torch.float32 and y.shape == (*shape[:-1], 300)
                     torch.testing.assert_close(y, torch.nn.functional.linear(x, w.float(), bias), atol=1e-5, rtol=1e-5)
     x = torch.randn(2, 61, requires_grad=True)
@@ -241,7 +242,7 @@ def test_kernels_are_chosen_at_load(target_dir):
     assert choice["native_pass"] and model.native_pass  # the target's passes as one native call each
     here = available_candidates()  # this machine and CI build the native kernel; its 16 lanes where AVX-512 is
     avx512 = "avx512f" in Path("/proc/cpuinfo").read_text()
-    assert "native" in here and ("native16" in here) == ("packed" in here) == ("pairs16" in here) == avx512
+    assert "native" in here and "pairs" in here and ("native16" in here) == ("packed" in here) == ("pairs16" in here) == avx512
     assert all(set(by) == set(here) and min(by.values()) > 0 for by in choice["ms_per_pass"].values())
     one_row = choice["ms_per_pass"]["1_rows"]  # rounded to 0.01 ms: candidates may tie, the chosen one is among the fastest
     assert choice["one_row"] == choice["by_rows"][0] and one_row[choice["one_row"]] == min(one_row.values())

@@ -15,7 +15,8 @@ Candidates (all compute x @ W.T; they differ in summation order only, ~1e-6 rela
   native16     the same in AVX-512's 16-float vectors, where the compiler targets AVX-512
   packed       the native kernel over a copy of the weight packed in panels of 32 output rows (AVX-512): one
                sequential stream, the inputs broadcast; the copy is made only where it is chosen (`packed_mb`)
-  pairs16      native16 over two weight rows at a time (AVX-512): two streams a core, prefetched a pair ahead
+  pairs        native over two weight rows at a time: two streams a core, each line prefetched a pair of rows ahead
+  pairs16      the same in native16's 16-float vectors (AVX-512)
 
 A draft's weights may also be stored in bfloat16 for the native kernel (`store_bf16`), where timing says so: what a
 draft guesses never changes what the target outputs, so its precision is free to trade for bytes.
@@ -70,11 +71,11 @@ def product(x: Tensor, weight: Tensor, kernel: str) -> Tensor:
 
         build()
         return few_rows_packed(x, weight)
-    if kernel in ("native", "native16", "pairs16"):
+    if kernel in ("native", "native16", "pairs", "pairs16"):
         from trtspec.runtime.native import build, few_rows
 
         if build()[0]:  # built once per process (and kept): afterwards this is a lookup
-            return few_rows(x, weight, 8 if kernel == "native" else 16, pairs=kernel == "pairs16")
+            return few_rows(x, weight, 16 if kernel.endswith("16") else 8, pairs=kernel.startswith("pairs"))
     if kernel == "weight_left":
         cols = torch.cat((x, x)) if x.shape[0] == 1 else x
         return (weight @ cols.T).T[: x.shape[0]].contiguous()
@@ -88,7 +89,7 @@ def product(x: Tensor, weight: Tensor, kernel: str) -> Tensor:
 def bf16_kernel(kernel: str) -> str:
     """The kernel for bfloat16-stored weights where `kernel` was chosen for float32 ones: only the native kernels
     widen them, in 16 lanes where that (or the packed kernel, AVX-512 too) was chosen, two rows at a time likewise."""
-    return kernel if kernel == "pairs16" else "native16" if kernel in ("native16", "packed") else "native"
+    return kernel if kernel.startswith("pairs") else "native16" if kernel in ("native16", "packed") else "native"
 
 
 def kernel_for(rows: int, weight: Tensor, kernels: tuple[str, ...], packed: Tensor | None) -> tuple[str, Tensor]:
@@ -241,7 +242,7 @@ def available_candidates(allowed: Sequence[str] = CANDIDATES) -> tuple[str, ...]
     forms where AVX-512 is."""
     from trtspec.runtime.native import build, wide_loops
 
-    absent = set() if build()[0] else {"native", "native16", "packed", "pairs16"}
+    absent = set() if build()[0] else {"native", "native16", "packed", "pairs", "pairs16"}
     if not absent and not wide_loops():
         absent |= {"native16", "packed", "pairs16"}
     return tuple(c for c in CANDIDATES if c not in absent and (c in allowed or c == "linear"))

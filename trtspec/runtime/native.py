@@ -15,8 +15,8 @@ or on loops inductor does not vectorise across the cache (its fused sums); scrip
 
 Where the compiler targets AVX-512 the product also comes in 16-float vectors (`few_rows16`, the candidate
 "native16"): half the instructions per weight byte, which matters where a few rows' multiply-adds, not the bytes,
-bound the product; whether it wins is timed per machine like every candidate. And with its weight rows two at a time
-(`few_rows_pairs16`, "pairs16"): two streams a core, each cache line asked for where the next pair reads it, for a
+bound the product; whether it wins is timed per machine like every candidate. Both also come with their weight rows
+two at a time ("pairs", "pairs16"): two streams a core, each cache line asked for where the next pair reads it, for a
 core whose one stream leaves bandwidth unused (4 rows at ~1.3 one-row products on one CPU with native16).
 
 A whole few-row pass of a Llama-family decoder, `decoder_step`: the decode or verification pass of runtime/model.py's
@@ -123,32 +123,55 @@ static inline void row_by_rows16(const WT* w, const float* x, float* y, int64_t 
   }
 }
 
-// Two weight rows at once against RR input rows ("pairs16"): two streams for the memory system where row_by_rows16
-// has one, each input vector loaded once for both, and each cache line asked for where the next pair will read it (a
-// distance that grows with the row, not a fixed 1 KB). Where one stream a core leaves bandwidth unused, a few rows
-// cost what one row costs. Each output sums in row_by_rows16's order: the two kernels give the same floats.
-template <int RR, typename WT>
-static inline void two_rows_by_rows16(const WT* w, const float* x, float* y, int64_t K, int64_t N) {
+#endif
+
+// The vector of LANES floats the pair kernel runs on: AVX2's 8, AVX-512's 16
+#if defined(__AVX2__) && defined(__FMA__)
+template <int LANES> struct Vec {
+  using T = __m256;
+  static T zero() { return _mm256_setzero_ps(); }
+  template <typename WT> static T load(const WT* p) { return load8(p); }
+  static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static float sum(T v) { return hsum(v); }
+};
+#if defined(__AVX512F__)
+template <> struct Vec<16> {
+  using T = __m512;
+  static T zero() { return _mm512_setzero_ps(); }
+  template <typename WT> static T load(const WT* p) { return load16(p); }
+  static T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static float sum(T v) { return _mm512_reduce_add_ps(v); }
+};
+#endif
+
+// Two weight rows at once against RR input rows ("pairs", "pairs16"): two streams for the memory system where
+// row_by_rows has one, each input vector loaded once for both, and each cache line asked for where the next pair
+// will read it (a distance that grows with the row, not a fixed 1 KB). Where one stream a core leaves bandwidth
+// unused, a few rows cost what one row costs. Each output sums in the one-row kernel's order of the same lanes:
+// "pairs16" gives native16's floats, "pairs" native's.
+template <int LANES, int RR, typename WT>
+static inline void two_rows_by_rows(const WT* w, const float* x, float* y, int64_t K, int64_t N) {
+  using V = Vec<LANES>;
   constexpr int64_t per_line = 64 / sizeof(WT);
   const WT* w2 = w + K;
   const int64_t ahead = 2 * K * sizeof(WT);  // bytes: the same place in the next pair of rows
-  __m512 a[RR], b[RR];
-  for (int r = 0; r < RR; ++r) { a[r] = _mm512_setzero_ps(); b[r] = a[r]; }
+  typename V::T a[RR], b[RR];
+  for (int r = 0; r < RR; ++r) { a[r] = V::zero(); b[r] = a[r]; }
   int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
+  for (; k + LANES <= K; k += LANES) {
     if ((k & (per_line - 1)) == 0) {
       _mm_prefetch(reinterpret_cast<const char*>(w + k) + ahead, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(w2 + k) + ahead, _MM_HINT_T0);
     }
-    const __m512 v = load16(w + k), v2 = load16(w2 + k);
+    const typename V::T v = V::load(w + k), v2 = V::load(w2 + k);
     for (int r = 0; r < RR; ++r) {
-      const __m512 xv = _mm512_loadu_ps(x + r * K + k);
-      a[r] = _mm512_fmadd_ps(v, xv, a[r]);
-      b[r] = _mm512_fmadd_ps(v2, xv, b[r]);
+      const typename V::T xv = V::load(x + r * K + k);
+      a[r] = V::fma(v, xv, a[r]);
+      b[r] = V::fma(v2, xv, b[r]);
     }
   }
   for (int r = 0; r < RR; ++r) {
-    float s = _mm512_reduce_add_ps(a[r]), s2 = _mm512_reduce_add_ps(b[r]);
+    float s = V::sum(a[r]), s2 = V::sum(b[r]);
     for (int64_t t = k; t < K; ++t) {
       s += to_float(w[t]) * x[r * K + t];
       s2 += to_float(w2[t]) * x[r * K + t];
@@ -190,14 +213,20 @@ static void one_weight_row(const WT* w, const float* X, float* Y, int64_t R, int
   in_groups_of_8(R, [&](int64_t r, auto rr) { rows_of<LANES, decltype(rr)::value>(w, X + r * K, Y + r * N, K, N); });
 }
 
-// y[:, n] and y[:, n + 1] for every input row (two_rows_by_rows16), 8 rows at a time
-template <typename WT>
+// y[:, n] and y[:, n + 1] for every input row (two_rows_by_rows), 8 rows at a time; 16 lanes only where the compiler
+// targets AVX-512 (elsewhere 8), without AVX2 the plain one-row loops
+template <int LANES, typename WT>
 static void two_weight_rows(const WT* w, const float* X, float* Y, int64_t R, int64_t K, int64_t N) {
 #if defined(__AVX512F__)
-  in_groups_of_8(R, [&](int64_t r, auto rr) { two_rows_by_rows16<decltype(rr)::value>(w, X + r * K, Y + r * N, K, N); });
+  constexpr int lanes = LANES;
 #else
-  one_weight_row<8>(w, X, Y, R, K, N);
-  one_weight_row<8>(w + K, X, Y + 1, R, K, N);
+  constexpr int lanes = 8;
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  in_groups_of_8(R, [&](int64_t r, auto rr) { two_rows_by_rows<lanes, decltype(rr)::value>(w, X + r * K, Y + r * N, K, N); });
+#else
+  one_weight_row<lanes>(w, X, Y, R, K, N);
+  one_weight_row<lanes>(w + K, X, Y + 1, R, K, N);
 #endif
 }
 
@@ -207,7 +236,7 @@ static void all_weight_rows(const WT* W, const float* X, float* Y, int64_t R, in
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     int64_t n = begin;
     if constexpr (PAIRS)
-      for (; n + 2 <= end; n += 2) two_weight_rows(W + n * K, X, Y + n, R, K, N);
+      for (; n + 2 <= end; n += 2) two_weight_rows<LANES>(W + n * K, X, Y + n, R, K, N);
     for (; n < end; ++n) one_weight_row<LANES>(W + n * K, X, Y + n, R, K, N);
   });
 }
@@ -312,7 +341,8 @@ torch::Tensor few_rows_packed(torch::Tensor x, torch::Tensor wp) {
 torch::Tensor few_rows(torch::Tensor x, torch::Tensor w) { return product<8>(x, w); }
 // 16 lanes where the compiler targets AVX-512; elsewhere the 8-lane product (and `wide_lanes` says 0)
 torch::Tensor few_rows16(torch::Tensor x, torch::Tensor w) { return product<16>(x, w); }
-// the same two weight rows at a time (two_rows_by_rows16); without AVX-512, the 8-lane product of each row
+// the same two weight rows at a time (two_rows_by_rows)
+torch::Tensor few_rows_pairs(torch::Tensor x, torch::Tensor w) { return product<8, true>(x, w); }
 torch::Tensor few_rows_pairs16(torch::Tensor x, torch::Tensor w) { return product<16, true>(x, w); }
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -465,6 +495,7 @@ static torch::Tensor product_by(const torch::Tensor& x, const torch::Tensor& w, 
     case 6: return product<16>(x, w);
     case 7: return few_rows_packed(x, w);
     case 8: return product<16, true>(x, w);
+    case 9: return product<8, true>(x, w);
     default: return at::linear(x, w);
   }
 }
@@ -611,6 +642,7 @@ int64_t wide_lanes() {
 TORCH_LIBRARY(trtspec, m) {
   m.def("few_rows(Tensor x, Tensor w) -> Tensor");
   m.def("few_rows16(Tensor x, Tensor w) -> Tensor");
+  m.def("few_rows_pairs(Tensor x, Tensor w) -> Tensor");
   m.def("few_rows_pairs16(Tensor x, Tensor w) -> Tensor");
   m.def("few_rows_packed(Tensor x, Tensor wp) -> Tensor");
   m.def("wide_lanes() -> int");
@@ -624,6 +656,7 @@ TORCH_LIBRARY(trtspec, m) {
 TORCH_LIBRARY_IMPL(trtspec, CPU, m) {
   m.impl("few_rows", &few_rows);
   m.impl("few_rows16", &few_rows16);
+  m.impl("few_rows_pairs", &few_rows_pairs);
   m.impl("few_rows_pairs16", &few_rows_pairs16);
   m.impl("few_rows_packed", &few_rows_packed);
   m.impl("attention", &few_rows_attention);
@@ -670,7 +703,7 @@ def build() -> tuple[bool, str]:
                 f"trtspec_few_rows_{cpu_key()}", cpp_sources=SOURCE, extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False,
             )
-            for op in ("trtspec::few_rows", "trtspec::few_rows16", "trtspec::few_rows_pairs16"):
+            for op in ("trtspec::few_rows", "trtspec::few_rows16", "trtspec::few_rows_pairs", "trtspec::few_rows_pairs16"):
                 torch.library.register_fake(op)(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
             torch.library.register_fake("trtspec::few_rows_packed")(
                 lambda x, wp: x.new_empty((x.shape[0], wp.shape[0] * wp.shape[2])))
@@ -711,9 +744,9 @@ def vector_loops() -> bool:
 
 def few_rows(x: Tensor, w: Tensor, lanes: int = 8, pairs: bool = False) -> Tensor:
     """x [R, K] (float32) @ w[N, K].T (float32 or bfloat16) with the native kernel in vectors of `lanes` floats (8, or
-    16 where `wide_loops()`), its weight rows two at a time where `pairs` (16 lanes); `build()` must have succeeded."""
+    16 where `wide_loops()`), its weight rows two at a time where `pairs`; `build()` must have succeeded."""
     if pairs:
-        return torch.ops.trtspec.few_rows_pairs16(x, w)
+        return torch.ops.trtspec.few_rows_pairs16(x, w) if lanes == 16 else torch.ops.trtspec.few_rows_pairs(x, w)
     return torch.ops.trtspec.few_rows16(x, w) if lanes == 16 else torch.ops.trtspec.few_rows(x, w)
 
 
@@ -737,7 +770,7 @@ def wide_loops() -> bool:
 
 # the product kernels by the codes decoder_step's product_by reads (kernels.CANDIDATES)
 KERNEL_CODES = {"linear": 0, "weight_left": 1, "blocks2": 2, "blocks4": 3, "blocks8": 4, "native": 5, "native16": 6, "packed": 7,
-                "pairs16": 8}
+                "pairs16": 8, "pairs": 9}
 
 
 def move_rows(caches: list[Tensor], src: Tensor, dst: int) -> None:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 # the product kernels the load-time timing may pick among (runtime/kernels.py implements them): F.linear, the
 # transposed product, BLAS over c column blocks, the native few-row kernel, its 16-lane form, over packed panels
 BLOCKS = (2, 4, 8)
-KERNELS = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS), "native", "native16", "packed", "pairs16")
+KERNELS = ("linear", "weight_left", *(f"blocks{c}" for c in BLOCKS), "native", "native16", "packed", "pairs",
+           "pairs16")
 
 
 @dataclass(frozen=True)
