@@ -17,7 +17,7 @@ Where the compiler targets AVX-512 the product also comes in 16-float vectors (`
 "native16"): half the instructions per weight byte, which matters where a few rows' multiply-adds, not the bytes,
 bound the product; whether it wins is timed per machine like every candidate. Both also come with their weight rows
 two at a time ("pairs", "pairs16"): two streams a core, each cache line asked for where the next pair reads it, for a
-core whose one stream leaves bandwidth unused (4 rows at ~1.3 one-row products on one CPU with native16).
+core whose one stream leaves memory bandwidth unused, so that a few rows cost what one does.
 
 A whole few-row pass of a Llama-family decoder, `decoder_step`: the decode or verification pass of runtime/model.py's
 Transformer in one call, its products by the kernels chosen for each, attention by the kernel above, norms, rope,
@@ -122,7 +122,6 @@ static inline void row_by_rows16(const WT* w, const float* x, float* y, int64_t 
     y[r * N] = s;
   }
 }
-
 #endif
 
 // The vector of LANES floats the pair kernel runs on: AVX2's 8, AVX-512's 16
