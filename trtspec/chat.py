@@ -80,21 +80,45 @@ def decode_text(data: bytes) -> str:
 
 
 def read_jsonl(path: Path, skips: Counter) -> list[dict]:
-    """JSON objects, one per line; blank lines ignored, unparsable lines counted as skips."""
+    """JSON objects, one per line (or the elements of one JSON array, json_array); blank lines ignored, unparsable
+    lines counted as skips."""
     rows = []
-    for line in read_lines(path):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            skips["unparsable line"] += 1
-            continue
+    for row in json_values(read_text(path), skips, "unparsable line"):
         if isinstance(row, dict):
             rows.append(row)
         else:
             skips["not a JSON object"] += 1
     return rows
+
+
+def json_array(text: str) -> list | None:
+    """The elements of a file that is one JSON array (`json.dump(rows, f, indent=2)` writes one), or None where it is
+    not. Read line by line, such a file's lines are "[", "{" and fragments of rows: a prompt file's would each become
+    a prompt."""
+    if not text.lstrip().startswith("["):
+        return None
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return rows if isinstance(rows, list) else None
+
+
+def json_values(text: str, skips: Counter, unparsable: str) -> list:
+    """A JSON file's rows: the elements of one JSON array (json_array), else the value of each non-blank line (JSON
+    Lines), a line that is no JSON counted in skips as `unparsable`."""
+    array = json_array(text)
+    if array is not None:
+        return array
+    values = []
+    for line in split_lines(text):
+        if not line.strip():
+            continue
+        try:
+            values.append(json.loads(line))
+        except json.JSONDecodeError:
+            skips[unparsable] += 1
+    return values
 
 
 def to_messages(row: dict) -> tuple[list[dict] | None, str]:
@@ -183,17 +207,14 @@ def read_prompt_file(path: Path, skips: Counter, what: str = "data file",
                      hint: str = "check data.sources[*].path (relative to the YAML)") -> list[dict]:
     """Prompts to regenerate: JSONL with `prompt` (str) or `messages` (the turns before the answer), or plain lines.
 
-    Duplicate prompts are dropped (counted)."""
-    lines = [ln for ln in read_lines(path, what, hint) if ln.strip()]
-    as_json = path.suffix == ".jsonl" or (lines and lines[0].lstrip().startswith("{"))
+    Duplicate prompts are dropped (counted). A file that is one JSON array of such objects is read as its rows."""
+    text = read_text(path, what, hint)
+    lines = [ln for ln in split_lines(text) if ln.strip()]
+    as_json = path.suffix == ".jsonl" or (lines and lines[0].lstrip().startswith("{")) or json_array(text) is not None
+    rows = json_values(text, skips, "unparsable prompt line") if as_json else lines
     prompts, seen = [], set()
-    for line in lines:
+    for row in rows:
         if as_json:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                skips["unparsable prompt line"] += 1
-                continue
             if not isinstance(row, dict):
                 skips["unparsable prompt line"] += 1
                 continue
@@ -206,7 +227,7 @@ def read_prompt_file(path: Path, skips: Counter, what: str = "data file",
                 continue
             category = str(row.get("category", "chat"))
         else:
-            msgs, category = [{"role": "user", "content": line.strip()}], "chat"
+            msgs, category = [{"role": "user", "content": row.strip()}], "chat"
         key = json.dumps(msgs, sort_keys=True)
         if key in seen:
             skips["duplicate prompt"] += 1
@@ -487,13 +508,14 @@ def with_document(prompt: dict, documents: list[str], tok: Any, tokens: int) -> 
 
 def read_documents(path: Path, skips: Counter, what: str = "eval.context_documents file",
                    hint: str = "check eval.context_documents (relative to the YAML)") -> list[str]:
-    """Documents for long contexts: JSONL rows' `text` field, or one document per line."""
-    lines = [ln for ln in read_lines(path, what, hint) if ln.strip()]
-    if path.suffix != ".jsonl" and not (lines and lines[0].lstrip().startswith("{")):
+    """Documents for long contexts: JSONL rows' `text` field (or a JSON array's, json_array), or one document per line."""
+    text = read_text(path, what, hint)
+    lines = [ln for ln in split_lines(text) if ln.strip()]
+    if path.suffix != ".jsonl" and not (lines and lines[0].lstrip().startswith("{")) and json_array(text) is None:
         return lines
     docs = []
-    for row in read_jsonl(path, skips):
-        if isinstance(row.get("text"), str) and row["text"].strip():
+    for row in json_values(text, skips, "unparsable line"):
+        if isinstance(row, dict) and isinstance(row.get("text"), str) and row["text"].strip():
             docs.append(row["text"])
         else:
             skips["row without a 'text' field"] += 1

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtspec.chat import prompt_turns, read_lines
+from trtspec.chat import json_array, prompt_turns, read_text, split_lines
 from trtspec.errors import DataError
 
 if TYPE_CHECKING:
@@ -86,20 +86,24 @@ def only_categories(rows: list[dict], s: EvalSuite, where: str) -> list[dict]:
 def read_suite_file(path: Path, skips: Counter, s: EvalSuite, what: str = "eval.suites file",
                     hint: str = "check eval.suites[*].path (relative to the YAML)") -> list[dict]:
     """A jsonl suite's rows (the reader the build's preflight and validate share: trtspec.pipeline.stage.InputFile).
-    Every non-blank line must be a JSON object with the prompt column: a suite measures what it holds, no row is
-    silently dropped."""
+    Every non-blank line (or every element of a file that is one JSON array, json_array) must be a JSON object with
+    the prompt column: a suite measures what it holds, no row is silently dropped."""
     where = f"{what} '{path}'"
+    text = read_text(path, what, hint)
+    array = json_array(text)
+    unit = "line" if array is None else "row"
+    items = enumerate(split_lines(text) if array is None else array, 1)
     rows = []
-    for n, line in enumerate(read_lines(path, what, hint), 1):
-        if not line.strip():
+    for n, item in items:
+        if array is None and not item.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = json.loads(item) if array is None else item
         except json.JSONDecodeError:
             raise DataError(f"{where}: line {n} is not valid JSON", "one JSON object per line") from None
         if not isinstance(rec, dict):
-            raise DataError(f"{where}: line {n} is not a JSON object", "one JSON object per line")
-        rows.append(mapped_row(rec, s, where, f"line {n}", f"{path.stem}:{n}"))
+            raise DataError(f"{where}: {unit} {n} is not a JSON object", "one JSON object per line")
+        rows.append(mapped_row(rec, s, where, f"{unit} {n}", f"{path.stem}:{n}"))
     return only_categories(rows, s, where) if rows else rows
 
 

@@ -92,6 +92,28 @@ def test_utf16_with_its_byte_order_mark_is_read_and_unmarked_utf16_refused(tmp_p
     with pytest.raises(DataError, match="cannot be read as UTF-8 text"):
         chat.read_prompt_file(p, Counter())
 
+
+def test_a_file_that_is_one_json_array_is_read_as_its_rows(tmp_path):
+    """`json.dump(rows, f, indent=2)` writes one array over many lines. Read line by line, a prompt file's lines "[",
+    "{" and '"prompt": "..."' each became a prompt for the target to answer, and documents likewise."""
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps([{"prompt": "What is a star?"}, {"prompt": "Name a river."}], indent=2))
+    skips: Counter = Counter()
+    assert [x["messages"][0]["content"] for x in chat.read_prompt_file(p, skips)] == ["What is a star?", "Name a river."]
+    assert not skips
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}, 3],
+                            indent=2))
+    assert [r["messages"][1]["content"] for r in chat.read_source(c, skips, "jsonl")] == ["yo"]
+    assert skips == Counter({"not a JSON object": 1})
+    d = tmp_path / "docs.json"
+    d.write_text(json.dumps([{"text": "A long document."}, {"title": "no text"}], indent=2))
+    skips = Counter()
+    assert chat.read_documents(d, skips) == ["A long document."] and skips == Counter({"row without a 'text' field": 1})
+    t = tmp_path / "t.txt"  # a plain prompt that only starts like an array stays a prompt
+    t.write_text("[INST] Say hi.\nName a color.\n")
+    assert [x["messages"][0]["content"] for x in chat.read_prompt_file(t, Counter())] == ["[INST] Say hi.", "Name a color."]
+
 def test_prompt_rows_of_messages_read_as_suites_and_traffic_read_them(tmp_path):
     """A prompt file's `messages`: text parts joined, roles named as in conversations, a last answer dropped; a row
     with a turn the target cannot be prompted with is skipped whole (it was cut down to its other turns: a system

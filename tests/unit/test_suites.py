@@ -50,6 +50,16 @@ def test_jsonl_suite_with_a_column_mapping(tmp_path):
     assert [r["category"] for r in only] == ["math", "math"]
 
 
+
+def test_a_suite_written_as_one_json_array_is_read_as_its_rows(tmp_path):
+    """`json.dump(rows, f, indent=2)` writes one array over many lines: its rows, not a refusal of line 1."""
+    (tmp_path / "s.jsonl").write_text(json.dumps(ROWS, indent=2))
+    rows = read_suite_file(tmp_path / "s.jsonl", Counter(), mapped(tmp_path, category_field="topic"))
+    assert [r["category"] for r in rows] == ["math", "writing", "math", "chat"] and rows[0]["id"] == "s:1"
+    (tmp_path / "s.jsonl").write_text(json.dumps([ROWS[0], "a string"], indent=2))
+    with pytest.raises(DataError, match="row 2 is not a JSON object"):
+        read_suite_file(tmp_path / "s.jsonl", Counter(), mapped(tmp_path))
+
 def test_jsonl_suite_names_the_column_and_the_first_row_lacking_it(tmp_path):
     write_jsonl(tmp_path / "s.jsonl", [*ROWS, {"text": "no prompt here", "topic": "x"}])
     with pytest.raises(DataError, match=r"s\.jsonl': line 5 has no 'question' \(text\) or 'turns' \(messages\) column"):
