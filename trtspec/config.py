@@ -735,13 +735,15 @@ class UniqueKeyLoader(yaml.SafeLoader):
     `train:` section appended to a config would replace the whole first one (its epochs, its lr) unnoticed."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        first: dict[Any, int] = {}
+        first: dict[str, int] = {}
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str) or key == "<<":  # an unhashable key is the base loader's error to give
+                continue
             line = key_node.start_mark.line + 1
-            if isinstance(key, str) and key in first and key != "<<":
+            if key in first:
                 raise DuplicateKeyError(f"key '{key}' is given twice in one mapping (lines {first[key]} and {line})")
-            first.setdefault(key, line)
+            first[key] = line
         return super().construct_mapping(node, deep)
 
 

@@ -217,6 +217,9 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
         load_config(tmp_path / "c.yaml")
     (tmp_path / "d.yaml").write_text(yaml.safe_dump(MINIMAL) + "train:\n  lr: 0.1\n  epochs: 2\n")
     assert load_config(tmp_path / "d.yaml").train.lr == 0.1
+    (tmp_path / "e.yaml").write_text("seed: 1\n? [a, b]\n: 1\n")  # a key no mapping can hold: YAML's own error
+    with pytest.raises(ConfigError, match="YAML syntax error at line 2, column 3: found unhashable key"):
+        load_config(tmp_path / "e.yaml")
 
 
 
