@@ -238,8 +238,8 @@ def timed_weights(weights: list[Tensor]) -> list[Tensor]:
 
 
 def available_candidates(allowed: Sequence[str] = CANDIDATES) -> tuple[str, ...]:
-    """The CANDIDATES of `allowed` this machine can run: the native kernel where it was built, its 16-lane and packed
-    forms where AVX-512 is."""
+    """The CANDIDATES of `allowed` this machine can run: the native kernel and its two-row form where it was built,
+    their 16-lane forms and the packed kernel where AVX-512 is."""
     from trtspec.runtime.native import build, wide_loops
 
     absent = set() if build()[0] else {"native", "native16", "packed", "pairs", "pairs16"}
