@@ -121,6 +121,18 @@ def json_values(text: str, skips: Counter, unparsable: str) -> list:
     return values
 
 
+def json_or_lines(path: Path, text: str, skips: Counter, unparsable: str) -> tuple[bool, list]:
+    """(True, json_values) for a file of JSON rows: named .jsonl, its first line an object, or one JSON array; else
+    (False, its non-blank lines): a prompt or document file may be plain text, one per line."""
+    array = json_array(text)
+    if array is not None:
+        return True, array
+    lines = [ln for ln in split_lines(text) if ln.strip()]
+    if path.suffix == ".jsonl" or (lines and lines[0].lstrip().startswith("{")):
+        return True, json_values(text, skips, unparsable)
+    return False, lines
+
+
 def to_messages(row: dict) -> tuple[list[dict] | None, str]:
     """OpenAI/HF `messages` or ShareGPT `conversations` -> ([{role, content}] ending on an assistant turn, "") or
     (None, why the row cannot be trained on). A `developer` turn is a system turn (OpenAI's newer name); content given
@@ -208,10 +220,7 @@ def read_prompt_file(path: Path, skips: Counter, what: str = "data file",
     """Prompts to regenerate: JSONL with `prompt` (str) or `messages` (the turns before the answer), or plain lines.
 
     Duplicate prompts are dropped (counted). A file that is one JSON array of such objects is read as its rows."""
-    text = read_text(path, what, hint)
-    lines = [ln for ln in split_lines(text) if ln.strip()]
-    as_json = path.suffix == ".jsonl" or (lines and lines[0].lstrip().startswith("{")) or json_array(text) is not None
-    rows = json_values(text, skips, "unparsable prompt line") if as_json else lines
+    as_json, rows = json_or_lines(path, read_text(path, what, hint), skips, "unparsable prompt line")
     prompts, seen = [], set()
     for row in rows:
         if as_json:
@@ -509,12 +518,11 @@ def with_document(prompt: dict, documents: list[str], tok: Any, tokens: int) -> 
 def read_documents(path: Path, skips: Counter, what: str = "eval.context_documents file",
                    hint: str = "check eval.context_documents (relative to the YAML)") -> list[str]:
     """Documents for long contexts: JSONL rows' `text` field (or a JSON array's, json_array), or one document per line."""
-    text = read_text(path, what, hint)
-    lines = [ln for ln in split_lines(text) if ln.strip()]
-    if path.suffix != ".jsonl" and not (lines and lines[0].lstrip().startswith("{")) and json_array(text) is None:
-        return lines
+    as_json, rows = json_or_lines(path, read_text(path, what, hint), skips, "unparsable line")
+    if not as_json:
+        return rows
     docs = []
-    for row in json_values(text, skips, "unparsable line"):
+    for row in rows:
         if isinstance(row, dict) and isinstance(row.get("text"), str) and row["text"].strip():
             docs.append(row["text"])
         else:
