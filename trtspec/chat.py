@@ -133,16 +133,52 @@ def json_or_lines(path: Path, text: str, skips: Counter, unparsable: str) -> tup
     return False, lines
 
 
+# Where a row keeps its chat turns: OpenAI/HF `messages`; `conversations` (ShareGPT's turns {from, value}, or {role,
+# content} as SpecForge's prepare_data.py and Model Optimizer's prepare_input_conversations write them); LMSYS-Chat-1M's
+# and WildChat's `conversation`
+TURN_KEYS = ("messages", "conversations", "conversation")
+# One-turn instruction rows, by the keys their datasets use: the request (Alpaca and Dolly `instruction`, OpenOrca
+# `question`), the text it is about (Alpaca `input`, Dolly `context`), a system prompt (OpenOrca `system_prompt`) and
+# the answer (Alpaca `output`, Dolly and OpenOrca `response`)
+REQUEST_KEYS, ABOUT_KEYS, SYSTEM_KEYS, ANSWER_KEYS = ("instruction", "question"), ("input", "context"), ("system_prompt",), \
+    ("output", "response")
+
+
+def first_text(row: dict, keys: tuple[str, ...]) -> str | None:
+    """The first of `keys` whose value in `row` is a text with more than blanks, or None."""
+    return next((row[k] for k in keys if isinstance(row.get(k), str) and row[k].strip()), None)
+
+
+def instruction_turns(row: dict) -> list[dict] | None:
+    """An instruction row's turns: [system,] user (the request, then a blank line and the text it is about) [,
+    assistant], or None where the row has no request."""
+    request = first_text(row, REQUEST_KEYS)
+    if request is None:
+        return None
+    about, system, answer = (first_text(row, keys) for keys in (ABOUT_KEYS, SYSTEM_KEYS, ANSWER_KEYS))
+    turns = [{"role": "system", "content": system}] if system else []
+    turns.append({"role": "user", "content": f"{request}\n\n{about}" if about else request})
+    return turns + ([{"role": "assistant", "content": answer}] if answer else [])
+
+
+def row_turns(row: dict) -> list | None:
+    """A row's chat turns (TURN_KEYS, or an instruction row's), each turn given as {from, value} read as {role,
+    content}; None where the row holds none. Roles and contents are as the row has them: to_messages and prompt_turns
+    check them."""
+    turns = next((row[k] for k in TURN_KEYS if isinstance(row.get(k), list)), None)
+    if turns is None:
+        return instruction_turns(row)
+    return [{**t, "role": t["from"], "content": t.get("value")} if isinstance(t, dict) and "role" not in t and "from" in t
+            else t for t in turns]
+
+
 def to_messages(row: dict) -> tuple[list[dict] | None, str]:
-    """OpenAI/HF `messages` or ShareGPT `conversations` -> ([{role, content}] ending on an assistant turn, "") or
-    (None, why the row cannot be trained on). A `developer` turn is a system turn (OpenAI's newer name); content given
-    as a list of text parts is joined; tool turns, tool calls and other parts (images, audio) are not trained on."""
-    turns = row.get("messages")
-    if turns is None and isinstance(row.get("conversations"), list):
-        turns = [{"role": ROLES.get(str(t.get("from", "")).lower(), str(t.get("from", ""))), "content": t.get("value")}
-                 for t in row["conversations"] if isinstance(t, dict)]
-    if not isinstance(turns, list):
-        return None, "no messages list"
+    """A row's turns (row_turns) -> ([{role, content}] ending on an assistant turn, "") or (None, why the row cannot be
+    trained on). A `developer` turn is a system turn (OpenAI's newer name); content given as a list of text parts is
+    joined; tool turns, tool calls and other parts (images, audio) are not trained on."""
+    turns = row_turns(row)
+    if turns is None:
+        return None, "no chat turns (messages, conversations or instruction)"
     msgs = []
     for t in turns:
         if not isinstance(t, dict):
@@ -172,7 +208,7 @@ def to_messages(row: dict) -> tuple[list[dict] | None, str]:
 def conversations_from_rows(rows: list[dict], name: str, skips: Counter) -> list[dict]:
     out = []
     for i, row in enumerate(rows):
-        if isinstance(row.get("text"), str) and "messages" not in row and "conversations" not in row:
+        if isinstance(row.get("text"), str) and row_turns(row) is None:
             out.append(text_row(row["text"], f"{name}:{i}"))
             continue
         msgs, why = to_messages(row)
@@ -180,6 +216,21 @@ def conversations_from_rows(rows: list[dict], name: str, skips: Counter) -> list
             skips[why] += 1
             continue
         out.append({"id": str(row.get("id", f"{name}:{i}")), "category": str(row.get("category", "chat")), "messages": msgs})
+    return out
+
+
+def prompts_from_rows(rows: list[dict], name: str, skips: Counter) -> list[dict]:
+    """{id, category, messages} of what the target answers again in each conversation row (regenerate: true): the
+    turns before its last answer, or, where it has no answer yet, its turns as a prompt (prompt_turns: Model Optimizer's
+    prepared conversations hold the user's turns only). Rows without either are counted in skips."""
+    out = []
+    for i, row in enumerate(rows):
+        msgs, why = to_messages(row)
+        prompt = msgs[:-1] if msgs else prompt_turns(row_turns(row)) if why == "no assistant turn" else None
+        if not prompt:
+            skips[why if msgs is None else "conversation without a turn before its answer"] += 1
+            continue
+        out.append({"id": str(row.get("id", f"{name}:{i}")), "category": str(row.get("category", "chat")), "messages": prompt})
     return out
 
 
@@ -210,6 +261,14 @@ def prompt_turns(turns: Any) -> list[dict] | None:
     return msgs if msgs and any(m["content"].strip() for m in msgs) else None
 
 
+def row_prompt(row: dict) -> list[dict] | None:
+    """A prompt row's turns: its `prompt` text as a user turn, else its turns (row_turns) before a last answer (the
+    target answers again), or None where it holds no prompt."""
+    if isinstance(row.get("prompt"), str) and row["prompt"].strip():
+        return [{"role": "user", "content": row["prompt"]}]
+    return prompt_turns(row_turns(row))
+
+
 def text_row(text: str, row_id: str) -> dict:
     # a plain document: one assistant message, tokenized without the chat template (see tokenize_row)
     return {"id": row_id, "category": "text", "messages": [{"role": "assistant", "content": text}]}
@@ -217,7 +276,8 @@ def text_row(text: str, row_id: str) -> dict:
 
 def read_prompt_file(path: Path, skips: Counter, what: str = "data file",
                      hint: str = "check data.sources[*].path (relative to the YAML)") -> list[dict]:
-    """Prompts to regenerate: JSONL with `prompt` (str) or `messages` (the turns before the answer), or plain lines.
+    """Prompts to regenerate: JSONL rows with a `prompt` text or turns (row_prompt: the turns before an answer, any
+    form row_turns reads), or plain lines.
 
     Duplicate prompts are dropped (counted). A file that is one JSON array of such objects is read as its rows."""
     as_json, rows = json_or_lines(path, read_text(path, what, hint), skips, "unparsable prompt line")
@@ -227,11 +287,8 @@ def read_prompt_file(path: Path, skips: Counter, what: str = "data file",
             if not isinstance(row, dict):
                 skips["unparsable prompt line"] += 1
                 continue
-            if isinstance(row.get("prompt"), str) and row["prompt"].strip():
-                msgs = [{"role": "user", "content": row["prompt"]}]
-            else:  # the turns before the answer (a last assistant turn is regenerated)
-                msgs = prompt_turns(row.get("messages")) or []
-            if not msgs:
+            msgs = row_prompt(row)
+            if msgs is None:
                 skips["prompt row without prompt"] += 1
                 continue
             category = str(row.get("category", "chat"))
@@ -264,13 +321,9 @@ def read_source(path: Path, skips: Counter, kind: str, limit: int | None = None,
     if kind == "text":
         lines = [ln for ln in read_lines(path) if ln.strip()][:limit]
         return [text_row(ln, f"{name}:{i}") for i, ln in enumerate(lines)]
-    conversations = conversations_from_rows(read_jsonl(path, skips)[:limit], name, skips)
-    if not answered_by_target(kind, regenerate):
-        return conversations
-    prompts = prompt_rows(conversations)
-    if len(prompts) < len(conversations):
-        skips["conversation without a turn before its answer"] += len(conversations) - len(prompts)
-    return prompts
+    rows = read_jsonl(path, skips)[:limit]
+    return prompts_from_rows(rows, name, skips) if answered_by_target(kind, regenerate) else \
+        conversations_from_rows(rows, name, skips)
 
 
 def usable_row(kind: str, regenerate: bool) -> str:
@@ -280,8 +333,10 @@ def usable_row(kind: str, regenerate: bool) -> str:
 
 # what a file that gave nothing usable should hold instead, by what its rows are
 USABLE_ROW = {
-    "prompt": "one JSON object per line with a non-empty 'prompt' or 'messages', or one prompt per line",
-    "conversation": "one JSON object per line with 'messages' (or ShareGPT 'conversations') ending on an assistant turn",
+    "prompt": "one JSON object per line with a non-empty 'prompt' or chat turns ('messages', 'conversations', "
+              "'conversation', 'instruction'), or one prompt per line",
+    "conversation": "one JSON object per line with chat turns ('messages', 'conversations', 'conversation', or "
+                    "'instruction' and 'output') ending on an assistant turn; prompts without answers: regenerate: true",
     "document": "one document per line",
     "report": "an earlier validate's report.json",
 }

@@ -165,7 +165,7 @@ for _flag, _key, _type in (
 ):
     _validate.params.append(
         click.Option([_flag], is_flag=_type is None, default=None, type=_type,
-                     help=(f"Sets validate.{_key} (exit 1 when missed)." if _key != "prompts" else "Sets eval.prompts: JSONL (prompt|messages) or text.")))
+                     help=(f"Sets validate.{_key} (exit 1 when missed)." if _key != "prompts" else "Sets eval.prompts: JSONL (prompt or chat turns) or text.")))
 
 
 def _validate_callback(config, out, overrides, force, as_json, require_exact, min_speedup, min_acceptance_length, prompts):

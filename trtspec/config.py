@@ -72,8 +72,9 @@ class ModelSection(Section):
 
 class DataSource(Section):
     kind: Literal["regenerate", "jsonl", "text", "hf", "run"] = key(
-        description="regenerate: the target answers the prompts in `path` itself; jsonl: OpenAI/HF `messages` or "
-        "ShareGPT `conversations`; text: one document per line; hf: a datasets name (needs a network); run: an "
+        description="regenerate: the target answers the prompts in `path` itself; jsonl: conversations as OpenAI/HF "
+        "`messages`, `conversations` (ShareGPT, SpecForge, Model Optimizer), `conversation` (LMSYS-Chat) or instruction "
+        "rows (Alpaca, Dolly, OpenOrca); text: one document per line; hf: a datasets name (needs a network); run: an "
         "earlier run's answered conversations of the same target (its data stage, checked against its manifest, the "
         "target's tokens kept), its held-out rows held out here too")
     path: str = key(description="a file relative to the YAML, the datasets name for kind: hf, the run folder for "

@@ -1,10 +1,13 @@
 """Prompts a deployed service received, read from what users have: `trtspec adapt --prompts FILE`.
 
-Formats (--format, `auto` tells them apart by their first usable line):
-  chat          JSONL of OpenAI chat requests or conversations: `messages` [{role, content}] (a last assistant turn
-                dropped: the target answers again), or `prompt` (text); an optional `category`
-  openai-batch  JSONL of the OpenAI batch API's requests (what `vllm run-batch` reads): {"custom_id", "url":
-                "/v1/chat/completions", "body": {"messages": [...]}}; a `metadata.category` in the body is kept
+Formats (--format, `auto` tells them apart by their first usable line, or a JSON array's first element):
+  chat          JSONL (or one JSON array) of OpenAI chat requests or conversations: `messages` [{role, content}] or
+                the other turns chat.row_turns reads (ShareGPT, SpecForge and Model Optimizer `conversations`,
+                LMSYS-Chat `conversation`, instruction rows), a last assistant turn dropped (the target answers
+                again); or `prompt` (text); an optional `category`
+  openai-batch  JSONL (or one JSON array) of the OpenAI batch API's requests (what `vllm run-batch` reads):
+                {"custom_id", "url": "/v1/chat/completions", "body": {"messages": [...]}}; a `metadata.category` in
+                the body is kept
   vllm-log      a `vllm serve --enable-log-requests --log-level DEBUG` log: each request's "JSON body" line (a body cut
                 by --max-log-len is skipped, counted)
   triton-trace  the trace Triton writes with `--trace-config triton,file=FILE --trace-config level=TENSORS
@@ -29,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtspec.chat import prompt_turns, read_text, split_lines
+from trtspec.chat import json_array, json_values, read_text, row_prompt, row_turns, split_lines
 from trtspec.errors import DataError
 
 FORMATS = ("auto", "chat", "openai-batch", "vllm-log", "triton-trace")
@@ -42,52 +45,65 @@ TRITON_TEXT_INPUT = re.compile(r'\{"id":\d+,"activity":"TENSOR_QUEUE_INPUT","ten
 
 
 def request_prompt(body: dict, skips: Counter) -> list[dict] | None:
-    """A chat request's turns before its answer, or None (counted in skips) where it has none."""
-    if isinstance(body.get("messages"), list):
-        msgs = prompt_turns(body["messages"])
-        if msgs is None:
-            skips["request without a usable chat turn"] += 1
-        return msgs
-    if "prompt" in body and isinstance(body["prompt"], str) and body["prompt"].strip():
-        return [{"role": "user", "content": body["prompt"]}]
-    skips["request without messages or prompt"] += 1
-    return None
+    """A chat request's turns before its answer (chat.row_prompt: a `prompt` text, or turns in any form row_turns
+    reads), or None (counted in skips) where it has none."""
+    msgs = row_prompt(body)
+    if msgs is None:
+        has_turns = row_turns(body) is not None
+        skips["request without a usable chat turn" if has_turns else "request without messages or prompt"] += 1
+    return msgs
 
 
-def detect_format(text: str) -> str:
-    """The format of a traffic file from its first non-blank line (a vLLM log: a request line among its first 2000);
-    only those lines are split off, read_traffic splits the whole file once."""
-    if text.lstrip().startswith('[{"id":'):
+def request_format(row: Any) -> str:
+    """The format whose row `row` (a traffic file's first) is: openai-batch, chat or unknown."""
+    if isinstance(row, dict) and isinstance(row.get("body"), dict):
+        return "openai-batch"
+    if isinstance(row, dict) and ("prompt" in row or row_turns(row) is not None):
+        return "chat"
+    return "unknown"
+
+
+def detect_format(text: str, array: list | None = None) -> str:
+    """The format of a traffic file from its first row: the first element of `array` (the file as one JSON array,
+    chat.json_array), else its first non-blank line (a vLLM log: a request line among its first 2000); only those
+    lines are split off, read_traffic splits the whole file once."""
+    if array is not None:
+        first = array[0] if array else None
+        return "triton-trace" if isinstance(first, dict) and "model_name" in first else request_format(first)
+    if text.lstrip().startswith('[{"id":'):  # a trace whose unescaped texts make it no JSON
         return "triton-trace"
     lines = list(itertools.islice(io.StringIO(text), 2000))
     first = next((ln for ln in lines if ln.strip()), "")
     if any(VLLM_BODY in ln for ln in lines):
         return "vllm-log"
     try:
-        row = json.loads(first)
+        return request_format(json.loads(first))
     except json.JSONDecodeError:
         return "unknown"
-    if isinstance(row, dict) and isinstance(row.get("body"), dict):
-        return "openai-batch"
-    if isinstance(row, dict) and ("messages" in row or "prompt" in row):
-        return "chat"
-    return "unknown"
 
 
-def records(lines: list[str], fmt: str, skips: Counter) -> list[tuple[dict, str | None]]:
-    """(request body, its category or None) per line of a traffic file in format `fmt`."""
+def request_rows(text: str, fmt: str, array: list | None, skips: Counter) -> list:
+    """The JSON value of each request in a traffic file: the elements of `array`, each line's (JSON Lines), or each
+    request line's body (a vLLM log; a body cut by --max-log-len counted in skips)."""
+    if array is not None:
+        return array
+    if fmt != "vllm-log":
+        return json_values(text, skips, "unparsable line")
     out = []
-    for line in lines:
-        if not line.strip():
-            continue
-        if fmt == "vllm-log" and VLLM_BODY not in line:
+    for line in split_lines(text):
+        if VLLM_BODY not in line:
             continue  # the log's other lines
-        text = line.split(VLLM_BODY, 1)[1] if fmt == "vllm-log" else line
         try:
-            row = json.loads(text)
+            out.append(json.loads(line.split(VLLM_BODY, 1)[1]))
         except json.JSONDecodeError:
-            skips["request body cut short (vLLM's --max-log-len)" if fmt == "vllm-log" else "unparsable line"] += 1
-            continue
+            skips["request body cut short (vLLM's --max-log-len)"] += 1
+    return out
+
+
+def records(rows: list, fmt: str, skips: Counter) -> list[tuple[dict, str | None]]:
+    """(request body, its category or None) per request of a traffic file in format `fmt` (request_rows)."""
+    out = []
+    for row in rows:
         if not isinstance(row, dict):
             skips["unparsable line"] += 1
             continue
@@ -145,10 +161,11 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
     hint = "pass a JSONL of chat requests, an OpenAI batch file, a vLLM request log or a Triton trace"
     traces = trace_files(path) if fmt in ("auto", "triton-trace") else []
     if traces and not path.is_file():  # only the FILE.N Triton writes with log-frequency
-        text, found = "", "triton-trace"
+        text, found, array = "", "triton-trace", None
     else:
         text = read_text(path, "--prompts file", hint)  # read once: a trace of every request's tensors is large
-        found = detect_format(text) if fmt == "auto" else fmt
+        array = json_array(text) if fmt in ("auto", "chat", "openai-batch") else None
+        found = detect_format(text, array) if fmt == "auto" else fmt
     if found == "unknown":
         raise DataError(f"{where}: not a traffic file this tool reads (its first line is no chat request, OpenAI "
                         "batch request, vLLM request-log line or Triton trace)",
@@ -162,7 +179,7 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
         numbered = [f.read_text(encoding="utf-8", errors="replace") for f in traces if f != path]
         bodies = trace_records([text, *numbered], turns_reader(tok), skips)
     else:
-        bodies = records(split_lines(text), found, skips)
+        bodies = records(request_rows(text, found, array, skips), found, skips)
     rows, seen = [], set()
     for body, cat in bodies:
         msgs = request_prompt(body, skips)

@@ -93,6 +93,61 @@ def test_utf16_with_its_byte_order_mark_is_read_and_unmarked_utf16_refused(tmp_p
         chat.read_prompt_file(p, Counter())
 
 
+# One row as each kind of file users bring writes it: the anchors' prepared files, the public chat logs, and the
+# instruction datasets
+DATASET_ROWS = {
+    "SpecForge prepare_data.py": {"id": "s1", "conversations": [{"role": "user", "content": "Hi"},
+                                                               {"role": "assistant", "content": "Hello"}]},
+    "ShareGPT": {"id": "g1", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello"}]},
+    "LMSYS-Chat-1M, WildChat": {"conversation_id": "l1", "conversation": [{"role": "user", "content": "Hi"},
+                                                                           {"role": "assistant", "content": "Hello"}]},
+    "Alpaca": {"instruction": "Hi", "input": "", "output": "Hello"},
+    "Alpaca with an input": {"instruction": "Sum up.", "input": "A text.", "output": "Short."},
+    "Dolly": {"instruction": "Who is here?", "context": "Bob is here.", "response": "Bob.", "category": "closed_qa"},
+    "OpenOrca": {"id": "o1", "system_prompt": "Be brief.", "question": "Hi", "response": "Hello"},
+}
+
+
+def test_the_rows_of_the_anchors_files_and_public_datasets_are_read_as_conversations_and_prompts(tmp_path):
+    """Each row shape gives the same turns as OpenAI `messages` would, as a conversation (kind: jsonl) and as a
+    prompt (kind: regenerate, or jsonl with regenerate: true); before, all but ShareGPT were dropped as having no
+    `messages`, and SpecForge's and Model Optimizer's {role, content} `conversations` as turns without a role."""
+    f = _write(tmp_path / "rows.jsonl", list(DATASET_ROWS.values()))
+    skips: Counter = Counter()
+    got = chat.read_source(f, skips, "jsonl")
+    assert not skips and [r["messages"] for r in got] == [
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]] * 4 + [
+        [{"role": "user", "content": "Sum up.\n\nA text."}, {"role": "assistant", "content": "Short."}],
+        [{"role": "user", "content": "Who is here?\n\nBob is here."}, {"role": "assistant", "content": "Bob."}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]]
+    assert [r["id"] for r in got][:3] == ["s1", "g1", "rows:2"] and got[5]["category"] == "closed_qa"
+    turns = [r["messages"][:-1] for r in got]
+    assert [r["messages"] for r in chat.read_source(f, skips, "jsonl", regenerate=True)] == turns and not skips
+    assert [r["messages"] for r in chat.read_source(f, skips, "regenerate")] == turns[3:]  # a prompt file: once each
+    assert skips == Counter({"duplicate prompt": 3})
+
+
+def test_model_optimizers_prepared_conversations_are_prompts_for_the_target(tmp_path):
+    """prepare_input_conversations writes the user's turns only, for the target to answer: prompts under kind:
+    regenerate or regenerate: true; as conversations to train on they have no answer, and the refusal says what to
+    set."""
+    f = _write(tmp_path / "input_conversations.jsonl", [
+        {"conversation_id": "m1", "conversations": [{"role": "user", "content": "Tell me a joke."}]},
+        {"conversation_id": "m2", "conversations": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"},
+                                                    {"role": "user", "content": "Again?"}]},
+    ])
+    for kind, regenerate in (("regenerate", False), ("jsonl", True)):
+        skips: Counter = Counter()
+        got = chat.read_source(f, skips, kind, regenerate=regenerate)
+        assert [r["messages"][-1]["content"] for r in got] == ["Tell me a joke.", "Hi"] if kind == "jsonl" else \
+            ["Tell me a joke.", "Again?"]
+    skips = Counter()
+    rows = chat.read_source(f, skips, "jsonl")
+    assert [r["messages"][-1]["content"] for r in rows] == ["Yo"] and skips == Counter({"no assistant turn": 1})
+    with pytest.raises(DataError, match=r"holds no usable conversation \(2 no assistant turn\).*regenerate: true"):
+        chat.require_rows([], f, "data file", "conversation", Counter({"no assistant turn": 2}))
+
+
 def test_a_file_that_is_one_json_array_is_read_as_its_rows(tmp_path):
     """`json.dump(rows, f, indent=2)` writes one array over many lines. Read line by line, a prompt file's lines "[",
     "{" and '"prompt": "..."' each became a prompt for the target to answer, and documents likewise."""

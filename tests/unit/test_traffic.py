@@ -47,6 +47,27 @@ def test_openai_batch_reads_chat_requests_and_their_text_parts(tmp_path):
     assert skips == {"completion request (raw text, no chat turns)": 1}
 
 
+def test_a_json_array_of_requests_and_the_turns_of_a_datasets_rows(tmp_path):
+    """Requests exported as one JSON array (`json.dump(rows, f, indent=2)`), chat or batch; a row's turns in any form
+    the data stage reads (LMSYS-Chat's `conversation`, ShareGPT's {from, value})."""
+    f = tmp_path / "requests.json"
+    f.write_text(json.dumps([
+        {"conversation": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}], "category": "greet"},
+        {"conversations": [{"from": "human", "value": "Name a color."}]},
+        {"instruction": "Sum up.", "input": "A text."},
+        "not a request",
+    ], indent=2))
+    rows, skips, fmt = read_traffic(f)
+    assert fmt == "chat" and [(r["category"], r["messages"][-1]["content"]) for r in rows] == [
+        ("greet", "Hi"), ("traffic", "Name a color."), ("traffic", "Sum up.\n\nA text.")]
+    assert skips == {"unparsable line": 1}
+    body = {"messages": [{"role": "user", "content": "Hi"}]}
+    f.write_text(json.dumps([{"custom_id": "1", "url": "/v1/chat/completions", "body": body}], indent=2))
+    rows, _, fmt = read_traffic(f)
+    assert fmt == "openai-batch" and rows[0]["messages"] == body["messages"]
+    assert read_traffic(f, fmt="openai-batch")[0] == rows
+
+
 def test_vllm_request_log_reads_json_bodies_and_counts_cut_ones(tmp_path):
     ok = {"messages": [{"role": "user", "content": "Tell me a joke."}], "max_tokens": 64}
     f = write(tmp_path / "vllm.log", [

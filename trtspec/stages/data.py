@@ -1,15 +1,17 @@
 """The data stage: conversations for training the head, split into train and held-out, and tokenized.
 
 Sources (data.sources[*].kind):
-  regenerate  a prompt file (JSONL `prompt`/`messages` + optional `category`, or one prompt per line) answered by
-              the target itself, greedy: the draft learns to predict exactly what it will be asked to predict.
-  jsonl       conversations: OpenAI/HF `messages` [{role, content}] or ShareGPT `conversations` [{from, value}]
+  regenerate  a prompt file (JSONL `prompt` or chat turns + optional `category`, or one prompt per line) answered
+              by the target itself, greedy: the draft learns to predict exactly what it will be asked to predict.
+  jsonl       conversations: OpenAI/HF `messages` [{role, content}], `conversations` (ShareGPT's [{from, value}], or
+              [{role, content}] as SpecForge and Model Optimizer write them), LMSYS-Chat `conversation`, or
+              instruction rows (Alpaca, Dolly, OpenOrca: chat.row_turns)
   text        one document per line (no chat template; every token is a label)
   hf          a `datasets` name (needs a network); rows parsed like jsonl rows, or a `text` column
   run         an earlier run of the same target (trtspec.warm_start): its answered conversations with the target's
               tokens, its training rows trained on (`limit` of them) and its held-out rows held out here too
-A jsonl or hf source with `regenerate: true` keeps each conversation's turns before its answer and has the target
-answer them again, as for a prompt file.
+A jsonl or hf source with `regenerate: true` keeps each conversation's turns before its answer (all of them where it
+has no answer yet, as Model Optimizer's prepared conversations) and has the target answer them again.
 
 Writes data/train.jsonl, data/heldout.jsonl (rows {id, category, messages}; the last message is the answer) and
 data/train_tokens.pt, data/heldout_tokens.pt: {input_ids, attention_mask, loss_mask} [N, data.seq_len], right-padded
@@ -34,7 +36,7 @@ from trtspec.chat import (
     conversations_from_rows,
     encode_prompt,
     long_context_rows,
-    prompt_rows,
+    prompts_from_rows,
     read_source,
     tokenize_rows,
 )
@@ -203,8 +205,7 @@ def load_source(src: Any, ctx: StageContext, skips: Counter, target: Any) -> lis
     datasets split; prompts among them answered by the target."""
     answered = answered_by_target(src.kind, src.regenerate)
     if src.kind == "hf":
-        rows = conversations_from_rows(hf_rows(src), src.path, skips)
-        rows = prompt_rows(rows) if answered else rows
+        rows = (prompts_from_rows if answered else conversations_from_rows)(hf_rows(src), src.path, skips)
     else:
         rows = read_source(ctx.cfg.resolve_path(src.path), skips, src.kind, src.limit, src.regenerate, Path(src.path).stem)
     return answer_prompts(rows, src, ctx, target) if answered else rows
