@@ -161,15 +161,17 @@ def instruction_turns(row: dict) -> list[dict] | None:
     return turns + ([{"role": "assistant", "content": answer}] if answer else [])
 
 
-def row_turns(row: dict) -> list | None:
-    """A row's chat turns (TURN_KEYS, or an instruction row's), each turn given as {from, value} read as {role,
-    content}; None where the row holds none. Roles and contents are as the row has them: to_messages and prompt_turns
-    check them."""
-    turns = next((row[k] for k in TURN_KEYS if isinstance(row.get(k), list)), None)
-    if turns is None:
-        return instruction_turns(row)
+def role_content(turns: list) -> list:
+    """Turns with ShareGPT's {from, value} read as {role, content}; other turns as they are."""
     return [{**t, "role": t["from"], "content": t.get("value")} if isinstance(t, dict) and "role" not in t and "from" in t
             else t for t in turns]
+
+
+def row_turns(row: dict) -> list | None:
+    """A row's chat turns (TURN_KEYS, role_content; or an instruction row's), None where it holds none. Roles and
+    contents are as the row has them: to_messages and prompt_turns check them."""
+    turns = next((row[k] for k in TURN_KEYS if isinstance(row.get(k), list)), None)
+    return instruction_turns(row) if turns is None else role_content(turns)
 
 
 def to_messages(row: dict) -> tuple[list[dict] | None, str]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtspec.chat import json_array, prompt_turns, read_text, split_lines
+from trtspec.chat import json_array, prompt_turns, read_text, role_content, split_lines
 from trtspec.errors import DataError
 
 if TYPE_CHECKING:
@@ -55,9 +55,9 @@ def mapped_row(rec: dict, s: EvalSuite, where: str, at: str, row_id: str) -> dic
                             "column that holds the prompt")
         msgs = [{"role": "user", "content": text}]
     elif mf in rec and rec[mf] is not None:
-        msgs = prompt_turns(rec[mf])
+        msgs = prompt_turns(role_content(rec[mf])) if isinstance(rec[mf], list) else None
         if msgs is None:
-            raise DataError(f"{where}: {at}'s '{mf}' is not a list of {{role, content}} turns with a prompt",
+            raise DataError(f"{where}: {at}'s '{mf}' is not a list of {{role, content}} (or {{from, value}}) turns with a prompt",
                             "set the suite's messages_field to the column that holds the chat turns")
     else:
         raise DataError(f"{where}: {at} has no '{pf}' (text) or '{mf}' (messages) column",

@@ -50,6 +50,12 @@ def test_jsonl_suite_with_a_column_mapping(tmp_path):
     assert [r["category"] for r in only] == ["math", "math"]
 
 
+def test_a_suite_of_sharegpt_turns(tmp_path):
+    """ShareGPT's {from, value} turns under the suite's messages_field, as the data stage reads them."""
+    write_jsonl(tmp_path / "s.jsonl", [{"conversations": [{"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "Hi!"}]}])
+    s = cfg_with(tmp_path, {"kind": "jsonl", "path": "s.jsonl", "messages_field": "conversations"}).eval.suites[0]
+    assert read_suite_file(tmp_path / "s.jsonl", Counter(), s)[0]["messages"] == [{"role": "user", "content": "Say hi."}]
+
 
 def test_a_suite_written_as_one_json_array_is_read_as_its_rows(tmp_path):
     """`json.dump(rows, f, indent=2)` writes one array over many lines: its rows, not a refusal of line 1."""
