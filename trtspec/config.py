@@ -74,12 +74,14 @@ class DataSource(Section):
     kind: Literal["regenerate", "jsonl", "text", "hf", "run"] = key(
         description="regenerate: the target answers the prompts in `path` itself; jsonl: conversations as OpenAI/HF "
         "`messages`, `conversations` (ShareGPT, SpecForge, Model Optimizer), `conversation` (LMSYS-Chat) or instruction "
-        "rows (Alpaca, Dolly, OpenOrca); text: one document per line; hf: a datasets name (needs a network); run: an "
+        "rows (Alpaca, Dolly, OpenOrca); text: one document per line; hf: a datasets hub id (needs a network) or its local copy (a save_to_disk folder, "
+        "a .parquet/.json/.csv file); run: an "
         "earlier run's answered conversations of the same target (its data stage, checked against its manifest, the "
         "target's tokens kept), its held-out rows held out here too")
-    path: str = key(description="a file relative to the YAML, the datasets name for kind: hf, the run folder for "
-                    "kind: run", min_length=1)
+    path: str = key(description="a file relative to the YAML, the datasets hub id or local copy for kind: hf, the "
+                    "run folder for kind: run", min_length=1)
     split: str = key("train", "the datasets split (kind: hf)", min_length=1)
+    subset: str | None = key(None, "kind: hf: the dataset's config (subset) name; null = its default", min_length=1)
     limit: int | None = key(None, "rows taken from this source at most (null = all; kind: run: its training rows)",
                             ge=1, le=BIG)
     regenerate: bool = key(False, "jsonl/hf: drop the rows' own answers and have the target answer their prompts "
@@ -505,6 +507,10 @@ class BuildConfig(Section):
         self._check_long_context()
         self._check_schedule()
         self._check_suites()
+        for i, s in enumerate(self.data.sources):
+            if s.kind != "hf" and (bad := sorted({"split", "subset"} & s.model_fields_set)):
+                raise ValueError(f"data.sources[{i}].{bad[0]}: a datasets option, but the source is kind {s.kind} "
+                                 "(set kind: hf for a datasets dataset or its local copy)")
         return self
 
     def _check_long_context(self) -> None:

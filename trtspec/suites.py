@@ -19,19 +19,17 @@ import random
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trtspec.chat import json_array, prompt_turns, read_text, role_content, split_lines
 from trtspec.errors import DataError
+from trtspec.hf_datasets import load_hf_dataset
 
 if TYPE_CHECKING:
     from trtspec.config import BuildConfig, EvalSuite
 
 # prompts per builtin category at most (eval.num_prompts is at most 256: 6 x 64 covers it)
 BUILTIN_PER_CATEGORY = 64
-DATA_FILE_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}
-LOCAL_COPY = ("a local copy needs no network: a JSONL file (kind: jsonl), a .parquet/.json/.csv data file or a folder "
-              "written by Dataset.save_to_disk (kind: hf, path: the file or folder)")
 
 
 def suite_label(s: EvalSuite) -> str:
@@ -107,47 +105,9 @@ def read_suite_file(path: Path, skips: Counter, s: EvalSuite, what: str = "eval.
     return only_categories(rows, s, where) if rows else rows
 
 
-def load_hf_dataset(s: EvalSuite, resolve: Callable[[str], Path], where: str) -> Any:
-    """The suite's split, by the real `datasets` code: a saved folder (load_from_disk), a local data file or folder
-    of them (load_dataset with data_files), else a hub id (load_dataset; with no network, one line)."""
-    assert s.path is not None
-    local = resolve(s.path)
-    looks_local = s.path.startswith((".", "/", "~")) or local.exists()
-    if looks_local and not local.exists():
-        raise DataError(f"{where}: '{local}' does not exist", "check the suite's path (relative to the YAML)")
-    try:
-        import datasets
-
-        if local.is_dir() and any((local / f).is_file() for f in ("state.json", "dataset_dict.json")):
-            ds = datasets.load_from_disk(str(local))
-            if isinstance(ds, datasets.DatasetDict):
-                if s.split not in ds:
-                    raise DataError(f"{where}: the saved dataset has no split '{s.split}' (its splits: {', '.join(ds)})",
-                                    "set the suite's split")
-                ds = ds[s.split]
-        elif local.is_file():
-            builder = DATA_FILE_BUILDERS.get(local.suffix.lower())
-            if builder is None:
-                raise DataError(f"{where}: '{local.name}' is no data file datasets reads by its name "
-                                f"({', '.join(DATA_FILE_BUILDERS)})", "or give a JSONL file as kind: jsonl")
-            ds = datasets.load_dataset(builder, data_files={s.split: str(local)}, split=s.split)
-        elif looks_local:
-            ds = datasets.load_dataset(str(local), s.subset, split=s.split)
-        else:
-            ds = datasets.load_dataset(s.path, s.subset, split=s.split)
-    except DataError:
-        raise
-    except Exception as e:  # datasets raises many kinds (network, missing split, bad name, bad file)
-        why = " ".join(f"{type(e).__name__}: {e}".split())[:200]
-        if not looks_local and isinstance(e, (ConnectionError, TimeoutError)):
-            raise DataError(f"{where}: the hub cannot be reached ({why}); {LOCAL_COPY}") from None
-        raise DataError(f"{where} cannot be loaded ({why})" + ("" if looks_local else f"; {LOCAL_COPY}")) from None
-    return ds
-
-
 def hf_suite_rows(s: EvalSuite, resolve: Callable[[str], Path], where: str) -> list[dict]:
     """An hf suite's rows through its column mapping; a column the dataset lacks is named with those it has."""
-    ds = load_hf_dataset(s, resolve, where)
+    ds = load_hf_dataset(s.path, s.subset, s.split, resolve, where)
     cols = list(ds.column_names)
     if s.prompt_field not in cols and s.messages_field not in cols:
         raise DataError(f"{where}: row 1 has no '{s.prompt_field}' (text) or '{s.messages_field}' (messages) column "

@@ -247,6 +247,30 @@ def case_data_malformed(tmp, model, mp):
     return build(tmp, config(tmp, model, data_rows=["{not json", "[1, 2]", '"a string"']), "--until", "data")
 
 
+def case_data_hf_offline(tmp, model, mp):
+    import datasets
+    import huggingface_hub.constants
+
+    mp.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    p = config(tmp, model)
+    raw = yaml.safe_load(p.read_text())
+    raw["data"]["sources"].append({"kind": "hf", "path": "nobody-here/no-such-chats", "split": "train_sft"})
+    p.write_text(yaml.safe_dump(raw))
+    return build(tmp, p, "--until", "data")
+
+
+def case_data_hf_no_turns(tmp, model, mp):
+    import datasets
+
+    datasets.Dataset.from_dict({"title": ["A note"], "body": ["Some text."]}).to_parquet(str(tmp / "notes.parquet"))
+    p = config(tmp, model)
+    raw = yaml.safe_load(p.read_text())
+    raw["data"]["sources"] = [{"kind": "hf", "path": "notes.parquet"}]
+    p.write_text(yaml.safe_dump(raw))
+    return build(tmp, p, "--until", "data")
+
+
 def case_data_no_assistant(tmp, model, mp):
     rows = [{"messages": [{"role": "user", "content": "hello?"}]}, {"conversations": [{"from": "human", "value": "hi"}]}]
     return build(tmp, config(tmp, model, data_rows=rows), "--until", "data")
@@ -799,6 +823,8 @@ CASES = [
     Case("eval-suite-unknown-category", case_eval_suite_unknown_category, 2, r"eval\.suites\[0\]\.categories: unknown builtin category 'poetry' \(builtin categories: explanation, lists, code, writing, chat, math\)"),
     Case("data-empty", case_data_empty, 2, r"data file .*data\.jsonl' holds no usable conversation \(empty", "data", before_data=True),
     Case("data-malformed", case_data_malformed, 2, r"data file .*data\.jsonl' holds no usable conversation \(1 unparsable line, 2 not a JSON object\)", "data", before_data=True),
+    Case("data-hf-offline", case_data_hf_offline, 2, r"data\.sources\[1\] dataset 'nobody-here/no-such-chats' split 'train_sft': the hub cannot be reached \(.*\); a local copy needs no network", "data", before_data=True),
+    Case("data-hf-no-chat-turns", case_data_hf_no_turns, 2, r"data\.sources\[0\] dataset 'notes\.parquet' holds no usable conversation \(1 no chat turns \(messages, conversations or instruction\)\)", "data", before_data=True),
     Case("data-no-assistant-turn", case_data_no_assistant, 2, r"data file .*data\.jsonl' holds no usable conversation \(2 no assistant turn\)", "data", before_data=True),
     Case("data-tool-and-null-turns", case_data_tool_and_null_turns, 2, r"holds no usable conversation \(1 tool turns, 1 null content\)", "data", before_data=True),
     Case("data-binary", case_data_binary, 2, r"cannot be read as UTF-8", "data", before_data=True),

@@ -118,7 +118,8 @@ def boundary_values(annotation, metadata) -> list[str]:
 SOURCE_HOSTILE = ["x", "[]", "[{}]", "[{kind: jsonl}]", "[{kind: jsonl, path: ''}]", "[{kind: csv, path: d.jsonl}]",
                   "[{kind: jsonl, path: d.jsonl, limit: 0}]", "[{kind: jsonl, path: d.jsonl, limit: .inf}]",
                   "[{kind: jsonl, path: d.jsonl, limit: 10000000000}]", "[{kind: jsonl, path: d.jsonl, split: ''}]",
-                  "[{kind: jsonl, path: d.jsonl, regenerate: 3}]"]
+                  "[{kind: jsonl, path: d.jsonl, regenerate: 3}]", "[{kind: jsonl, path: d.jsonl, split: test}]",
+                  "[{kind: regenerate, path: d.jsonl, subset: x}]", "[{kind: hf, path: d.jsonl, subset: ''}]"]
 SUITE_HOSTILE = ["x", "null", "[{}]", "[1]", "[{kind: csv}]", "[{kind: jsonl}]", "[{kind: hf}]", "[{kind: jsonl, path: ''}]",
                  "[{kind: builtin, path: d.jsonl}]", "[{kind: builtin, categories: []}]", "[{kind: builtin, categories: [nope]}]",
                  "[{kind: builtin, categories: ['']}]", "[{kind: builtin, categories: [1]}]", "[{kind: builtin, split: test}]",

@@ -148,6 +148,30 @@ def test_model_optimizers_prepared_conversations_are_prompts_for_the_target(tmp_
         chat.require_rows([], f, "data file", "conversation", Counter({"no assistant turn": 2}))
 
 
+def test_an_hf_source_reads_a_local_copy_of_a_dataset(tmp_path):
+    """kind: hf with no network: a .parquet file as the hub serves datasets, or a save_to_disk folder, by datasets'
+    own code; rows as a jsonl source reads them, prompts under regenerate: true; `limit` rows at most."""
+    import datasets
+
+    rows = [DATASET_ROWS["ShareGPT"], DATASET_ROWS["Dolly"], {"conversations": [{"from": "human", "value": "Alone"}]}]
+    ds = datasets.Dataset.from_list([{"conversations": r.get("conversations"), "instruction": r.get("instruction"),
+                                      "context": r.get("context"), "response": r.get("response")} for r in rows])
+    ds.to_parquet(str(tmp_path / "chats.parquet"))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    for path in ("chats.parquet", "saved"):
+        cfg = config_from_dict({"data": {"sources": [{"kind": "hf", "path": path}, {"kind": "hf", "path": path,
+                                                                                    "regenerate": True, "limit": 2}]}},
+                               base_dir=tmp_path)
+        skips: Counter = Counter()
+        got = data.hf_conversations(cfg, 0, skips)
+        assert [r["messages"][-1]["content"] for r in got] == ["Hello", "Bob."] and skips == Counter({"no assistant turn": 1})
+        assert [r["messages"] for r in data.hf_conversations(cfg, 1, skips)] == [
+            [{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Who is here?\n\nBob is here."}]]
+    cfg = config_from_dict({"data": {"sources": [{"kind": "hf", "path": "gone.parquet"}]}}, base_dir=tmp_path)
+    with pytest.raises(DataError, match=r"data\.sources\[0\] dataset 'gone\.parquet' split 'train': '.*gone\.parquet' does not exist"):
+        data.hf_conversations(cfg, 0, Counter())
+
+
 def test_a_file_that_is_one_json_array_is_read_as_its_rows(tmp_path):
     """`json.dump(rows, f, indent=2)` writes one array over many lines. Read line by line, a prompt file's lines "[",
     "{" and '"prompt": "..."' each became a prompt for the target to answer, and documents likewise."""

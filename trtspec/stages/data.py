@@ -7,7 +7,8 @@ Sources (data.sources[*].kind):
               [{role, content}] as SpecForge and Model Optimizer write them), LMSYS-Chat `conversation`, or
               instruction rows (Alpaca, Dolly, OpenOrca: chat.row_turns)
   text        one document per line (no chat template; every token is a label)
-  hf          a `datasets` name (needs a network); rows parsed like jsonl rows, or a `text` column
+  hf          a `datasets` hub id (needs a network) or its local copy (trtspec.hf_datasets); rows parsed like jsonl
+              rows, or a `text` column
   run         an earlier run of the same target (trtspec.warm_start): its answered conversations with the target's
               tokens, its training rows trained on (`limit` of them) and its held-out rows held out here too
 A jsonl or hf source with `regenerate: true` keeps each conversation's turns before its answer (all of them where it
@@ -49,11 +50,14 @@ if TYPE_CHECKING:
 
 UPSTREAM: tuple[str, ...] = ()
 READS = ("model", "data", "seed")
+HF_ROWS_CHECKED = 1000  # rows of a kind: hf source the preflight reads (the stage reads them all)
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
-    """data.context_tokens and the answer after it within the target's window, and each kind: run source a run of
-    this target, before minutes of answering."""
+    """data.context_tokens and the answer after it within the target's window, each kind: run source a run of this
+    target, and each kind: hf source loaded with usable rows among its first HF_ROWS_CHECKED, before minutes of
+    answering."""
+    from trtspec.chat import require_rows, usable_row
     from trtspec.config import check_fits_window
     from trtspec.ptq import served_quantization
     from trtspec.targets import text_config
@@ -67,6 +71,10 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
         if s.kind == "run":
             key = f"data.sources[{i}].path"
             check_same_target(earlier_run(cfg.resolve_path(s.path), key), cfg, key)
+        if s.kind == "hf":  # loaded (with no network: one line) and its first rows read, before any source is answered
+            skips: Counter = Counter()
+            require_rows(hf_conversations(cfg, i, skips, HF_ROWS_CHECKED), Path(s.path), f"data.sources[{i}] dataset",
+                         usable_row(s.kind, s.regenerate), skips)
 
     if d := cfg.data.context_tokens:
         check_fits_window(f"data.context_tokens {d}", d, "data.max_new_tokens", cfg.data.max_new_tokens,
@@ -200,26 +208,35 @@ def split_heldout(rows: list[dict], fraction: float, seed: int) -> tuple[list[di
     return order[k:], order[:k]
 
 
-def load_source(src: Any, ctx: StageContext, skips: Counter, target: Any) -> list[dict]:
-    """One source's conversations: a local file read by chat.read_source (as the build's preflight read it), or a
-    datasets split; prompts among them answered by the target."""
+def load_source(i: int, ctx: StageContext, skips: Counter, target: Any) -> list[dict]:
+    """data.sources[i]'s conversations: a local file read by chat.read_source (as the build's preflight read it), or a
+    datasets split (hf_conversations); prompts among them answered by the target."""
+    src = ctx.cfg.data.sources[i]
     answered = answered_by_target(src.kind, src.regenerate)
     if src.kind == "hf":
-        rows = (prompts_from_rows if answered else conversations_from_rows)(hf_rows(src), src.path, skips)
+        rows = hf_conversations(ctx.cfg, i, skips)
     else:
         rows = read_source(ctx.cfg.resolve_path(src.path), skips, src.kind, src.limit, src.regenerate, Path(src.path).stem)
     return answer_prompts(rows, src, ctx, target) if answered else rows
 
 
-def hf_rows(src: Any) -> list[dict]:
-    try:
-        import datasets
+def hf_rows(src: Any, resolve: Callable[[str], Path], where: str, limit: int | None = None) -> list[dict]:
+    """The rows of a kind: hf source (its hub id or local copy: hf_datasets.load_hf_dataset), `limit` of them at most
+    (data.sources[*].limit where None)."""
+    from trtspec.hf_datasets import load_hf_dataset
 
-        ds = datasets.load_dataset(src.path, split=src.split)
-    except Exception as e:  # datasets raises many kinds (network, missing split, bad name)
-        raise DataError(f"cannot load HF dataset '{src.path}' split '{src.split}': {e.__class__.__name__}: {str(e)[:160]}",
-                        "it needs a network; or export it to JSONL and use kind: jsonl") from None
-    return [dict(r) for r in (ds.select(range(min(src.limit, len(ds)))) if src.limit else ds)]
+    ds = load_hf_dataset(src.path, src.subset, src.split, resolve, where)
+    n = min(x for x in (limit, src.limit, len(ds)) if x is not None)
+    return ds.select(range(n)).to_list()
+
+
+def hf_conversations(cfg: BuildConfig, i: int, skips: Counter, limit: int | None = None) -> list[dict]:
+    """data.sources[i] (kind: hf): its rows as conversations, or as prompts where the target answers them
+    (regenerate: true), `limit` rows read at most; a dataset that cannot be loaded is a DataError naming the key."""
+    s = cfg.data.sources[i]
+    where = f"data.sources[{i}] dataset '{s.path}'" + (f" [{s.subset}]" if s.subset else "") + f" split '{s.split}'"
+    read = prompts_from_rows if answered_by_target(s.kind, s.regenerate) else conversations_from_rows
+    return read(hf_rows(s, cfg.resolve_path, where, limit), Path(s.path).stem, skips)
 
 
 def answer_prompts(prompts: list[dict], src: Any, ctx: StageContext, target: Any) -> list[dict]:
@@ -231,7 +248,7 @@ def answer_prompts(prompts: list[dict], src: Any, ctx: StageContext, target: Any
     answer = answerer(ctx, target, longest)
     ctx.log(f"regenerating answers to {len(prompts)} prompts with the target ({ctx.cfg.data.answer_with}, "
             f"{ctx.cfg.data.max_new_tokens} new tokens max)")
-    where = f"{src.path}:{src.split}" if src.kind == "hf" else str(ctx.cfg.resolve_path(src.path))
+    where = f"{src.path}:{src.split}" + (f":{src.subset}" if src.subset else "") if src.kind == "hf" else str(ctx.cfg.resolve_path(src.path))
     key = hashlib.sha1(where.encode()).hexdigest()[:8]
     return regenerate(prompts, target.tok, answers_dir(ctx, target.served) / f"answers-{key}.jsonl", answer, ctx.log)
 
@@ -250,14 +267,14 @@ def run(ctx: StageContext) -> dict:
     skips: Counter = Counter()
     rows: list[dict] = []
     kept: dict[str, list[dict]] = {"train": [], "heldout": []}  # kind: run sources' rows, already split
-    for src in ctx.cfg.data.sources:
+    for i, src in enumerate(ctx.cfg.data.sources):
         if src.kind == "run":
             train_rows, heldout_rows = run_rows(ctx.cfg.resolve_path(src.path), skips, src.limit)
             kept["train"] += train_rows
             kept["heldout"] += heldout_rows
             ctx.log(f"run '{src.path}': {len(train_rows)} training and {len(heldout_rows)} held-out conversations")
             continue
-        got = load_source(src, ctx, skips, target)
+        got = load_source(i, ctx, skips, target)
         ctx.log(f"{src.kind} '{src.path}': {len(got)} conversations")
         rows += got
     if skips:
