@@ -32,12 +32,36 @@ def require_file(path: Path, what: str, hint: str) -> None:
         raise DataError(f"{what} '{path}' does not exist", hint)
 
 
+# compressed files, by their first bytes (a log rotated to .gz, a dataset's .jsonl.xz): read as the text inside
+COMPRESSED = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "lzma"}
+
+
+def file_bytes(path: Path, what: str, limit: int = -1) -> bytes:
+    """A file's bytes, or the bytes inside it where it is gzip, bzip2 or xz-compressed (its first bytes say which,
+    not its name); `limit`: at most that many. A compressed file cut short or corrupt is a DataError naming it."""
+    import importlib
+
+    with open(path, "rb") as f:
+        head = f.read(6)
+    kind = next((m for magic, m in COMPRESSED.items() if head.startswith(magic)), None)
+    if kind is None:
+        with open(path, "rb") as f:
+            return f.read(limit)
+    module = importlib.import_module(kind)
+    try:
+        with module.open(path, "rb") as f:
+            return f.read(limit)
+    except (EOFError, OSError, getattr(module, "LZMAError", OSError)) as e:
+        raise DataError(f"{what} '{path}' is {kind}-compressed and cannot be read whole ({type(e).__name__}: {e})",
+                        "compress it again, or give it uncompressed") from None
+
+
 def check_text_file(path: Path, what: str, hint: str) -> None:
-    """A DataError unless `path` is a file whose start reads as UTF-8 text (what a build checks before spending)."""
+    """A DataError unless `path` is a file whose start reads as UTF-8 text, compressed or not (what a build checks
+    before spending)."""
     require_file(path, what, hint)
     try:
-        with open(path, "rb") as f:
-            decode_text(f.read(1 << 16))
+        decode_text(file_bytes(path, what, 1 << 16))
     except UnicodeDecodeError as e:
         if e.start < (1 << 16) - 4:  # not a multi-byte character cut at the end of the sample
             raise DataError(f"{what} '{path}' cannot be read as UTF-8 text (UnicodeDecodeError)") from None
@@ -61,11 +85,11 @@ def split_lines(text: str) -> list[str]:
 
 
 def read_text(path: Path, what: str = "data file", hint: str = "check data.sources[*].path (relative to the YAML)") -> str:
-    """A text file whole (decode_text: UTF-8, or UTF-16 with its byte-order mark); a missing or binary file is a
-    DataError naming it as `what`."""
+    """A text file whole (decode_text: UTF-8, or UTF-16 with its byte-order mark), gzip, bzip2 or xz-compressed or
+    not (file_bytes); a missing or binary file is a DataError naming it as `what`."""
     require_file(path, what, hint)
     try:
-        return decode_text(path.read_bytes())
+        return decode_text(file_bytes(path, what))
     except (UnicodeDecodeError, OSError) as e:
         raise DataError(f"{what} '{path}' cannot be read as UTF-8 text ({e.__class__.__name__})") from None
 

@@ -283,6 +283,12 @@ def case_data_tool_and_null_turns(tmp, model, mp):
     return build(tmp, config(tmp, model, data_rows=rows), "--until", "data")
 
 
+def case_data_compressed_cut(tmp, model, mp):
+    p = config(tmp, model)
+    (tmp / "data.jsonl").write_bytes(gzip.compress((tmp / "data.jsonl").read_bytes() * 200, mtime=0)[:-30])
+    return build(tmp, p, "--until", "data")
+
+
 def case_data_binary(tmp, model, mp):
     p = config(tmp, model)
     (tmp / "data.jsonl").write_bytes(b"\x80\x81\xfe\xff" * 10)
@@ -827,6 +833,7 @@ CASES = [
     Case("data-hf-no-chat-turns", case_data_hf_no_turns, 2, r"data\.sources\[0\] dataset 'notes\.parquet' holds no usable conversation \(1 no chat turns \(messages, conversations or instruction\)\)", "data", before_data=True),
     Case("data-no-assistant-turn", case_data_no_assistant, 2, r"data file .*data\.jsonl' holds no usable conversation \(2 no assistant turn\)", "data", before_data=True),
     Case("data-tool-and-null-turns", case_data_tool_and_null_turns, 2, r"holds no usable conversation \(1 tool turns, 1 null content\)", "data", before_data=True),
+    Case("data-compressed-cut-short", case_data_compressed_cut, 2, r"data file '.*data\.jsonl' is gzip-compressed and cannot be read whole \(EOFError: ", "data", before_data=True),
     Case("data-binary", case_data_binary, 2, r"cannot be read as UTF-8", "data", before_data=True),
     Case("prompts-empty", case_regenerate_prompts_empty, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(empty", "data", before_data=True),
     Case("prompts-unparsable", case_regenerate_prompts_unparsable, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(1 unparsable prompt line, 2 prompt row without prompt\)", "data", before_data=True),

@@ -215,9 +215,31 @@ def test_unreadable_and_missing_files(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         chat.read_jsonl(tmp_path / "nope.jsonl", Counter())
     bad = tmp_path / "bin.jsonl"
-    bad.write_bytes(gzip.compress(b"{}\n" * 9, mtime=0))  # a compressed file passed as it is (FF FE would be UTF-16's mark)
+    bad.write_bytes(PNG)  # an image passed as data (FF FE would be UTF-16's mark)
     with pytest.raises(DataError, match="UTF-8"):
         chat.read_jsonl(bad, Counter())
+
+
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256))  # no text in any encoding trtspec reads
+
+
+def test_compressed_files_are_read_as_the_text_inside(tmp_path):
+    """A JSONL (or prompt, or traffic) file gzip-, bzip2- or xz-compressed is read by its first bytes, whatever its
+    name; one cut short is one line naming it."""
+    import bz2
+    import lzma
+
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo ✓"}]}] * 2
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+    for name, packed in (("c.jsonl.gz", gzip.compress(text, mtime=0)), ("c.jsonl.bz2", bz2.compress(text)),
+                         ("c.xz", lzma.compress(text))):
+        (tmp_path / name).write_bytes(packed)
+        chat.check_text_file(tmp_path / name, "data file", "")
+        assert [r["messages"][1]["content"] for r in chat.read_source(tmp_path / name, Counter(), "jsonl")] == ["yo ✓"] * 2
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(text * 500, mtime=0)[:-40])
+    with pytest.raises(DataError, match=r"data file '.*cut\.jsonl\.gz' is gzip-compressed and cannot be read whole \(EOFError"):
+        chat.read_source(cut, Counter(), "jsonl")
 
 
 def test_loss_mask_covers_assistant_tokens_only(tiny_model_dir):

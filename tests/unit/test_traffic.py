@@ -3,6 +3,7 @@ refusals."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 
@@ -79,6 +80,9 @@ def test_vllm_request_log_reads_json_bodies_and_counts_cut_ones(tmp_path):
     rows, skips, fmt = read_traffic(f, category="jokes")
     assert fmt == "vllm-log" and len(rows) == 1 and rows[0]["category"] == "jokes"
     assert skips == {"request body cut short (vLLM's --max-log-len)": 1}
+    rotated = tmp_path / "vllm.log.1.gz"  # logrotate's compressed log, passed as it is
+    rotated.write_bytes(gzip.compress(f.read_bytes(), mtime=0))
+    assert read_traffic(rotated, category="jokes") == (rows, skips, fmt)
 
 
 def test_requests_holding_unicode_line_separators_are_read_whole(tmp_path):
