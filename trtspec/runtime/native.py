@@ -67,64 +67,18 @@ static inline __m256 load8(const at::BFloat16* w) {
 }
 #endif
 
-// One weight row against RR input rows: each 8 weights are loaded once and multiplied into RR accumulators (8 at
-// most, with the weight and an input register within AVX2's 16).
-template <int RR, typename WT>
-static inline void row_by_rows(const WT* w, const float* x, float* y, int64_t K, int64_t N) {
-  int64_t k = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-  constexpr int64_t per_line = 64 / sizeof(WT);
-  __m256 acc[RR];
-  for (int r = 0; r < RR; ++r) acc[r] = _mm256_setzero_ps();
-  for (; k + 8 <= K; k += 8) {
-    // ask for the weight's cache line 1 KB ahead, once a line: the loads of the next rows overlap the arithmetic
-    // of this one, so a few rows cost what one costs (the hardware prefetcher alone left ~25% between 1 and 4 rows)
-    if ((k & (per_line - 1)) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + k) + 1024, _MM_HINT_T0);
-    const __m256 wv = load8(w + k);
-    for (int r = 0; r < RR; ++r) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * K + k), acc[r]);
-  }
-#endif
-  for (int r = 0; r < RR; ++r) {
-#if defined(__AVX2__) && defined(__FMA__)
-    float s = hsum(acc[r]);
-#else
-    float s = 0.f;
-#endif
-    for (int64_t t = k; t < K; ++t) s += to_float(w[t]) * x[r * K + t];
-    y[r * N] = s;
-  }
-}
-
 #if defined(__AVX512F__)
-// The same with AVX-512's 16 floats a vector: half the instructions per weight byte, one prefetch per iteration
-// (a float32 line). Its own candidate ("native16"): whether it beats 8 lanes depends on the CPU (AMD's Zen 4 splits
-// a 512-bit operation in two, Intel's server cores do not), so `choose_kernels` times it like the others.
+// AVX-512's 16 floats a vector: half the instructions per weight byte. Their own candidates ("native16", "pairs16"):
+// whether they beat 8 lanes depends on the CPU (AMD's Zen 4 splits a 512-bit operation in two, Intel's server cores
+// do not), so `choose_kernels` times them like the others.
 static inline __m512 load16(const float* w) { return _mm512_loadu_ps(w); }
 static inline __m512 load16(const at::BFloat16* w) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-
-template <int RR, typename WT>
-static inline void row_by_rows16(const WT* w, const float* x, float* y, int64_t K, int64_t N) {
-  constexpr int64_t per_line = 64 / sizeof(WT);
-  __m512 acc[RR];
-  for (int r = 0; r < RR; ++r) acc[r] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    if ((k & (per_line - 1)) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + k) + 1024, _MM_HINT_T0);
-    const __m512 wv = load16(w + k);
-    for (int r = 0; r < RR; ++r) acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + r * K + k), acc[r]);
-  }
-  for (int r = 0; r < RR; ++r) {
-    float s = _mm512_reduce_add_ps(acc[r]);
-    for (int64_t t = k; t < K; ++t) s += to_float(w[t]) * x[r * K + t];
-    y[r * N] = s;
-  }
-}
 #endif
 
-// The vector of LANES floats the pair kernel runs on: AVX2's 8, AVX-512's 16
+// The vector of LANES floats the product kernels run on: AVX2's 8, AVX-512's 16
 #if defined(__AVX2__) && defined(__FMA__)
 template <int LANES> struct Vec {
   using T = __m256;
@@ -142,7 +96,35 @@ template <> struct Vec<16> {
   static float sum(T v) { return _mm512_reduce_add_ps(v); }
 };
 #endif
+#endif
 
+// One weight row against RR input rows ("native", "native16"): each LANES weights are loaded once and multiplied
+// into RR accumulators (8 at most, with the weight and an input register within AVX2's 16); plain loops without AVX2.
+template <int LANES, int RR, typename WT>
+static inline void row_by_rows(const WT* w, const float* x, float* y, int64_t K, int64_t N) {
+  int64_t k = 0;
+  float s[RR] = {};
+#if defined(__AVX2__) && defined(__FMA__)
+  using V = Vec<LANES>;
+  constexpr int64_t per_line = 64 / sizeof(WT);
+  typename V::T acc[RR];
+  for (int r = 0; r < RR; ++r) acc[r] = V::zero();
+  for (; k + LANES <= K; k += LANES) {
+    // ask for the weight's cache line 1 KB ahead, once a line: the loads of the next rows overlap the arithmetic
+    // of this one, so a few rows cost what one costs (the hardware prefetcher alone left ~25% between 1 and 4 rows)
+    if ((k & (per_line - 1)) == 0) _mm_prefetch(reinterpret_cast<const char*>(w + k) + 1024, _MM_HINT_T0);
+    const typename V::T wv = V::load(w + k);
+    for (int r = 0; r < RR; ++r) acc[r] = V::fma(wv, V::load(x + r * K + k), acc[r]);
+  }
+  for (int r = 0; r < RR; ++r) s[r] = V::sum(acc[r]);
+#endif
+  for (int r = 0; r < RR; ++r) {
+    for (int64_t t = k; t < K; ++t) s[r] += to_float(w[t]) * x[r * K + t];
+    y[r * N] = s[r];
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
 // Two weight rows at once against RR input rows ("pairs", "pairs16"): two streams for the memory system where
 // row_by_rows has one, each input vector loaded once for both, and each cache line asked for where the next pair
 // will read it (a distance that grows with the row, not a fixed 1 KB). Where one stream a core leaves bandwidth
@@ -181,14 +163,6 @@ static inline void two_rows_by_rows(const WT* w, const float* x, float* y, int64
 }
 #endif
 
-// y[:, n] for every input row, 8 rows at a time, in vectors of LANES floats (8: AVX2, 16: AVX-512)
-template <int LANES, int RR, typename WT>
-static inline void rows_of(const WT* w, const float* x, float* y, int64_t K, int64_t N) {
-#if defined(__AVX512F__)
-  if constexpr (LANES == 16) { row_by_rows16<RR>(w, x, y, K, N); return; }
-#endif
-  row_by_rows<RR>(w, x, y, K, N);
-}
 
 // f(r, RR) for the input rows r .. r + RR - 1, 8 at a time (RR a compile-time count: the accumulators' array size)
 template <typename F>
@@ -207,20 +181,27 @@ static inline void in_groups_of_8(int64_t R, F&& f) {
   }
 }
 
-template <int LANES, typename WT>
-static void one_weight_row(const WT* w, const float* X, float* Y, int64_t R, int64_t K, int64_t N) {
-  in_groups_of_8(R, [&](int64_t r, auto rr) { rows_of<LANES, decltype(rr)::value>(w, X + r * K, Y + r * N, K, N); });
+// LANES where the compiler targets AVX-512, else AVX2's 8 (without AVX2 the loops are plain and read no vectors)
+template <int LANES> constexpr int lanes_here() {
+#if defined(__AVX512F__)
+  return LANES;
+#else
+  return 8;
+#endif
 }
 
-// y[:, n] and y[:, n + 1] for every input row (two_rows_by_rows), 8 rows at a time; 16 lanes only where the compiler
-// targets AVX-512 (elsewhere 8), without AVX2 the plain one-row loops
+// y[:, n] for every input row, 8 rows at a time (row_by_rows)
+template <int LANES, typename WT>
+static void one_weight_row(const WT* w, const float* X, float* Y, int64_t R, int64_t K, int64_t N) {
+  in_groups_of_8(R, [&](int64_t r, auto rr) {
+    row_by_rows<lanes_here<LANES>(), decltype(rr)::value>(w, X + r * K, Y + r * N, K, N);
+  });
+}
+
+// y[:, n] and y[:, n + 1] for every input row (two_rows_by_rows), 8 rows at a time; without AVX2 the plain one-row loops
 template <int LANES, typename WT>
 static void two_weight_rows(const WT* w, const float* X, float* Y, int64_t R, int64_t K, int64_t N) {
-#if defined(__AVX512F__)
-  constexpr int lanes = LANES;
-#else
-  constexpr int lanes = 8;
-#endif
+  constexpr int lanes = lanes_here<LANES>();
 #if defined(__AVX2__) && defined(__FMA__)
   in_groups_of_8(R, [&](int64_t r, auto rr) { two_rows_by_rows<lanes, decltype(rr)::value>(w, X + r * K, Y + r * N, K, N); });
 #else
