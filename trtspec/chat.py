@@ -40,6 +40,7 @@ def file_bytes(path: Path, what: str, limit: int = -1) -> bytes:
     """A file's bytes, or the bytes inside it where it is gzip, bzip2 or xz-compressed (its first bytes say which,
     not its name); `limit`: at most that many. A compressed file cut short or corrupt is a DataError naming it."""
     import importlib
+    import zlib
 
     with open(path, "rb") as f:
         head = f.read(6)
@@ -51,7 +52,7 @@ def file_bytes(path: Path, what: str, limit: int = -1) -> bytes:
     try:
         with module.open(path, "rb") as f:
             return f.read(limit)
-    except (EOFError, OSError, getattr(module, "LZMAError", OSError)) as e:
+    except (EOFError, OSError, zlib.error, getattr(module, "LZMAError", OSError)) as e:  # cut short, or corrupt
         raise DataError(f"{what} '{path}' is {kind}-compressed and cannot be read whole ({type(e).__name__}: {e})",
                         "compress it again, or give it uncompressed") from None
 

@@ -240,6 +240,11 @@ def test_compressed_files_are_read_as_the_text_inside(tmp_path):
     cut.write_bytes(gzip.compress(text * 500, mtime=0)[:-40])
     with pytest.raises(DataError, match=r"data file '.*cut\.jsonl\.gz' is gzip-compressed and cannot be read whole \(EOFError"):
         chat.read_source(cut, Counter(), "jsonl")
+    corrupt = bytearray(gzip.compress(text * 500, mtime=0))
+    corrupt[20:60] = bytes(b ^ 0xFF for b in corrupt[20:60])
+    cut.write_bytes(bytes(corrupt))
+    with pytest.raises(DataError, match=r"is gzip-compressed and cannot be read whole \(error: Error -3"):
+        chat.read_source(cut, Counter(), "jsonl")
 
 
 def test_loss_mask_covers_assistant_tokens_only(tiny_model_dir):
