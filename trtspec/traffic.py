@@ -4,12 +4,13 @@ Formats (--format, `auto` tells them apart by their first usable line, or a JSON
   chat          JSONL (or one JSON array) of OpenAI chat requests or conversations: `messages` [{role, content}] or
                 the other turns chat.row_turns reads (ShareGPT, SpecForge and Model Optimizer `conversations`,
                 LMSYS-Chat `conversation`, instruction rows), a last assistant turn dropped (the target answers
-                again); or `prompt` (text); an optional `category`
+                again); or `prompt` (text); or a Responses API request (`input`, `instructions`); an optional
+                `category`
   openai-batch  JSONL (or one JSON array) of the OpenAI batch API's requests (what `vllm run-batch` reads):
-                {"custom_id", "url": "/v1/chat/completions", "body": {"messages": [...]}}; a `metadata.category` in
-                the body is kept
-  vllm-log      a `vllm serve --enable-log-requests --log-level DEBUG` log: each request's "JSON body" line (a body cut
-                by --max-log-len is skipped, counted)
+                {"custom_id", "url": "/v1/chat/completions" or "/v1/responses", "body": {"messages": [...]} or
+                {"input": ...}}; a `metadata.category` in the body is kept
+  vllm-log      a `vllm serve --enable-log-requests --log-level DEBUG` log: each chat or Responses request's "JSON
+                body" line (a body cut by --max-log-len is skipped, counted)
   triton-trace  the trace Triton writes with `--trace-config triton,file=FILE --trace-config level=TENSORS
                 --trace-config rate=1`: each request's `text_input` tensor, read back into its turns with the earlier
                 run's chat template (a text that template did not write is skipped, counted); FILE and the FILE.0,
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtspec.chat import json_array, json_values, read_text, row_prompt, row_turns, split_lines
+from trtspec.chat import json_array, json_values, prompt_turns, read_text, row_prompt, row_turns, split_lines
 from trtspec.errors import DataError
 
 FORMATS = ("auto", "chat", "openai-batch", "vllm-log", "triton-trace")
@@ -44,10 +45,42 @@ TRITON_TEXT_INPUT = re.compile(r'\{"id":\d+,"activity":"TENSOR_QUEUE_INPUT","ten
                                r'(.*?)","shape":"([\d,]*)","dtype":"BYTES"\}\}', re.S)
 
 
+# the text parts of a Responses API message: what the user wrote, what the model answered
+RESPONSES_TEXT = ("input_text", "output_text", "text")
+
+
+def responses_turns(body: dict) -> list[dict] | None:
+    """An OpenAI Responses API request's turns (POST /v1/responses, which vLLM serves too): its `instructions` as a
+    system turn, then its `input`, a text or message items whose content is a text or parts (their text parts joined,
+    images dropped); None where it has no `input`, or an item that is no message (a tool call or its output,
+    reasoning): the target cannot be asked it as a chat."""
+    items = body.get("input")
+    if not isinstance(items, (str, list)):
+        return None
+    instructions = body.get("instructions")
+    turns = [{"role": "system", "content": instructions}] if isinstance(instructions, str) and instructions.strip() else []
+    if isinstance(items, str):
+        return turns + [{"role": "user", "content": items}]
+    for item in items:
+        if not isinstance(item, dict) or item.get("type", "message") != "message" or "role" not in item:
+            return None
+        content = item.get("content")
+        if isinstance(content, list):
+            content = "".join(p["text"] for p in content if isinstance(p, dict) and p.get("type") in RESPONSES_TEXT
+                              and isinstance(p.get("text"), str))
+        turns.append({"role": item["role"], "content": content})
+    return turns
+
+
 def request_prompt(body: dict, skips: Counter) -> list[dict] | None:
     """A chat request's turns before its answer (chat.row_prompt: a `prompt` text, or turns in any form row_turns
-    reads), or None (counted in skips) where it has none."""
+    reads; a Responses API request's, responses_turns), or None (counted in skips) where it has none."""
     msgs = row_prompt(body)
+    if msgs is None and row_turns(body) is None and "input" in body:
+        msgs = prompt_turns(responses_turns(body))
+        if msgs is None:
+            skips["Responses request without a usable chat turn (tool calls, reasoning)"] += 1
+        return msgs
     if msgs is None:
         has_turns = row_turns(body) is not None
         skips["request without a usable chat turn" if has_turns else "request without messages or prompt"] += 1
@@ -58,7 +91,7 @@ def request_format(row: Any) -> str:
     """The format whose row `row` (a traffic file's first) is: openai-batch, chat or unknown."""
     if isinstance(row, dict) and isinstance(row.get("body"), dict):
         return "openai-batch"
-    if isinstance(row, dict) and ("prompt" in row or row_turns(row) is not None):
+    if isinstance(row, dict) and ("prompt" in row or "input" in row or row_turns(row) is not None):
         return "chat"
     return "unknown"
 
@@ -108,13 +141,13 @@ def records(rows: list, fmt: str, skips: Counter) -> list[tuple[dict, str | None
             skips["unparsable line"] += 1
             continue
         if fmt == "openai-batch":
-            if not str(row.get("url", "/v1/chat/completions")).endswith("/chat/completions"):
+            if not str(row.get("url", "/v1/chat/completions")).endswith(("/chat/completions", "/responses")):
                 skips["completion request (raw text, no chat turns)"] += 1
                 continue
             body = row.get("body") if isinstance(row.get("body"), dict) else {}
             meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
             out.append((body, meta.get("category")))
-        elif fmt == "vllm-log" and "messages" not in row:
+        elif fmt == "vllm-log" and "messages" not in row and "input" not in row:
             skips["completion request (raw text, no chat turns)"] += 1
         else:
             out.append((row, row.get("category") if fmt == "chat" else None))

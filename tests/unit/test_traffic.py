@@ -85,6 +85,46 @@ def test_vllm_request_log_reads_json_bodies_and_counts_cut_ones(tmp_path):
     assert read_traffic(rotated, category="jokes") == (rows, skips, fmt)
 
 
+RESPONSES_BODIES = [
+    {"model": "m", "input": "Name a color.", "metadata": {"category": "colors"}},
+    {"model": "m", "instructions": "Be brief.", "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi "}, {"type": "input_text", "text": "there"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello!"}]},
+        {"role": "user", "content": "And now?"}]},
+    {"model": "m", "input": [{"type": "function_call_output", "call_id": "c1", "output": "42"}]},
+]
+RESPONSES_TURNS = [
+    [{"role": "user", "content": "Name a color."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "And now?"}],
+]
+
+
+def test_openai_responses_requests_in_a_batch_file_and_a_chat_file(tmp_path):
+    """The Responses API (POST /v1/responses): `instructions` a system turn, `input` a text or message items (text
+    parts joined); a request whose input holds a tool call's output is no chat prompt, skipped and counted."""
+    batch = write(tmp_path / "b.jsonl", [{"custom_id": str(i), "method": "POST", "url": "/v1/responses", "body": b}
+                                          for i, b in enumerate(RESPONSES_BODIES)])
+    rows, skips, fmt = read_traffic(batch)
+    assert fmt == "openai-batch" and [r["messages"] for r in rows] == RESPONSES_TURNS
+    assert rows[0]["category"] == "colors" and rows[1]["category"] == "traffic"
+    assert skips == {"Responses request without a usable chat turn (tool calls, reasoning)": 1}
+    rows, skips, fmt = read_traffic(write(tmp_path / "c.jsonl", RESPONSES_BODIES))
+    assert fmt == "chat" and [r["messages"] for r in rows] == RESPONSES_TURNS
+
+
+def test_responses_requests_as_vllm_logs_them(tmp_path):
+    """vLLM's request logger writes `request.model_dump_json(exclude_unset=True)` of its own ResponsesRequest: the
+    bodies made by vLLM's protocol classes, read back into the same turns."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    lines = [f"DEBUG 12-07 10:00:0{i} [request_logger.py:74] Request resp_{i} JSON body: "
+             f"{ResponsesRequest(**b).model_dump_json(exclude_unset=True)}" for i, b in enumerate(RESPONSES_BODIES[:2])]
+    rows, skips, fmt = read_traffic(write(tmp_path / "vllm.log", lines))
+    assert fmt == "vllm-log" and [r["messages"] for r in rows] == RESPONSES_TURNS and not skips
+
+
 def test_requests_holding_unicode_line_separators_are_read_whole(tmp_path):
     """A request whose text holds U+2028 or U+0085 raw (JSON allows it; a writer with ensure_ascii=False writes it
     so) is one line of a JSONL file or a vLLM log, not two unparsable halves."""
