@@ -317,6 +317,25 @@ def test_a_port_in_use_is_one_line(tmp_path):
     print(e.value)
 
 
+def test_ports_taken_after_they_were_chosen_are_chosen_again(tmp_path, monkeypatch):
+    """Another process binds a free port before Triton does (a vLLM engine in the other test worker): the harness
+    starts Triton again on new ports instead of failing the tests that share its server."""
+    import triton_harness
+
+    (tmp_path / "repo").mkdir()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        chosen = iter([taken])
+        monkeypatch.setattr(triton_harness, "free_port", lambda: next(chosen, None) or free_port())
+        server = start(tmp_path / "repo", tmp_path, tmp_path / "server.log", timeout_s=120)
+    try:
+        assert server.ready() and server.http != taken
+    finally:
+        stop(server)
+
+
 def test_a_server_that_dies_mid_request_is_one_line(deployments, ci_run, tmp_path):
     """The client waiting on a long answer when the server is killed while answering it: exit 1 and one Error line."""
     from trtspec.models import load_tokenizer

@@ -115,12 +115,31 @@ def first_error(log: Path) -> str:
     return next((line for line in lines if line.startswith("error:")), "no error in the log")
 
 
+PORT_TAKEN = "already in use"  # what Triton's log says when another process bound a port first
+PORT_TRIES = 3
+
+
 def start(repo: Path, cwd: Path, log: Path, ports: tuple[int, int, int] | None = None, timeout_s: float = 600,
           env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Server:
     """tritonserver on `repo` with `cwd` as its working folder (model.yaml's paths are relative to it), bound to
     127.0.0.1 on free ports, `env` added to the stub's environment, `args` added to its command line; returns once
-    the server is ready, raises ServerError (server stopped) when it is not."""
-    http, grpc, metrics = ports or (free_port(), free_port(), free_port())
+    the server is ready, raises ServerError (server stopped) when it is not.
+
+    A free port is free when chosen, not when Triton binds it: a process in the other test worker (a vLLM engine's
+    sockets) may take it in between, so without `ports` given a start that fails on a taken port tries new ports."""
+    for attempt in range(1, PORT_TRIES + 1):
+        try:
+            return start_once(repo, cwd, log, ports or (free_port(), free_port(), free_port()), timeout_s, env, args)
+        except ServerError as e:
+            if ports or PORT_TAKEN not in str(e) or attempt == PORT_TRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
+def start_once(repo: Path, cwd: Path, log: Path, ports: tuple[int, int, int], timeout_s: float,
+               env: dict[str, str] | None, args: tuple[str, ...]) -> Server:
+    """One start of tritonserver on these ports (start)."""
+    http, grpc, metrics = ports
     cmd = [str(binary()), f"--model-repository={repo}", f"--backend-directory={TRITON_DIR / 'backends'}",
            "--http-address=127.0.0.1", f"--http-port={http}", "--grpc-address=127.0.0.1", f"--grpc-port={grpc}",
            "--metrics-address=127.0.0.1", f"--metrics-port={metrics}", "--allow-gpu-metrics=false",
