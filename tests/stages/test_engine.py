@@ -194,3 +194,22 @@ def test_a_sweep_runs_in_the_groups_the_free_memory_holds_and_is_refused_below_t
     with pytest.raises(ConfigError, match=r"engine.sweep compares each draft length with no draft, two vLLM engines of the "
                                           r"target at once, about [\d.]+ GiB .* more than the memory free here holds"):
         engine.check_sweep_memory(cfg)
+
+
+def test_free_ports_are_chosen_where_no_other_socket_is_handed_one():
+    """free_port chooses below the kernel's ephemeral range (where bind(0) and connect() never hand a port out), free
+    when chosen, not by the random module's seed (two test workers seeded alike would choose alike)."""
+    import random
+    import socket
+
+    from trtspec.engines.vllm.sweep import LOWEST_PORT, ephemeral_ports, free_port
+
+    random.seed(0)
+    ports = [free_port() for _ in range(20)]
+    random.seed(0)
+    assert [free_port() for _ in range(20)] != ports
+    span = ephemeral_ports()
+    if span and span[0] > LOWEST_PORT + 1000:  # Linux's default range (32768-60999) or one like it
+        assert all(LOWEST_PORT <= p < span[0] for p in ports)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))

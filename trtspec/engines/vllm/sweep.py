@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -119,7 +120,34 @@ def speculative_config(bundle: Path, k: int, schedule: dict[int, int] | None = N
     return with_schedule_vllm(spec, schedule) if schedule else spec
 
 
+LOWEST_PORT = 10000  # free_port's choices start here: below are the well-known and registered services' ports
+
+
+def ephemeral_ports() -> tuple[int, int] | None:
+    """The kernel's range of ephemeral ports (Linux: net.ipv4.ip_local_port_range), or None where it cannot be read."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return None
+
+
 def free_port() -> int:
+    """A loopback TCP port free now for a server to bind, chosen below the kernel's ephemeral range: every port bind(0)
+    and connect() hand out comes from that range, so no other process's socket (a vLLM engine's, an HTTP client's)
+    can take this one between its choice here and the server's bind. Where the range is unknown or leaves no room
+    below it, the kernel's own choice of a free port."""
+    span = ephemeral_ports()
+    if span and span[0] > LOWEST_PORT + 1000:
+        rng = random.Random()  # seeded from the OS: a test's random.seed must not make two processes choose alike
+        for _ in range(100):
+            port = rng.randrange(LOWEST_PORT, span[0])
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -179,8 +207,24 @@ class Server:
     drafts: bool = False  # served with a speculative_config: its /metrics count drafts and accepted tokens
 
 
+PORT_TRIES = 3  # starts of a server whose port another process took between its choice and the server's bind
+
+
 def start_vllm(bundle: Path, spec: dict | None, max_seqs: int, log: Path, plan: SweepPlan) -> Server:
-    """vLLM's OpenAI server on a free loopback port; returns once /v1/models answers."""
+    """vLLM's OpenAI server on a free loopback port; returns once /v1/models answers. A port is free when chosen, not
+    when the server binds it (another server's engine may open a socket on it in between): a server that exits on a
+    taken port is started again on another, PORT_TRIES times in all."""
+    for attempt in range(1, PORT_TRIES + 1):
+        try:
+            return start_vllm_once(bundle, spec, max_seqs, log, plan)
+        except SweepFailed as e:
+            if attempt == PORT_TRIES or "address already in use" not in log.read_text(errors="replace").lower():
+                raise e from None
+    raise AssertionError("unreachable")
+
+
+def start_vllm_once(bundle: Path, spec: dict | None, max_seqs: int, log: Path, plan: SweepPlan) -> Server:
+    """One start of vLLM's OpenAI server on a port free now (start_vllm)."""
     port = free_port()
     env, extra = server_environment(plan.preload_iomp)
     temp_dir = server_temp_folder(env)
