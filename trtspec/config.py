@@ -394,7 +394,10 @@ class EvalSuite(Section):
     prompt_field: Column = key("prompt", "jsonl/hf: the column holding a prompt's text (a list of texts: the first "
                                "turn, as MT-Bench writes its turns)")
     messages_field: Column = key("messages", "jsonl/hf: the column holding a prompt as chat turns [{role, content}] "
-                                 "(or ShareGPT's [{from, value}]: messages_field: conversations), read where a row has no prompt_field (a last assistant turn is dropped)")
+                                 "(or ShareGPT's [{from, value}]: messages_field: conversations), read where a row has "
+                                 "no prompt_field (a last assistant turn is dropped); neither key set and neither column "
+                                 "in a row, the row is read as a data source's (SpecForge or Model Optimizer "
+                                 "conversations, LMSYS-Chat, Alpaca, a `question` column)")
     category_field: Column = key("category", "jsonl/hf: the column holding a row's category (validate reports per "
                                  "category); set, every row needs it; left at its default, a row without it is 'chat'")
     categories: list[Column] | None = key(

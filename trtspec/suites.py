@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtspec.chat import json_array, prompt_turns, read_text, role_content, split_lines
+from trtspec.chat import json_array, prompt_turns, read_text, role_content, row_prompt, split_lines
 from trtspec.errors import DataError
 from trtspec.hf_datasets import load_hf_dataset
 
@@ -41,8 +41,16 @@ def suite_label(s: EvalSuite) -> str:
     return f"hf:{s.path}" + (f"[{s.subset}]" if s.subset else "") + f":{s.split}"
 
 
+def unmapped(s: EvalSuite) -> bool:
+    """Whether the suite names neither a prompt_field nor a messages_field: a row without the default columns is then
+    read as the data stage reads one (chat.row_prompt: ShareGPT, SpecForge and Model Optimizer `conversations`,
+    LMSYS-Chat `conversation`, instruction rows)."""
+    return not {"prompt_field", "messages_field"} & s.model_fields_set
+
+
 def mapped_row(rec: dict, s: EvalSuite, where: str, at: str, row_id: str) -> dict:
-    """One record of a jsonl or hf suite as {id, category, messages}, through the suite's column mapping."""
+    """One record of a jsonl or hf suite as {id, category, messages}, through the suite's column mapping (or, where
+    the suite sets none and the row lacks the default columns, its turns as the data stage reads them: unmapped)."""
     pf, mf, cf = s.prompt_field, s.messages_field, s.category_field
     text = rec.get(pf)
     if isinstance(text, list) and text and all(isinstance(x, str) for x in text):
@@ -57,6 +65,8 @@ def mapped_row(rec: dict, s: EvalSuite, where: str, at: str, row_id: str) -> dic
         if msgs is None:
             raise DataError(f"{where}: {at}'s '{mf}' is not a list of {{role, content}} (or {{from, value}}) turns with a prompt",
                             "set the suite's messages_field to the column that holds the chat turns")
+    elif unmapped(s) and (msgs := row_prompt(rec)) is not None:
+        pass
     else:
         raise DataError(f"{where}: {at} has no '{pf}' (text) or '{mf}' (messages) column",
                         "set the suite's prompt_field or messages_field to the column that holds the prompt")
@@ -106,17 +116,19 @@ def read_suite_file(path: Path, skips: Counter, s: EvalSuite, what: str = "eval.
 
 
 def hf_suite_rows(s: EvalSuite, resolve: Callable[[str], Path], where: str) -> list[dict]:
-    """An hf suite's rows through its column mapping; a column the dataset lacks is named with those it has."""
+    """An hf suite's rows through its column mapping (or, unmapped, as the data stage reads rows); a column the dataset
+    lacks is named with those it has."""
     ds = load_hf_dataset(s.path, s.subset, s.split, resolve, where)
     cols = list(ds.column_names)
-    if s.prompt_field not in cols and s.messages_field not in cols:
+    mapped = s.prompt_field in cols or s.messages_field in cols
+    if not mapped and not (unmapped(s) and len(ds) and row_prompt(ds[0]) is not None):
         raise DataError(f"{where}: row 1 has no '{s.prompt_field}' (text) or '{s.messages_field}' (messages) column "
                         f"(its columns: {', '.join(cols)})", "set the suite's prompt_field or messages_field")
     if "category_field" in s.model_fields_set and s.category_field not in cols:
         raise DataError(f"{where}: row 1 has no '{s.category_field}' column (the suite's category_field; its columns: "
                         f"{', '.join(cols)})", "set category_field to the column that holds the category, or drop it")
     keep = [c for c in dict.fromkeys((s.prompt_field, s.messages_field, s.category_field, "id")) if c in cols]
-    records = ds.select_columns(keep).to_list()
+    records = ds.select_columns(keep if mapped else cols).to_list()  # unmapped: the turns may be in any column
     rows = [mapped_row(r, s, where, f"row {n}", f"{s.path}:{n}") for n, r in enumerate(records, 1)]
     if not rows:
         raise DataError(f"{where} holds no row", "check the suite's split")

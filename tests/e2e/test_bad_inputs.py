@@ -403,7 +403,7 @@ def case_eval_suite_hf_offline(tmp, model, mp):
 def case_eval_suite_hf_no_column(tmp, model, mp):
     import datasets
 
-    datasets.Dataset.from_dict({"question": ["Name a color."], "topic": ["chat"]}).save_to_disk(str(tmp / "saved"))
+    datasets.Dataset.from_dict({"query_text": ["Name a color."], "topic": ["chat"]}).save_to_disk(str(tmp / "saved"))
     return build(tmp, config(tmp, model, eval={"suites": [{"kind": "hf", "path": "saved", "category_field": "topic"}]}))
 
 
@@ -825,7 +825,7 @@ CASES = [
     Case("engine-sweep-longer-than-draft", case_sweep_longer_than_draft, 2, r"engine\.sweep_draft_lengths 5 is more than draft\.length 3"),
     Case("engine-sweep-without-aiperf", case_sweep_without_aiperf, 3, r"aiperf \(NVIDIA's load generator\) is not installed", "engine", before_data=True),
     Case("eval-suite-hf-offline", case_eval_suite_hf_offline, 2, r"eval\.suites\[0\] dataset 'nobody-here/no-such-suite' split 'test': the hub cannot be reached \(.*\); a local copy needs no network: a JSONL file \(kind: jsonl\), .*save_to_disk", "validate", before_data=True),
-    Case("eval-suite-hf-no-column", case_eval_suite_hf_no_column, 2, r"eval\.suites\[0\] dataset 'saved' split 'train': row 1 has no 'prompt' \(text\) or 'messages' \(messages\) column \(its columns: question, topic\)", "validate", before_data=True),
+    Case("eval-suite-hf-no-column", case_eval_suite_hf_no_column, 2, r"eval\.suites\[0\] dataset 'saved' split 'train': row 1 has no 'prompt' \(text\) or 'messages' \(messages\) column \(its columns: query_text, topic\)", "validate", before_data=True),
     Case("eval-suite-unknown-category", case_eval_suite_unknown_category, 2, r"eval\.suites\[0\]\.categories: unknown builtin category 'poetry' \(builtin categories: explanation, lists, code, writing, chat, math\)"),
     Case("data-empty", case_data_empty, 2, r"data file .*data\.jsonl' holds no usable conversation \(empty", "data", before_data=True),
     Case("data-malformed", case_data_malformed, 2, r"data file .*data\.jsonl' holds no usable conversation \(1 unparsable line, 2 not a JSON object\)", "data", before_data=True),

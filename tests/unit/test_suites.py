@@ -50,6 +50,26 @@ def test_jsonl_suite_with_a_column_mapping(tmp_path):
     assert [r["category"] for r in only] == ["math", "math"]
 
 
+def test_a_suite_without_a_mapping_reads_rows_as_the_data_stage_does(tmp_path):
+    """No prompt_field or messages_field set and no 'prompt' or 'messages' column: the rows' turns in the forms the
+    data stage reads (SpecForge conversations, Alpaca, a `question` column); a mapping that is set is followed."""
+    import datasets
+
+    rows = [{"id": "s1", "conversations": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi"}]},
+            {"instruction": "Sum up.", "input": "A text.", "output": "Short.", "category": "summary"}]
+    write_jsonl(tmp_path / "s.jsonl", rows)
+    s = cfg_with(tmp_path, {"kind": "jsonl", "path": "s.jsonl"}).eval.suites[0]
+    got = read_suite_file(tmp_path / "s.jsonl", Counter(), s)
+    assert [(r["id"], r["category"], r["messages"]) for r in got] == [
+        ("s1", "chat", [{"role": "user", "content": "Say hi."}]),
+        ("s:2", "summary", [{"role": "user", "content": "Sum up.\n\nA text."}])]
+    with pytest.raises(DataError, match="line 1 has no 'question' \\(text\\)"):
+        read_suite_file(tmp_path / "s.jsonl", Counter(), mapped(tmp_path))
+    datasets.Dataset.from_dict({"question": ["What is 2 + 2?"], "answer": ["4"]}).save_to_disk(str(tmp_path / "gsm"))
+    s = cfg_with(tmp_path, {"kind": "hf", "path": "gsm"}).eval.suites[0]
+    assert hf_suite_rows(s, lambda p: tmp_path / p, "suite")[0]["messages"] == [{"role": "user", "content": "What is 2 + 2?"}]
+
+
 def test_a_suite_of_sharegpt_turns(tmp_path):
     """ShareGPT's {from, value} turns under the suite's messages_field, as the data stage reads them."""
     write_jsonl(tmp_path / "s.jsonl", [{"conversations": [{"from": "human", "value": "Say hi."}, {"from": "gpt", "value": "Hi!"}]}])
@@ -100,7 +120,8 @@ def test_hf_suite_from_a_saved_dataset_and_a_local_data_file(tmp_path):
     s = cfg_with(tmp_path, {"kind": "hf", "path": "saved_dict", "split": "validation"}).eval.suites[0]
     with pytest.raises(DataError, match=r"no split 'validation' \(its splits: test\)"):
         hf_suite_rows(s, lambda p: tmp_path / p, "the suite")
-    s = cfg_with(tmp_path, {"kind": "hf", "path": "saved", "category_field": "kind"}).eval.suites[0]
+    # a mapping set (messages_field) is followed: its columns missing are named, no row read another way
+    s = cfg_with(tmp_path, {"kind": "hf", "path": "saved", "messages_field": "messages", "category_field": "kind"}).eval.suites[0]
     with pytest.raises(DataError, match=r"row 1 has no 'prompt' \(text\) or 'messages' \(messages\) column \(its columns: question, topic\)"):
         hf_suite_rows(s, lambda p: tmp_path / p, "the suite")
 
