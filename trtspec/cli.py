@@ -185,9 +185,10 @@ _validate.callback = _validate_callback
 @main.command(context_settings=CONTEXT)
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--prompts", "prompts", required=True, type=click.Path(dir_okay=False),
-              help="Prompts the service received: chat JSONL (messages|prompt, category), an OpenAI batch file, a "
-              "vLLM request log (--enable-log-requests --log-level DEBUG) or a Triton trace (--trace-config "
-              "level=TENSORS; FILE or the FILE.0, FILE.1, ... of its log-frequency).")
+              help="Prompts the service received: chat JSONL or a JSON array (messages, prompt, a dataset's "
+              "conversations or a Responses API request; category), an OpenAI batch file, a vLLM request log "
+              "(--enable-log-requests --log-level DEBUG) or a Triton trace (--trace-config level=TENSORS; FILE or the "
+              "FILE.0, FILE.1, ... of its log-frequency); gzip, bzip2 or xz-compressed or not.")
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="The new run directory.")
 @click.option("--format", "fmt", type=click.Choice(["auto", "chat", "openai-batch", "vllm-log", "triton-trace"]), default="auto",
               show_default=True, help="The --prompts file's format.")
