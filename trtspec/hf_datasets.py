@@ -1,7 +1,8 @@
 """A `datasets` dataset by its hub id or a local copy: what data.sources and eval.suites of kind hf load.
 
 With no network (as on machines that reach no hub) a local copy needs none: a folder written by Dataset.save_to_disk,
-or a data file as the hub serves datasets (.parquet, .json/.jsonl, .csv, .arrow), read by datasets' own builders.
+or a data file as the hub serves datasets (.parquet, .json/.jsonl, .csv, .arrow; the text ones also gzip-, bzip2-, xz- or
+zstd-compressed), read by datasets' own builders.
 """
 
 from __future__ import annotations
@@ -13,6 +14,15 @@ from typing import Any
 from trtspec.errors import DataError
 
 DATA_FILE_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".arrow": "arrow"}
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")  # a data file's outer suffix datasets reads through (data.jsonl.gz)
+
+
+def data_file_suffix(path: str | Path) -> str:
+    """The suffix that names a data file's kind, past a compression's (`train.jsonl.gz` -> `.jsonl`)."""
+    suffixes = [s.lower() for s in Path(path).suffixes]
+    if suffixes and suffixes[-1] in COMPRESSIONS:
+        suffixes.pop()
+    return suffixes[-1] if suffixes else ""
 LOCAL_COPY = ("a local copy needs no network: a JSONL file (kind: jsonl), a .parquet/.json/.csv data file or a folder "
               "written by Dataset.save_to_disk (kind: hf, path: the file or folder)")
 
@@ -25,7 +35,7 @@ def load_hf_dataset(path: str | None, subset: str | None, split: str, resolve: C
     assert path is not None
     local = resolve(path)
     # a hub id is owner/name: a path that starts as a path does, exists, or ends as a data file does is a local copy
-    looks_local = path.startswith((".", "/", "~")) or local.exists() or Path(path).suffix.lower() in DATA_FILE_BUILDERS
+    looks_local = path.startswith((".", "/", "~")) or local.exists() or data_file_suffix(path) in DATA_FILE_BUILDERS
     if looks_local and not local.exists():
         raise DataError(f"{where}: '{local}' does not exist", "check its path (relative to the YAML)")
     try:
@@ -39,7 +49,7 @@ def load_hf_dataset(path: str | None, subset: str | None, split: str, resolve: C
                                     "set its split")
                 ds = ds[split]
         elif local.is_file():
-            builder = DATA_FILE_BUILDERS.get(local.suffix.lower())
+            builder = DATA_FILE_BUILDERS.get(data_file_suffix(local))
             if builder is None:
                 raise DataError(f"{where}: '{local.name}' is no data file datasets reads by its name "
                                 f"({', '.join(DATA_FILE_BUILDERS)})", "or give a JSONL file as kind: jsonl")

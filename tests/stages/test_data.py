@@ -167,6 +167,9 @@ def test_an_hf_source_reads_a_local_copy_of_a_dataset(tmp_path):
         assert [r["messages"][-1]["content"] for r in got] == ["Hello", "Bob."] and skips == Counter({"no assistant turn": 1})
         assert [r["messages"] for r in data.hf_conversations(cfg, 1, skips)] == [
             [{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Who is here?\n\nBob is here."}]]
+    ds.to_json(str(tmp_path / "chats.jsonl.gz"), compression="gzip")  # a compressed data file, read through
+    cfg = config_from_dict({"data": {"sources": [{"kind": "hf", "path": "chats.jsonl.gz"}]}}, base_dir=tmp_path)
+    assert [r["messages"][-1]["content"] for r in data.hf_conversations(cfg, 0, Counter())] == ["Hello", "Bob."]
     cfg = config_from_dict({"data": {"sources": [{"kind": "hf", "path": "gone.parquet"}]}}, base_dir=tmp_path)
     with pytest.raises(DataError, match=r"data\.sources\[0\] dataset 'gone\.parquet' split 'train': '.*gone\.parquet' does not exist"):
         data.hf_conversations(cfg, 0, Counter())
