@@ -261,20 +261,25 @@ def prompts_from_rows(rows: list[dict], name: str, skips: Counter) -> list[dict]
     return out
 
 
-def content_text(turns: list) -> list:
-    """OpenAI message content given as parts [{type: text, text}] joined to one text (other parts dropped)."""
+def content_text(turns: list, text_types: tuple[str, ...] = ("text",)) -> list:
+    """OpenAI message content given as parts [{type: text, text}] joined to one text. Content holding another part (an
+    image, audio, a file) becomes None: its text alone is not what was asked, and a text-only target was never asked
+    it (prompt_turns then reads no prompt; to_messages skips such conversations too)."""
     out = []
     for t in turns:
         if isinstance(t, dict) and isinstance(t.get("content"), list):
-            t = {**t, "content": "".join(p.get("text", "") for p in t["content"] if isinstance(p, dict)
-                                         and p.get("type") == "text")}
+            parts = t["content"]
+            text_only = all(isinstance(p, dict) and p.get("type") in text_types and isinstance(p.get("text"), str)
+                            for p in parts)
+            t = {**t, "content": "".join(p["text"] for p in parts) if text_only else None}
         out.append(t)
     return out
 
 
 def prompt_turns(turns: Any) -> list[dict] | None:
     """Chat turns [{role, content}] as a prompt (a last assistant turn dropped; content given as text parts joined,
-    content_text), or None where they are no prompt: a turn without a known role or text, or no text at all."""
+    content_text), or None where they are no prompt: a turn without a known role or text (an image among its parts),
+    or no text at all."""
     if not isinstance(turns, list):
         return None
     msgs = []

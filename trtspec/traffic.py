@@ -33,7 +33,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trtspec.chat import json_array, json_values, prompt_turns, read_text, row_prompt, row_turns, split_lines
+from trtspec.chat import (
+    content_text,
+    json_array,
+    json_values,
+    prompt_turns,
+    read_text,
+    row_prompt,
+    row_turns,
+    split_lines,
+)
 from trtspec.errors import DataError
 
 FORMATS = ("auto", "chat", "openai-batch", "vllm-log", "triton-trace")
@@ -51,9 +60,9 @@ RESPONSES_TEXT = ("input_text", "output_text", "text")
 
 def responses_turns(body: dict) -> list[dict] | None:
     """An OpenAI Responses API request's turns (POST /v1/responses, which vLLM serves too): its `instructions` as a
-    system turn, then its `input`, a text or message items whose content is a text or parts (their text parts joined,
-    images dropped); None where it has no `input`, or an item that is no message (a tool call or its output,
-    reasoning): the target cannot be asked it as a chat."""
+    system turn, then its `input`, a text or message items whose content is a text or text parts (joined; a content
+    with an image or a file is None, chat.content_text); None where it has no `input`, or an item that is no message
+    (a tool call or its output, reasoning): the target cannot be asked it as a chat."""
     items = body.get("input")
     if not isinstance(items, (str, list)):
         return None
@@ -64,12 +73,8 @@ def responses_turns(body: dict) -> list[dict] | None:
     for item in items:
         if not isinstance(item, dict) or item.get("type", "message") != "message" or "role" not in item:
             return None
-        content = item.get("content")
-        if isinstance(content, list):
-            content = "".join(p["text"] for p in content if isinstance(p, dict) and p.get("type") in RESPONSES_TEXT
-                              and isinstance(p.get("text"), str))
-        turns.append({"role": item["role"], "content": content})
-    return turns
+        turns.append({"role": item["role"], "content": item.get("content")})
+    return content_text(turns, RESPONSES_TEXT)
 
 
 def request_prompt(body: dict, skips: Counter) -> list[dict] | None:
@@ -79,7 +84,7 @@ def request_prompt(body: dict, skips: Counter) -> list[dict] | None:
     if msgs is None and row_turns(body) is None and "input" in body:
         msgs = prompt_turns(responses_turns(body))
         if msgs is None:
-            skips["Responses request without a usable chat turn (tool calls, reasoning)"] += 1
+            skips["Responses request without a usable chat turn (tool calls, reasoning, images)"] += 1
         return msgs
     if msgs is None:
         has_turns = row_turns(body) is not None

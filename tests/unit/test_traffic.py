@@ -92,6 +92,8 @@ RESPONSES_BODIES = [
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello!"}]},
         {"role": "user", "content": "And now?"}]},
     {"model": "m", "input": [{"type": "function_call_output", "call_id": "c1", "output": "42"}]},
+    {"model": "m", "input": [{"role": "user", "content": [{"type": "input_text", "text": "What is this?"},
+                                                          {"type": "input_image", "image_url": "data:image/png;base64,x"}]}]},
 ]
 RESPONSES_TURNS = [
     [{"role": "user", "content": "Name a color."}],
@@ -102,13 +104,18 @@ RESPONSES_TURNS = [
 
 def test_openai_responses_requests_in_a_batch_file_and_a_chat_file(tmp_path):
     """The Responses API (POST /v1/responses): `instructions` a system turn, `input` a text or message items (text
-    parts joined); a request whose input holds a tool call's output is no chat prompt, skipped and counted."""
+    parts joined); a request whose input holds a tool call's output, or an image, is no chat prompt for a text
+    target: skipped and counted (its text alone is not what was asked)."""
     batch = write(tmp_path / "b.jsonl", [{"custom_id": str(i), "method": "POST", "url": "/v1/responses", "body": b}
                                           for i, b in enumerate(RESPONSES_BODIES)])
     rows, skips, fmt = read_traffic(batch)
     assert fmt == "openai-batch" and [r["messages"] for r in rows] == RESPONSES_TURNS
+    image = {"role": "user", "content": [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "x"}}]}
+    chat_rows, chat_skips, _ = read_traffic(write(tmp_path / "img.jsonl", [{"messages": [image]}, {"prompt": "Hi"}]))
+    assert [r["messages"] for r in chat_rows] == [[{"role": "user", "content": "Hi"}]]
+    assert chat_skips == {"request without a usable chat turn": 1}
     assert rows[0]["category"] == "colors" and rows[1]["category"] == "traffic"
-    assert skips == {"Responses request without a usable chat turn (tool calls, reasoning)": 1}
+    assert skips == {"Responses request without a usable chat turn (tool calls, reasoning, images)": 2}
     rows, skips, fmt = read_traffic(write(tmp_path / "c.jsonl", RESPONSES_BODIES))
     assert fmt == "chat" and [r["messages"] for r in rows] == RESPONSES_TURNS
 
