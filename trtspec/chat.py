@@ -218,9 +218,9 @@ def to_messages(row: dict) -> tuple[list[dict] | None, str]:
             return None, f"role '{name}'" if name else "a turn without a role"
         content = t.get("content")
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            content = parts_text(content)
+            if content is None:
                 return None, "non-text content parts"
-            content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
             return None, "null content" if content is None else "non-text content"
         msgs.append({"role": role, "content": content})
@@ -261,19 +261,19 @@ def prompts_from_rows(rows: list[dict], name: str, skips: Counter) -> list[dict]
     return out
 
 
+def parts_text(parts: list, text_types: tuple[str, ...] = ("text",)) -> str | None:
+    """OpenAI message content given as parts [{type: text, text}] joined to one text, or None where a part is another
+    (an image, audio, a file): its text alone is not what was asked, and a text-only target was never asked it."""
+    if all(isinstance(p, dict) and p.get("type") in text_types and isinstance(p.get("text"), str) for p in parts):
+        return "".join(p["text"] for p in parts)
+    return None
+
+
 def content_text(turns: list, text_types: tuple[str, ...] = ("text",)) -> list:
-    """OpenAI message content given as parts [{type: text, text}] joined to one text. Content holding another part (an
-    image, audio, a file) becomes None: its text alone is not what was asked, and a text-only target was never asked
-    it (prompt_turns then reads no prompt; to_messages skips such conversations too)."""
-    out = []
-    for t in turns:
-        if isinstance(t, dict) and isinstance(t.get("content"), list):
-            parts = t["content"]
-            text_only = all(isinstance(p, dict) and p.get("type") in text_types and isinstance(p.get("text"), str)
-                            for p in parts)
-            t = {**t, "content": "".join(p["text"] for p in parts) if text_only else None}
-        out.append(t)
-    return out
+    """Turns whose content is given as parts, that content as one text (parts_text; None where a part is no text:
+    prompt_turns then reads no prompt, as to_messages skips such conversations)."""
+    return [{**t, "content": parts_text(t["content"], text_types)} if isinstance(t, dict) and isinstance(t.get("content"), list)
+            else t for t in turns]
 
 
 def prompt_turns(turns: Any) -> list[dict] | None:
