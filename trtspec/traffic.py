@@ -81,14 +81,16 @@ def request_prompt(body: dict, skips: Counter) -> list[dict] | None:
     """A chat request's turns before its answer (chat.row_prompt: a `prompt` text, or turns in any form row_turns
     reads; a Responses API request's, responses_turns), or None (counted in skips) where it has none."""
     msgs = row_prompt(body)
-    if msgs is None and row_turns(body) is None and "input" in body:
+    if msgs is not None:
+        return msgs
+    if row_turns(body) is not None:
+        skips["request without a usable chat turn"] += 1
+    elif "input" in body:
         msgs = prompt_turns(responses_turns(body))
         if msgs is None:
             skips["Responses request without a usable chat turn (tool calls, reasoning, images)"] += 1
-        return msgs
-    if msgs is None:
-        has_turns = row_turns(body) is not None
-        skips["request without a usable chat turn" if has_turns else "request without messages or prompt"] += 1
+    else:
+        skips["request without messages or prompt"] += 1
     return msgs
 
 
