@@ -44,9 +44,9 @@ def file_bytes(path: Path, what: str, limit: int = -1) -> bytes:
 
     with open(path, "rb") as f:
         head = f.read(6)
-    kind = next((m for magic, m in COMPRESSED.items() if head.startswith(magic)), None)
-    if kind is None:
-        with open(path, "rb") as f:
+        kind = next((m for magic, m in COMPRESSED.items() if head.startswith(magic)), None)
+        if kind is None:
+            f.seek(0)
             return f.read(limit)
     module = importlib.import_module(kind)
     try:
