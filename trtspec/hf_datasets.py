@@ -23,6 +23,8 @@ def data_file_suffix(path: str | Path) -> str:
     if suffixes and suffixes[-1] in COMPRESSIONS:
         suffixes.pop()
     return suffixes[-1] if suffixes else ""
+
+
 LOCAL_COPY = ("a local copy needs no network: a JSONL file (kind: jsonl), a .parquet/.json/.csv data file or a folder "
               "written by Dataset.save_to_disk (kind: hf, path: the file or folder)")
 
