@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -393,21 +394,114 @@ def tokenize_row(row: dict, tok: Any, seq_len: int) -> tuple[list[int], list[int
         ids = tok(msgs[0]["content"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         mask = [1] * len(ids)
     else:
-        ids = template_ids(tok, msgs, False)
-        mask = [0] * len(ids)
-        for i, m in enumerate(msgs):
-            if m["role"] == "assistant":
-                # assistant tokens = template(msgs[:i+1]) minus template(msgs[:i] + generation prompt)
-                start = len(template_ids(tok, msgs[:i], True))
-                end = len(template_ids(tok, msgs[: i + 1], False))
-                mask[start:end] = [1] * (end - start)
+        ids, mask = assistant_mask(tok, msgs)
     truncated = len(ids) > seq_len
     return ids[:seq_len], mask[:seq_len], truncated
 
 
+def assistant_mask(tok: Any, msgs: list[dict]) -> tuple[list[int], list[int]]:
+    """The conversation's template ids and a mask over each assistant turn's tokens: template(msgs[:i+1]) minus
+    template(msgs[:i] + generation prompt) where both are prefixes of the whole conversation. Some templates render an
+    earlier turn otherwise once later turns follow (Qwen3 drops its reasoning and the empty <think> block, Mistral's
+    move the system message into the last user turn); such a turn is found by its text in the whole instead."""
+    ids = template_ids(tok, msgs, False)
+    mask = [0] * len(ids)
+    found = None
+    for i, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        start, end = template_ids(tok, msgs[:i], True), template_ids(tok, msgs[: i + 1], False)
+        if ids[: len(start)] == start and ids[: len(end)] == end:
+            mask[len(start) : len(end)] = [1] * (len(end) - len(start))
+            continue
+        found = found or turns_in_text(tok, msgs, ids)
+        mask = [1 if k in found.get(i, ()) else b for k, b in enumerate(mask)]
+    return ids, mask
+
+
+def turns_in_text(tok: Any, msgs: list[dict], ids: list[int]) -> dict[int, range]:
+    """{assistant turn index: its token positions in `ids`}, each turn located by its text in the whole
+    conversation's rendering: its answer (after any `</think>`), what the template shows of it between the generation
+    prompt and the answer (a <think> block), and what the template closes a turn with (`<|im_end|>`, `</s>`). A turn
+    whose answer is not in the rendering verbatim gets no labels."""
+    text = tok.apply_chat_template(msgs, tokenize=False)
+    bounds = token_bounds(tok, text, len(ids))
+    spans, cursor = {}, 0
+    for i, m in enumerate(msgs):
+        content = (m.get("content") or "").split("</think>")[-1].strip()
+        at = text.find(content, cursor) if content else -1
+        if at < 0:
+            continue
+        if m["role"] == "assistant":
+            before, prompt = (tok.apply_chat_template(msgs[:i], tokenize=False, add_generation_prompt=g) for g in (False, True))
+            header = prompt[len(before):] if prompt.startswith(before) else ""
+            shown = text.rfind(header, cursor, at) if header else -1
+            begin = shown + len(header) if shown >= 0 else at
+            last = tok.apply_chat_template(msgs[: i + 1], tokenize=False)
+            tail = last[last.rfind(content) + len(content):]
+            close = at + len(content)
+            close += len(os.path.commonprefix([tail, text[close : close + len(tail)]]))
+            spans[i] = range(sum(e <= begin for _, e in bounds), sum(s < close for s, _ in bounds))  # a token across `begin` too
+        cursor = at + len(content)
+    return spans
+
+
+def token_bounds(tok: Any, text: str, n: int) -> list[tuple[int, int]]:
+    """The characters (start, end) of each of the n template tokens of `text`: a fast tokenizer's offsets where it
+    splits the text into those tokens, else the lengths of the text each prefix of them decodes to."""
+    if getattr(tok, "is_fast", False):
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        if len(enc["input_ids"]) == n:
+            return [tuple(b) for b in enc["offset_mapping"]]
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    ends = [len(tok.decode(ids[: k + 1])) for k in range(len(ids))]
+    return list(zip([0] + ends[:-1], ends, strict=True))
+
+
+# what to do where the target's chat template refuses turns (its raise_exception: Gemma's and Mistral's templates refuse
+# a system turn, or turns that do not alternate user / assistant)
+REFUSED = "refused by the chat template: "  # a skip counted by the template's own reason
+TEMPLATE_HINT = "merge a system turn into the first user turn and keep the turns alternating, or drop such rows"
+
+
+def template_refusal(tok: Any, msgs: list[dict], generation_prompt: bool) -> str | None:
+    """Why the tokenizer's chat template refuses these turns (its own words), or None where it renders them."""
+    from jinja2.exceptions import TemplateError
+
+    try:
+        tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
+    except TemplateError as e:
+        return refusal_words(e)
+    return None
+
+
+def refusal_words(e: Exception) -> str:
+    return " ".join(str(e).split())[:120] or e.__class__.__name__
+
+
 def template_ids(tok: Any, msgs: list[dict], generation_prompt: bool) -> list[int]:
-    out = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=generation_prompt)
+    from jinja2.exceptions import TemplateError
+
+    try:
+        out = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=generation_prompt)
+    except TemplateError as e:
+        raise DataError(f"the target's chat template refuses the turns {'/'.join(m['role'] for m in msgs)}: "
+                        f"{refusal_words(e)}", TEMPLATE_HINT) from None
     return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def rendered_rows(rows: list[dict], tok: Any, skips: Counter, prompts: bool) -> list[dict]:
+    """The rows whose turns the chat template renders (prompts with its generation prompt); the others skipped and
+    counted by the template's reason."""
+    kept = []
+    for row in rows:
+        if row.get("category") == "text" and len(row["messages"]) == 1:
+            kept.append(row)  # plain text: no template
+        elif why := template_refusal(tok, row["messages"], prompts):
+            skips[REFUSED + why] += 1
+        else:
+            kept.append(row)
+    return kept
 
 
 def tokenize_rows(rows: list[dict], tok: Any, seq_len: int) -> tuple[dict, int]:

@@ -216,6 +216,20 @@ def case_no_chat_template(tmp, model, mp):
     return build(tmp, config(tmp, plain), "--until", "data")
 
 
+def case_template_refuses_system(tmp, model, mp):
+    """A target whose chat template refuses a system turn (Gemma's raise_exception), every row having one."""
+    strict = tmp / "strict"
+    shutil.copytree(model, strict)
+    (strict / "chat_template.jinja").write_text(
+        "{%- for m in messages %}{%- if m.role == 'system' %}{{ raise_exception('System role not supported') }}{%- endif %}"
+        "{{- m.role + ': ' + m.content + '\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- 'assistant: ' }}{%- endif %}")
+    tc = json.loads((strict / "tokenizer_config.json").read_text())
+    tc.pop("chat_template", None)
+    (strict / "tokenizer_config.json").write_text(json.dumps(tc))
+    rows = [{"messages": [{"role": "system", "content": "Be brief."}, *r["messages"]]} for r in GOOD_ROWS]
+    return build(tmp, config(tmp, strict, rows), "--until", "data")
+
+
 def case_data_missing(tmp, model, mp):
     p = config(tmp, model)
     (tmp / "data.jsonl").unlink()
@@ -834,6 +848,8 @@ CASES = [
     Case("data-no-assistant-turn", case_data_no_assistant, 2, r"data file .*data\.jsonl' holds no usable conversation \(2 no assistant turn\)", "data", before_data=True),
     Case("data-tool-and-null-turns", case_data_tool_and_null_turns, 2, r"holds no usable conversation \(1 tool turns, 1 null content\)", "data", before_data=True),
     Case("data-compressed-cut-short", case_data_compressed_cut, 2, r"data file '.*data\.jsonl' is gzip-compressed and cannot be read whole \(EOFError: ", "data", before_data=True),
+    Case("data-template-refuses-turns", case_template_refuses_system, 2, r"the target's chat template refuses every row: "
+         r"System role not supported", "data"),
     Case("data-binary", case_data_binary, 2, r"cannot be read as UTF-8", "data", before_data=True),
     Case("prompts-empty", case_regenerate_prompts_empty, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(empty", "data", before_data=True),
     Case("prompts-unparsable", case_regenerate_prompts_unparsable, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(1 unparsable prompt line, 2 prompt row without prompt\)", "data", before_data=True),

@@ -263,6 +263,70 @@ def test_loss_mask_covers_assistant_tokens_only(tiny_model_dir):
     assert cut and len(short_ids) == 8 and short_ids == ids[:8]
 
 
+# Two templates that render an earlier turn otherwise once later turns follow, written from their families'
+# behaviour: Qwen3's drops an earlier answer's reasoning and shows the last answer in a <think> block; Mistral's
+# (v0.3) moves the system message into the last user turn, which a conversation ending in an answer does not have.
+QWEN3_LIKE = (
+    "{%- set ns = namespace(last=0) %}{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last = loop.index0 %}"
+    "{%- endif %}{%- endfor %}{%- for m in messages %}{%- if m.role != 'assistant' %}"
+    "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- else %}{%- set answer = m.content %}"
+    "{%- set thought = '' %}{%- if '</think>' in answer %}{%- set thought = answer.split('</think>')[0].split('<think>')[-1]"
+    ".strip() %}{%- set answer = answer.split('</think>')[-1].lstrip() %}{%- endif %}{%- if loop.index0 > ns.last %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + thought + '\\n</think>\\n\\n' + answer + '<|im_end|>\\n' }}{%- else %}"
+    "{{- '<|im_start|>assistant\\n' + answer + '<|im_end|>\\n' }}{%- endif %}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+MISTRAL_LIKE = (
+    "{%- if messages[0].role == 'system' %}{%- set system = messages[0].content %}{%- set turns = messages[1:] %}"
+    "{%- else %}{%- set turns = messages %}{%- endif %}{%- for m in turns %}{%- if m.role == 'user' %}"
+    "{%- if loop.last and system is defined %}{{- '[INST] ' + system + '\\n\\n' + m.content + '[/INST]' }}{%- else %}"
+    "{{- '[INST] ' + m.content + '[/INST]' }}{%- endif %}{%- else %}{{- ' ' + m.content + '</s>' }}{%- endif %}{%- endfor %}")
+
+
+def labelled_spans(tok, row: dict) -> list[str]:
+    ids, mask, _ = chat.tokenize_row(row, tok, 512)
+    assert ids == chat.template_ids(tok, row["messages"], False)
+    runs = [[]]
+    for t, m in zip(ids, mask, strict=True):
+        runs[-1].append(t) if m else runs[-1] and runs.append([])
+    return [tok.decode(r) for r in runs if r]
+
+
+def test_loss_mask_of_a_template_that_rewrites_earlier_turns(tiny_model_dir):
+    """Each answer's own tokens are labelled, and nothing of a user's turn, where the template renders an earlier
+    turn otherwise once later turns follow. Before, the labels of such a turn were counted from its own rendering
+    and fell on the next user's words (Qwen3) or on the system message's length away from the answer (Mistral)."""
+    from trtspec.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    turns = [{"role": "user", "content": "Name a colour."},
+             {"role": "assistant", "content": "<think>\nA primary one.\n</think>\n\nBlue."},
+             {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Red."}]
+    assert labelled_spans(tok, {"messages": turns}) == ["<think>\nA primary one.\n</think>\n\nBlue.<|im_end|>\n",
+                                                        "Red.<|im_end|>\n"]  # the demo's template keeps every turn
+    tok.chat_template = QWEN3_LIKE
+    assert labelled_spans(tok, {"messages": turns}) == ["Blue.<|im_end|>\n", "<think>\n\n</think>\n\nRed.<|im_end|>\n"]
+    tok.chat_template = MISTRAL_LIKE
+    system = [{"role": "system", "content": "Answer in one word."}]
+    same = [{"role": "user", "content": "Yes or no?"}, {"role": "assistant", "content": "Yes."}] * 2
+    assert labelled_spans(tok, {"messages": system + turns[2:] + same}) == [" Red.</s>", " Yes.</s>", " Yes.</s>"]
+    assert labelled_spans(tok, {"messages": system + turns[2:]}) == [" Red.</s>"]
+
+
+def test_rows_the_chat_template_refuses_are_skipped_and_counted(tiny_model_dir):
+    from trtspec.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    tok.chat_template = ("{%- for m in messages %}{%- if m.role == 'system' %}{{ raise_exception('System role not "
+                         "supported') }}{%- endif %}{{- m.role + ': ' + m.content + '\\n' }}{%- endfor %}")
+    plain = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+    rows = [{"messages": plain}, {"messages": [{"role": "system", "content": "Be brief."}, *plain]}]
+    skips = Counter()
+    assert chat.rendered_rows(rows, tok, skips, prompts=False) == rows[:1]
+    assert skips == {"refused by the chat template: System role not supported": 1}
+    with pytest.raises(DataError, match=r"^the target's chat template refuses the turns system/user: System role not"):
+        chat.encode_prompt(tok, rows[1]["messages"][:2])
+
+
 def test_split_keeps_heldout_and_is_seeded():
     rows = [{"id": str(i)} for i in range(20)]
     train, held = data.split_heldout(rows, 0.1, seed=0)

@@ -33,13 +33,18 @@ from typing import TYPE_CHECKING, Any
 from trtspec import answering
 from trtspec.answering import Answers
 from trtspec.chat import (
+    REFUSED,
+    TEMPLATE_HINT,
     answered_by_target,
     conversations_from_rows,
     encode_prompt,
     long_context_rows,
     prompts_from_rows,
     read_source,
+    rendered_rows,
+    require_rows,
     tokenize_rows,
+    usable_row,
 )
 from trtspec.errors import ConfigError, DataError
 from trtspec.pipeline.stage import InputFile, StageContext
@@ -57,7 +62,6 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     """data.context_tokens and the answer after it within the target's window, each kind: run source a run of this
     target, and each kind: hf source loaded with usable rows among its first HF_ROWS_CHECKED, before minutes of
     answering."""
-    from trtspec.chat import require_rows, usable_row
     from trtspec.config import check_fits_window
     from trtspec.ptq import served_quantization
     from trtspec.targets import text_config
@@ -84,8 +88,6 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
 def files_read(cfg: BuildConfig) -> list[InputFile]:
     """The local data sources, each with the reader this stage reads it with (chat.read_source)."""
     from functools import partial
-
-    from trtspec.chat import read_source, usable_row
 
     def read(s: Any) -> Callable:
         if s.kind == "run":
@@ -208,16 +210,25 @@ def split_heldout(rows: list[dict], fraction: float, seed: int) -> tuple[list[di
     return order[k:], order[:k]
 
 
-def load_source(i: int, ctx: StageContext, skips: Counter, target: Any) -> list[dict]:
-    """data.sources[i]'s conversations: a local file read by chat.read_source (as the build's preflight read it), or a
-    datasets split (hf_conversations); prompts among them answered by the target."""
+def source_rows(i: int, ctx: StageContext, skips: Counter, tok: Any) -> list[dict]:
+    """data.sources[i]'s rows: a local file read by chat.read_source (as the build's preflight read it), or a datasets
+    split (hf_conversations); those whose turns the target's chat template refuses skipped, a source left with none
+    a DataError naming it."""
     src = ctx.cfg.data.sources[i]
-    answered = answered_by_target(src.kind, src.regenerate)
+    answered, own = answered_by_target(src.kind, src.regenerate), Counter()
     if src.kind == "hf":
-        rows = hf_conversations(ctx.cfg, i, skips)
+        rows = hf_conversations(ctx.cfg, i, own)
     else:
-        rows = read_source(ctx.cfg.resolve_path(src.path), skips, src.kind, src.limit, src.regenerate, Path(src.path).stem)
-    return answer_prompts(rows, src, ctx, target) if answered else rows
+        rows = read_source(ctx.cfg.resolve_path(src.path), own, src.kind, src.limit, src.regenerate, Path(src.path).stem)
+    where = f"data.sources[{i}] dataset" if src.kind == "hf" else "data file"
+    path = Path(src.path) if src.kind == "hf" else ctx.cfg.resolve_path(src.path)
+    read, rows = rows, rendered_rows(rows, tok, own, prompts=answered)
+    if read and not rows:
+        why = next(iter(own)).removeprefix(REFUSED)
+        raise DataError(f"{where} '{path}': the target's chat template refuses every row: {why}", TEMPLATE_HINT)
+    require_rows(rows, path, where, usable_row(src.kind, src.regenerate), own)
+    skips.update(own)
+    return rows
 
 
 def hf_rows(src: Any, resolve: Callable[[str], Path], where: str, limit: int | None = None) -> list[dict]:
@@ -267,14 +278,15 @@ def run(ctx: StageContext) -> dict:
     skips: Counter = Counter()
     rows: list[dict] = []
     kept: dict[str, list[dict]] = {"train": [], "heldout": []}  # kind: run sources' rows, already split
-    for i, src in enumerate(ctx.cfg.data.sources):
+    read = {i: source_rows(i, ctx, skips, tok) for i, src in enumerate(ctx.cfg.data.sources) if src.kind != "run"}
+    for i, src in enumerate(ctx.cfg.data.sources):  # every source read and rendered before any is answered
         if src.kind == "run":
             train_rows, heldout_rows = run_rows(ctx.cfg.resolve_path(src.path), skips, src.limit)
             kept["train"] += train_rows
             kept["heldout"] += heldout_rows
             ctx.log(f"run '{src.path}': {len(train_rows)} training and {len(heldout_rows)} held-out conversations")
             continue
-        got = load_source(i, ctx, skips, target)
+        got = answer_prompts(read[i], src, ctx, target) if answered_by_target(src.kind, src.regenerate) else read[i]
         ctx.log(f"{src.kind} '{src.path}': {len(got)} conversations")
         rows += got
     if skips:
