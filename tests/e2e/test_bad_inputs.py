@@ -216,8 +216,8 @@ def case_no_chat_template(tmp, model, mp):
     return build(tmp, config(tmp, plain), "--until", "data")
 
 
-def case_template_refuses_system(tmp, model, mp):
-    """A target whose chat template refuses a system turn (Gemma's raise_exception), every row having one."""
+def refusing_template_model(tmp: Path, model: Path) -> Path:
+    """The tiny model with a chat template that refuses a system turn (Gemma's raise_exception)."""
     strict = tmp / "strict"
     shutil.copytree(model, strict)
     (strict / "chat_template.jinja").write_text(
@@ -226,8 +226,17 @@ def case_template_refuses_system(tmp, model, mp):
     tc = json.loads((strict / "tokenizer_config.json").read_text())
     tc.pop("chat_template", None)
     (strict / "tokenizer_config.json").write_text(json.dumps(tc))
+    return strict
+
+
+def case_template_refuses_system(tmp, model, mp):
     rows = [{"messages": [{"role": "system", "content": "Be brief."}, *r["messages"]]} for r in GOOD_ROWS]
-    return build(tmp, config(tmp, strict, rows), "--until", "data")
+    return build(tmp, config(tmp, refusing_template_model(tmp, model), rows), "--until", "data")
+
+
+def case_eval_prompt_template_refuses(tmp, model, mp):
+    write_jsonl(tmp / "ev.jsonl", [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]}])
+    return build(tmp, config(tmp, refusing_template_model(tmp, model), eval={"prompts": "ev.jsonl"}))
 
 
 def case_data_missing(tmp, model, mp):
@@ -850,6 +859,8 @@ CASES = [
     Case("data-compressed-cut-short", case_data_compressed_cut, 2, r"data file '.*data\.jsonl' is gzip-compressed and cannot be read whole \(EOFError: ", "data", before_data=True),
     Case("data-template-refuses-turns", case_template_refuses_system, 2, r"the target's chat template refuses every row: "
          r"System role not supported", "data"),
+    Case("eval-prompts-template-refuses", case_eval_prompt_template_refuses, 2, r"eval.prompts file '.*ev.jsonl': the "
+         r"target's chat template refuses the turns system/user", before_data=True),
     Case("data-binary", case_data_binary, 2, r"cannot be read as UTF-8", "data", before_data=True),
     Case("prompts-empty", case_regenerate_prompts_empty, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(empty", "data", before_data=True),
     Case("prompts-unparsable", case_regenerate_prompts_unparsable, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(1 unparsable prompt line, 2 prompt row without prompt\)", "data", before_data=True),
