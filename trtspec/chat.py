@@ -203,7 +203,9 @@ def row_turns(row: dict) -> list | None:
 def to_messages(row: dict) -> tuple[list[dict] | None, str]:
     """A row's turns (row_turns) -> ([{role, content}] ending on an assistant turn, "") or (None, why the row cannot be
     trained on). A `developer` turn is a system turn (OpenAI's newer name); content given as a list of text parts is
-    joined; tool turns, tool calls and other parts (images, audio) are not trained on."""
+    joined; tool turns, tool calls and other parts (images, audio) are not trained on. An answer's `reasoning_content`
+    (a reasoning parser's output in vLLM's or SGLang's responses) is kept for the chat template to render where it
+    renders one (Qwen3's: the last answer's <think> block)."""
     turns = row_turns(row)
     if turns is None:
         return None, "no chat turns (messages, conversations or instruction)"
@@ -224,7 +226,9 @@ def to_messages(row: dict) -> tuple[list[dict] | None, str]:
                 return None, "non-text content parts"
         if not isinstance(content, str):
             return None, "null content" if content is None else "non-text content"
-        msgs.append({"role": role, "content": content})
+        reasoning = t.get("reasoning_content")
+        keep = {"reasoning_content": reasoning} if role == "assistant" and isinstance(reasoning, str) and reasoning.strip() else {}
+        msgs.append({"role": role, "content": content, **keep})
     last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=None)
     if last is None:
         return None, "no assistant turn"
@@ -257,6 +261,9 @@ def prompts_from_rows(rows: list[dict], name: str, skips: Counter) -> list[dict]
         prompt = msgs[:-1] if msgs else prompt_turns(row_turns(row)) if why == "no assistant turn" else None
         if not prompt:
             skips[why if msgs is None else "conversation without a turn before its answer"] += 1
+            continue
+        if not any(m["content"].strip() for m in prompt):
+            skips["an empty prompt"] += 1
             continue
         out.append({"id": str(row.get("id", f"{name}:{i}")), "category": str(row.get("category", "chat")), "messages": prompt})
     return out

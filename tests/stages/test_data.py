@@ -270,7 +270,7 @@ QWEN3_LIKE = (
     "{%- set ns = namespace(last=0) %}{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last = loop.index0 %}"
     "{%- endif %}{%- endfor %}{%- for m in messages %}{%- if m.role != 'assistant' %}"
     "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- else %}{%- set answer = m.content %}"
-    "{%- set thought = '' %}{%- if '</think>' in answer %}{%- set thought = answer.split('</think>')[0].split('<think>')[-1]"
+    "{%- set thought = m.reasoning_content if m.reasoning_content is string else '' %}{%- if '</think>' in answer %}{%- set thought = answer.split('</think>')[0].split('<think>')[-1]"
     ".strip() %}{%- set answer = answer.split('</think>')[-1].lstrip() %}{%- endif %}{%- if loop.index0 > ns.last %}"
     "{{- '<|im_start|>assistant\\n<think>\\n' + thought + '\\n</think>\\n\\n' + answer + '<|im_end|>\\n' }}{%- else %}"
     "{{- '<|im_start|>assistant\\n' + answer + '<|im_end|>\\n' }}{%- endif %}{%- endif %}{%- endfor %}"
@@ -305,6 +305,10 @@ def test_loss_mask_of_a_template_that_rewrites_earlier_turns(tiny_model_dir):
                                                         "Red.<|im_end|>\n"]  # the demo's template keeps every turn
     tok.chat_template = QWEN3_LIKE
     assert labelled_spans(tok, {"messages": turns}) == ["Blue.<|im_end|>\n", "<think>\n\n</think>\n\nRed.<|im_end|>\n"]
+    # the reasoning of a server's response (`reasoning_content`) is kept, and labelled where the template shows it
+    reasoned = chat.conversations_from_rows([{"messages": [*turns[:3], {**turns[3], "reasoning_content": "Warm."}]}], "r",
+                                            Counter())[0]
+    assert labelled_spans(tok, reasoned) == ["Blue.<|im_end|>\n", "<think>\nWarm.\n</think>\n\nRed.<|im_end|>\n"]
     tok.chat_template = MISTRAL_LIKE
     system = [{"role": "system", "content": "Answer in one word."}]
     same = [{"role": "user", "content": "Yes or no?"}, {"role": "assistant", "content": "Yes."}] * 2

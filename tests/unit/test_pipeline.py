@@ -322,6 +322,9 @@ def test_preflight_reads_a_source_as_the_data_stage_will(tmp_path):
     with pytest.raises(DataError, match=r"holds no usable prompt \(1 conversation without a turn before its answer\)"):
         pipeline.check_inputs(config_from_dict({"data": {"sources": [{**source, "regenerate": True}]}}), ["data"])
     pipeline.check_inputs(config_from_dict({"data": {"sources": [{**source, "regenerate": True}]}}), ["convert"])  # not read
+    rows.write_text('{"messages": [{"role": "user", "content": "  "}, {"role": "assistant", "content": "Hello."}]}\n')
+    with pytest.raises(DataError, match=r"holds no usable prompt \(1 an empty prompt\)"):  # the target asked nothing
+        pipeline.check_inputs(config_from_dict({"data": {"sources": [{**source, "regenerate": True}]}}), ["data"])
 
 
 def test_keys_added_after_runs_were_made_are_keyed_only_when_set():
