@@ -428,29 +428,46 @@ def assistant_mask(tok: Any, msgs: list[dict]) -> tuple[list[int], list[int]]:
 
 def turns_in_text(tok: Any, msgs: list[dict], ids: list[int]) -> dict[int, range]:
     """{assistant turn index: its token positions in `ids`}, each turn located by its text in the whole
-    conversation's rendering: its answer (after any `</think>`), what the template shows of it between the generation
-    prompt and the answer (a <think> block), and what the template closes a turn with (`<|im_end|>`, `</s>`). A turn
-    whose answer is not in the rendering verbatim gets no labels."""
+    conversation's rendering, in order: after the template's generation prompt (`<|im_start|>assistant\\n`), what it
+    shows of the turn's reasoning (a <think> block) and its answer, up to what the template closes a turn with
+    (`<|im_end|>`, `</s>`). A turn whose answer is not in the rendering verbatim gets no labels."""
     text = tok.apply_chat_template(msgs, tokenize=False)
     bounds = token_bounds(tok, text, len(ids))
     spans, cursor = {}, 0
     for i, m in enumerate(msgs):
-        content = (m.get("content") or "").split("</think>")[-1].strip()
-        at = text.find(content, cursor) if content else -1
+        if m["role"] != "assistant":
+            said = (m.get("content") or "").strip()
+            at = text.find(said, cursor) if said else -1
+            cursor = at + len(said) if at >= 0 else cursor
+            continue
+        *thought, answer = (m.get("content") or "").split("</think>")
+        before, prompt = (tok.apply_chat_template(msgs[:i], tokenize=False, add_generation_prompt=g) for g in (False, True))
+        header = prompt[len(before):] if prompt.startswith(before) else ""
+        shown = text.find(header, cursor) if header else -1
+        begin = shown + len(header) if shown >= 0 else cursor
+        reasoning = (m.get("reasoning_content") or "".join(thought).replace("<think>", "")).strip()
+        thinks = text.find(reasoning, begin) if reasoning else -1
+        answer = answer.strip()
+        if not answer:
+            continue
+        last = tok.apply_chat_template(msgs[: i + 1], tokenize=False)
+        tail = last[last.rfind(answer) + len(answer):]
+        at = answer_at(text, answer, tail, thinks + len(reasoning)) if thinks >= 0 else -1
+        if at < 0:  # no reasoning shown, or text like it further on
+            thinks, at = -1, answer_at(text, answer, tail, begin)
         if at < 0:
             continue
-        if m["role"] == "assistant":
-            before, prompt = (tok.apply_chat_template(msgs[:i], tokenize=False, add_generation_prompt=g) for g in (False, True))
-            header = prompt[len(before):] if prompt.startswith(before) else ""
-            shown = text.rfind(header, cursor, at) if header else -1
-            begin = shown + len(header) if shown >= 0 else at
-            last = tok.apply_chat_template(msgs[: i + 1], tokenize=False)
-            tail = last[last.rfind(content) + len(content):]
-            close = at + len(content)
-            close += len(os.path.commonprefix([tail, text[close : close + len(tail)]]))
-            spans[i] = range(sum(e <= begin for _, e in bounds), sum(s < close for s, _ in bounds))  # a token across `begin` too
-        cursor = at + len(content)
+        close = at + len(answer)
+        close += len(os.path.commonprefix([tail, text[close : close + len(tail)]]))
+        begin = begin if shown >= 0 else thinks if thinks >= 0 else at
+        spans[i] = range(sum(e <= begin for _, e in bounds), sum(s < close for s, _ in bounds))  # a token across `begin` too
+        cursor = close
     return spans
+
+
+def answer_at(text: str, answer: str, tail: str, start: int) -> int:
+    """Where `answer` is in `text` from `start`: followed by what closes a turn (`tail`) first, else anywhere."""
+    return next((a for a in (text.find(answer + tail, start), text.find(answer, start)) if a >= 0), -1)
 
 
 def token_bounds(tok: Any, text: str, n: int) -> list[tuple[int, int]]:

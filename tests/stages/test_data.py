@@ -314,6 +314,11 @@ def test_loss_mask_of_a_template_that_rewrites_earlier_turns(tiny_model_dir):
     same = [{"role": "user", "content": "Yes or no?"}, {"role": "assistant", "content": "Yes."}] * 2
     assert labelled_spans(tok, {"messages": system + turns[2:] + same}) == [" Red.</s>", " Yes.</s>", " Yes.</s>"]
     assert labelled_spans(tok, {"messages": system + turns[2:]}) == [" Red.</s>"]
+    # an answer found after the reasoning that names it, and an answer that is a word of the template's
+    thought = [{"role": "user", "content": "Colour?"}, {"role": "assistant", "content": "<think>Say Blue.</think>Blue."},
+               {"role": "user", "content": "Role?"}, {"role": "assistant", "content": "INST"}]
+    assert labelled_spans(tok, {"messages": system + thought + turns[2:]}) == ["Say Blue.</think>Blue.</s>", " INST</s>",
+                                                                              " Red.</s>"]
 
 
 def test_rows_the_chat_template_refuses_are_skipped_and_counted(tiny_model_dir):
