@@ -68,6 +68,12 @@ class ModelSection(Section):
         "data stage's answers (data.answer_with: hf) and the train stage's states and held-out answers "
         "(train.states_from: hf, mode offline or streamed), so the draft learns the quantized target and its "
         "held-out AL is measured against it. null = the target as loaded", keyed_when_set=True, min_length=1)
+    chat_template_kwargs: dict[str, bool | int | float | str] = key(
+        {}, "variables the target's chat template reads, set for every prompt trtspec encodes (the target's answers, "
+        "held-out and eval prompts) and in the bundle's chat template, so each engine serving it renders the same: "
+        "{enable_thinking: false} answers a Qwen3 target without reasoning, as vLLM's and SGLang's "
+        "chat_template_kwargs do per request. A key the template does not read is refused. {} = as it is",
+        keyed_when_set=True)
 
 
 class DataSource(Section):

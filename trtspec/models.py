@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -237,7 +238,9 @@ def first_words(e: BaseException, limit: int = 160) -> str:
     return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " …"
 
 
-def load_tokenizer(path: Path):
+def load_tokenizer(path: Path, template_kwargs: dict[str, Any] | None = None):
+    """The tokenizer of an HF folder (its pad token its EOS where it has none); `template_kwargs`
+    (model.chat_template_kwargs) set in its chat template, with_template_kwargs."""
     from transformers import AutoTokenizer
 
     if Path(path).is_dir() and not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
@@ -249,7 +252,32 @@ def load_tokenizer(path: Path):
         raise ModelError(f"cannot load the tokenizer from '{path}': {e.__class__.__name__}: {first_words(e)}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    if template_kwargs:
+        tok.chat_template = with_template_kwargs(tok.chat_template, template_kwargs, path)
     return tok
+
+
+def with_template_kwargs(template: Any, kwargs: dict[str, Any], path: Path) -> str:
+    """A chat template with each of `kwargs` set at its top (`{%- set enable_thinking = false %}`), as a request's
+    chat_template_kwargs sets it in vLLM or SGLang: every prompt trtspec encodes, and the bundle's target tokenizer
+    (so each engine serving it), renders so. A key the template does not read is refused, since it would change
+    nothing."""
+    import jinja2
+    from jinja2 import meta
+
+    from trtspec.errors import ConfigError
+
+    if not isinstance(template, str):
+        raise ConfigError(f"model.chat_template_kwargs: the tokenizer in '{path}' has "
+                          f"{'no chat template' if template is None else 'several named chat templates'} to set them in")
+    read = meta.find_undeclared_variables(jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template))
+    read -= set(re.findall(r"{%-?\s*set\s+(\w+)", template))  # its own variables, set inside a loop
+    if unread := sorted(set(kwargs) - read):
+        raise ConfigError(f"model.chat_template_kwargs: the chat template in '{path}' reads no {', '.join(unread)}",
+                          f"it reads: {', '.join(sorted(read)) or 'nothing'}")
+    sets = "".join(f"{{%- set {k} = {json.dumps(v) if not isinstance(v, bool) else str(v).lower()} %}}"
+                   for k, v in kwargs.items())
+    return sets + template
 
 
 def load_model(path: Path, dtype: str = "auto", device: str | None = None, layers: bool = True):

@@ -239,6 +239,10 @@ def case_eval_prompt_template_refuses(tmp, model, mp):
     return build(tmp, config(tmp, refusing_template_model(tmp, model), eval={"prompts": "ev.jsonl"}))
 
 
+def case_template_kwarg_unread(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "model.chat_template_kwargs={enable_thinking: false}")
+
+
 def case_data_missing(tmp, model, mp):
     p = config(tmp, model)
     (tmp / "data.jsonl").unlink()
@@ -861,6 +865,8 @@ CASES = [
          r"System role not supported", "data"),
     Case("eval-prompts-template-refuses", case_eval_prompt_template_refuses, 2, r"eval.prompts file '.*ev.jsonl': the "
          r"target's chat template refuses the turns system/user", before_data=True),
+    Case("model-template-kwarg-unread", case_template_kwarg_unread, 2, r"model.chat_template_kwargs: the chat template "
+         r"in '.*' reads no enable_thinking", before_data=True),
     Case("data-binary", case_data_binary, 2, r"cannot be read as UTF-8", "data", before_data=True),
     Case("prompts-empty", case_regenerate_prompts_empty, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(empty", "data", before_data=True),
     Case("prompts-unparsable", case_regenerate_prompts_unparsable, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(1 unparsable prompt line, 2 prompt row without prompt\)", "data", before_data=True),

@@ -274,7 +274,8 @@ QWEN3_LIKE = (
     ".strip() %}{%- set answer = answer.split('</think>')[-1].lstrip() %}{%- endif %}{%- if loop.index0 > ns.last %}"
     "{{- '<|im_start|>assistant\\n<think>\\n' + thought + '\\n</think>\\n\\n' + answer + '<|im_end|>\\n' }}{%- else %}"
     "{{- '<|im_start|>assistant\\n' + answer + '<|im_end|>\\n' }}{%- endif %}{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and "
+    "enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}")
 MISTRAL_LIKE = (
     "{%- if messages[0].role == 'system' %}{%- set system = messages[0].content %}{%- set turns = messages[1:] %}"
     "{%- else %}{%- set turns = messages %}{%- endif %}{%- for m in turns %}{%- if m.role == 'user' %}"
@@ -319,6 +320,38 @@ def test_loss_mask_of_a_template_that_rewrites_earlier_turns(tiny_model_dir):
                {"role": "user", "content": "Role?"}, {"role": "assistant", "content": "INST"}]
     assert labelled_spans(tok, {"messages": system + thought + turns[2:]}) == ["Say Blue.</think>Blue.</s>", " INST</s>",
                                                                               " Red.</s>"]
+
+
+def test_chat_template_kwargs_are_set_for_every_prompt_and_in_the_saved_tokenizer(tmp_path, tiny_model_dir):
+    """model.chat_template_kwargs: {enable_thinking: false} encodes each prompt as vLLM's chat_template_kwargs would;
+    an answer to the prompt encoded otherwise is asked again; the saved tokenizer (the bundle's) renders the same; a
+    variable the template does not read is refused."""
+    import shutil
+
+    from trtspec.errors import ConfigError
+    from trtspec.models import load_model, load_tokenizer
+
+    model = tmp_path / "qwen3ish"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text(QWEN3_LIKE)
+    conf = json.loads((model / "tokenizer_config.json").read_text())
+    conf.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(conf))
+    ask = [{"role": "user", "content": "Name a colour."}]
+    thinking, plain = load_tokenizer(model), load_tokenizer(model, {"enable_thinking": False})
+    assert thinking.decode(chat.encode_prompt(thinking, ask)).endswith("<|im_start|>assistant\n")
+    assert plain.decode(chat.encode_prompt(plain, ask)).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    plain.save_pretrained(tmp_path / "bundle")
+    assert chat.encode_prompt(load_tokenizer(tmp_path / "bundle"), ask) == chat.encode_prompt(plain, ask)
+    prompts, answers, asked = [{"id": "a", "category": "chat", "messages": ask}], tmp_path / "answers.jsonl", []
+    lm = _talkative(load_model(model))
+    rows = data.regenerate(prompts, plain, answers, hf_answers(lm, plain, 3, asked), print)
+    assert rows[0]["input_ids"][: rows[0]["label_start"]] == chat.encode_prompt(plain, ask)
+    data.regenerate(prompts, plain, answers, hf_answers(lm, plain, 3, asked), print)
+    data.regenerate(prompts, thinking, answers, hf_answers(lm, thinking, 3, asked), print)
+    assert asked == [chat.encode_prompt(plain, ask), chat.encode_prompt(thinking, ask)]  # not asked twice as it was
+    with pytest.raises(ConfigError, match=r"^model.chat_template_kwargs: the chat template in .* reads no enable_thinking \(it reads: add_generation_prompt, messages\)"):
+        load_tokenizer(tiny_model_dir, {"enable_thinking": False})
 
 
 def test_rows_the_chat_template_refuses_are_skipped_and_counted(tiny_model_dir):

@@ -7,6 +7,7 @@ Every path written into the bundle is relative to it; the README names a local m
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,20 +58,25 @@ def export_target(model: Any, tok: Any, out: Path, dtype: Any, quantized: bool) 
     add_legacy_keys(out)
 
 
-def family_lines(target: Path) -> list[str]:
-    """The README's paragraph on the target's family: which engines serve a draft for it (their support tables)."""
+def family_lines(target: Path, template_kwargs: dict | None = None) -> list[str]:
+    """The README's paragraph on the target's family: which engines serve a draft for it (their support tables), and
+    the variables set in its chat template (model.chat_template_kwargs)."""
     from trtspec.engines import sglang, trtllm, vllm
     from trtspec.targets import family_if_known
 
+    sets = ", ".join(f"`{k} = {json.dumps(v)}`" for k, v in (template_kwargs or {}).items())
+    template = [f"The target's chat template sets {sets} at its top (model.chat_template_kwargs): the draft was trained "
+                "and measured on prompts rendered so, and every engine serving `target/` renders them so, whatever a "
+                "request's own chat_template_kwargs say.", ""] if sets else []
     f = family_if_known(target)
     if f is None:
-        return []
+        return template
     v, t, g = vllm.support.support(f.name), trtllm.support_row(f.name), sglang.support_row(f.name)
     served = "serves an EAGLE-3 draft for it" + (f" (not a DFlash one: {v.dflash})" if v.dflash else ", and a DFlash one")
     trt = f"serves EAGLE-3 {t['eagle3']}" if t["eagle3"] else "serves no EAGLE-3 draft for it"
     dflash = "and its DFlash (one-model) lists it" if t["dflash"] else "and its DFlash lists no such target"
     sgl = f"SGLang ({g['file']}) " + ("serves an EAGLE-3 draft for it." if g["eagle3"] else "serves no EAGLE-3 draft for it.")
-    return [f"Target family `{f.name}`" + (f" ({f.note})" if f.note else "") + f". vLLM ({v.file}) "
+    return template + [f"Target family `{f.name}`" + (f" ({f.note})" if f.note else "") + f". vLLM ({v.file}) "
             f"{f'does not: {v.eagle3}' if v.eagle3 else served}. TensorRT-LLM, by its sources, {trt}, {dflash}. {sgl} "
             "trtspec validated it on its "
             + ("native runtime." if f.runtime == "native" else "runtime's HF path (the model's own forward and cache).")]

@@ -60,9 +60,10 @@ HF_ROWS_CHECKED = 1000  # rows of a kind: hf source the preflight reads (the sta
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
     """data.context_tokens and the answer after it within the target's window, each kind: run source a run of this
-    target, and each kind: hf source loaded with usable rows among its first HF_ROWS_CHECKED, before minutes of
-    answering."""
+    target, each kind: hf source loaded with usable rows among its first HF_ROWS_CHECKED, and model.chat_template_kwargs
+    read by the chat template, before minutes of answering."""
     from trtspec.config import check_fits_window
+    from trtspec.models import load_tokenizer, resolve_model
     from trtspec.ptq import served_quantization
     from trtspec.targets import text_config
     from trtspec.warm_start import check_same_target, earlier_run
@@ -80,6 +81,8 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
             require_rows(hf_conversations(cfg, i, skips, HF_ROWS_CHECKED), Path(s.path), f"data.sources[{i}] dataset",
                          usable_row(s.kind, s.regenerate), skips)
 
+    if cfg.model.chat_template_kwargs:  # each a variable the target's chat template reads
+        load_tokenizer(resolve_model(cfg.model.source), cfg.model.chat_template_kwargs)
     if d := cfg.data.context_tokens:
         check_fits_window(f"data.context_tokens {d}", d, "data.max_new_tokens", cfg.data.max_new_tokens,
                           text_config(model_config).max_position_embeddings)
@@ -119,10 +122,11 @@ def regenerate(prompts: list[dict], tok: Any, answers_file: Path, answer: Callab
                 done[row["id"]] = {"answer": str(row["answer"]), "prompt_ids": list(row["prompt_ids"]), "ids": list(row["ids"])}
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue  # a half-written last line from a kill (or an answer saved without its tokens)
-    todo = [p for p in prompts if p["id"] not in done]
+    prompt_ids = {p["id"]: encode_prompt(tok, p["messages"]) for p in prompts}
+    # an answer to the prompt as the chat template encoded it then: encoded otherwise now, it is asked again
+    todo = [p for p in prompts if p["id"] not in done or done[p["id"]]["prompt_ids"] != prompt_ids[p["id"]]]
     if done:
         log(f"resuming: {len(prompts) - len(todo)} of {len(prompts)} prompts already answered")
-    prompt_ids = {p["id"]: encode_prompt(tok, p["messages"]) for p in todo}
     todo.sort(key=lambda p: len(prompt_ids[p["id"]]))  # similar lengths per batch: less padding
     bar = tqdm(total=len(todo), desc="regenerating answers", unit="prompt", disable=not todo)
     tokens, t0 = 0, time.perf_counter()
@@ -196,7 +200,8 @@ def answers_dir(ctx: StageContext, served: tuple[Path, dict] | None) -> Path:
                        **({"quantized": served[1]["files"]} if served else {}),
                        "build_dtype": ctx.cfg.model.build_dtype, "max_new_tokens": d.max_new_tokens,
                        "temperature": d.temperature, "answer_with": d.answer_with,
-                       "endpoint_model": d.endpoint.model if d.answer_with == "endpoint" else None})
+                       "endpoint_model": d.endpoint.model if d.answer_with == "endpoint" else None,
+                       **({"chat_template_kwargs": ctx.cfg.model.chat_template_kwargs} if ctx.cfg.model.chat_template_kwargs else {})})
     return keyed_scratch(ctx.work.parent, "answers", key)
 
 
@@ -270,7 +275,7 @@ def run(ctx: StageContext) -> dict:
     from trtspec.models import load_tokenizer
 
     path = ctx.model_path
-    tok = load_tokenizer(path)
+    tok = load_tokenizer(path, ctx.cfg.model.chat_template_kwargs)
     if not tok.chat_template:
         raise DataError(f"the tokenizer in '{path}' has no chat template", "use an instruct/chat model, or a text source only")
     target = Target(path, tok, ctx.cfg)

@@ -57,7 +57,7 @@ def run(ctx: StageContext) -> dict:
     check_quant_config(q)  # nvfp4 on a CPU fails here, before anything is loaded
     path = ctx.model_path
     check_quant_config(q, AutoConfig.from_pretrained(path))
-    tok = load_tokenizer(path)
+    tok = load_tokenizer(path, ctx.cfg.model.chat_template_kwargs)
     model = load_model(path, ctx.cfg.model.dtype)
     layers = quantized_linears(model, q.quantize_lm_head)
     block = block_size_for(q, layers)

@@ -410,7 +410,7 @@ def run(ctx: StageContext) -> dict:
     fam.set_length(draft_cfg, k)
     aux_layers = fam.state_layers(draft_cfg)
     tokens = training_tokens(ctx.inputs["data"])
-    tok = load_tokenizer(ctx.model_path)
+    tok = load_tokenizer(ctx.model_path, ctx.cfg.model.chat_template_kwargs)
     from_engine = t_cfg.states_from != "hf"  # the engine serving the target computes every state the draft reads
     served = served_quantization(ctx.cfg)  # model.train_on_quantized: the states from the target as it is served
     base = load_model(ctx.model_path, ctx.cfg.model.dtype, layers=not (from_engine or served))  # else no decoder layer
