@@ -196,7 +196,8 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
                  tok: Any = None) -> tuple[list[dict], Counter, str]:
     """(prompt rows {id, category, messages}, skips, the format read) of a traffic file; `category` names rows that
     name none (default "traffic"); `tok`: the target's tokenizer, whose chat template reads a Triton trace's texts
-    back into turns. A file that is no traffic, or holds no usable prompt, is a DataError."""
+    back into turns and must render each prompt (chat.rendered_rows). A file that is no traffic, or holds no usable
+    prompt, is a DataError."""
     where = f"--prompts '{path}'"
     hint = "pass a JSONL of chat requests, an OpenAI batch file, a vLLM request log or a Triton trace"
     traces = trace_files(path) if fmt in ("auto", "triton-trace") else []
@@ -232,6 +233,10 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
         seen.add(key)
         name = str(cat).strip() if cat is not None and str(cat).strip() else (category or "traffic")
         rows.append({"id": "traffic-" + hashlib.sha1(key.encode()).hexdigest()[:12], "category": name, "messages": msgs})
+    if tok is not None:  # requests whose turns the target's chat template refuses: skipped and counted
+        from trtspec.chat import rendered_rows
+
+        rows = rendered_rows(rows, tok, skips, prompts=True)
     if not rows:
         why = ", ".join(f"{n} {r}" for r, n in skips.items()) or "no request in it"
         raise DataError(f"{where} holds no usable prompt ({found}: {why})",

@@ -32,6 +32,22 @@ def test_chat_jsonl_keeps_categories_drops_answers_and_repeats(tmp_path):
     assert all(r["id"].startswith("traffic-") for r in rows)
 
 
+def test_requests_the_targets_chat_template_refuses_are_skipped_and_counted(tmp_path, demo_model_dir):
+    from trtspec.models import load_tokenizer
+
+    tok = load_tokenizer(demo_model_dir)
+    tok.chat_template = ("{%- for m in messages %}{%- if m.role == 'system' %}{{ raise_exception('System role not "
+                         "supported') }}{%- endif %}{{- m.role + ': ' + m.content + '\\n' }}{%- endfor %}")
+    system = {"role": "system", "content": "Be brief."}
+    f = write(tmp_path / "t.jsonl", [{"messages": [system, {"role": "user", "content": "Hi"}]}, {"prompt": "What is 2+2?"}])
+    rows, skips, _ = read_traffic(f, tok=tok)
+    assert [r["messages"] for r in rows] == [[{"role": "user", "content": "What is 2+2?"}]]
+    assert skips == {"refused by the chat template: System role not supported": 1}
+    write(f, [{"messages": [system, {"role": "user", "content": "Hi"}]}])
+    with pytest.raises(DataError, match=r"holds no usable prompt \(chat: 1 refused by the chat template: System role"):
+        read_traffic(f, tok=tok)
+
+
 def test_openai_batch_reads_chat_requests_and_their_text_parts(tmp_path):
     body = {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
                                        {"role": "user", "content": [{"type": "text", "text": "Name a "},
