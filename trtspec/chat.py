@@ -554,6 +554,15 @@ def encode_prompt(tok: Any, messages: list[dict]) -> list[int]:
     return tok("\n".join(m["content"] for m in messages))["input_ids"]
 
 
+def encode_prompts(tok: Any, rows: list[dict], where: str) -> list[list[int]]:
+    """encode_prompt of each row's turns; a prompt the chat template refuses named by `where`, the file or suite the
+    rows are from."""
+    try:
+        return [encode_prompt(tok, r["messages"]) for r in rows]
+    except DataError as e:
+        raise DataError(f"{where}: {e.message}", e.hint) from None
+
+
 def turns_reader(tok: Any, max_turns: int = 64) -> Any:
     """A function from a prompt text the tokenizer's chat template wrote (with its generation prompt; what a client
     sends a raw-text endpoint such as Triton's LLM-API model) back to its turns [{role, content}], or None where no

@@ -234,6 +234,11 @@ def case_template_refuses_system(tmp, model, mp):
     return build(tmp, config(tmp, refusing_template_model(tmp, model), rows), "--until", "data")
 
 
+def case_acceptance_suite_template_refuses(tmp, model, mp):
+    write_jsonl(tmp / "suite.jsonl", [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]}])
+    return build(tmp, config(tmp, refusing_template_model(tmp, model), eval={"acceptance_suite": "suite.jsonl"}))
+
+
 def case_eval_prompt_template_refuses(tmp, model, mp):
     write_jsonl(tmp / "ev.jsonl", [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]}])
     return build(tmp, config(tmp, refusing_template_model(tmp, model), eval={"prompts": "ev.jsonl"}))
@@ -867,6 +872,8 @@ CASES = [
          r"target's chat template refuses the turns system/user", before_data=True),
     Case("model-template-kwarg-unread", case_template_kwarg_unread, 2, r"model.chat_template_kwargs: the chat template "
          r"in '.*' reads no enable_thinking", before_data=True),
+    Case("eval-acceptance-suite-template-refuses", case_acceptance_suite_template_refuses, 2, r"eval.acceptance_suite "
+         r"file '.*suite.jsonl': the target's chat template refuses the turns system/user", before_data=True),
     Case("data-binary", case_data_binary, 2, r"cannot be read as UTF-8", "data", before_data=True),
     Case("prompts-empty", case_regenerate_prompts_empty, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(empty", "data", before_data=True),
     Case("prompts-unparsable", case_regenerate_prompts_unparsable, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(1 unparsable prompt line, 2 prompt row without prompt\)", "data", before_data=True),

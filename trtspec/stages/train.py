@@ -58,9 +58,14 @@ CONTEXT_KEYS = ("eval.context_prompts", "eval.context_source", "eval.context_doc
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
-    """The installed transformers' Trainer as the head's trainer overrides it, and eval.context_bins within the
-    target's window, before the data stage spends minutes."""
+    """The installed transformers' Trainer as the head's trainer overrides it, eval.context_bins within the target's
+    window, and eval.acceptance_suite's prompts rendered by the chat template, before the data stage spends minutes."""
+    from collections import Counter
+
+    from trtspec.chat import encode_prompts
     from trtspec.config import check_fits_window
+    from trtspec.models import load_tokenizer, resolve_model
+    from trtspec.suites import acceptance_suite_read
     from trtspec.targets import text_config
 
     check_trainer_api()
@@ -78,6 +83,9 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     for b in sorted(cfg.eval.context_bins or []):
         check_fits_window(f"eval.context_bins {b}", b, "data.max_new_tokens", cfg.data.max_new_tokens,
                           text_config(model_config).max_position_embeddings)
+    if suite := acceptance_suite_read(cfg):  # its prompts encoded as the stage will encode them
+        tok = load_tokenizer(resolve_model(cfg.model.source), cfg.model.chat_template_kwargs)
+        encode_prompts(tok, suite[0].read(suite[0].path, Counter()), f"eval.acceptance_suite file '{suite[0].path}'")
 
 
 def unused(cfg: BuildConfig) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtspec.chat import encode_prompt, prompt_rows, read_prompt_file, read_rows
+from trtspec.chat import encode_prompt, encode_prompts, prompt_rows, read_prompt_file, read_rows
 from trtspec.checks import (
     acceptance_summary,
     category_speeds,
@@ -139,11 +139,7 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
         rows = [r for r in taken if r["suite"] == name]
         if k == 0 and cfg.eval.prompts:  # a file's prompts named by their place in it
             rows = [{**r, "id": f"row {j + 1}"} for j, r in enumerate(rows)]
-        try:
-            prompts = [encode_prompt(tok, r["messages"]) for r in rows]
-        except DataError as e:  # a chat template that refuses a prompt's turns, named by the file or suite
-            raise DataError(f"{label}: {e.message}", e.hint) from None
-        check_context_length(rows, prompts, cfg.eval.max_new_tokens, window, label)
+        check_context_length(rows, encode_prompts(tok, rows, label), cfg.eval.max_new_tokens, window, label)
 
 
 def models_read(cfg: BuildConfig) -> list[tuple[str, str]]:
