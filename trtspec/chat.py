@@ -428,9 +428,10 @@ def assistant_mask(tok: Any, msgs: list[dict]) -> tuple[list[int], list[int]]:
 
 def turns_in_text(tok: Any, msgs: list[dict], ids: list[int]) -> dict[int, range]:
     """{assistant turn index: its token positions in `ids`}, each turn located by its text in the whole
-    conversation's rendering, in order: after the template's generation prompt (`<|im_start|>assistant\\n`), what it
-    shows of the turn's reasoning (a <think> block) and its answer, up to what the template closes a turn with
-    (`<|im_end|>`, `</s>`). A turn whose answer is not in the rendering verbatim gets no labels."""
+    conversation's rendering, in order: its answer (after any `</think>`; followed by what the template closes a turn
+    with, `<|im_end|>` or `</s>`, where it can be), back to the end of the template's generation prompt before it
+    (`<|im_start|>assistant\\n`, less trailing blanks or a `<think>` the rendering of an earlier turn drops), else to
+    the turn's reasoning where the rendering shows it. A turn whose answer is not in the rendering gets no labels."""
     text = tok.apply_chat_template(msgs, tokenize=False)
     bounds = token_bounds(tok, text, len(ids))
     spans, cursor = {}, 0
@@ -441,33 +442,26 @@ def turns_in_text(tok: Any, msgs: list[dict], ids: list[int]) -> dict[int, range
             cursor = at + len(said) if at >= 0 else cursor
             continue
         *thought, answer = (m.get("content") or "").split("</think>")
-        before, prompt = (tok.apply_chat_template(msgs[:i], tokenize=False, add_generation_prompt=g) for g in (False, True))
-        header = prompt[len(before):] if prompt.startswith(before) else ""
-        shown = text.find(header, cursor) if header else -1
-        begin = shown + len(header) if shown >= 0 else cursor
-        reasoning = (m.get("reasoning_content") or "".join(thought).replace("<think>", "")).strip()
-        thinks = text.find(reasoning, begin) if reasoning else -1
-        answer = answer.strip()
-        if not answer:
+        if not (answer := answer.strip()):
             continue
         last = tok.apply_chat_template(msgs[: i + 1], tokenize=False)
         tail = last[last.rfind(answer) + len(answer):]
-        at = answer_at(text, answer, tail, thinks + len(reasoning)) if thinks >= 0 else -1
-        if at < 0:  # no reasoning shown, or text like it further on
-            thinks, at = -1, answer_at(text, answer, tail, begin)
+        at = next((a for a in (text.find(answer + tail, cursor), text.find(answer, cursor)) if a >= 0), -1)
         if at < 0:
             continue
+        before, prompt = (tok.apply_chat_template(msgs[:i], tokenize=False, add_generation_prompt=g) for g in (False, True))
+        header = prompt[len(before):] if prompt.startswith(before) else ""
+        cut = header.rstrip()
+        heads = [h for h in dict.fromkeys((header, cut, cut.removesuffix("<think>").rstrip())) if h.strip()]
+        shown = next(((h, a) for h in heads if (a := text.rfind(h, cursor, at)) >= 0), None)
+        reasoning = (m.get("reasoning_content") or "".join(thought).replace("<think>", "")).strip()
+        thinks = text.find(reasoning, cursor, at) if reasoning else -1
+        begin = shown[1] + len(shown[0]) if shown else thinks if thinks >= 0 else at
         close = at + len(answer)
         close += len(os.path.commonprefix([tail, text[close : close + len(tail)]]))
-        begin = begin if shown >= 0 else thinks if thinks >= 0 else at
         spans[i] = range(sum(e <= begin for _, e in bounds), sum(s < close for s, _ in bounds))  # a token across `begin` too
         cursor = close
     return spans
-
-
-def answer_at(text: str, answer: str, tail: str, start: int) -> int:
-    """Where `answer` is in `text` from `start`: followed by what closes a turn (`tail`) first, else anywhere."""
-    return next((a for a in (text.find(answer + tail, start), text.find(answer, start)) if a >= 0), -1)
 
 
 def token_bounds(tok: Any, text: str, n: int) -> list[tuple[int, int]]:
@@ -490,25 +484,26 @@ TEMPLATE_HINT = "merge a system turn into the first user turn and keep the turns
 
 def template_refusal(tok: Any, msgs: list[dict], generation_prompt: bool) -> str | None:
     """Why the tokenizer's chat template refuses these turns (its own words), or None where it renders them."""
-    from jinja2.exceptions import TemplateError
-
     try:
         tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
-    except TemplateError as e:
+    except Exception as e:  # noqa: BLE001 -- the template's raise_exception, or its code failing on these turns
         return refusal_words(e)
     return None
 
 
 def refusal_words(e: Exception) -> str:
-    return " ".join(str(e).split())[:120] or e.__class__.__name__
+    """A template's error as one short line: its raise_exception's words, else the error's class and words (a
+    template whose code fails on these turns: `{% for tool in tools %}` with no tools)."""
+    from jinja2.exceptions import TemplateError
+
+    words = " ".join(str(e).split())[:120]
+    return words if isinstance(e, TemplateError) and words else f"{e.__class__.__name__}: {words}"
 
 
 def template_ids(tok: Any, msgs: list[dict], generation_prompt: bool) -> list[int]:
-    from jinja2.exceptions import TemplateError
-
     try:
         out = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=generation_prompt)
-    except TemplateError as e:
+    except Exception as e:  # noqa: BLE001 -- as template_refusal
         raise DataError(f"the target's chat template refuses the turns {'/'.join(m['role'] for m in msgs)}: "
                         f"{refusal_words(e)}", TEMPLATE_HINT) from None
     return list(out["input_ids"] if hasattr(out, "keys") else out)

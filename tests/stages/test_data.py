@@ -282,6 +282,12 @@ MISTRAL_LIKE = (
     "{%- if loop.last and system is defined %}{{- '[INST] ' + system + '\\n\\n' + m.content + '[/INST]' }}{%- else %}"
     "{{- '[INST] ' + m.content + '[/INST]' }}{%- endif %}{%- else %}{{- ' ' + m.content + '</s>' }}{%- endif %}{%- endfor %}")
 
+# DeepSeek-R1's distills: an answer rendered without its reasoning, the generation prompt opening a <think> block
+R1_LIKE = (
+    "{%- for m in messages %}{%- if m.role == 'user' %}{{- '<|im_start|>User:' + m.content }}{%- elif m.role == "
+    "'assistant' %}{{- '<|im_start|>Assistant:' + m.content.split('</think>')[-1] + '<|im_end|>' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>Assistant:<think>\\n' }}{%- endif %}")
+
 
 def labelled_spans(tok, row: dict) -> list[str]:
     ids, mask, _ = chat.tokenize_row(row, tok, 512)
@@ -320,6 +326,8 @@ def test_loss_mask_of_a_template_that_rewrites_earlier_turns(tiny_model_dir):
                {"role": "user", "content": "Role?"}, {"role": "assistant", "content": "INST"}]
     assert labelled_spans(tok, {"messages": system + thought + turns[2:]}) == ["Say Blue.</think>Blue.</s>", " INST</s>",
                                                                               " Red.</s>"]
+    tok.chat_template = R1_LIKE  # before, the labels began as many tokens late as '<think>\n' has: '.<|im_end|>'
+    assert labelled_spans(tok, {"messages": turns}) == ["\n\nBlue.<|im_end|>", "Red.<|im_end|>"]
 
 
 def test_chat_template_kwargs_are_set_for_every_prompt_and_in_the_saved_tokenizer(tmp_path, tiny_model_dir):
@@ -367,6 +375,9 @@ def test_rows_the_chat_template_refuses_are_skipped_and_counted(tiny_model_dir):
     assert skips == {"refused by the chat template: System role not supported": 1}
     with pytest.raises(DataError, match=r"^the target's chat template refuses the turns system/user: System role not"):
         chat.encode_prompt(tok, rows[1]["messages"][:2])
+    tok.chat_template = "{%- for tool in tools %}{{ tool }}{%- endfor %}{{- messages[0].content }}"  # fails: tools=None
+    assert chat.rendered_rows(rows, tok, skips, prompts=False) == []
+    assert skips["refused by the chat template: TypeError: 'NoneType' object is not iterable"] == 2
 
 
 def test_split_keeps_heldout_and_is_seeded():

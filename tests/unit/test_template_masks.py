@@ -1,0 +1,34 @@
+"""scripts/check_template_masks.py: what the data stage labels in conversations a chat template renders."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from stagekit import load_script
+
+from trtspec.errors import DataError
+
+CHATML = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+          "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+def test_the_script_labels_answers_and_names_a_template_that_hides_them(tmp_path, monkeypatch, capsys, demo_model_dir):
+    script = load_script("check_template_masks")
+    (tmp_path / "chatml.jinja").write_text(CHATML)
+    # answers rendered otherwise than written, and a generation prompt no turn shows: no labels can be found for them
+    (tmp_path / "shouting.jinja").write_text(CHATML.replace("m.content", "m.content | upper").replace(
+        "'<|im_start|>assistant\\n' }}", "'<|im_start|>assistant\\n<think>\\n' }}"))
+    (tmp_path / "strict.jinja").write_text("{{ raise_exception('System role not supported') }}")
+    monkeypatch.setattr(sys, "argv", ["x", str(tmp_path), str(demo_model_dir), "--json"])
+    assert script.main() == 1
+    got = json.loads(capsys.readouterr().out)
+    assert got["chatml"]["system, two turns"] == {"labelled": ["A1 blue.<|im_end|>\n", "A2 red.<|im_end|>\n"],
+                                                  "verdict": "right"}
+    assert {c["verdict"] for c in got[demo_model_dir.name].values()} == {"right"}
+    assert got["shouting"]["one turn"] == {"labelled": [], "verdict": "'A1 blue is one.' not labelled"}
+    assert "System role not supported" in got["strict"]["one turn"]["refused"]
+    monkeypatch.setattr(sys, "argv", ["x", str(tmp_path / "none.jinja")])
+    with pytest.raises(DataError, match=r"is neither a model folder nor a .jinja file"):
+        script.main()
