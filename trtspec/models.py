@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -271,7 +270,6 @@ def with_template_kwargs(template: Any, kwargs: dict[str, Any], path: Path) -> s
         raise ConfigError(f"model.chat_template_kwargs: the tokenizer in '{path}' has "
                           f"{'no chat template' if template is None else 'several named chat templates'} to set them in")
     read = meta.find_undeclared_variables(jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template))
-    read -= set(re.findall(r"{%-?\s*set\s+(\w+)", template))  # its own variables, set inside a loop
     if unread := sorted(set(kwargs) - read):
         raise ConfigError(f"model.chat_template_kwargs: the chat template in '{path}' reads no {', '.join(unread)}",
                           f"it reads: {', '.join(sorted(read)) or 'nothing'}")

@@ -337,7 +337,7 @@ def test_chat_template_kwargs_are_set_for_every_prompt_and_in_the_saved_tokenize
     import shutil
 
     from trtspec.errors import ConfigError
-    from trtspec.models import load_model, load_tokenizer
+    from trtspec.models import load_model, load_tokenizer, with_template_kwargs
 
     model = tmp_path / "qwen3ish"
     shutil.copytree(tiny_model_dir, model)
@@ -358,6 +358,10 @@ def test_chat_template_kwargs_are_set_for_every_prompt_and_in_the_saved_tokenize
     data.regenerate(prompts, plain, answers, hf_answers(lm, plain, 3, asked), print)
     data.regenerate(prompts, thinking, answers, hf_answers(lm, thinking, 3, asked), print)
     assert asked == [chat.encode_prompt(plain, ask), chat.encode_prompt(thinking, ask)]  # not asked twice as it was
+    defaulted = "{%- if reasoning_effort is not defined %}{%- set reasoning_effort = 'medium' %}{%- endif %}{{ reasoning_effort }}"
+    import jinja2  # a variable the template defaults where unset (gpt-oss's reasoning_effort) is read, and set
+
+    assert jinja2.Template(with_template_kwargs(defaulted, {"reasoning_effort": "low"}, model)).render() == "low"
     with pytest.raises(ConfigError, match=r"^model.chat_template_kwargs: the chat template in .* reads no enable_thinking \(it reads: add_generation_prompt, messages\)"):
         load_tokenizer(tiny_model_dir, {"enable_thinking": False})
 

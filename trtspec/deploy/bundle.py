@@ -76,10 +76,11 @@ def family_lines(target: Path, template_kwargs: dict | None = None) -> list[str]
     trt = f"serves EAGLE-3 {t['eagle3']}" if t["eagle3"] else "serves no EAGLE-3 draft for it"
     dflash = "and its DFlash (one-model) lists it" if t["dflash"] else "and its DFlash lists no such target"
     sgl = f"SGLang ({g['file']}) " + ("serves an EAGLE-3 draft for it." if g["eagle3"] else "serves no EAGLE-3 draft for it.")
-    return template + [f"Target family `{f.name}`" + (f" ({f.note})" if f.note else "") + f". vLLM ({v.file}) "
-            f"{f'does not: {v.eagle3}' if v.eagle3 else served}. TensorRT-LLM, by its sources, {trt}, {dflash}. {sgl} "
-            "trtspec validated it on its "
-            + ("native runtime." if f.runtime == "native" else "runtime's HF path (the model's own forward and cache).")]
+    return template + [
+        f"Target family `{f.name}`" + (f" ({f.note})" if f.note else "") + f". vLLM ({v.file}) "
+        f"{f'does not: {v.eagle3}' if v.eagle3 else served}. TensorRT-LLM, by its sources, {trt}, {dflash}. {sgl} "
+        "trtspec validated it on its "
+        + ("native runtime." if f.runtime == "native" else "runtime's HF path (the model's own forward and cache).")]
 
 
 def engine_table(not_served: dict[str, list[str]]) -> list[str]:
