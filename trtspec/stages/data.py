@@ -195,13 +195,13 @@ def answers_dir(ctx: StageContext, served: tuple[Path, dict] | None) -> Path:
     after a kill asks nothing again."""
     from trtspec.artifacts import fingerprint, keyed_scratch
 
-    d = ctx.cfg.data
+    d, kwargs = ctx.cfg.data, ctx.cfg.model.chat_template_kwargs
     key = fingerprint({"model": ctx.cfg.model.source, "stamp": ctx.model_stamp,
                        **({"quantized": served[1]["files"]} if served else {}),
                        "build_dtype": ctx.cfg.model.build_dtype, "max_new_tokens": d.max_new_tokens,
                        "temperature": d.temperature, "answer_with": d.answer_with,
                        "endpoint_model": d.endpoint.model if d.answer_with == "endpoint" else None,
-                       **({"chat_template_kwargs": ctx.cfg.model.chat_template_kwargs} if ctx.cfg.model.chat_template_kwargs else {})})
+                       **({"chat_template_kwargs": kwargs} if kwargs else {})})  # keyed where set: older keys kept
     return keyed_scratch(ctx.work.parent, "answers", key)
 
 
