@@ -52,7 +52,7 @@ def config(tmp: Path, model: Path | str, data_rows: list | None = None, **sectio
     write_jsonl(tmp / "data.jsonl", GOOD_ROWS if data_rows is None else data_rows)
     raw = {
         "model": {"source": str(model)},
-        "data": {"sources": [{"kind": "jsonl", "path": "data.jsonl"}], "seq_len": 32, "holdout_fraction": 0.25},
+        "data": {"sources": [{"kind": "jsonl", "path": "data.jsonl"}], "seq_len": 64, "holdout_fraction": 0.25},
         "eval": {"num_prompts": 1, "max_new_tokens": 4, "repeats": 1},
         "validate": {"compare_hf": False, "sampling_temperature": None},
     }
@@ -851,7 +851,7 @@ CASES = [
     Case("eval-context-documents-empty", case_context_documents_empty, 2, r"eval\.context_documents file '.*docs\.jsonl' holds no usable document \(1 row without a 'text' field\)", before_data=True),
     Case("eval-context-documents-unused", case_context_documents_without_documents_source, 2, r"eval\.context_documents is read only with eval\.context_source: documents"),
     Case("data-context-past-window", case_data_context_past_window, 2, r"data\.context_tokens 2000: with data\.max_new_tokens 160 it needs 2160 tokens, more than the target's window of 1024", "data", before_data=True),
-    Case("data-context-past-seq-len", case_data_context_past_seq_len, 2, r"data\.context_tokens 512 with data\.max_new_tokens 160 needs data\.seq_len >= 672 \(it is 32\)"),
+    Case("data-context-past-seq-len", case_data_context_past_seq_len, 2, r"data\.context_tokens 512 with data\.max_new_tokens 160 needs data\.seq_len >= 672 \(it is 64\)"),
     Case("serve-schedule-refused", case_schedule_refused, 2, r"serve\.draft_len_schedule \{4: 3\} cannot be served: it has no entry for batch size 1"),
     Case("engine-sweep-needs-vllm", case_sweep_needs_vllm, 2, r"engine\.sweep runs the bundle's EAGLE-3 head in vLLM .*here engine\.backend is trtllm", "engine", before_data=True),
     Case("engine-sweep-longer-than-draft", case_sweep_longer_than_draft, 2, r"engine\.sweep_draft_lengths 5 is more than draft\.length 3"),
@@ -899,7 +899,7 @@ CASES = [
     Case("train-states-vllm-missing", case_states_vllm_missing, 3, r"train\.states_from: vllm needs vLLM", "train", before_data=True),
     Case("train-states-endpoint-down", case_states_endpoint_down, 2,
          r"cannot reach train\.states_endpoint \(http://127\.0\.0\.1:9\): .*Connection refused", "train"),
-    Case("train-states-buffer-too-small", case_states_buffer_too_small, 2, r"train\.states_buffer_mib 0\.001 holds 0 rows of 32 tokens, fewer than one batch \(4\)", "train", before_data=True),
+    Case("train-states-buffer-too-small", case_states_buffer_too_small, 2, r"train\.states_buffer_mib 0\.001 holds 0 rows of 64 tokens, fewer than one batch \(4\)", "train", before_data=True),
     Case("config-not-finite", case_config_not_finite, 2, r"'train\.epochs': Input should be a finite number"),
     Case("config-seed-too-large", case_config_seed_too_large, 2, r"'seed': Input should be less than or equal to 4294967295"),
     Case("baseline-other-model", case_baseline_other_model, 2, r"validate\.baseline '.*base\.json' was measured on another target \(qwen3 1024 wide, 28 layers, vocab 151936; this build: llama", "validate", before_data=True),

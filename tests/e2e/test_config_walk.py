@@ -138,7 +138,7 @@ def walk_config(tmp_path_factory, tiny_model_dir) -> Path:
     tmp = tmp_path_factory.mktemp("walk")
     (tmp / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     raw = {"model": {"source": str(tiny_model_dir)},
-           "data": {"sources": [{"kind": "jsonl", "path": "d.jsonl"}], "seq_len": 32, "holdout_fraction": 0.25},
+           "data": {"sources": [{"kind": "jsonl", "path": "d.jsonl"}], "seq_len": 64, "holdout_fraction": 0.25},
            "eval": {"num_prompts": 1, "max_new_tokens": 4}}
     (tmp / "c.yaml").write_text(yaml.safe_dump(raw))
     return tmp / "c.yaml"

@@ -420,6 +420,18 @@ def test_stage_jsonl_writes_contract_and_counts(tmp_path, tiny_model_dir):
     assert t["input_ids"].shape == (9, 64) and t["loss_mask"].shape == (9, 64)
 
 
+def test_conversations_without_a_labelled_token_are_counted_and_none_at_all_refused(tmp_path, tiny_model_dir):
+    long = " ".join(["word"] * 100)
+    rows = [{"messages": [{"role": "user", "content": long if i % 2 else f"q{i}"}, {"role": "assistant", "content": "ok"}]}
+            for i in range(10)]
+    _write(tmp_path / "c.jsonl", rows)
+    m = data.run(_ctx(tmp_path, tiny_model_dir, [{"kind": "jsonl", "path": "c.jsonl"}], seq_len=64))
+    assert m["train_unlabelled"] + m["heldout_unlabelled"] == 5 and m["train_label_tokens"] > 0  # the long prompts' answers
+    _write(tmp_path / "c.jsonl", [r for i, r in enumerate(rows) if i % 2])
+    with pytest.raises(DataError, match=r"^no training conversation keeps a labelled token within data.seq_len=64"):
+        data.run(_ctx(tmp_path, tiny_model_dir, [{"kind": "jsonl", "path": "c.jsonl"}], seq_len=64))
+
+
 def test_stage_empty_dataset_is_an_error(tmp_path, tiny_model_dir):
     (tmp_path / "e.jsonl").write_text("\n")
     with pytest.raises(DataError, match="no usable conversation"):

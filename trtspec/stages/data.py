@@ -308,11 +308,20 @@ def run(ctx: StageContext) -> dict:
     for name, split in (("train", train), ("heldout", heldout)):
         (ctx.out / f"{name}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in split), encoding="utf-8")
         tensors, truncated = tokenize_rows(split, tok, seq_len)
+        unlabelled = int((tensors["loss_mask"].sum(1) == 0).sum())
+        if name == "train" and unlabelled == len(split):
+            raise DataError(f"no training conversation keeps a labelled token within data.seq_len={seq_len}",
+                            "raise data.seq_len, or check that the chat template shows the answers as written "
+                            "(python scripts/check_template_masks.py MODEL)")
         torch.save(tensors, ctx.out / f"{name}_tokens.pt")
         metrics[f"{name}_truncated"] = truncated
+        metrics[f"{name}_unlabelled"] = unlabelled
         metrics[f"{name}_label_tokens"] = int(tensors["loss_mask"].sum())
         if truncated:
             ctx.log(f"{truncated} of {len(split)} {name} conversations truncated to data.seq_len={seq_len}")
+        if unlabelled:
+            ctx.log(f"{unlabelled} of {len(split)} {name} conversations keep no labelled token (their answer past "
+                    f"data.seq_len={seq_len}, or not shown as written by the chat template): they teach nothing")
     metrics["categories"] = dict(Counter(r["category"] for r in rows))
     if ctx.cfg.data.context_tokens:
         metrics["train_long_context_rows"] = sum(1 for r in train if r.get("context_turns"))
