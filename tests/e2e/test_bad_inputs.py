@@ -248,6 +248,11 @@ def case_template_kwarg_unread(tmp, model, mp):
     return build(tmp, config(tmp, model), "--set", "model.chat_template_kwargs={enable_thinking: false}")
 
 
+def case_no_labelled_token(tmp, model, mp):
+    """data.seq_len shorter than every conversation's prompt (the demo template's default system prompt is ~30 tokens)."""
+    return build(tmp, config(tmp, model, data={"seq_len": 16}), "--until", "data")
+
+
 def case_data_missing(tmp, model, mp):
     p = config(tmp, model)
     (tmp / "data.jsonl").unlink()
@@ -874,6 +879,8 @@ CASES = [
          r"in '.*' reads no enable_thinking", before_data=True),
     Case("eval-acceptance-suite-template-refuses", case_acceptance_suite_template_refuses, 2, r"eval.acceptance_suite "
          r"file '.*suite.jsonl': the target's chat template refuses the turns system/user", before_data=True),
+    Case("data-no-labelled-token", case_no_labelled_token, 2, r"no training conversation keeps a labelled token within "
+         r"data\.seq_len=16", "data"),
     Case("data-binary", case_data_binary, 2, r"cannot be read as UTF-8", "data", before_data=True),
     Case("prompts-empty", case_regenerate_prompts_empty, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(empty", "data", before_data=True),
     Case("prompts-unparsable", case_regenerate_prompts_unparsable, 2, r"data file .*prompts\.jsonl' holds no usable prompt \(1 unparsable prompt line, 2 prompt row without prompt\)", "data", before_data=True),
