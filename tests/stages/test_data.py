@@ -432,6 +432,24 @@ def test_conversations_without_a_labelled_token_are_counted_and_none_at_all_refu
         data.run(_ctx(tmp_path, tiny_model_dir, [{"kind": "jsonl", "path": "c.jsonl"}], seq_len=64))
 
 
+def test_a_source_the_chat_template_refuses_whole_is_named_with_the_templates_reason(tmp_path, tiny_model_dir):
+    """Rows skipped for another reason first (a tool turn) do not stand in for the template's own words."""
+    import shutil
+
+    model = tmp_path / "strict"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "chat_template.jinja").write_text("{%- for m in messages %}{%- if m.role == 'system' %}{{ raise_exception("
+                                               "'System role not supported') }}{%- endif %}{{- m.content }}{%- endfor %}")
+    conf = json.loads((model / "tokenizer_config.json").read_text())
+    conf.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(conf))
+    answer = {"role": "assistant", "content": "Hello."}
+    _write(tmp_path / "c.jsonl", [{"messages": [{"role": "tool", "content": "x"}, answer]},
+                                  {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}, answer]}])
+    with pytest.raises(DataError, match=r"c.jsonl': the target's chat template refuses every row: System role not supported \(merge"):
+        data.run(_ctx(tmp_path, model, [{"kind": "jsonl", "path": "c.jsonl"}]))
+
+
 def test_stage_empty_dataset_is_an_error(tmp_path, tiny_model_dir):
     (tmp_path / "e.jsonl").write_text("\n")
     with pytest.raises(DataError, match="no usable conversation"):

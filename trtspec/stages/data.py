@@ -229,7 +229,7 @@ def source_rows(i: int, ctx: StageContext, skips: Counter, tok: Any) -> list[dic
     path = Path(src.path) if src.kind == "hf" else ctx.cfg.resolve_path(src.path)
     read, rows = rows, rendered_rows(rows, tok, own, prompts=answered)
     if read and not rows:
-        why = next(iter(own)).removeprefix(REFUSED)
+        why = next(k for k in own if k.startswith(REFUSED)).removeprefix(REFUSED)  # not a skip read_source counted
         raise DataError(f"{where} '{path}': the target's chat template refuses every row: {why}", TEMPLATE_HINT)
     require_rows(rows, path, where, usable_row(src.kind, src.regenerate), own)
     skips.update(own)
