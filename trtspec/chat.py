@@ -314,6 +314,11 @@ def text_row(text: str, row_id: str) -> dict:
     return {"id": row_id, "category": "text", "messages": [{"role": "assistant", "content": text}]}
 
 
+def is_text_row(row: dict) -> bool:
+    """Whether a row is a plain document (text_row), which no chat template renders."""
+    return row.get("category") == "text" and len(row["messages"]) == 1
+
+
 def read_prompt_file(path: Path, skips: Counter, what: str = "data file",
                      hint: str = "check data.sources[*].path (relative to the YAML)") -> list[dict]:
     """Prompts to regenerate: JSONL rows with a `prompt` text or turns (row_prompt: the turns before an answer, any
@@ -397,7 +402,7 @@ def tokenize_row(row: dict, tok: Any, seq_len: int) -> tuple[list[int], list[int
     if "input_ids" in row:
         ids = list(row["input_ids"])
         mask = [0] * row["label_start"] + [1] * (len(ids) - row["label_start"])
-    elif row.get("category") == "text" and len(msgs) == 1:
+    elif is_text_row(row):
         ids = tok(msgs[0]["content"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         mask = [1] * len(ids)
     else:
@@ -422,7 +427,8 @@ def assistant_mask(tok: Any, msgs: list[dict]) -> tuple[list[int], list[int]]:
             mask[len(start) : len(end)] = [1] * (len(end) - len(start))
             continue
         found = found or turns_in_text(tok, msgs, ids)
-        mask = [1 if k in found.get(i, ()) else b for k, b in enumerate(mask)]
+        for k in found.get(i, ()):
+            mask[k] = 1
     return ids, mask
 
 
@@ -514,7 +520,7 @@ def rendered_rows(rows: list[dict], tok: Any, skips: Counter, prompts: bool) -> 
     counted by the template's reason."""
     kept = []
     for row in rows:
-        if row.get("category") == "text" and len(row["messages"]) == 1:
+        if is_text_row(row):
             kept.append(row)  # plain text: no template
         elif why := template_refusal(tok, row["messages"], prompts):
             skips[REFUSED + why] += 1

@@ -39,6 +39,7 @@ from trtspec.chat import (
     json_values,
     prompt_turns,
     read_text,
+    rendered_rows,
     row_prompt,
     row_turns,
     split_lines,
@@ -234,8 +235,6 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
         name = str(cat).strip() if cat is not None and str(cat).strip() else (category or "traffic")
         rows.append({"id": "traffic-" + hashlib.sha1(key.encode()).hexdigest()[:12], "category": name, "messages": msgs})
     if tok is not None:  # requests whose turns the target's chat template refuses: skipped and counted
-        from trtspec.chat import rendered_rows
-
         rows = rendered_rows(rows, tok, skips, prompts=True)
     if not rows:
         why = ", ".join(f"{n} {r}" for r, n in skips.items()) or "no request in it"

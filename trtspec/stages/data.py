@@ -256,10 +256,8 @@ def hf_conversations(cfg: BuildConfig, i: int, skips: Counter, limit: int | None
 
 
 def answer_prompts(prompts: list[dict], src: Any, ctx: StageContext, target: Any) -> list[dict]:
-    """The target's own answers to `prompts`, kept in a scratch file per source (a killed run resumes)."""
-    if not prompts:
-        raise DataError(f"'{src.path}' has no usable prompt", "one JSON object per line with a 'prompt' field, or "
-                        "conversations with a turn before their answer")
+    """The target's own answers to `prompts` (source_rows refused a source without any), kept in a scratch file per
+    source (a killed run resumes)."""
     longest = max(len(encode_prompt(target.tok, p["messages"])) for p in prompts)
     answer = answerer(ctx, target, longest)
     ctx.log(f"regenerating answers to {len(prompts)} prompts with the target ({ctx.cfg.data.answer_with}, "
