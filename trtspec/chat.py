@@ -436,7 +436,7 @@ def turns_in_text(tok: Any, msgs: list[dict], ids: list[int]) -> dict[int, range
     """{assistant turn index: its token positions in `ids`}, each turn located by its text in the whole
     conversation's rendering, in order: its answer (after any `</think>`; followed by what the template closes a turn
     with, `<|im_end|>` or `</s>`, where it can be), back to the end of the template's generation prompt before it
-    (`<|im_start|>assistant\\n`, less trailing blanks or a `<think>` the rendering of an earlier turn drops), else to
+    (`<|im_start|>assistant\\n`, less trailing blanks or from a `<think>` on, which the rendering may show otherwise), else to
     the turn's reasoning where the rendering shows it. A turn whose answer is not in the rendering gets no labels."""
     text = tok.apply_chat_template(msgs, tokenize=False)
     bounds = token_bounds(tok, text, len(ids))
@@ -457,8 +457,8 @@ def turns_in_text(tok: Any, msgs: list[dict], ids: list[int]) -> dict[int, range
             continue
         before, prompt = (tok.apply_chat_template(msgs[:i], tokenize=False, add_generation_prompt=g) for g in (False, True))
         header = prompt[len(before):] if prompt.startswith(before) else ""
-        cut = header.rstrip()
-        heads = [h for h in dict.fromkeys((header, cut, cut.removesuffix("<think>").rstrip())) if h.strip()]
+        opened = header.split("<think>")[0]
+        heads = [h for h in dict.fromkeys((header, opened, header.rstrip(), opened.rstrip())) if h.strip()]
         shown = next(((h, a) for h in heads if (a := text.rfind(h, cursor, at)) >= 0), None)
         reasoning = (m.get("reasoning_content") or "".join(thought).replace("<think>", "")).strip()
         thinks = text.find(reasoning, cursor, at) if reasoning else -1
