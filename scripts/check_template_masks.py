@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """What the data stage labels in conversations rendered by a chat template: each assistant turn's tokens, for a few
-conversations (one turn; a system prompt and two turns; reasoning inline and as `reasoning_content`), printed as the
-labelled text with a verdict: every answer labelled whole, and no user's or system's words labelled.
+conversations (one turn; a system prompt and two turns; reasoning inline and as `reasoning_content`; a system prompt
+and a question after the others, as data.context_tokens lengthens a row), printed as the labelled text with a
+verdict: every answer labelled whole, and no user's or system's words labelled.
 
     python scripts/check_template_masks.py path/to/model              # the folder's tokenizer and chat template
     python scripts/check_template_masks.py a.jinja b.jinja --json     # templates on the demo model's tokenizer
@@ -37,6 +38,15 @@ CONVERSATIONS = {
     "reasoning": [user("U1 name a colour?"), answer("<think>\nT1 a primary one.\n</think>\n\nA1 blue."),
                   user("U2 another?"), answer("A2 red.", reasoning_content="T2 a warm one.")],
 }
+
+LONG = "after the others"  # data.context_tokens' row: chat.with_context puts the conversations above before its own
+
+
+def after_the_others(tok: object) -> list[dict]:
+    from trtspec.chat import with_context
+
+    row = {"messages": [{"role": "system", "content": "S0 be brief."}, user("U2 one more?"), answer("A3 green.")]}
+    return with_context(row, [{"messages": m} for m in CONVERSATIONS.values()], tok, 1 << 20)["messages"]
 
 
 def labelled(tok: object, msgs: list[dict]) -> list[str]:
@@ -86,8 +96,9 @@ def main() -> int:
     a = ap.parse_args()
     results: dict[str, dict] = {}
     for name, tok in templates(a.paths):
-        for conv, msgs in CONVERSATIONS.items():
+        for conv in [*CONVERSATIONS, LONG]:
             try:
+                msgs = after_the_others(tok) if conv == LONG else CONVERSATIONS[conv]
                 spans = labelled(tok, msgs)
                 results.setdefault(name, {})[conv] = {"labelled": spans, "verdict": verdict(msgs, spans)}
             except DataError as e:

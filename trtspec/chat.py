@@ -673,18 +673,22 @@ def with_history(prompt: dict, history: list[dict], tok: Any, tokens: int) -> tu
     answers, in order; their own turns) as a chat's prior turns, as many as keep the encoded prompt within `tokens`
     tokens -> (the row, its prompt's length in tokens). Where drafts fail users is long context: a draft trained on
     short rows meets a target whose states were shaped by thousands of tokens before the answer.
+    The earlier turns go after the prompt's own system turn, without theirs: one chat has one system prompt, first
+    (Llama's, Mistral's, Gemma's and Phi-3's templates refuse one mid-chat; Qwen's render it as a new instruction).
     Conversations are counted by their texts' tokens plus TURN_TOKENS a turn (one encoding of the whole prompt
     instead of one per conversation), then the whole prompt is encoded and trimmed by whole conversations to fit."""
+    lead = system_turns(prompt["messages"])
+    head, rest = prompt["messages"][:lead], prompt["messages"][lead:]
     length = len(encode_prompt(tok, prompt["messages"]))
     taken: list[list[dict]] = []
     for row in history:
-        own = own_turns(row)
+        own = [m for m in own_turns(row) if m["role"] != "system"]
         length += sum(len(tok(m["content"], add_special_tokens=False)["input_ids"]) + TURN_TOKENS for m in own)
         if length > tokens:
             break
         taken.append(own)
     while True:
-        messages = [m for turns in taken for m in turns] + prompt["messages"]
+        messages = head + [m for turns in taken for m in turns] + rest
         length = len(encode_prompt(tok, messages))
         if length <= tokens or not taken:
             return {**prompt, "messages": messages}, length
@@ -746,15 +750,22 @@ def read_documents(path: Path, skips: Counter, what: str = "eval.context_documen
 
 
 def own_turns(row: dict) -> list[dict]:
-    """A conversation's own turns, without the earlier conversations data.context_tokens put before it."""
-    return row["messages"][row.get("context_turns", 0):]
+    """A conversation's own turns, without the earlier conversations data.context_tokens put after its system turn."""
+    lead = system_turns(row["messages"])
+    return row["messages"][:lead] + row["messages"][lead + row.get("context_turns", 0):]
+
+
+def system_turns(messages: list[dict]) -> int:
+    """How many turns a conversation opens with that are system turns."""
+    return next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
 
 
 def with_context(row: dict, history: list[dict], tok: Any, tokens: int) -> dict:
     """A training row after earlier conversations (with_history), its prompt up to `tokens` tokens long, marked with
-    `context_turns` (the turns put before its own). A regenerated row keeps the target's own answer tokens after the
-    longer prompt. The answer was written without those turns, yet the head still learns what the target does there:
-    its labels are the target's own next-token distributions, computed with the whole context in front."""
+    `context_turns` (the turns put between its system turn and its others). A regenerated row keeps the target's own
+    answer tokens after the longer prompt. The answer was written without those turns, yet the head still learns what
+    the target does there: its labels are the target's own next-token distributions, computed with the whole context
+    in front."""
     prompt = {"messages": row["messages"][:-1]}
     longer, n = with_history(prompt, history, tok, tokens)
     added = len(longer["messages"]) - len(prompt["messages"])

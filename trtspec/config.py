@@ -127,7 +127,7 @@ class DataSection(Section):
                              ge=0.0, le=2.0)
     context_tokens: int | None = key(
         None, "long-context training: data.context_share of the training rows get earlier conversations of the "
-        "training data as prior turns, each prompt filled to a length drawn uniformly up to this many tokens (held-out "
+        "training data as prior turns (after the row's own system turn, without theirs), each prompt filled to a length drawn uniformly up to this many tokens (held-out "
         "rows stay short); data.seq_len must hold it and data.max_new_tokens; null = none", ge=16, le=1_048_576)
     context_share: float = key(0.1, "share of the training rows data.context_tokens lengthens", gt=0.0, le=1.0)
 

@@ -736,6 +736,29 @@ def test_long_context_rows_put_earlier_conversations_before_the_targets_own_answ
     assert again["messages"][:2] == rows[longer[0]]["messages"]
 
 
+def test_long_context_rows_keep_one_system_turn_first(tiny_model_dir):
+    """The earlier conversations go after the row's own system turn, without theirs: a template that takes a system
+    turn first only (Llama's, Mistral's, Gemma's, Phi-3's) renders every lengthened row; it refused each one with a
+    system turn in its history, in one line after the data stage's minutes."""
+    from trtspec.models import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' and not loop.first %}"
+                         "{{ raise_exception('System role only first') }}{% endif %}<|{{ m['role'] }}|>{{ m['content'] }}"
+                         "<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    system = [{"role": "system", "content": f"Answer as pirate {i}."} for i in range(2)]
+    rows = [{"id": str(i), "messages": system[i % 2 :][:1] * (i % 3 != 0) + [
+        {"role": "user", "content": f"Name river number {i}."}, {"role": "assistant", "content": f"River {i}."}]}
+        for i in range(12)]
+    out = chat.long_context_rows(rows, tok, 200, 1.0, seed=1)
+    assert sum(1 for r in out if r.get("context_turns")) >= 6
+    for row, own in zip(out, rows, strict=True):
+        assert chat.own_turns(row) == own["messages"]
+        assert [m["role"] == "system" for m in row["messages"]] == [m["role"] == "system" for m in own["messages"][:1]] + [
+            False] * (len(row["messages"]) - 1)
+        chat.tokenize_row(row, tok, 512)
+
+
 def test_stage_lengthens_training_rows_only(tmp_path, tiny_model_dir):
     rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "word " * 5}]} for i in range(20)]
     _write(tmp_path / "c.jsonl", rows)

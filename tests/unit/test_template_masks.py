@@ -27,6 +27,8 @@ def test_the_script_labels_answers_and_names_a_template_that_hides_them(tmp_path
     assert got["chatml"]["system, two turns"] == {"labelled": ["A1 blue.<|im_end|>\n", "A2 red.<|im_end|>\n"],
                                                   "verdict": "right"}
     assert {c["verdict"] for c in got[demo_model_dir.name].values()} == {"right"}
+    long = got["chatml"]["after the others"]  # data.context_tokens' row: every answer of the chat labelled
+    assert long["verdict"] == "right" and len(long["labelled"]) == 6 and long["labelled"][-1] == "A3 green.<|im_end|>\n"
     assert got["shouting"]["one turn"] == {"labelled": [], "verdict": "'A1 blue is one.' not labelled"}
     assert "System role not supported" in got["strict"]["one turn"]["refused"]
     monkeypatch.setattr(sys, "argv", ["x", str(tmp_path / "none.jinja")])
