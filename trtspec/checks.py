@@ -76,9 +76,21 @@ def hf_assisted_methods(cfg: BuildConfig, hf: Any, source: Path, eos: set[int]) 
         methods["hf_assisted"] = lambda p: hf_answer(hf, p, n_new, eos, assistant_model=assistant)
     else:
         exit_layer = max(1, hf.config.num_hidden_layers // 4)
-        methods["hf_assisted"] = lambda p: hf_answer(hf, p, n_new, eos, assistant_early_exit=exit_layer)
+        methods["hf_assisted"] = lambda p: hf_early_exit_answer(hf, p, n_new, eos, exit_layer)
         notes["hf_assisted"] = f"HF assisted generation, assistant_early_exit={exit_layer} (validate.assistant_model not set)"
     return methods, {}, notes
+
+
+def hf_early_exit_answer(hf: Any, prompt: list[int], max_new: int, eos: set[int], exit_layer: int) -> list[int]:
+    """HF assisted generation drafting with the target's own first `exit_layer` layers. transformers sets the model's
+    num_hidden_layers to `exit_layer` for each draft and back after it; a draft that raises (its cache on some layer
+    patterns: GPT-OSS) left the model that short, and every later generate on it failing: set back here."""
+    config = getattr(hf, hf.base_model_prefix).config
+    layers = config.num_hidden_layers
+    try:
+        return hf_answer(hf, prompt, max_new, eos, assistant_early_exit=exit_layer)
+    finally:
+        config.num_hidden_layers = layers
 
 
 def runnable_comparisons(methods: dict, prompt: list[int], skipped: dict[str, str], log: Any,

@@ -88,11 +88,12 @@ def test_category_speeds_sum_each_categorys_runs_over_repetitions():
 
 def test_a_comparison_the_library_cannot_run_on_the_model_is_skipped_with_its_reason():
     """HF assisted generation with early exit raises IndexError inside transformers' cache on a GPT-OSS of 8
-    alternating sliding/full layers (transformers 5.19); validate reports it skipped and keeps the other methods."""
+    alternating sliding/full layers (transformers 5.19); validate reports it skipped and keeps the other methods, and
+    the model answers as before (transformers left it with the exit layer's depth, and validate's HF generate failed)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trtspec.checks import runnable_comparisons
+    from trtspec.checks import hf_early_exit_answer, runnable_comparisons
     from trtspec.generation import hf_answer
     from trtspec.targets.tiny import tiny_config
 
@@ -101,9 +102,11 @@ def test_a_comparison_the_library_cannot_run_on_the_model_is_skipped_with_its_re
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     methods = {"hf_prompt_lookup": lambda p: hf_answer(hf, p, 8, {2}, prompt_lookup_num_tokens=3),
-               "hf_assisted": lambda p: hf_answer(hf, p, 24, {2}, assistant_early_exit=2)}
+               "hf_assisted": lambda p: hf_early_exit_answer(hf, p, 24, {2}, 2)}
     skipped, logged = {}, []
+    before = hf_answer(hf, list(range(3, 40)), 8, {2})
     kept = runnable_comparisons(methods, list(range(3, 40)), skipped, logged.append)
+    assert hf.config.num_hidden_layers == 8 and hf_answer(hf, list(range(3, 40)), 8, {2}) == before
     assert list(kept) == ["hf_prompt_lookup"]
     assert skipped["hf_assisted"].startswith("transformers raised IndexError on this model: list index out of range")
     assert logged == [f"hf_assisted skipped: {skipped['hf_assisted']}"]
