@@ -630,9 +630,27 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def prompt_rows(rows: list[dict]) -> list[dict]:
-    """{id, category, messages}: each conversation's turns before its answer (rows without any are left out)."""
-    return [{"id": str(r.get("id", i)), "category": r.get("category", "chat"), "messages": r["messages"][:-1]}
-            for i, r in enumerate(rows) if len(r["messages"]) > 1]
+    """{id, category, messages}: each conversation's turns before its answer, a document's opening (document_prompt)
+    as a user turn; rows without either are left out."""
+    out = []
+    for i, r in enumerate(rows):
+        turns = [{"role": "user", "content": document_prompt(r["messages"][0]["content"])}] if is_text_row(r) else r["messages"][:-1]
+        if turns and turns[-1]["content"]:
+            out.append({"id": str(r.get("id", i)), "category": r.get("category", "chat"), "messages": turns})
+    return out
+
+
+DOCUMENT_PROMPT_WORDS = 64
+
+
+def document_prompt(text: str) -> str:
+    """A held-out document as a prompt: its first half, at most DOCUMENT_PROMPT_WORDS words, for the target to go on
+    with (completion traffic: a base model, whose tokenizer has no chat template, is trained on documents alone);
+    empty for a document of fewer than 4 words."""
+    import re
+
+    words = re.findall(r"\S+\s*", text)  # each word with the spaces and newlines after it, as written
+    return "".join(words[: min(len(words) // 2, DOCUMENT_PROMPT_WORDS)]).rstrip() if len(words) >= 4 else ""
 
 
 NEAR_TWIN = 0.7  # words two prompts share (Jaccard) from which one is the other's template filled in again

@@ -80,9 +80,9 @@ class DataSource(Section):
     kind: Literal["regenerate", "jsonl", "text", "hf", "run"] = key(
         description="regenerate: the target answers the prompts in `path` itself; jsonl: conversations as OpenAI/HF "
         "`messages`, `conversations` (ShareGPT, SpecForge, Model Optimizer), `conversation` (LMSYS-Chat) or instruction "
-        "rows (Alpaca, Dolly, OpenOrca); text: one document per line; hf: a datasets hub id (needs a network) or its local copy (a save_to_disk folder, "
-        "a .parquet/.json/.csv file); run: an "
-        "earlier run's answered conversations of the same target (its data stage, checked against its manifest, the "
+        "rows (Alpaca, Dolly, OpenOrca); text: one document per line (a held-out one measured on its opening; the one "
+        "kind a target without a chat template, a base model, is trained on); hf: a datasets hub id (needs a network) "
+        "or its local copy (a save_to_disk folder, a .parquet/.json/.csv file); run: an earlier run's answered conversations of the same target (its data stage, checked against its manifest, the "
         "target's tokens kept), its held-out rows held out here too")
     path: str = key(description="a file relative to the YAML, the datasets hub id or local copy for kind: hf, the "
                     "run folder for kind: run", min_length=1)

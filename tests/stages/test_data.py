@@ -459,6 +459,8 @@ def test_stage_empty_dataset_is_an_error(tmp_path, tiny_model_dir):
 def test_tokenizer_without_chat_template(tmp_path, tiny_model_dir):
     import shutil
 
+    from trtspec.models import load_tokenizer
+
     model = tmp_path / "m"
     shutil.copytree(tiny_model_dir, model)
     cfg_file = model / "tokenizer_config.json"
@@ -469,6 +471,24 @@ def test_tokenizer_without_chat_template(tmp_path, tiny_model_dir):
     (tmp_path / "c.jsonl").write_text(json.dumps({"text": "x"}) + "\n")
     with pytest.raises(DataError, match="no chat template"):
         data.run(_ctx(tmp_path, model, [{"kind": "jsonl", "path": "c.jsonl"}]))
+    # a base model trained on documents alone (the hint's "text source only"): its held-out documents' openings are
+    # the prompts the train and validate stages measure the draft on
+    (tmp_path / "d.txt").write_text("".join(f"the river {i} flows north past the old mill into the valley\n" for i in range(10)))
+    m = data.run(_ctx(tmp_path, model, [{"kind": "text", "path": "d.txt"}], holdout_fraction=0.2))
+    held = chat.prompt_rows(chat.read_rows(tmp_path / "out" / "heldout.jsonl"))
+    assert m["train_rows"] == 8 and [len(r["messages"][0]["content"].split()) for r in held] == [6, 6]
+    tok = load_tokenizer(model)
+    assert chat.encode_prompt(tok, held[0]["messages"]) == tok(held[0]["messages"][0]["content"])["input_ids"]
+
+
+def test_a_held_out_document_is_prompted_with_its_opening():
+    """chat.prompt_rows: a document's first half (at most DOCUMENT_PROMPT_WORDS words, its spacing kept) as a user
+    turn; one of fewer than 4 words, like a conversation without an answer, is left out."""
+    rows = [chat.text_row("def f(x):\n    return x + 1\n\nprint(f(2))\n", "a"), chat.text_row("too short", "b"),
+            chat.text_row(" ".join(map(str, range(500))), "c"), {"id": "d", "messages": [{"role": "user", "content": "q"}]}]
+    got = chat.prompt_rows(rows)
+    assert [r["id"] for r in got] == ["a", "c"] and got[0]["messages"] == [{"role": "user", "content": "def f(x):\n    return"}]
+    assert got[1]["messages"][0]["content"].split() == [str(i) for i in range(chat.DOCUMENT_PROMPT_WORDS)]
 
 
 def _talkative(model):

@@ -274,7 +274,7 @@ def run(ctx: StageContext) -> dict:
 
     path = ctx.model_path
     tok = load_tokenizer(path, ctx.cfg.model.chat_template_kwargs)
-    if not tok.chat_template:
+    if not tok.chat_template and any(s.kind != "text" for s in ctx.cfg.data.sources):
         raise DataError(f"the tokenizer in '{path}' has no chat template", "use an instruct/chat model, or a text source only")
     target = Target(path, tok, ctx.cfg)
 
