@@ -14,6 +14,7 @@ import click
 
 from trtspec.config import DRAFTING, STAGES
 from trtspec.errors import exit_with_one_line
+from trtspec.traffic import FORMATS
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 EXIT_CODES_HELP = "Exit codes: 0 ok, 1 validation gate missed, 2 bad input, 3 missing dependency, 4 run dir locked, 5 out of memory or disk."
@@ -187,10 +188,11 @@ _validate.callback = _validate_callback
 @click.option("--prompts", "prompts", required=True, type=click.Path(dir_okay=False),
               help="Prompts the service received: chat JSONL or a JSON array (messages, prompt, a dataset's "
               "conversations or a Responses API request; category), an OpenAI batch file, a vLLM request log "
-              "(--enable-log-requests --log-level DEBUG) or a Triton trace (--trace-config level=TENSORS; FILE or the "
+              "(--enable-log-requests --log-level DEBUG), an SGLang one (--log-requests --log-requests-level 3 "
+              "--log-requests-format json) or a Triton trace (--trace-config level=TENSORS; FILE or the "
               "FILE.0, FILE.1, ... of its log-frequency); gzip, bzip2 or xz-compressed or not.")
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False), help="The new run directory.")
-@click.option("--format", "fmt", type=click.Choice(["auto", "chat", "openai-batch", "vllm-log", "triton-trace"]), default="auto",
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="auto",
               show_default=True, help="The --prompts file's format.")
 @click.option("--category", help="Category of the prompts that name none (default: traffic).")
 @click.option("--epochs", type=click.FloatRange(min=0.01, max=1000), default=2.0, show_default=True)
@@ -225,6 +227,7 @@ def adapt(run_dir, prompts, out, fmt, category, epochs, lr, replay, holdout, gro
     Examples:
       trtspec adapt runs/demo --prompts traffic.jsonl --out runs/demo-adapted
       trtspec adapt runs/demo --prompts vllm.log --format vllm-log --category support --out runs/demo-support
+      trtspec adapt runs/demo --prompts sglang.log --out runs/demo-sglang     # SGLang's JSON request log
       trtspec adapt runs/demo --prompts /tmp/trace.json --out runs/demo-triton    # tritonserver's TENSORS trace
       trtspec adapt runs/demo --prompts batch.jsonl --out runs/a2 --epochs 1 --until validate
     """

@@ -11,6 +11,10 @@ Formats (--format, `auto` tells them apart by their first usable line, or a JSON
                 {"input": ...}}; a `metadata.category` in the body is kept
   vllm-log      a `vllm serve --enable-log-requests --log-level DEBUG` log: each chat or Responses request's "JSON
                 body" line (a body cut by --max-log-len is skipped, counted)
+  sglang-log    a `sglang.launch_server --log-requests --log-requests-level 3 --log-requests-format json` log (stdout, or
+                the files of --log-requests-target DIR): each OpenAI request's "request.received.openai" line, the
+                request as the client sent it (level 2 cuts a text over 2048 characters: such a request is skipped,
+                counted)
   triton-trace  the trace Triton writes with `--trace-config triton,file=FILE --trace-config level=TENSORS
                 --trace-config rate=1`: each request's `text_input` tensor, read back into its turns with the earlier
                 run's chat template (a text that template did not write is skipped, counted); FILE and the FILE.0,
@@ -46,8 +50,13 @@ from trtspec.chat import (
 )
 from trtspec.errors import DataError
 
-FORMATS = ("auto", "chat", "openai-batch", "vllm-log", "triton-trace")
+FORMATS = ("auto", "chat", "openai-batch", "vllm-log", "sglang-log", "triton-trace")
 VLLM_BODY = " JSON body: "  # vLLM's RequestLogger.log_request_body: "Request <id> JSON body: <json>"
+# SGLang's RequestLogger.log_openai_received_request with --log-requests-format json: log_json's one line,
+# json.dumps({"timestamp", "event": "request.received.openai", "obj": the request's model_dump}); its other events
+# ("request.received": the tokenized form, "request.finished") are left alone
+SGLANG_EVENT = '"event": "request.received.openai"'
+SGLANG_CUT = 2048  # --log-requests-level 2: a longer text is logged as its first and last 1024 characters around "..."
 # Triton's TraceManager::TraceTensorActivity writes a BYTES element between quotes as it is, unescaped (2.51 here:
 # `"data":"\"TEXT\""`), so a trace holding a prompt with a quote or a newline is no JSON: its text_input tensors
 # are found by their fixed frame instead
@@ -117,6 +126,8 @@ def detect_format(text: str, array: list | None = None) -> str:
     first = next((ln for ln in lines if ln.strip()), "")
     if any(VLLM_BODY in ln for ln in lines):
         return "vllm-log"
+    if any(SGLANG_EVENT in ln for ln in lines):
+        return "sglang-log"
     try:
         return request_format(json.loads(first))
     except json.JSONDecodeError:
@@ -128,6 +139,8 @@ def request_rows(text: str, fmt: str, array: list | None, skips: Counter) -> lis
     request line's body (a vLLM log; a body cut by --max-log-len counted in skips)."""
     if array is not None:
         return array
+    if fmt == "sglang-log":
+        return sglang_requests(text, skips)
     if fmt != "vllm-log":
         return json_values(text, skips, "unparsable line")
     out = []
@@ -139,6 +152,42 @@ def request_rows(text: str, fmt: str, array: list | None, skips: Counter) -> lis
         except json.JSONDecodeError:
             skips["request body cut short (vLLM's --max-log-len)"] += 1
     return out
+
+
+def sglang_requests(text: str, skips: Counter) -> list:
+    """The OpenAI request of each "request.received.openai" line of an SGLang JSON request log (its other lines, and
+    the server's own, left alone); one whose text --log-requests-level 2 cut is counted in skips."""
+    out = []
+    for line in split_lines(text):
+        if SGLANG_EVENT not in line:
+            continue
+        try:
+            entry = json.loads(line[line.find("{"):])
+        except json.JSONDecodeError:
+            skips["unparsable line"] += 1
+            continue
+        obj = entry.get("obj") if isinstance(entry, dict) else None
+        if not isinstance(obj, dict):
+            skips["unparsable line"] += 1
+        elif any(cut_by_sglang(t) for t in strings(obj.get("messages", obj.get("input")))):
+            skips["request cut short (SGLang's --log-requests-level 2; 3 logs it whole)"] += 1
+        else:
+            out.append(obj)
+    return out
+
+
+def strings(value: Any) -> list[str]:
+    """Every string inside a JSON value."""
+    if isinstance(value, str):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
+    return [s for v in items for s in strings(v)]
+
+
+def cut_by_sglang(text: str) -> bool:
+    """Whether a text is one SGLang's request log cut (_transform_data_for_logging: text[:1024] + "..." + text[-1024:])."""
+    half = SGLANG_CUT // 2
+    return len(text) == SGLANG_CUT + 3 and text[half : half + 3] == "..."
 
 
 def records(rows: list, fmt: str, skips: Counter) -> list[tuple[dict, str | None]]:
@@ -155,7 +204,7 @@ def records(rows: list, fmt: str, skips: Counter) -> list[tuple[dict, str | None
             body = row.get("body") if isinstance(row.get("body"), dict) else {}
             meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
             out.append((body, meta.get("category")))
-        elif fmt == "vllm-log" and "messages" not in row and "input" not in row:
+        elif fmt in ("vllm-log", "sglang-log") and "messages" not in row and "input" not in row:
             skips["completion request (raw text, no chat turns)"] += 1
         else:
             out.append((row, row.get("category") if fmt == "chat" else None))
@@ -200,7 +249,7 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
     back into turns and must render each prompt (chat.rendered_rows). A file that is no traffic, or holds no usable
     prompt, is a DataError."""
     where = f"--prompts '{path}'"
-    hint = "pass a JSONL of chat requests, an OpenAI batch file, a vLLM request log or a Triton trace"
+    hint = "pass a JSONL of chat requests, an OpenAI batch file, a vLLM or SGLang request log or a Triton trace"
     traces = trace_files(path) if fmt in ("auto", "triton-trace") else []
     if traces and not path.is_file():  # only the FILE.N Triton writes with log-frequency
         text, found, array = "", "triton-trace", None
@@ -210,7 +259,7 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
         found = detect_format(text, array) if fmt == "auto" else fmt
     if found == "unknown":
         raise DataError(f"{where}: not a traffic file this tool reads (its first line is no chat request, OpenAI "
-                        "batch request, vLLM request-log line or Triton trace)",
+                        "batch request, vLLM or SGLang request-log line or Triton trace)",
                         f"formats: {', '.join(FORMATS[1:])} (trtspec adapt --help)")
     skips: Counter = Counter()
     if found == "triton-trace":
@@ -240,5 +289,6 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
         why = ", ".join(f"{n} {r}" for r, n in skips.items()) or "no request in it"
         raise DataError(f"{where} holds no usable prompt ({found}: {why})",
                         "a chat request needs a user turn; a vLLM log needs --enable-log-requests --log-level DEBUG; "
+                        "an SGLang log --log-requests --log-requests-level 3 --log-requests-format json; "
                         "a Triton trace needs --trace-config level=TENSORS and prompts in the target's chat template")
     return rows, skips, found

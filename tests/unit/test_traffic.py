@@ -148,6 +148,45 @@ def test_responses_requests_as_vllm_logs_them(tmp_path):
     assert fmt == "vllm-log" and [r["messages"] for r in rows] == RESPONSES_TURNS and not skips
 
 
+def sglang_line(event, obj, **extra):
+    """A line of SGLang's JSON request log as its log_utils.log_json writes one (sgl-project/sglang, python/sglang/srt/
+    utils/log_utils.py): json.dumps({"timestamp", "event", **data}, ensure_ascii=False), data {"obj": ...}."""
+    return json.dumps({"timestamp": "2026-12-07T17:00:00.000001", "event": event, "obj": obj, **extra}, ensure_ascii=False)
+
+
+def sglang_cut(text, max_length=2048):
+    """request_logger._transform_data_for_logging's cut of a string at --log-requests-level 2."""
+    half = max_length // 2
+    return text[:half] + "..." + text[-half:] if len(text) > max_length else text
+
+
+def test_sglang_json_request_log_reads_each_openai_request_once(tmp_path):
+    """`--log-requests --log-requests-format json`: each OpenAI request's "request.received.openai" line (the request
+    as sent: model_dump(exclude_none=True)) is a prompt; the same request's tokenized "request.received" and its
+    "request.finished" lines, and the server's own lines, are left alone; a completion request and a text cut by
+    level 2 are skipped, counted."""
+    chat = {"model": "m", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour é."}],
+            "max_tokens": 64, "stream": False}
+    long = "word " * 600  # 3000 characters: level 2 logs its first and last 1024
+    f = write(tmp_path / "sglang.log", [
+        "[2026-12-07 17:00:00] INFO:     Started server process [1234]",
+        sglang_line("request.received.openai", chat),
+        sglang_line("request.received", {"text": None, "input_ids": [1, 2, 3], "rid": "abc"}, rid="abc"),
+        sglang_line("request.finished", {"rid": "abc"}, rid="abc", out={"text": "Blue.", "meta_info": {}}),
+        sglang_line("request.received.openai", chat),  # a repeat
+        sglang_line("request.received.openai", {"model": "m", "prompt": "Once upon a time"}),  # /v1/completions
+        sglang_line("request.received.openai", {"model": "m", "messages": [{"role": "user", "content": sglang_cut(long)}]}),
+        sglang_line("request.received.openai", {"model": "m", "messages": [{"role": "user", "content": sglang_cut("short")}]}),
+    ])
+    rows, skips, fmt = read_traffic(f)
+    assert fmt == "sglang-log"
+    assert [r["messages"] for r in rows] == [chat["messages"], [{"role": "user", "content": "short"}]]
+    assert skips == {"repeated prompt": 1, "completion request (raw text, no chat turns)": 1,
+                     "request cut short (SGLang's --log-requests-level 2; 3 logs it whole)": 1}
+    with pytest.raises(DataError, match=r"holds no usable prompt \(sglang-log: no request in it\)"):
+        read_traffic(write(tmp_path / "s.log", [sglang_line("request.finished", {"rid": "x"})]), fmt="sglang-log")
+
+
 def test_requests_holding_unicode_line_separators_are_read_whole(tmp_path):
     """A request whose text holds U+2028 or U+0085 raw (JSON allows it; a writer with ensure_ascii=False writes it
     so) is one line of a JSONL file or a vLLM log, not two unparsable halves."""
