@@ -56,6 +56,7 @@ VLLM_BODY = " JSON body: "  # vLLM's RequestLogger.log_request_body: "Request <i
 # json.dumps({"timestamp", "event": "request.received.openai", "obj": the request's model_dump}); its other events
 # ("request.received": the tokenized form, "request.finished") are left alone
 SGLANG_EVENT = '"event": "request.received.openai"'
+SGLANG_RECEIVED = '"event": "request.received"'  # the tokenized request: no text in it at --log-requests-level 0 or 1
 SGLANG_CUT = 2048  # --log-requests-level 2: a longer text is logged as its first and last 1024 characters around "..."
 # Triton's TraceManager::TraceTensorActivity writes a BYTES element between quotes as it is, unescaped (2.51 here:
 # `"data":"\"TEXT\""`), so a trace holding a prompt with a quote or a newline is no JSON: its text_input tensors
@@ -126,7 +127,7 @@ def detect_format(text: str, array: list | None = None) -> str:
     first = next((ln for ln in lines if ln.strip()), "")
     if any(VLLM_BODY in ln for ln in lines):
         return "vllm-log"
-    if any(SGLANG_EVENT in ln for ln in lines):
+    if any(SGLANG_EVENT in ln or SGLANG_RECEIVED in ln for ln in lines):
         return "sglang-log"
     try:
         return request_format(json.loads(first))
@@ -156,10 +157,11 @@ def request_rows(text: str, fmt: str, array: list | None, skips: Counter) -> lis
 
 def sglang_requests(text: str, skips: Counter) -> list:
     """The OpenAI request of each "request.received.openai" line of an SGLang JSON request log (its other lines, and
-    the server's own, left alone); one whose text --log-requests-level 2 cut is counted in skips."""
+    the server's own, left alone); one whose text --log-requests-level 2 cut, and a request logged without its text
+    (level 0 or 1, which log no OpenAI request), are counted in skips."""
     out = []
     for line in split_lines(text):
-        if SGLANG_EVENT not in line:
+        if SGLANG_EVENT not in line and SGLANG_RECEIVED not in line:
             continue
         try:
             entry = json.loads(line[line.find("{"):])
@@ -169,6 +171,9 @@ def sglang_requests(text: str, skips: Counter) -> list:
         obj = entry.get("obj") if isinstance(entry, dict) else None
         if not isinstance(obj, dict):
             skips["unparsable line"] += 1
+        elif entry.get("event") != "request.received.openai":
+            if "text" not in obj and "input_ids" not in obj:
+                skips["request logged without its text (SGLang's --log-requests-level 0 or 1; 3 logs it)"] += 1
         elif any(cut_by_sglang(t) for t in strings(obj.get("messages", obj.get("input")))):
             skips["request cut short (SGLang's --log-requests-level 2; 3 logs it whole)"] += 1
         else:

@@ -646,6 +646,14 @@ def case_adapt_triton_trace_raw_text(tmp, model, mp):
     return ["adapt", str(finished_run(tmp, model)), "--prompts", str(trace), "--out", str(tmp / "run")]
 
 
+def case_adapt_sglang_log_without_texts(tmp, model, mp):
+    """SGLang's JSON request log at --log-requests-level 1: its requests' lines carry no text (log_json's format)."""
+    log = tmp / "sglang.log"
+    log.write_text(json.dumps({"timestamp": "2026-12-07T17:00:00", "event": "request.received", "rid": "a",
+                               "obj": {"rid": "a", "sampling_params": {"max_new_tokens": 8}}}) + "\n")
+    return ["adapt", str(finished_run(tmp, model)), "--prompts", str(log), "--out", str(tmp / "run")]
+
+
 def case_adapt_empty_category(tmp, model, mp):
     return adapt(tmp, finished_run(tmp, model), None, "--category", " ")
 
@@ -927,6 +935,7 @@ CASES = [
     Case("quantized-states-from-vllm", case_quantized_states_from_vllm, 2, r"model\.train_on_quantized: the quantized target's states come from its HF forward before training \(train\.states_from: hf, mode offline or streamed\), not train\.states_from vllm", "data", before_data=True),
     Case("adapt-unknown-format", case_adapt_unknown_format, 2, r"--prompts '.*traffic\.jsonl': not a traffic file this tool reads"),
     Case("adapt-no-usable-prompt", case_adapt_no_usable_prompt, 2, r"--prompts '.*traffic\.jsonl' holds no usable prompt \(chat: 1 request without a usable chat turn\)"),
+    Case("adapt-sglang-log-without-texts", case_adapt_sglang_log_without_texts, 2, r"--prompts '.*sglang\.log' holds no usable prompt \(sglang-log: 1 request logged without its text \(SGLang's --log-requests-level 0 or 1; 3 logs it\)\)"),
     Case("adapt-triton-trace-raw-text", case_adapt_triton_trace_raw_text, 2, r"--prompts '.*trace\.json' holds no usable prompt \(triton-trace: 1 text_input the chat template did not write \(raw text\)\)"),
     Case("adapt-empty-category", case_adapt_empty_category, 2, r"--category is empty"),
     Case("adapt-step-back-not-shares", case_adapt_step_back_not_shares, 2, r"--step-back '0\.5,1\.5' is not a list of shares"),

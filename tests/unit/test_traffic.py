@@ -185,6 +185,9 @@ def test_sglang_json_request_log_reads_each_openai_request_once(tmp_path):
                      "request cut short (SGLang's --log-requests-level 2; 3 logs it whole)": 1}
     with pytest.raises(DataError, match=r"holds no usable prompt \(sglang-log: no request in it\)"):
         read_traffic(write(tmp_path / "s.log", [sglang_line("request.finished", {"rid": "x"})]), fmt="sglang-log")
+    level1 = [sglang_line("request.received", {"rid": "x", "sampling_params": {"max_new_tokens": 8}}, rid="x")]
+    with pytest.raises(DataError, match=r"sglang-log: 1 request logged without its text \(SGLang's --log-requests-level 0 or 1"):
+        read_traffic(write(tmp_path / "l1.log", level1))
 
 
 def test_requests_holding_unicode_line_separators_are_read_whole(tmp_path):
