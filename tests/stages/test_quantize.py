@@ -110,6 +110,28 @@ def test_restore_rebuilds_a_quantized_model(fp8_run, tiny_model_dir):
     assert torch.allclose(folded, quantized, atol=1e-5)  # folding the weights changes speed, not numbers
 
 
+def test_weights_modelopt_cannot_fold_stay_quantized_on_every_forward():
+    """GPT-OSS's experts: modelopt's fold asserts that each `*_weight_quantizer` has its `*_weight` (transformers 5
+    names them `down_proj`, `gate_up_proj`), and the quantize stage failed as an internal error. Folding skips them,
+    and the numbers stay those of the quantized model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.targets.tiny import tiny_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_config("gpt_oss", 256, dict(bos_token_id=1, eos_token_id=2)), dtype=torch.float32).eval()
+    ids = torch.randint(3, 256, (1, 12), generator=torch.Generator().manual_seed(0))
+    model = ptq.calibrate(model, ptq.quant_config("fp8", "none", None, False), [(ids, None)])
+    with torch.no_grad():
+        quantized = model(ids).logits
+        folded = ptq.fold_weights(model)(ids).logits
+    assert torch.allclose(folded, quantized, atol=1e-5)
+    experts = next(m for m in model.modules() if type(m).__name__.endswith("GptOssExperts"))
+    assert experts.down_proj_weight_quantizer.is_enabled  # not folded: quantizing on every forward
+    assert not model.model.layers[0].self_attn.q_proj.weight_quantizer.is_enabled  # folded
+
+
 def test_int4_awq_picks_block_and_exports(tmp_path, tiny_model_dir):
     """The tiny model's widths are 64 and 128: block 64, and modelopt's exporter accepts it."""
     from modelopt.torch.export import export_hf_checkpoint
@@ -135,3 +157,19 @@ def test_block_size_that_does_not_divide_fails_before_calibration(tmp_path, tiny
     ctx = stage_ctx(cfg, run, "quantize", {"data": run / "data-not-needed"})
     with pytest.raises(ConfigError, match="block_size 48"):
         quantize.run(ctx)
+
+
+def test_block_size_is_checked_against_the_layers_before_the_first_stage(tmp_path, tiny_model_dir):
+    """The preflight builds the model on the meta device (no weights) and checks the block size against its layers:
+    the tiny Gemma 4's 16-wide per-layer projections refused int4_awq only in the quantize stage, after training."""
+    from transformers import AutoConfig
+
+    from trtspec.models import tiny_model
+
+    cfg = tiny_config(tiny_model_dir, tmp_path, quantize={"format": "int4_awq", "block_size": 48})
+    with pytest.raises(ConfigError, match="block_size 48"):
+        quantize.preflight(cfg, AutoConfig.from_pretrained(tiny_model_dir))
+    gemma4 = AutoConfig.from_pretrained(tiny_model("gemma4"))
+    with pytest.raises(ConfigError, match=r"block_size 32: 4 layer\(s\) .*per_layer_projection \(16\)"):
+        quantize.preflight(tiny_config(tiny_model_dir, tmp_path, quantize={"format": "int4_awq"}), gemma4)
+    quantize.preflight(tiny_config(tiny_model_dir, tmp_path, quantize={"format": "fp8"}), gemma4)  # no block: no check

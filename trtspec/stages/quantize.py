@@ -17,6 +17,7 @@ from trtspec.errors import DataError
 from trtspec.generation import hf_answer
 from trtspec.pipeline.stage import StageContext
 from trtspec.ptq import (
+    BLOCK_FORMATS,
     QUANT_JSON,
     block_size_for,
     calibrate,
@@ -39,9 +40,27 @@ READS = ("quantize", "eval.num_prompts", "eval.max_new_tokens", "seed")
 
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
-    """The quantize settings checked against the model's config, before the stages ahead of quantize run."""
-    if cfg.quantize.format != "none":
-        check_quant_config(cfg.quantize, model_config)
+    """The quantize settings checked against the model's config, and a block format's block size against its layers'
+    widths (the model built on the meta device: no weights), before the stages ahead of quantize run."""
+    q = cfg.quantize
+    if q.format == "none":
+        return
+    check_quant_config(q, model_config)
+    if q.format in (*BLOCK_FORMATS, "nvfp4") and (skeleton := meta_model(model_config)) is not None:
+        block_size_for(q, quantized_linears(skeleton, q.quantize_lm_head))
+
+
+def meta_model(model_config: Any) -> Any:
+    """The model of `model_config` on the meta device (its modules, no weights), or None where transformers cannot
+    build it so (the stage then checks the loaded model)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(model_config)
+    except Exception:  # noqa: BLE001 -- a model class that builds only with its weights: checked in the stage
+        return None
 
 
 def run(ctx: StageContext) -> dict:
