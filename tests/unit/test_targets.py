@@ -104,13 +104,21 @@ def test_vllm_cpu_head_sizes_as_its_files_compute_them():
     """vLLM's CPU attention runs some head sizes only; Qwen2's file takes hidden / heads whatever head_dim says."""
     from types import SimpleNamespace as C
 
-    from trtspec.engines.vllm.support import cpu_head_refusal, head_size
+    from transformers import AutoConfig
+
+    from trtspec.engines.vllm.support import cpu_head_refusal, head_sizes
+    from trtspec.models import tiny_model
     from trtspec.targets.tiny import TINY, overrides
 
-    assert head_size(C(hidden_size=128, num_attention_heads=8, head_dim=32), "qwen2") == 16
-    assert head_size(C(hidden_size=128, num_attention_heads=8, head_dim=32), "llama") == 32
-    assert head_size(C(hidden_size=576, num_attention_heads=9, head_dim=None), "llama") == 64
-    assert head_size(C(hidden_size=128, num_attention_heads=4, kv_lora_rank=32), "deepseek_v3") is None
+    assert head_sizes(C(hidden_size=128, num_attention_heads=8, head_dim=32), "qwen2") == [16]
+    assert head_sizes(C(hidden_size=128, num_attention_heads=8, head_dim=32), "llama") == [32]
+    assert head_sizes(C(hidden_size=576, num_attention_heads=9, head_dim=None), "llama") == [64]
+    assert head_sizes(C(hidden_size=128, num_attention_heads=4, kv_lora_rank=32), "deepseek_v3") == []
+    # Gemma 4's wider full-attention heads (transformers 5.19 refuses a model-wide head_dim read: an internal error)
+    gemma4 = AutoConfig.from_pretrained(tiny_model("gemma4"))
+    assert head_sizes(gemma4, "gemma4") == [32, 64] and cpu_head_refusal(gemma4, "gemma4") is None
+    assert cpu_head_refusal(C(hidden_size=128, num_attention_heads=4, head_dim=32, per_layer_config={"3": {"head_dim": 48}}),
+                            "gemma4").endswith("this target's are 48")
     assert "this target's are 16 (hidden_size / num_attention_heads" in cpu_head_refusal(
         C(hidden_size=128, num_attention_heads=8, head_dim=32), "qwen2")
     assert cpu_head_refusal(C(hidden_size=896, num_attention_heads=14, head_dim=None), "qwen2") is None  # Qwen2.5-0.5B

@@ -54,24 +54,32 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 HEADS_FROM_WIDTH = ("qwen2", "qwen2_moe")  # their vLLM files take hidden_size / num_attention_heads, not head_dim
 
 
-def head_size(text: Any, family: str) -> int | None:
-    """The attention head size vLLM gives the target's layers (`text`: its decoder config), None for MLA (heads of
-    their own sizes) or a config without heads."""
+def head_sizes(text: Any, family: str) -> list[int]:
+    """The attention head sizes vLLM gives the target's layers (`text`: its decoder config): the model-wide one and
+    any a layer sets for itself (Gemma 4's per_layer_config: wider heads on its full-attention layers); none for MLA
+    (heads of their own sizes) or a config without heads."""
     heads = getattr(text, "num_attention_heads", None)
     if getattr(text, "kv_lora_rank", None) or not heads:
-        return None
-    head_dim = getattr(text, "head_dim", None)
-    return text.hidden_size // heads if family in HEADS_FROM_WIDTH or not head_dim else int(head_dim)
+        return []
+    from trtspec.targets import global_attr
+
+    if family in HEADS_FROM_WIDTH:
+        return [text.hidden_size // heads]
+    layers = getattr(text, "per_layer_config", None) or []  # transformers' view: each layer's config; in JSON a dict
+    layers = layers.values() if isinstance(layers, dict) else layers
+    dims = [global_attr(text, "head_dim")] + [c.get("head_dim") if isinstance(c, dict) else getattr(c, "head_dim", None)
+                                              for c in layers]
+    return sorted({int(d) for d in dims if d} or {text.hidden_size // heads})
 
 
 def cpu_head_refusal(text: Any, family: str) -> str | None:
     """Why vLLM's CPU build cannot run the target's attention (`text`: its decoder config), or None."""
-    size = head_size(text, family)
-    if size is None or size in CPU_HEAD_SIZES:
+    bad = [size for size in head_sizes(text, family) if size not in CPU_HEAD_SIZES]
+    if not bad:
         return None
     how = " (hidden_size / num_attention_heads, as vLLM's file for this family takes it)" if family in HEADS_FROM_WIDTH else ""
     return (f"{family}: vLLM 0.32's CPU attention runs heads of size {', '.join(map(str, CPU_HEAD_SIZES))}; this "
-            f"target's are {size}{how}")
+            f"target's are {', '.join(map(str, bad))}{how}")
 
 
 def support(family: str) -> VllmSupport:
