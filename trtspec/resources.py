@@ -76,8 +76,10 @@ class Sizes:
         self.cfg, self.target, self.text, self.states = cfg, target, text, states_gib
         stored = width(str(getattr(text, "dtype", None) or "bfloat16").replace("torch.", ""))
         self.params = weights_gib * GIB / stored  # the target's parameters, from its checkpoint's bytes
-        h, i = text.hidden_size, getattr(text, "intermediate_size", None) or 4 * text.hidden_size
         from trtspec.draft_families import family
+        from trtspec.targets import global_attr
+
+        h, i = text.hidden_size, global_attr(text, "intermediate_size") or 4 * text.hidden_size
 
         # the draft's layers, in the first section its family reads (EAGLE-3: convert; DFlash and DFlash2: dflash)
         layers = getattr(getattr(cfg, family(cfg.draft.method).sections[0]), "num_layers", 1)
