@@ -277,6 +277,10 @@ def test_derive_config_sizes_the_draft_from_the_base(target_dir):
         derive_dflash_config(base, DFlashSection(num_layers=2, target_layers=[0, 2]), base.vocab_size)
     with pytest.raises(ConfigError, match="target_layers"):
         derive_dflash_config(base, DFlashSection(num_layers=2, target_layers=[0]), 16)
+    # a target of 4 layers: Model Optimizer's own pick for 2 draft layers is [1, 1]; the error says so, with a pick
+    with pytest.raises(ConfigError, match=r"Model Optimizer's pick for this 4-layer target, \[1, 1\], repeats a layer") as e:
+        derive_dflash_config(base, DFlashSection(num_layers=2), 16)
+    assert e.value.hint == "set dflash.target_layers to 2 distinct ids in 0..2, e.g. [0, 2]"
 
 
 def test_decay_loss_reaches_modelopt_with_the_papers_gamma(target_dir, tmp_path):
