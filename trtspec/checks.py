@@ -84,7 +84,7 @@ def hf_assisted_methods(cfg: BuildConfig, hf: Any, source: Path, eos: set[int]) 
 def hf_early_exit_answer(hf: Any, prompt: list[int], max_new: int, eos: set[int], exit_layer: int) -> list[int]:
     """HF assisted generation drafting with the target's own first `exit_layer` layers. transformers sets the model's
     num_hidden_layers to `exit_layer` for each draft and back after it; a draft that raises (its cache on some layer
-    patterns: GPT-OSS) left the model that short, and every later generate on it failing: set back here."""
+    patterns: GPT-OSS, Gemma 4) left the model that short, and every later generate on it failed: set back here."""
     config = getattr(hf, hf.base_model_prefix).config
     layers = config.num_hidden_layers
     try:

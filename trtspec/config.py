@@ -82,8 +82,9 @@ class DataSource(Section):
         "`messages`, `conversations` (ShareGPT, SpecForge, Model Optimizer), `conversation` (LMSYS-Chat) or instruction "
         "rows (Alpaca, Dolly, OpenOrca); text: one document per line (a held-out one measured on its opening; the one "
         "kind a target without a chat template, a base model, is trained on); hf: a datasets hub id (needs a network) "
-        "or its local copy (a save_to_disk folder, a .parquet/.json/.csv file); run: an earlier run's answered conversations of the same target (its data stage, checked against its manifest, the "
-        "target's tokens kept), its held-out rows held out here too")
+        "or its local copy (a save_to_disk folder, a .parquet/.json/.csv file); run: an earlier run's answered "
+        "conversations of the same target (its data stage, checked against its manifest, the target's tokens kept), "
+        "its held-out rows held out here too")
     path: str = key(description="a file relative to the YAML, the datasets hub id or local copy for kind: hf, the "
                     "run folder for kind: run", min_length=1)
     split: str = key("train", "the datasets split (kind: hf)", min_length=1)
@@ -127,8 +128,9 @@ class DataSection(Section):
                              ge=0.0, le=2.0)
     context_tokens: int | None = key(
         None, "long-context training: data.context_share of the training rows get earlier conversations of the "
-        "training data as prior turns (after the row's own system turn, without theirs), each prompt filled to a length drawn uniformly up to this many tokens (held-out "
-        "rows stay short); data.seq_len must hold it and data.max_new_tokens; null = none", ge=16, le=1_048_576)
+        "training data as prior turns (after the row's own system turn, without theirs), each prompt filled to a "
+        "length drawn uniformly up to this many tokens (held-out rows stay short); data.seq_len must hold it and "
+        "data.max_new_tokens; null = none", ge=16, le=1_048_576)
     context_share: float = key(0.1, "share of the training rows data.context_tokens lengthens", gt=0.0, le=1.0)
 
 
