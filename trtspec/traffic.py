@@ -11,10 +11,10 @@ Formats (--format, `auto` tells them apart by their first usable line, or a JSON
                 {"input": ...}}; a `metadata.category` in the body is kept
   vllm-log      a `vllm serve --enable-log-requests --log-level DEBUG` log: each chat or Responses request's "JSON
                 body" line (a body cut by --max-log-len is skipped, counted)
-  sglang-log    a `sglang.launch_server --log-requests --log-requests-level 3 --log-requests-format json` log (stdout, or
-                the files of --log-requests-target DIR): each OpenAI request's "request.received.openai" line, the
-                request as the client sent it (level 2 cuts a text over 2048 characters: such a request is skipped,
-                counted)
+  sglang-log    a `sglang.launch_server --log-requests --log-requests-level 3 --log-requests-format json` log
+                (stdout, or the files of --log-requests-target DIR): each OpenAI request's "request.received.openai"
+                line, the request as the client sent it (level 2 cuts a text over 2048 characters: such a request
+                is skipped, counted)
   triton-trace  the trace Triton writes with `--trace-config triton,file=FILE --trace-config level=TENSORS
                 --trace-config rate=1`: each request's `text_input` tensor, read back into its turns with the earlier
                 run's chat template (a text that template did not write is skipped, counted); FILE and the FILE.0,
@@ -190,7 +190,8 @@ def strings(value: Any) -> list[str]:
 
 
 def cut_by_sglang(text: str) -> bool:
-    """Whether a text is one SGLang's request log cut (_transform_data_for_logging: text[:1024] + "..." + text[-1024:])."""
+    """Whether a text is one SGLang's request log cut (its _transform_data_for_logging: text[:1024] + "..." +
+    text[-1024:])."""
     half = SGLANG_CUT // 2
     return len(text) == SGLANG_CUT + 3 and text[half : half + 3] == "..."
 

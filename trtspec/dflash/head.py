@@ -48,8 +48,9 @@ def target_layers(base_config: Any, section: DFlashSection) -> list[int]:
     if any(not 0 <= i < n - 1 for i in ids) or len(set(ids)) != len(ids):
         spread = sorted({round(k * (n - 2) / max(1, len(ids) - 1)) for k in range(len(ids))})
         if section.target_layers is None:  # a target of few layers: Model Optimizer's uniform pick repeats one
-            raise ConfigError(f"dflash.target_layers: Model Optimizer's pick for this {n}-layer target, {ids}, repeats a "
-                              f"layer", f"set dflash.target_layers to {len(ids)} distinct ids in 0..{n - 2}, e.g. {spread}")
+            raise ConfigError(f"dflash.target_layers: Model Optimizer's pick for this {n}-layer target, {ids}, "
+                              "repeats a layer",
+                              f"set dflash.target_layers to {len(ids)} distinct ids in 0..{n - 2}, e.g. {spread}")
         raise ConfigError(f"dflash.target_layers {ids}: need distinct layer ids in 0..{n - 2}")
     return sorted(ids)
 
