@@ -634,9 +634,12 @@ def prompt_rows(rows: list[dict]) -> list[dict]:
     as a user turn; rows without either are left out."""
     out = []
     for i, r in enumerate(rows):
-        turns = ([{"role": "user", "content": document_prompt(r["messages"][0]["content"])}] if is_text_row(r)
-                 else r["messages"][:-1])
-        if turns and turns[-1]["content"]:
+        if is_text_row(r):
+            opening = document_prompt(r["messages"][0]["content"])
+            turns = [{"role": "user", "content": opening}] if opening else []
+        else:
+            turns = r["messages"][:-1]
+        if turns:
             out.append({"id": str(r.get("id", i)), "category": r.get("category", "chat"), "messages": turns})
     return out
 
