@@ -36,7 +36,7 @@ def prompt_sets(run: Path, tok, n: int) -> dict[str, list[list[int]]]:
     from trtspec.chat import encode_prompt, read_prompt_file
 
     code = read_prompt_file(CODE_PROMPTS, Counter(), "code prompts", "")[:n]
-    return {"chat": load_prompts(run, tok, n), "code": [encode_prompt(tok, r["messages"]) for r in code]}
+    return {"chat": load_prompts(run, tok, n), "code": [encode_prompt(tok, r["messages"], r.get("tools")) for r in code]}
 
 
 def parse_ks(items: list[str]) -> dict[str, list[int]]:

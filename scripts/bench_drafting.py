@@ -43,7 +43,7 @@ def load_set(name: str, run: Path, tok, n: int) -> list[list[int]]:
     rows = read_prompt_file(path, Counter(), "prompt file", "give a JSONL (prompt|messages) or text file")
     if not rows:
         sys.exit(f"error: no prompts in set '{name}'")
-    return [encode_prompt(tok, r["messages"]) for r in spread(rows, n)]
+    return [encode_prompt(tok, r["messages"], r.get("tools")) for r in spread(rows, n)]
 
 
 def main() -> None:

@@ -103,7 +103,7 @@ def measure(bundle: Any, target: Any, head: Any, scorer: Any, rows: list[dict], 
     spec, records, identical, argmax, tokens = DraftSpec(shape="chain", k=bundle.draft_length), [], 0, 0, 0
     in_vocab = getattr(head, "drafts_token", lambda t: True)  # DFlash drafts from the target's whole vocabulary
     for r in rows:
-        p = torch.tensor(encode_prompt(bundle.tok, r["messages"]))
+        p = torch.tensor(encode_prompt(bundle.tok, r["messages"], r.get("tools")))
         g = speculative_decode(target, head, p, new, spec, bundle.eos)
         identical += g.tokens == generate(target, p, new, bundle.eos).tokens
         with torch.no_grad():

@@ -86,7 +86,7 @@ def main() -> None:
     eos = eos_ids(path, tok)
     dtype = "bfloat16" if use_bf16(cfg.model.build_dtype) else "float32"
     max_new = cfg.data.max_new_tokens
-    prompts = [encode_prompt(tok, p["messages"]) for p in read_prompt_file(cfg.resolve_path(src.path), Counter())[: args.prompts]]
+    prompts = [encode_prompt(tok, p["messages"], p.get("tools")) for p in read_prompt_file(cfg.resolve_path(src.path), Counter())[: args.prompts]]
     prompts.sort(key=len)  # as the data stage orders them
     max_len = max(map(len, prompts)) + max_new + 8
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """What the data stage labels in conversations rendered by a chat template: each assistant turn's tokens, for a few
-conversations (one turn; a system prompt and two turns; reasoning inline and as `reasoning_content`; a system prompt
-and a question after the others, as data.context_tokens lengthens a row), printed as the labelled text with a
-verdict: every answer labelled whole, and no user's or system's words labelled.
+conversations (one turn; a system prompt and two turns; reasoning inline and as `reasoning_content`; an agent's turn:
+tools offered, a tool called, its output, an answer; a system prompt and a question after the others, as
+data.context_tokens lengthens a row), printed as the labelled text with a verdict: every answer and tool call
+labelled whole, and no user's, system's or tool's words labelled.
 
     python scripts/check_template_masks.py path/to/model              # the folder's tokenizer and chat template
     python scripts/check_template_masks.py a.jinja b.jinja --json     # templates on the demo model's tokenizer
@@ -18,9 +19,11 @@ import json
 from pathlib import Path
 
 from trtspec.bench import arg_parser
+from trtspec.chat import template_refusal
 from trtspec.errors import DataError, run_main
 
-MARKS = ("U1", "U2", "S0")  # the words of the user's and system's turns, none of which may be labelled
+MARKS = ("U1", "U2", "S0", "O1", "D0")  # the words of the user's, system's and tool's turns and of the tools offered,
+# none of which may be labelled
 
 
 def user(text: str) -> dict:
@@ -39,6 +42,14 @@ CONVERSATIONS = {
                   user("U2 another?"), answer("A2 red.", reasoning_content="T2 a warm one.")],
 }
 
+AGENT = "agent"  # a turn that calls a tool, the tool's output, the answer: labelled where the model wrote them
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "D0 the weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+CALL = {"id": "call12345", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+CONVERSATIONS[AGENT] = [user("U1 umbrella in Paris?"), answer("", tool_calls=[CALL]),
+                        {"role": "tool", "content": "O1 light rain", "tool_call_id": "call12345", "name": "get_weather"},
+                        answer("A1 take one.")]
+
 LONG = "after the others"  # data.context_tokens' row: chat.with_context puts the conversations above before its own
 
 
@@ -49,11 +60,11 @@ def after_the_others(tok: object) -> list[dict]:
     return with_context(row, [{"messages": m} for m in CONVERSATIONS.values()], tok, 1 << 20)["messages"]
 
 
-def labelled(tok: object, msgs: list[dict]) -> list[str]:
+def labelled(tok: object, msgs: list[dict], tools: list | None = None) -> list[str]:
     """The labelled runs of tokens of a conversation, as text (chat.tokenize_row's mask)."""
     from trtspec.chat import tokenize_row
 
-    ids, mask, _ = tokenize_row({"messages": msgs}, tok, 1 << 20)
+    ids, mask, _ = tokenize_row({"messages": msgs, "tools": tools}, tok, 1 << 20)
     runs: list[list[int]] = [[]]
     for t, m in zip(ids, mask, strict=True):
         if m:
@@ -65,7 +76,8 @@ def labelled(tok: object, msgs: list[dict]) -> list[str]:
 
 def verdict(msgs: list[dict], spans: list[str]) -> str:
     text = "".join(spans)
-    answers = [m["content"].split("</think>")[-1].strip() for m in msgs if m["role"] == "assistant"]
+    answers = [m["content"].split("</think>")[-1].strip() for m in msgs if m["role"] == "assistant" and m["content"]]
+    answers += [w for m in msgs for c in m.get("tool_calls", ()) for w in (c["function"]["name"], *c["function"]["arguments"].values())]
     wrong = [f"'{w}' labelled" for w in MARKS if w in text] + [f"'{a}' not labelled" for a in answers if a not in text]
     return "; ".join(wrong) or "right"
 
@@ -99,7 +111,10 @@ def main() -> int:
         for conv in [*CONVERSATIONS, LONG]:
             try:
                 msgs = after_the_others(tok) if conv == LONG else CONVERSATIONS[conv]
-                spans = labelled(tok, msgs)
+                tools = TOOLS if conv == AGENT else None
+                if why := template_refusal(tok, msgs, False, tools):  # as the data stage skips such a row
+                    raise DataError(why)
+                spans = labelled(tok, msgs, tools)
                 results.setdefault(name, {})[conv] = {"labelled": spans, "verdict": verdict(msgs, spans)}
             except DataError as e:
                 results.setdefault(name, {})[conv] = {"refused": e.message}

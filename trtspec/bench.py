@@ -139,14 +139,14 @@ def load_prompts(run: Path, tok: Any, n: int, split: str = "heldout") -> list[li
     """The first n prompts of the data stage's split (heldout | train), chat-templated."""
     from trtspec.chat import encode_prompt
 
-    return [encode_prompt(tok, r["messages"]) for r in load_prompt_rows(run, n, split)]
+    return [encode_prompt(tok, r["messages"], r.get("tools")) for r in load_prompt_rows(run, n, split)]
 
 
 def load_suite_prompts(path: Path, tok: Any, n: int) -> list[list[int]]:
     """n prompts of a JSONL suite, spread over its categories (suite_rows), chat-templated."""
     from trtspec.chat import encode_prompt
 
-    return [encode_prompt(tok, r["messages"]) for r in suite_rows(path, spread_to=n)]
+    return [encode_prompt(tok, r["messages"], r.get("tools")) for r in suite_rows(path, spread_to=n)]
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """Conversations and prompts: the file formats trtspec reads, chat templates, and loss masks.
 
-Rows are {id, category, messages}: `messages` are OpenAI-style turns [{role, content}]; in training data the last
-one is the assistant's answer. A prompt is the turns before an answer, encoded with the tokenizer's chat template and
-its generation prompt (`encode_prompt`): the one way every stage and script turns messages into token ids.
+Rows are {id, category, messages} and, where the conversation offered the model tools, `tools` (OpenAI's function
+specs, as a request sends them): `messages` are OpenAI-style turns [{role, content}], an assistant turn's `tool_calls`
+and the `tool` turns answering them included (chat_turn); in training data the last one is the assistant's answer. A
+prompt is the turns before an answer, encoded with the tokenizer's chat template, the row's tools and its generation
+prompt (`encode_prompt`): the one way every stage and script turns messages into token ids.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 from trtspec.errors import DataError
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-         "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system", "developer": "system"}
+         "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system", "developer": "system",
+         "tool": "tool", "function": "tool", "ipython": "tool"}  # a tool's output: OpenAI's, its older name, Llama 3.1's
 
 
 def require_file(path: Path, what: str, hint: str) -> None:
@@ -200,39 +203,103 @@ def row_turns(row: dict) -> list | None:
     return instruction_turns(row) if turns is None else role_content(turns)
 
 
+def chat_turn(t: Any, text_types: tuple[str, ...] = ("text",)) -> tuple[dict | None, str]:
+    """One turn as the chat templates read it -> (turn, "") or (None, why it cannot be used). A `developer` turn is a
+    system turn (OpenAI's newer name); content given as parts is joined (parts_text: a part of another type, an image
+    or audio, is no text). An assistant turn keeps its `tool_calls` (tool_calls: a call's arguments as an object; its
+    content may then be empty) and its `reasoning_content` (a reasoning parser's output in vLLM's or SGLang's
+    responses) for the template to render where it renders them; a tool turn its `tool_call_id` and `name`."""
+    if not isinstance(t, dict):
+        return None, "a turn that is not an object"
+    name = str(t.get("role", "")).lower()
+    role = ROLES.get(name)
+    if role is None:
+        return None, f"role '{name}'" if name else "a turn without a role"
+    content = t.get("content")
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+        content = parts_text(content, text_types)
+        if content is None:
+            return None, "non-text content parts"
+    keep: dict = {}
+    calls = t.get("tool_calls") or ([{"function": t["function_call"]}] if t.get("function_call") else None)
+    if role == "assistant" and calls:
+        keep["tool_calls"] = tool_calls(calls)
+        if keep["tool_calls"] is None:
+            return None, "a tool call without a function name, or with arguments that are no JSON object"
+        content = content or ""
+    if not isinstance(content, str):
+        return None, "null content" if content is None else "non-text content"
+    reasoning = t.get("reasoning_content")
+    if role == "assistant" and isinstance(reasoning, str) and reasoning.strip():
+        keep["reasoning_content"] = reasoning
+    if role == "tool":
+        keep = {k: t[k] for k in ("tool_call_id", "name") if isinstance(t.get(k), str)}
+    return {"role": role, "content": content, **keep}, ""
+
+
+def tool_calls(calls: Any) -> list[dict] | None:
+    """An assistant turn's tool calls [{id, type: function, function: {name, arguments}}] with each call's arguments
+    an object, as vLLM and SGLang hand them to a chat template (a request sends them as a JSON text; an empty one is
+    {}), or None where one is no call of a named function."""
+    if not isinstance(calls, list):
+        return None
+    out = []
+    for c in calls:
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"].strip():
+            return None
+        args = f.get("arguments") or {}
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                return None
+        if not isinstance(args, dict):
+            return None
+        out.append({**({"id": c["id"]} if isinstance(c.get("id"), str) else {}), "type": "function",
+                    "function": {"name": f["name"], "arguments": args}})
+    return out
+
+
+def chat_turns(turns: list, text_types: tuple[str, ...] = ("text",)) -> tuple[list[dict] | None, str]:
+    """Each turn's chat_turn -> (turns, "") or (None, why the first unusable one is), a tool turn answering no tool call
+    among them (one follows an assistant turn's calls, or another tool turn)."""
+    msgs = []
+    for t in turns:
+        m, why = chat_turn(t, text_types)
+        if m is None:
+            return None, why
+        if m["role"] == "tool" and not (msgs and (msgs[-1]["role"] == "tool" or msgs[-1].get("tool_calls"))):
+            return None, "a tool turn that answers no tool call"
+        msgs.append(m)
+    return msgs, ""
+
+
+def row_tools(row: dict) -> tuple[dict | None, str]:
+    """A row's `tools` as a field of the rows trtspec writes -> ({"tools": [...]} or {} where it offers none, "") or
+    (None, why they are unusable): OpenAI's [{type: function, function: {name, description, parameters}}] or the bare
+    function specs HF's chat templates also read, as the request gave them."""
+    tools = row.get("tools")
+    if tools is None or tools == []:
+        return {}, ""
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        return None, "tools that are no list of objects"
+    return {"tools": tools}, ""
+
+
 def to_messages(row: dict) -> tuple[list[dict] | None, str]:
-    """A row's turns (row_turns) -> ([{role, content}] ending on an assistant turn, "") or (None, why the row cannot be
-    trained on). A `developer` turn is a system turn (OpenAI's newer name); content given as a list of text parts is
-    joined; tool turns, tool calls and other parts (images, audio) are not trained on. An answer's `reasoning_content`
-    (a reasoning parser's output in vLLM's or SGLang's responses) is kept for the chat template to render where it
-    renders one (Qwen3's: the last answer's <think> block)."""
+    """A row's turns (row_turns, each a chat_turn) -> (turns ending on an assistant turn, "") or (None, why the row
+    cannot be trained on); the last answer is a text or tool calls."""
     turns = row_turns(row)
     if turns is None:
         return None, "no chat turns (messages, conversations or instruction)"
-    msgs = []
-    for t in turns:
-        if not isinstance(t, dict):
-            return None, "a turn that is not an object"
-        name = str(t.get("role", "")).lower()
-        if name in ("tool", "function", "ipython") or t.get("tool_calls"):
-            return None, "tool turns"
-        role = ROLES.get(name)
-        if role is None:
-            return None, f"role '{name}'" if name else "a turn without a role"
-        content = t.get("content")
-        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            content = parts_text(content)
-            if content is None:
-                return None, "non-text content parts"
-        if not isinstance(content, str):
-            return None, "null content" if content is None else "non-text content"
-        reasoning = t.get("reasoning_content")
-        keep = {"reasoning_content": reasoning} if role == "assistant" and isinstance(reasoning, str) and reasoning.strip() else {}
-        msgs.append({"role": role, "content": content, **keep})
+    msgs, why = chat_turns(turns)
+    if msgs is None:
+        return None, why
     last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=None)
     if last is None:
         return None, "no assistant turn"
-    if not msgs[last]["content"].strip():
+    if not msgs[last]["content"].strip() and not msgs[last].get("tool_calls"):
         return None, "an empty answer"
     return msgs[: last + 1], ""
 
@@ -244,28 +311,35 @@ def conversations_from_rows(rows: list[dict], name: str, skips: Counter) -> list
             out.append(text_row(row["text"], f"{name}:{i}"))
             continue
         msgs, why = to_messages(row)
-        if msgs is None:
-            skips[why] += 1
+        tools, bad = row_tools(row)
+        if msgs is None or tools is None:
+            skips[why or bad] += 1
             continue
-        out.append({"id": str(row.get("id", f"{name}:{i}")), "category": str(row.get("category", "chat")), "messages": msgs})
+        out.append({"id": str(row.get("id", f"{name}:{i}")), "category": str(row.get("category", "chat")), "messages": msgs,
+                    **tools})
     return out
 
 
 def prompts_from_rows(rows: list[dict], name: str, skips: Counter) -> list[dict]:
-    """{id, category, messages} of what the target answers again in each conversation row (regenerate: true): the
-    turns before its last answer, or, where it has no answer yet, its turns as a prompt (prompt_turns: Model Optimizer's
-    prepared conversations hold the user's turns only). Rows without either are counted in skips."""
+    """{id, category, messages, tools} of what the target answers again in each conversation row (regenerate: true):
+    the turns before its last answer, or, where it has no answer yet, its turns as a prompt (prompt_turns: Model
+    Optimizer's prepared conversations hold the user's turns only). Rows without either are counted in skips."""
     out = []
     for i, row in enumerate(rows):
         msgs, why = to_messages(row)
         prompt = msgs[:-1] if msgs else prompt_turns(row_turns(row)) if why == "no assistant turn" else None
+        tools, bad = row_tools(row)
+        if tools is None:
+            skips[bad] += 1
+            continue
         if not prompt:
             skips[why if msgs is None else "conversation without a turn before its answer"] += 1
             continue
         if not any(m["content"].strip() for m in prompt):
             skips["an empty prompt"] += 1
             continue
-        out.append({"id": str(row.get("id", f"{name}:{i}")), "category": str(row.get("category", "chat")), "messages": prompt})
+        out.append({"id": str(row.get("id", f"{name}:{i}")), "category": str(row.get("category", "chat")),
+                    "messages": prompt, **tools})
     return out
 
 
@@ -285,17 +359,12 @@ def content_text(turns: list, text_types: tuple[str, ...] = ("text",)) -> list:
 
 
 def prompt_turns(turns: Any) -> list[dict] | None:
-    """Chat turns [{role, content}] as a prompt (a last assistant turn dropped; content given as text parts joined,
-    content_text), or None where they are no prompt: a turn without a known role or text (an image among its parts),
-    or no text at all."""
+    """Chat turns (chat_turns; content given as text parts joined, content_text) as a prompt, a last assistant turn
+    dropped (the target answers again), or None where they are no prompt: a turn without a known role or text (an
+    image among its parts), or no text at all."""
     if not isinstance(turns, list):
         return None
-    msgs = []
-    for t in content_text(turns):
-        role = ROLES.get(str(t.get("role", "")).lower()) if isinstance(t, dict) else None
-        if role is None or not isinstance(t.get("content"), str):
-            return None
-        msgs.append({"role": role, "content": t["content"]})
+    msgs, _ = chat_turns(content_text(turns))
     if msgs and msgs[-1]["role"] == "assistant":
         msgs = msgs[:-1]
     return msgs if msgs and any(m["content"].strip() for m in msgs) else None
@@ -303,7 +372,7 @@ def prompt_turns(turns: Any) -> list[dict] | None:
 
 def row_prompt(row: dict) -> list[dict] | None:
     """A prompt row's turns: its `prompt` text as a user turn, else its turns (row_turns) before a last answer (the
-    target answers again), or None where it holds no prompt."""
+    target answers again), or None where it holds no prompt. Its tools: row_tools."""
     if isinstance(row.get("prompt"), str) and row["prompt"].strip():
         return [{"role": "user", "content": row["prompt"]}]
     return prompt_turns(row_turns(row))
@@ -332,20 +401,26 @@ def read_prompt_file(path: Path, skips: Counter, what: str = "data file",
             if not isinstance(row, dict):
                 skips["unparsable prompt line"] += 1
                 continue
-            msgs = row_prompt(row)
-            if msgs is None:
-                skips["prompt row without prompt"] += 1
+            msgs, (tools, bad) = row_prompt(row), row_tools(row)
+            if msgs is None or tools is None:
+                skips[bad or "prompt row without prompt"] += 1
                 continue
             category = str(row.get("category", "chat"))
         else:
-            msgs, category = [{"role": "user", "content": row.strip()}], "chat"
-        key = json.dumps(msgs, sort_keys=True)
+            msgs, tools, category = [{"role": "user", "content": row.strip()}], {}, "chat"
+        key = prompt_key(msgs, tools)
         if key in seen:
             skips["duplicate prompt"] += 1
             continue
         seen.add(key)
-        prompts.append({"id": hashlib.sha1(key.encode()).hexdigest()[:12], "category": category, "messages": msgs})
+        prompts.append({"id": hashlib.sha1(key.encode()).hexdigest()[:12], "category": category, "messages": msgs, **tools})
     return prompts
+
+
+def prompt_key(msgs: list[dict], tools: dict) -> str:
+    """What tells two prompts apart: their turns, and the tools they offer (row_tools' field). A prompt without tools
+    is keyed by its turns alone, so its id is what it was before tools were read."""
+    return json.dumps([msgs, tools["tools"]] if tools else msgs, sort_keys=True)
 
 
 def answered_by_target(kind: str, regenerate: bool) -> bool:
@@ -396,7 +471,8 @@ def require_rows(rows: list, path: Path, what: str, row: str, skips: Counter) ->
 
 
 def tokenize_row(row: dict, tok: Any, seq_len: int) -> tuple[list[int], list[int], bool]:
-    """(input_ids, loss_mask, truncated): chat template applied, loss on assistant tokens only. A regenerated row
+    """(input_ids, loss_mask, truncated): chat template applied (with the row's tools), loss on assistant tokens only
+    (an answer's text or tool calls; a tool's output is the conversation's, not the model's). A regenerated row
     brings the target's own tokens (input_ids, label_start: see regenerate); they are used as they are."""
     msgs = row["messages"]
     if "input_ids" in row:
@@ -406,39 +482,40 @@ def tokenize_row(row: dict, tok: Any, seq_len: int) -> tuple[list[int], list[int
         ids = tok(msgs[0]["content"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         mask = [1] * len(ids)
     else:
-        ids, mask = assistant_mask(tok, msgs)
+        ids, mask = assistant_mask(tok, msgs, row.get("tools"))
     truncated = len(ids) > seq_len
     return ids[:seq_len], mask[:seq_len], truncated
 
 
-def assistant_mask(tok: Any, msgs: list[dict]) -> tuple[list[int], list[int]]:
+def assistant_mask(tok: Any, msgs: list[dict], tools: list | None = None) -> tuple[list[int], list[int]]:
     """The conversation's template ids and a mask over each assistant turn's tokens: template(msgs[:i+1]) minus
     template(msgs[:i] + generation prompt) where both are prefixes of the whole conversation. Some templates render an
     earlier turn otherwise once later turns follow (Qwen3 drops its reasoning and the empty <think> block, Mistral's
     move the system message into the last user turn); such a turn is found by its text in the whole instead."""
-    ids = template_ids(tok, msgs, False)
+    ids = template_ids(tok, msgs, False, tools)
     mask = [0] * len(ids)
     found = None
     for i, m in enumerate(msgs):
         if m["role"] != "assistant":
             continue
-        start, end = template_ids(tok, msgs[:i], True), template_ids(tok, msgs[: i + 1], False)
+        start, end = template_ids(tok, msgs[:i], True, tools), template_ids(tok, msgs[: i + 1], False, tools)
         if ids[: len(start)] == start and ids[: len(end)] == end:
             mask[len(start) : len(end)] = [1] * (len(end) - len(start))
             continue
-        found = found or turns_in_text(tok, msgs, ids)
+        found = found or turns_in_text(tok, msgs, ids, tools)
         for k in found.get(i, ()):
             mask[k] = 1
     return ids, mask
 
 
-def turns_in_text(tok: Any, msgs: list[dict], ids: list[int]) -> dict[int, range]:
+def turns_in_text(tok: Any, msgs: list[dict], ids: list[int], tools: list | None = None) -> dict[int, range]:
     """{assistant turn index: its token positions in `ids`}, each turn located by its text in the whole
     conversation's rendering, in order: its answer (after any `</think>`; followed by what the template closes a turn
     with, `<|im_end|>` or `</s>`, where it can be), back to the end of the template's generation prompt before it
     (`<|im_start|>assistant\\n`, less trailing blanks or from a `<think>` on, which the rendering may show otherwise), else to
-    the turn's reasoning where the rendering shows it. A turn whose answer is not in the rendering gets no labels."""
-    text = tok.apply_chat_template(msgs, tokenize=False)
+    the turn's reasoning where the rendering shows it. A turn that calls tools is found by its own rendering instead
+    (called_turn), which writes the calls. A turn whose answer is not in the rendering gets no labels."""
+    text = render(tok, msgs, tools)
     bounds = token_bounds(tok, text, len(ids))
     spans, cursor = {}, 0
     for i, m in enumerate(msgs):
@@ -448,14 +525,16 @@ def turns_in_text(tok: Any, msgs: list[dict], ids: list[int]) -> dict[int, range
             cursor = at + len(said) if at >= 0 else cursor
             continue
         *thought, answer = (m.get("content") or "").split("</think>")
+        if m.get("tool_calls"):
+            answer = shown_prefix(text, called_turn(tok, msgs, i, tools), cursor, m["tool_calls"])
         if not (answer := answer.strip()):
             continue
-        last = tok.apply_chat_template(msgs[: i + 1], tokenize=False)
+        last = render(tok, msgs[: i + 1], tools)
         tail = last[last.rfind(answer) + len(answer):]
         at = next((a for a in (text.find(answer + tail, cursor), text.find(answer, cursor)) if a >= 0), -1)
         if at < 0:
             continue
-        before, prompt = (tok.apply_chat_template(msgs[:i], tokenize=False, add_generation_prompt=g) for g in (False, True))
+        before, prompt = (render(tok, msgs[:i], tools, g) for g in (False, True))
         header = prompt[len(before):] if prompt.startswith(before) else ""
         opened = header.split("<think>")[0]
         heads = [h for h in dict.fromkeys((header, opened, header.rstrip(), opened.rstrip())) if h.strip()]
@@ -468,6 +547,29 @@ def turns_in_text(tok: Any, msgs: list[dict], ids: list[int]) -> dict[int, range
         spans[i] = range(sum(e <= begin for _, e in bounds), sum(s < close for s, _ in bounds))  # a token across `begin` too
         cursor = close
     return spans
+
+
+def called_turn(tok: Any, msgs: list[dict], i: int, tools: list | None) -> str:
+    """Assistant turn i, which calls tools, as the template renders it last: what follows the turns before it and as
+    much of the generation prompt as it shows (Gemma 4's and Nemotron's open an empty reasoning block there, which a
+    call does not), from after any reasoning block (Qwen3 shows an empty one on a last turn alone); "" where the
+    rendering does not begin with the turns before it as far as the generation prompt does (Phi-4-mini closes a
+    conversation with <|im_end|>, which a generation prompt replaces)."""
+    last, before, prompt = render(tok, msgs[: i + 1], tools), render(tok, msgs[:i], tools), render(tok, msgs[:i], tools, True)
+    shown = len(os.path.commonprefix([last, prompt]))
+    if shown < len(os.path.commonprefix([before, prompt])):
+        return ""
+    return last[shown:].split("</think>")[-1].strip()
+
+
+def shown_prefix(text: str, turn: str, cursor: int, calls: list[dict]) -> str:
+    """The longest beginning of a called turn's rendering that `text` shows from `cursor` on (a template may close the
+    conversation's last turn otherwise: Phi-4-mini ends it with <|im_end|>), or "" where that beginning leaves out
+    one of the calls' names."""
+    k = len(turn)
+    while k and text.find(turn[:k], cursor) < 0:
+        k -= 1
+    return turn[:k] if all(c["function"]["name"] in turn[:k] for c in calls) else ""
 
 
 def token_bounds(tok: Any, text: str, n: int) -> list[tuple[int, int]]:
@@ -488,13 +590,34 @@ REFUSED = "refused by the chat template: "  # a skip counted by the template's o
 TEMPLATE_HINT = "merge a system turn into the first user turn and keep the turns alternating, or drop such rows"
 
 
-def template_refusal(tok: Any, msgs: list[dict], generation_prompt: bool) -> str | None:
-    """Why the tokenizer's chat template refuses these turns (its own words), or None where it renders them."""
+def render(tok: Any, msgs: list[dict], tools: list | None = None, generation_prompt: bool = False, tokenize: bool = False) -> Any:
+    """The chat template applied to turns and the tools they offer, as vLLM and SGLang apply it to a request."""
+    return tok.apply_chat_template(msgs, tools=tools or None, tokenize=tokenize, add_generation_prompt=generation_prompt)
+
+
+def template_refusal(tok: Any, msgs: list[dict], generation_prompt: bool, tools: list | None = None) -> str | None:
+    """Why the tokenizer's chat template refuses these turns (its own words), or None where it renders them; turns
+    holding tool calls it renders without them (a template written for chat alone) are refused too, since their
+    labels would be an empty answer."""
     try:
-        tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt)
+        text = render(tok, msgs, tools, generation_prompt)
     except Exception as e:  # noqa: BLE001 -- the template's raise_exception, or its code failing on these turns
         return refusal_words(e)
+    if any(m.get("tool_calls") for m in msgs) and render_or_none(tok, without_calls(msgs), tools, generation_prompt) == text:
+        return "tool calls it does not show (a template for chat alone: serve a tool-calling one)"
     return None
+
+
+def without_calls(msgs: list[dict]) -> list[dict]:
+    return [{k: v for k, v in m.items() if k != "tool_calls"} for m in msgs]
+
+
+def render_or_none(tok: Any, msgs: list[dict], tools: list | None, generation_prompt: bool) -> str | None:
+    """render, or None where the template refuses the turns (Qwen3's a tool turn after no call)."""
+    try:
+        return render(tok, msgs, tools, generation_prompt)
+    except Exception:  # noqa: BLE001 -- as template_refusal
+        return None
 
 
 def refusal_words(e: Exception) -> str:
@@ -506,9 +629,9 @@ def refusal_words(e: Exception) -> str:
     return words if isinstance(e, TemplateError) and words else f"{e.__class__.__name__}: {words}"
 
 
-def template_ids(tok: Any, msgs: list[dict], generation_prompt: bool) -> list[int]:
+def template_ids(tok: Any, msgs: list[dict], generation_prompt: bool, tools: list | None = None) -> list[int]:
     try:
-        out = tok.apply_chat_template(msgs, tokenize=True, add_generation_prompt=generation_prompt)
+        out = render(tok, msgs, tools, generation_prompt, tokenize=True)
     except Exception as e:  # noqa: BLE001 -- as template_refusal
         raise DataError(f"the target's chat template refuses the turns {'/'.join(m['role'] for m in msgs)}: "
                         f"{refusal_words(e)}", TEMPLATE_HINT) from None
@@ -522,7 +645,7 @@ def rendered_rows(rows: list[dict], tok: Any, skips: Counter, prompts: bool) -> 
     for row in rows:
         if is_text_row(row):
             kept.append(row)  # plain text: no template
-        elif why := template_refusal(tok, row["messages"], prompts):
+        elif why := template_refusal(tok, row["messages"], prompts, row.get("tools")):
             skips[REFUSED + why] += 1
         else:
             kept.append(row)
@@ -547,11 +670,11 @@ def tokenize_rows(rows: list[dict], tok: Any, seq_len: int) -> tuple[dict, int]:
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss}, truncated
 
 
-def encode_prompt(tok: Any, messages: list[dict]) -> list[int]:
-    """Token ids of a prompt: the chat template with the generation prompt (the turns joined by newlines for a
-    tokenizer without a template)."""
+def encode_prompt(tok: Any, messages: list[dict], tools: list | None = None) -> list[int]:
+    """Token ids of a prompt: the chat template with the tools offered and the generation prompt (the turns joined by
+    newlines for a tokenizer without a template)."""
     if tok.chat_template:
-        return template_ids(tok, messages, True)
+        return template_ids(tok, messages, True, tools)
     return tok("\n".join(m["content"] for m in messages))["input_ids"]
 
 
@@ -559,7 +682,7 @@ def encode_prompts(tok: Any, rows: list[dict], where: str) -> list[list[int]]:
     """encode_prompt of each row's turns; a prompt the chat template refuses named by `where`, the file or suite the
     rows are from."""
     try:
-        return [encode_prompt(tok, r["messages"]) for r in rows]
+        return [encode_prompt(tok, r["messages"], r.get("tools")) for r in rows]
     except DataError as e:
         raise DataError(f"{where}: {e.message}", e.hint) from None
 
@@ -630,8 +753,8 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def prompt_rows(rows: list[dict]) -> list[dict]:
-    """{id, category, messages}: each conversation's turns before its answer, a document's opening (document_prompt)
-    as a user turn; rows without either are left out."""
+    """{id, category, messages, tools}: each conversation's turns before its answer (and the tools it offers), a
+    document's opening (document_prompt) as a user turn; rows without either are left out."""
     out = []
     for i, r in enumerate(rows):
         if is_text_row(r):
@@ -640,7 +763,8 @@ def prompt_rows(rows: list[dict]) -> list[dict]:
         else:
             turns = r["messages"][:-1]
         if turns:
-            out.append({"id": str(r.get("id", i)), "category": r.get("category", "chat"), "messages": turns})
+            out.append({"id": str(r.get("id", i)), "category": r.get("category", "chat"), "messages": turns,
+                        **({"tools": r["tools"]} if r.get("tools") else {})})
     return out
 
 
@@ -701,17 +825,20 @@ def with_history(prompt: dict, history: list[dict], tok: Any, tokens: int) -> tu
     instead of one per conversation), then the whole prompt is encoded and trimmed by whole conversations to fit."""
     lead = system_turns(prompt["messages"])
     head, rest = prompt["messages"][:lead], prompt["messages"][lead:]
-    length = len(encode_prompt(tok, prompt["messages"]))
+    tools = prompt.get("tools")
+    length = len(encode_prompt(tok, prompt["messages"], tools))
     taken: list[list[dict]] = []
     for row in history:
         own = [m for m in own_turns(row) if m["role"] != "system"]
+        if row.get("tools") or any(m["role"] == "tool" for m in own):
+            continue  # an agent's turns call tools this prompt may not offer
         length += sum(len(tok(m["content"], add_special_tokens=False)["input_ids"]) + TURN_TOKENS for m in own)
         if length > tokens:
             break
         taken.append(own)
     while True:
         messages = head + [m for turns in taken for m in turns] + rest
-        length = len(encode_prompt(tok, messages))
+        length = len(encode_prompt(tok, messages, tools))
         if length <= tokens or not taken:
             return {**prompt, "messages": messages}, length
         taken.pop()
@@ -740,7 +867,7 @@ def with_document(prompt: dict, documents: list[str], tok: Any, tokens: int) -> 
     """A long-document prompt: the documents' text (in order) before the question in the prompt's last turn, cut at a
     token so that the encoded prompt is at most `tokens` tokens -> (the row, its prompt's length in tokens)."""
     *earlier, last = prompt["messages"]
-    budget = tokens - len(encode_prompt(tok, prompt["messages"])) - len(tok(DOCUMENT_INTRO, add_special_tokens=False)["input_ids"])
+    budget = tokens - len(encode_prompt(tok, prompt["messages"], prompt.get("tools"))) - len(tok(DOCUMENT_INTRO, add_special_tokens=False)["input_ids"])
     ids: list[int] = []
     for doc in documents:
         if len(ids) >= budget:
@@ -750,7 +877,7 @@ def with_document(prompt: dict, documents: list[str], tok: Any, tokens: int) -> 
     while True:
         text = tok.decode(ids, skip_special_tokens=True).strip()
         messages = earlier + [{**last, "content": f"{DOCUMENT_INTRO}{text}\n\n{last['content']}"}] if text else prompt["messages"]
-        n = len(encode_prompt(tok, messages))
+        n = len(encode_prompt(tok, messages, prompt.get("tools")))
         if n <= tokens or not text:
             return {**prompt, "messages": messages}, n
         ids = ids[: len(ids) - (n - tokens)]  # decoding and encoding again may join tokens differently
@@ -788,12 +915,12 @@ def with_context(row: dict, history: list[dict], tok: Any, tokens: int) -> dict:
     answer tokens after the longer prompt. The answer was written without those turns, yet the head still learns what
     the target does there: its labels are the target's own next-token distributions, computed with the whole context
     in front."""
-    prompt = {"messages": row["messages"][:-1]}
+    prompt = {"messages": row["messages"][:-1], **({"tools": row["tools"]} if row.get("tools") else {})}
     longer, n = with_history(prompt, history, tok, tokens)
     added = len(longer["messages"]) - len(prompt["messages"])
     out = {**row, "messages": longer["messages"] + row["messages"][-1:], "context_turns": added}
     if "input_ids" in row:
-        out["input_ids"] = encode_prompt(tok, longer["messages"]) + list(row["input_ids"][row["label_start"]:])
+        out["input_ids"] = encode_prompt(tok, longer["messages"], row.get("tools")) + list(row["input_ids"][row["label_start"]:])
         out["label_start"] = n
     return out
 
@@ -813,6 +940,6 @@ def long_context_rows(rows: list[dict], tok: Any, tokens: int, share: float, see
     for i in tqdm(picked, desc="long-context rows", unit="row", disable=len(picked) < 50):
         start = rng.randrange(len(rows))
         history = [r for j, r in enumerate(rows[start:] + rows[:start]) if (j + start) % len(rows) != i]
-        own = len(encode_prompt(tok, rows[i]["messages"][:-1]))
+        own = len(encode_prompt(tok, rows[i]["messages"][:-1], rows[i].get("tools")))
         out[i] = with_context(rows[i], history, tok, rng.randint(min(own, tokens), tokens))
     return out

@@ -332,7 +332,7 @@ def context_curve(target: Any, drafter: Any, prompts: list[dict], fill: list, to
     for b in bins:
         runs, plains, lengths = [], [], []
         for row, n in at_context(prompts, fill, tok, b):
-            ids = torch.tensor(encode_prompt(tok, row["messages"]))
+            ids = torch.tensor(encode_prompt(tok, row["messages"], row.get("tools")))
             plains.append(generate(target, ids, max_new, eos).tokens)
             runs.append(speculative_decode(target, drafter, ids, max_new, spec, eos))
             lengths.append(n)

@@ -19,8 +19,11 @@ Formats (--format, `auto` tells them apart by their first usable line, or a JSON
                 --trace-config rate=1`: each request's `text_input` tensor, read back into its turns with the earlier
                 run's chat template (a text that template did not write is skipped, counted); FILE and the FILE.0,
                 FILE.1, ... Triton writes instead with `--trace-config triton,log-frequency=N`
-Raw-text completion requests (/v1/completions) carry no chat turns and are skipped, counted. Repeated prompts are kept
-once. Rows are {id, category, messages}, as a prompt file of the data stage (kind: regenerate) holds them.
+A chat request's `tools` and its tool turns (an assistant turn's `tool_calls`, the `tool` turns answering them: an
+agent's requests) are kept, so the target answers as it was asked; a Responses API request's tool items are not read
+(skipped, counted). Raw-text completion requests (/v1/completions) carry no chat turns and are skipped, counted.
+Repeated prompts are kept once. Rows are {id, category, messages, tools}, as a prompt file of the data stage (kind:
+regenerate) holds them.
 """
 
 from __future__ import annotations
@@ -41,10 +44,12 @@ from trtspec.chat import (
     content_text,
     json_array,
     json_values,
+    prompt_key,
     prompt_turns,
     read_text,
     rendered_rows,
     row_prompt,
+    row_tools,
     row_turns,
     split_lines,
 )
@@ -279,16 +284,20 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
         bodies = records(request_rows(text, found, array, skips), found, skips)
     rows, seen = [], set()
     for body, cat in bodies:
-        msgs = request_prompt(body, skips)
+        msgs, (tools, bad) = request_prompt(body, skips), row_tools(body)
         if msgs is None:
             continue
-        key = json.dumps(msgs, sort_keys=True)
+        if tools is None:
+            skips[bad] += 1
+            continue
+        key = prompt_key(msgs, tools)
         if key in seen:
             skips["repeated prompt"] += 1
             continue
         seen.add(key)
         name = str(cat).strip() if cat is not None and str(cat).strip() else (category or "traffic")
-        rows.append({"id": "traffic-" + hashlib.sha1(key.encode()).hexdigest()[:12], "category": name, "messages": msgs})
+        rows.append({"id": "traffic-" + hashlib.sha1(key.encode()).hexdigest()[:12], "category": name, "messages": msgs,
+                     **tools})
     if tok is not None:  # requests whose turns the target's chat template refuses: skipped and counted
         rows = rendered_rows(rows, tok, skips, prompts=True)
     if not rows:

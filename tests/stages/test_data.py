@@ -712,8 +712,9 @@ def test_dropped_conversations_are_counted_by_their_real_reason():
     rows = [
         {"messages": [{"role": "developer", "content": "Be brief."}, user, answer]},  # kept: developer = system
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}, answer]},
-        {"messages": [user, {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+        {"messages": [user, {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},  # a call of nothing
                       {"role": "tool", "content": "42"}, answer]},
+        {"messages": [user, {"role": "tool", "content": "42"}, answer]},
         {"messages": [user, {"role": "assistant", "content": None}]},
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}, answer]},
         {"messages": [{"role": "narrator", "content": "Once"}, answer]},
@@ -723,7 +724,8 @@ def test_dropped_conversations_are_counted_by_their_real_reason():
     skips: Counter = Counter()
     kept = conversations_from_rows(rows, "t", skips)
     assert [c["messages"][0] for c in kept] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
-    assert skips == Counter({"tool turns": 1, "null content": 1, "non-text content parts": 1, "role 'narrator'": 1,
+    assert skips == Counter({"a tool call without a function name, or with arguments that are no JSON object": 1,
+                             "a tool turn that answers no tool call": 1, "null content": 1, "non-text content parts": 1, "role 'narrator'": 1,
                              "no assistant turn": 1, "an empty answer": 1})
 
 

@@ -214,7 +214,7 @@ def load_bench(ctx: StageContext) -> Bench:
     target_dir = bundle / "target"
     tok = load_tokenizer(target_dir)
     rows = load_prompt_rows(ctx)
-    prompts = [encode_prompt(tok, r["messages"]) for r in rows]
+    prompts = [encode_prompt(tok, r["messages"], r.get("tools")) for r in rows]
     eos = eos_ids(target_dir, tok)
     settings = RuntimeSettings(compile=ctx.cfg.validate_.compile)
     target, dq_notes = load_target(target_dir, torch.float32, settings)
@@ -306,7 +306,8 @@ def context_acceptance(ctx: StageContext, b: Bench) -> list[dict] | None:
         return None
     fill = context_fill(ctx.cfg, ctx.inputs.get("data"))
     ctx.log(f"acceptance by context length ({e.context_source}): bins {e.context_bins}, {e.context_prompts} prompts each")
-    prompts = [{"id": r["id"], "messages": r["messages"]} for r in b.rows[: e.context_prompts]]
+    prompts = [{"id": r["id"], "messages": r["messages"], **({"tools": r["tools"]} if r.get("tools") else {})}
+               for r in b.rows[: e.context_prompts]]
     return context_curve(b.target, b.drafter, prompts, fill, b.tok, sorted(e.context_bins), ctx.cfg.draft.length,
                          e.max_new_tokens, b.eos, log=ctx.log)
 

@@ -89,7 +89,7 @@ def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, b
 
     out = []
     for i in range(0, len(rows), batch_size):
-        prompts = [encode_prompt(tok, r["messages"]) for r in rows[i : i + batch_size]]
+        prompts = [encode_prompt(tok, r["messages"], r.get("tools")) for r in rows[i : i + batch_size]]
         answers = hf_greedy(base, prompts, max_new_tokens, {tok.eos_token_id}, tok.pad_token_id)
         out += [{"input_ids": torch.tensor(p + a), "start": len(p), "category": str(r.get("category", "chat"))}
                 for p, a, r in zip(prompts, answers, rows[i : i + batch_size], strict=True)]

@@ -375,7 +375,7 @@ class EngineTarget:
 
         from trtspec.chat import encode_prompt
 
-        prompts = [encode_prompt(tok, r["messages"]) for r in rows]
+        prompts = [encode_prompt(tok, r["messages"], r.get("tools")) for r in rows]
         answers = dict(self.answer(prompts, max_new_tokens, self.eos, 0.0))
         return [{"input_ids": torch.tensor(p + answers[i]), "start": len(p), "category": str(r.get("category", "chat"))}
                 for i, (p, r) in enumerate(zip(prompts, rows, strict=True))]
