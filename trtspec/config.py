@@ -68,6 +68,12 @@ class ModelSection(Section):
         "data stage's answers (data.answer_with: hf) and the train stage's states and held-out answers "
         "(train.states_from: hf, mode offline or streamed), so the draft learns the quantized target and its "
         "held-out AL is measured against it. null = the target as loaded", keyed_when_set=True, min_length=1)
+    chat_template: str | None = key(
+        None, "a chat template file (Jinja; relative to the YAML) the target is served with in place of its tokenizer's "
+        "own, as vLLM's and SGLang's --chat-template: one that renders the tools a request offers and its tool calls "
+        "(vLLM's examples/tool_chat_template_*.jinja) where the model's own renders chat alone. Every prompt trtspec "
+        "encodes and the bundle's target tokenizer (so each engine serving it) use it. null = the tokenizer's own",
+        keyed_when_set=True, min_length=1)
     chat_template_kwargs: dict[str, bool | int | float | str] = key(
         {}, "variables the target's chat template reads, set for every prompt trtspec encodes (the target's answers, "
         "held-out and eval prompts) and in the bundle's chat template, so each engine serving it renders the same: "
@@ -730,6 +736,8 @@ def config_from_dict(raw: Any, source: str = "<config>", base_dir: Path | None =
         raise ConfigError(lines[0] + (f" (and {len(lines) - 1} more problem(s))" if len(lines) > 1 else "")) from None
     cfg._base_dir = base_dir or Path(".").resolve()
     cfg.model.source = cfg.resolve_model_source(cfg.model.source)
+    if cfg.model.chat_template:  # absolute, as the model's path: a run's manifests name the file wherever it is read
+        cfg.model.chat_template = str(cfg.resolve_path(cfg.model.chat_template))
     if cfg.serve.draft_model:
         cfg.serve.draft_model = cfg.resolve_model_source(cfg.serve.draft_model)
     if cfg.validate_.assistant_model:

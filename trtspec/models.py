@@ -237,9 +237,26 @@ def first_words(e: BaseException, limit: int = 160) -> str:
     return line if len(line) <= limit else line[:limit].rsplit(" ", 1)[0] + " …"
 
 
-def load_tokenizer(path: Path, template_kwargs: dict[str, Any] | None = None):
-    """The tokenizer of an HF folder (its pad token its EOS where it has none); `template_kwargs`
-    (model.chat_template_kwargs) set in its chat template, with_template_kwargs."""
+def target_tokenizer(cfg: Any, path: Path):
+    """The target's tokenizer as the build serves it: load_tokenizer with model.chat_template and
+    model.chat_template_kwargs."""
+    template = cfg.resolve_path(cfg.model.chat_template) if cfg.model.chat_template else None
+    return load_tokenizer(path, cfg.model.chat_template_kwargs, template)
+
+
+def template_stamp(cfg: Any) -> str:
+    """sha256 of model.chat_template's file ("missing" where there is none): what a stage reading the model is keyed
+    on besides the path, so that editing the template in place redoes the work it shapes."""
+    from trtspec.artifacts import sha256_file
+
+    path = cfg.resolve_path(cfg.model.chat_template)
+    return sha256_file(path) if path.is_file() else "missing"
+
+
+def load_tokenizer(path: Path, template_kwargs: dict[str, Any] | None = None, template: Path | None = None):
+    """The tokenizer of an HF folder (its pad token its EOS where it has none); its chat template replaced by the
+    file `template` (model.chat_template, read_chat_template), then `template_kwargs` (model.chat_template_kwargs) set
+    in it, with_template_kwargs."""
     from transformers import AutoTokenizer
 
     if Path(path).is_dir() and not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
@@ -251,9 +268,29 @@ def load_tokenizer(path: Path, template_kwargs: dict[str, Any] | None = None):
         raise ModelError(f"cannot load the tokenizer from '{path}': {e.__class__.__name__}: {first_words(e)}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    if template is not None:
+        tok.chat_template = read_chat_template(template)
     if template_kwargs:
         tok.chat_template = with_template_kwargs(tok.chat_template, template_kwargs, path)
     return tok
+
+
+def read_chat_template(path: Path) -> str:
+    """A chat template file's text (model.chat_template), refused in one line where it is missing or no Jinja."""
+    import jinja2
+
+    from trtspec.chat import read_text
+    from trtspec.errors import ConfigError
+
+    hint = "check model.chat_template (a Jinja file, relative to the YAML)"
+    text = read_text(path, "model.chat_template file", hint)
+    try:
+        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ConfigError(f"model.chat_template '{path}' is no Jinja template: line {e.lineno}: {e.message}", hint) from None
+    if not text.strip():
+        raise ConfigError(f"model.chat_template '{path}' is empty", hint)
+    return text
 
 
 def with_template_kwargs(template: Any, kwargs: dict[str, Any], path: Path) -> str:

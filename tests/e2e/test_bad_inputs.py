@@ -248,6 +248,15 @@ def case_template_kwarg_unread(tmp, model, mp):
     return build(tmp, config(tmp, model), "--set", "model.chat_template_kwargs={enable_thinking: false}")
 
 
+def case_chat_template_missing(tmp, model, mp):
+    return build(tmp, config(tmp, model), "--set", "model.chat_template=tools.jinja")
+
+
+def case_chat_template_no_jinja(tmp, model, mp):
+    (tmp / "tools.jinja").write_text("{% for m in messages %}{{ m.content }}")  # a loop never closed
+    return build(tmp, config(tmp, model), "--set", "model.chat_template=tools.jinja")
+
+
 def case_no_labelled_token(tmp, model, mp):
     """data.seq_len shorter than every conversation's prompt (the demo template's default system prompt is ~30 tokens)."""
     return build(tmp, config(tmp, model, data={"seq_len": 16}), "--until", "data")
@@ -313,7 +322,7 @@ def case_data_no_assistant(tmp, model, mp):
     return build(tmp, config(tmp, model, data_rows=rows), "--until", "data")
 
 
-def case_data_tool_and_null_turns(tmp, model, mp):
+def case_data_bad_tool_call_and_null_turns(tmp, model, mp):
     rows = [{"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
                           {"role": "tool", "content": "4"}, {"role": "assistant", "content": "4"}]},
             {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]}]
@@ -877,7 +886,9 @@ CASES = [
     Case("data-hf-offline", case_data_hf_offline, 2, r"data\.sources\[1\] dataset 'nobody-here/no-such-chats' split 'train_sft': the hub cannot be reached \(.*\); a local copy needs no network", "data", before_data=True),
     Case("data-hf-no-chat-turns", case_data_hf_no_turns, 2, r"data\.sources\[0\] dataset 'notes\.parquet' holds no usable conversation \(1 no chat turns \(messages, conversations or instruction\)\)", "data", before_data=True),
     Case("data-no-assistant-turn", case_data_no_assistant, 2, r"data file .*data\.jsonl' holds no usable conversation \(2 no assistant turn\)", "data", before_data=True),
-    Case("data-tool-and-null-turns", case_data_tool_and_null_turns, 2, r"holds no usable conversation \(1 tool turns, 1 null content\)", "data", before_data=True),
+    Case("data-bad-tool-call-and-null-turns", case_data_bad_tool_call_and_null_turns, 2, r"holds no usable conversation "
+         r"\(1 a tool call without a function name, or with arguments that are no JSON object, 1 null content\)", "data",
+         before_data=True),
     Case("data-compressed-cut-short", case_data_compressed_cut, 2, r"data file '.*data\.jsonl' is gzip-compressed and cannot be read whole \(EOFError: ", "data", before_data=True),
     Case("data-template-refuses-turns", case_template_refuses_system, 2, r"the target's chat template refuses every row: "
          r"System role not supported", "data"),
@@ -887,6 +898,10 @@ CASES = [
          r"in '.*' reads no enable_thinking", before_data=True),
     Case("eval-acceptance-suite-template-refuses", case_acceptance_suite_template_refuses, 2, r"eval.acceptance_suite "
          r"file '.*suite.jsonl': the target's chat template refuses the turns system/user", before_data=True),
+    Case("model-chat-template-missing", case_chat_template_missing, 2, r"model.chat_template file '.*tools.jinja' "
+         r"does not exist", before_data=True),
+    Case("model-chat-template-no-jinja", case_chat_template_no_jinja, 2, r"model.chat_template '.*tools.jinja' is no "
+         r"Jinja template: line 1: Unexpected end of template", before_data=True),
     Case("data-no-labelled-token", case_no_labelled_token, 2, r"no training conversation keeps a labelled token within "
          r"data\.seq_len=16", "data"),
     Case("data-binary", case_data_binary, 2, r"cannot be read as UTF-8", "data", before_data=True),

@@ -178,3 +178,29 @@ def untied_head(model_dir):
     lm.config.tie_word_embeddings = False
     lm.lm_head.weight = torch.nn.Parameter(torch.randn(lm.lm_head.weight.shape, generator=torch.Generator().manual_seed(0)))
     lm.save_pretrained(model_dir)
+
+
+def test_model_chat_template_serves_the_target_with_a_tool_calling_template(tmp_path, tiny_model_dir):
+    """model.chat_template (vLLM's --chat-template): the tiny model's own template shows no tool calls and its rows are
+    refused; with the file, they are rendered with it, the target's tokenizer saved with it (the bundle's), and the
+    stages reading the model are keyed on its text."""
+    from trtspec.config import config_from_dict
+    from trtspec.models import load_tokenizer, target_tokenizer
+    from trtspec.pipeline.runner import work_key
+
+    (tmp_path / "tools.jinja").write_text(TOOL_TEMPLATE)
+    rows = chat.conversations_from_rows([{"messages": AGENT, "tools": [WEATHER]}], "t", Counter())
+    data = {"sources": [{"kind": "jsonl", "path": "agent.jsonl"}]}
+    own = config_from_dict({"model": {"source": str(tiny_model_dir)}, "data": data}, base_dir=tmp_path)
+    cfg = config_from_dict({"model": {"source": str(tiny_model_dir), "chat_template": "tools.jinja"}, "data": data},
+                           base_dir=tmp_path)
+    assert cfg.model.chat_template == str(tmp_path / "tools.jinja")  # absolute, as a run's manifests name it
+    skips: Counter = Counter()
+    assert chat.rendered_rows(rows, target_tokenizer(own, tiny_model_dir), skips, prompts=False) == [] and skips
+    tok = target_tokenizer(cfg, tiny_model_dir)
+    assert chat.rendered_rows(rows, tok, Counter(), prompts=False) == rows
+    tok.save_pretrained(tmp_path / "bundle-target")
+    assert load_tokenizer(tmp_path / "bundle-target").chat_template == TOOL_TEMPLATE
+    before = work_key(cfg, "data", {})
+    (tmp_path / "tools.jinja").write_text(TOOL_TEMPLATE.replace("You may call", "You can call"))
+    assert work_key(cfg, "data", {}) != before and work_key(own, "data", {}) != before

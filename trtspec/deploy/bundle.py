@@ -58,16 +58,19 @@ def export_target(model: Any, tok: Any, out: Path, dtype: Any, quantized: bool) 
     add_legacy_keys(out)
 
 
-def family_lines(target: Path, template_kwargs: dict | None = None) -> list[str]:
-    """The README's paragraph on the target's family: which engines serve a draft for it (their support tables), and
-    the variables set in its chat template (model.chat_template_kwargs)."""
+def family_lines(target: Path, template_kwargs: dict | None = None, template_file: str | None = None) -> list[str]:
+    """The README's paragraph on the target's family: which engines serve a draft for it (their support tables), the
+    chat template it is served with (model.chat_template) and the variables set in it (model.chat_template_kwargs)."""
     from trtspec.engines import sglang, trtllm, vllm
     from trtspec.targets import family_if_known
 
     sets = ", ".join(f"`{k} = {json.dumps(v)}`" for k, v in (template_kwargs or {}).items())
-    template = [f"The target's chat template sets {sets} at its top (model.chat_template_kwargs): the draft was trained "
-                "and measured on prompts rendered so, and every engine serving `target/` renders them so, whatever a "
-                "request's own chat_template_kwargs say.", ""] if sets else []
+    template = [f"The target's chat template is `{Path(template_file).name}` (model.chat_template), in place of the "
+                "model's own: the draft was trained and measured on prompts rendered with it, and `target/` carries it, "
+                "so every engine serving `target/` renders them so (no --chat-template needed).", ""] if template_file else []
+    template += [f"The target's chat template sets {sets} at its top (model.chat_template_kwargs): the draft was trained "
+                 "and measured on prompts rendered so, and every engine serving `target/` renders them so, whatever a "
+                 "request's own chat_template_kwargs say.", ""] if sets else []
     f = family_if_known(target)
     if f is None:
         return template

@@ -32,7 +32,7 @@ def write_dflash_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dic
         "export): embedding and lm_head are the target's |",
         *serving_lines(dspark, metrics),
         "",
-        *family_lines(bundle / "target", cfg.model.chat_template_kwargs),
+        *family_lines(bundle / "target", cfg.model.chat_template_kwargs, cfg.model.chat_template),
         *built_with(),
     ]
     (bundle / "README.md").write_text("\n".join(lines), encoding="utf-8")

@@ -62,7 +62,7 @@ def write_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dict) -> N
         "",
         metrics.get("no_engine") or NO_ENGINE,
         "",
-        *family_lines(bundle / "target", cfg.model.chat_template_kwargs),
+        *family_lines(bundle / "target", cfg.model.chat_template_kwargs, cfg.model.chat_template),
         *built_with(),
     ]
     (bundle / "README.md").write_text("\n".join(lines), encoding="utf-8")

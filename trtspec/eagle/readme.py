@@ -53,7 +53,7 @@ def write_eagle3_readme(bundle: Path, cfg: BuildConfig, info: dict, metrics: dic
         "",
         *engine_table(metrics.get("engines_not_served", {})),
         "",
-        *family_lines(bundle / "target", cfg.model.chat_template_kwargs),
+        *family_lines(bundle / "target", cfg.model.chat_template_kwargs, cfg.model.chat_template),
         "",
         *eagle3_checks(info, metrics),
         *built_with(),

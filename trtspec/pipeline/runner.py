@@ -34,7 +34,7 @@ from trtspec.artifacts import (
 from trtspec.config import STAGES, BuildConfig, dump_config, keyed_when_set
 from trtspec.draft_families import check_recipe
 from trtspec.errors import ConfigError, DiskFull, TrtspecError
-from trtspec.models import model_stamp
+from trtspec.models import model_stamp, template_stamp
 from trtspec.pipeline.stage import HOOK_DEFAULTS, InputFile, StageContext, StageSkipped
 
 
@@ -109,6 +109,8 @@ def work_key(cfg: BuildConfig, stage: str, upstream: dict[str, str]) -> str:
     key = {"stage": stage, "config": _section_values(cfg, stage), "inputs": upstream, "env": env}
     if "model" in contract(stage).READS and (stamp := model_stamp(cfg.model.source)):
         key["model_files"] = stamp  # a local model replaced in place: every stage after is keyed on this one
+    if "model" in contract(stage).READS and cfg.model.chat_template:
+        key["chat_template"] = template_stamp(cfg)  # the template file edited in place: likewise
     return fingerprint(key)
 
 

@@ -60,10 +60,10 @@ HF_ROWS_CHECKED = 1000  # rows of a kind: hf source the preflight reads (the sta
 
 def preflight(cfg: BuildConfig, model_config: Any) -> None:
     """data.context_tokens and the answer after it within the target's window, each kind: run source a run of this
-    target, each kind: hf source loaded with usable rows among its first HF_ROWS_CHECKED, and model.chat_template_kwargs
-    read by the chat template, before minutes of answering."""
+    target, each kind: hf source loaded with usable rows among its first HF_ROWS_CHECKED, model.chat_template a Jinja file
+    and model.chat_template_kwargs read by the chat template, before minutes of answering."""
     from trtspec.config import check_fits_window
-    from trtspec.models import load_tokenizer, resolve_model
+    from trtspec.models import resolve_model, target_tokenizer
     from trtspec.ptq import served_quantization
     from trtspec.targets import text_config
     from trtspec.warm_start import check_same_target, earlier_run
@@ -81,8 +81,8 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
             require_rows(hf_conversations(cfg, i, skips, HF_ROWS_CHECKED), Path(s.path), f"data.sources[{i}] dataset",
                          usable_row(s.kind, s.regenerate), skips)
 
-    if cfg.model.chat_template_kwargs:  # each a variable the target's chat template reads
-        load_tokenizer(resolve_model(cfg.model.source), cfg.model.chat_template_kwargs)
+    if cfg.model.chat_template or cfg.model.chat_template_kwargs:  # a Jinja file; each a variable the template reads
+        target_tokenizer(cfg, resolve_model(cfg.model.source))
     if d := cfg.data.context_tokens:
         check_fits_window(f"data.context_tokens {d}", d, "data.max_new_tokens", cfg.data.max_new_tokens,
                           text_config(model_config).max_position_embeddings)
@@ -194,6 +194,7 @@ def answers_dir(ctx: StageContext, served: tuple[Path, dict] | None) -> Path:
     temperature, who answers) and not on how (batch size, the endpoint's URL, concurrency, retries): changing those
     after a kill asks nothing again."""
     from trtspec.artifacts import fingerprint, keyed_scratch
+    from trtspec.models import template_stamp
 
     d, kwargs = ctx.cfg.data, ctx.cfg.model.chat_template_kwargs
     key = fingerprint({"model": ctx.cfg.model.source, "stamp": ctx.model_stamp,
@@ -201,7 +202,8 @@ def answers_dir(ctx: StageContext, served: tuple[Path, dict] | None) -> Path:
                        "build_dtype": ctx.cfg.model.build_dtype, "max_new_tokens": d.max_new_tokens,
                        "temperature": d.temperature, "answer_with": d.answer_with,
                        "endpoint_model": d.endpoint.model if d.answer_with == "endpoint" else None,
-                       **({"chat_template_kwargs": kwargs} if kwargs else {})})  # keyed where set: older keys kept
+                       **({"chat_template_kwargs": kwargs} if kwargs else {}),  # keyed where set: older keys kept
+                       **({"chat_template": template_stamp(ctx.cfg)} if ctx.cfg.model.chat_template else {})})
     return keyed_scratch(ctx.work.parent, "answers", key)
 
 
@@ -270,10 +272,10 @@ def answer_prompts(prompts: list[dict], src: Any, ctx: StageContext, target: Any
 def run(ctx: StageContext) -> dict:
     import torch
 
-    from trtspec.models import load_tokenizer
+    from trtspec.models import target_tokenizer
 
     path = ctx.model_path
-    tok = load_tokenizer(path, ctx.cfg.model.chat_template_kwargs)
+    tok = target_tokenizer(ctx.cfg, path)
     if not tok.chat_template and any(s.kind != "text" for s in ctx.cfg.data.sources):
         raise DataError(f"the tokenizer in '{path}' has no chat template", "use an instruct/chat model, or a text source only")
     target = Target(path, tok, ctx.cfg)

@@ -42,7 +42,7 @@ def quantized_acceptance(ctx: StageContext, draft_model: Any, quant: dict) -> di
     was trained on the first), on the train stage's held-out prompts; a warning when it falls by more than 10%.
     {} where there is nothing to compare (no quantization, no draft model kept, no held-out prompt)."""
     from trtspec.chat import read_rows
-    from trtspec.models import load_model, load_tokenizer
+    from trtspec.models import load_model, target_tokenizer
     from trtspec.ptq import fold_weights, restore_quantized
     from trtspec.training.acceptance import EVAL_SEQS, acceptance_by_target
 
@@ -59,7 +59,7 @@ def quantized_acceptance(ctx: StageContext, draft_model: Any, quant: dict) -> di
     targets = {"unquantized": (lambda: load_model(path, dtype), ctx.inputs["train"] / EVAL_SEQS),
                fmt: (lambda: fold_weights(restore_quantized(load_model(path, dtype), quant_dir)), None)}
     fam = family(ctx.cfg.draft.method)
-    al = acceptance_by_target(draft_model, targets, load_tokenizer(path, ctx.cfg.model.chat_template_kwargs), rows, ctx.cfg.data.max_new_tokens, ctx.work,
+    al = acceptance_by_target(draft_model, targets, target_tokenizer(ctx.cfg, path), rows, ctx.cfg.data.max_new_tokens, ctx.work,
                               ctx.cfg.draft.length, ctx.log, fam.state_layers(fam.read_config(ctx.inputs["train"])),
                               fam.drafts)
     before, after = al["unquantized"], al[fmt]
@@ -73,7 +73,7 @@ def quantized_acceptance(ctx: StageContext, draft_model: Any, quant: dict) -> di
 
 def write_target(ctx: StageContext, quant: dict, dtype: Any) -> float:
     """bundle/target: the base (restored quantized, where it is) with its tokenizer; returns the export's seconds."""
-    from trtspec.models import load_model, load_tokenizer
+    from trtspec.models import load_model, target_tokenizer
     from trtspec.ptq import restore_quantized
 
     quantized = quant["format"] != "none"
@@ -82,7 +82,7 @@ def write_target(ctx: StageContext, quant: dict, dtype: Any) -> float:
     if quantized:
         target = restore_quantized(target, ctx.inputs["quantize"])
     t0 = time.time()
-    export_target(target, load_tokenizer(ctx.model_path, ctx.cfg.model.chat_template_kwargs), ctx.out / "target", dtype, quantized)
+    export_target(target, target_tokenizer(ctx.cfg, ctx.model_path), ctx.out / "target", dtype, quantized)
     return time.time() - t0
 
 

@@ -67,7 +67,7 @@ def run(ctx: StageContext) -> dict:
     from transformers import AutoConfig
 
     from trtspec.artifacts import write_json
-    from trtspec.models import load_model, load_tokenizer
+    from trtspec.models import load_model, target_tokenizer
 
     q = ctx.cfg.quantize
     if q.format == "none":
@@ -76,7 +76,7 @@ def run(ctx: StageContext) -> dict:
     check_quant_config(q)  # nvfp4 on a CPU fails here, before anything is loaded
     path = ctx.model_path
     check_quant_config(q, AutoConfig.from_pretrained(path))
-    tok = load_tokenizer(path, ctx.cfg.model.chat_template_kwargs)
+    tok = target_tokenizer(ctx.cfg, path)
     model = load_model(path, ctx.cfg.model.dtype)
     layers = quantized_linears(model, q.quantize_lm_head)
     block = block_size_for(q, layers)

@@ -64,7 +64,7 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
 
     from trtspec.chat import encode_prompts
     from trtspec.config import check_fits_window
-    from trtspec.models import load_tokenizer, resolve_model
+    from trtspec.models import resolve_model, target_tokenizer
     from trtspec.suites import acceptance_suite_read
     from trtspec.targets import text_config
 
@@ -84,7 +84,7 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
         check_fits_window(f"eval.context_bins {b}", b, "data.max_new_tokens", cfg.data.max_new_tokens,
                           text_config(model_config).max_position_embeddings)
     if suite := acceptance_suite_read(cfg):  # its prompts encoded as the stage will encode them
-        tok = load_tokenizer(resolve_model(cfg.model.source), cfg.model.chat_template_kwargs)
+        tok = target_tokenizer(cfg, resolve_model(cfg.model.source))
         encode_prompts(tok, suite[0].read(suite[0].path, Counter()), f"eval.acceptance_suite file '{suite[0].path}'")
 
 
@@ -408,7 +408,7 @@ def write_outputs(ctx: StageContext, fam: TrainableDraft, model: Any, draft_cfg:
 def run(ctx: StageContext) -> dict:
     import time
 
-    from trtspec.models import load_model, load_tokenizer
+    from trtspec.models import load_model, target_tokenizer
     from trtspec.ptq import as_served, served_quantization
 
     t_cfg, k = ctx.cfg.train, ctx.cfg.draft.length
@@ -418,7 +418,7 @@ def run(ctx: StageContext) -> dict:
     fam.set_length(draft_cfg, k)
     aux_layers = fam.state_layers(draft_cfg)
     tokens = training_tokens(ctx.inputs["data"])
-    tok = load_tokenizer(ctx.model_path, ctx.cfg.model.chat_template_kwargs)
+    tok = target_tokenizer(ctx.cfg, ctx.model_path)
     from_engine = t_cfg.states_from != "hf"  # the engine serving the target computes every state the draft reads
     served = served_quantization(ctx.cfg)  # model.train_on_quantized: the states from the target as it is served
     base = load_model(ctx.model_path, ctx.cfg.model.dtype, layers=not (from_engine or served))  # else no decoder layer

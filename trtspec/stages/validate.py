@@ -117,7 +117,7 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     stage spends minutes (held-out prompts come from the data stage, cut to data.seq_len)."""
     from trtspec.config import check_fits_window
     from trtspec.errors import ConfigError
-    from trtspec.models import load_tokenizer, resolve_model
+    from trtspec.models import resolve_model, target_tokenizer
     from trtspec.targets import family_of, text_config
 
     if cfg.draft.shape != "chain" and (family := family_of(model_config)).runtime == "hf":
@@ -134,7 +134,7 @@ def preflight(cfg: BuildConfig, model_config: Any) -> None:
     taken = taken_rows(sources, cfg.eval.num_prompts)
     if baseline:  # held-out prompts' categories are known after the data stage: checked when validate starts
         check_baseline_categories(baseline, {r["category"] for r in taken}, cfg.validate_.baseline)
-    tok = load_tokenizer(resolve_model(cfg.model.source), cfg.model.chat_template_kwargs)
+    tok = target_tokenizer(cfg, resolve_model(cfg.model.source))
     for k, (name, label, _) in enumerate(sources):
         rows = [r for r in taken if r["suite"] == name]
         if k == 0 and cfg.eval.prompts:  # a file's prompts named by their place in it
