@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtspec.chat import json_array, prompt_turns, read_text, role_content, row_prompt, split_lines
+from trtspec.chat import json_array, prompt_turns, read_text, role_content, row_prompt, row_tools, split_lines
 from trtspec.errors import DataError
 from trtspec.hf_datasets import load_hf_dataset
 
@@ -49,8 +49,9 @@ def unmapped(s: EvalSuite) -> bool:
 
 
 def mapped_row(rec: dict, s: EvalSuite, where: str, at: str, row_id: str) -> dict:
-    """One record of a jsonl or hf suite as {id, category, messages}, through the suite's column mapping (or, where
-    the suite sets none and the row lacks the default columns, its turns as the data stage reads them: unmapped)."""
+    """One record of a jsonl or hf suite as {id, category, messages, tools}, through the suite's column mapping (or,
+    where the suite sets none and the row lacks the default columns, its turns as the data stage reads them:
+    unmapped); a `tools` column is the tools the prompt offers (an agent's request)."""
     pf, mf, cf = s.prompt_field, s.messages_field, s.category_field
     text = rec.get(pf)
     if isinstance(text, list) and text and all(isinstance(x, str) for x in text):
@@ -76,8 +77,13 @@ def mapped_row(rec: dict, s: EvalSuite, where: str, at: str, row_id: str) -> dic
             raise DataError(f"{where}: {at} has no '{cf}' column (the suite's category_field)",
                             "give every row a category, or drop category_field (rows without one are 'chat')")
         category = "chat"
+    tools, _ = row_tools(rec)
+    if tools is None:
+        raise DataError(f"{where}: {at}'s 'tools' is not a list of tool objects (OpenAI's function specs)",
+                        "give each row the tools its request offered, or none")
     rid = rec.get("id")
-    return {"id": str(rid) if isinstance(rid, (str, int)) else row_id, "category": str(category), "messages": msgs}
+    return {"id": str(rid) if isinstance(rid, (str, int)) else row_id, "category": str(category), "messages": msgs,
+            **tools}
 
 
 def only_categories(rows: list[dict], s: EvalSuite, where: str) -> list[dict]:
@@ -127,7 +133,7 @@ def hf_suite_rows(s: EvalSuite, resolve: Callable[[str], Path], where: str) -> l
     if "category_field" in s.model_fields_set and s.category_field not in cols:
         raise DataError(f"{where}: row 1 has no '{s.category_field}' column (the suite's category_field; its columns: "
                         f"{', '.join(cols)})", "set category_field to the column that holds the category, or drop it")
-    keep = [c for c in dict.fromkeys((s.prompt_field, s.messages_field, s.category_field, "id")) if c in cols]
+    keep = [c for c in dict.fromkeys((s.prompt_field, s.messages_field, s.category_field, "id", "tools")) if c in cols]
     records = ds.select_columns(keep if mapped else cols).to_list()  # unmapped: the turns may be in any column
     rows = [mapped_row(r, s, where, f"row {n}", f"{s.path}:{n}") for n, r in enumerate(records, 1)]
     if not rows:

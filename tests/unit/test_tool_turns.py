@@ -204,3 +204,20 @@ def test_model_chat_template_serves_the_target_with_a_tool_calling_template(tmp_
     before = work_key(cfg, "data", {})
     (tmp_path / "tools.jinja").write_text(TOOL_TEMPLATE.replace("You may call", "You can call"))
     assert work_key(cfg, "data", {}) != before and work_key(own, "data", {}) != before
+
+
+def test_an_eval_suite_of_agent_prompts_keeps_their_tools(tmp_path):
+    from trtspec.config import config_from_dict
+    from trtspec.errors import DataError
+    from trtspec.suites import suite_rows
+
+    lines = [{"messages": AGENT[:3], "tools": [WEATHER], "category": "agent"}, {"prompt": "Hi", "category": "chat"}]
+    (tmp_path / "suite.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    cfg = config_from_dict({"data": {"sources": [{"kind": "jsonl", "path": "d.jsonl"}]},
+                            "eval": {"suites": [{"kind": "jsonl", "path": "suite.jsonl"}]}}, base_dir=tmp_path)
+    rows = suite_rows(cfg, 0)
+    assert [r.get("tools") for r in rows] == [[WEATHER], None]
+    assert rows[0]["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+    (tmp_path / "suite.jsonl").write_text(json.dumps({**lines[0], "tools": {"get_weather": {}}}) + "\n")
+    with pytest.raises(DataError, match=r"suite.jsonl': line 1's 'tools' is not a list of tool objects"):
+        suite_rows(cfg, 0)

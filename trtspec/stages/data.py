@@ -5,7 +5,8 @@ Sources (data.sources[*].kind):
               by the target itself, greedy: the draft learns to predict exactly what it will be asked to predict.
   jsonl       conversations: OpenAI/HF `messages` [{role, content}], `conversations` (ShareGPT's [{from, value}], or
               [{role, content}] as SpecForge and Model Optimizer write them), LMSYS-Chat `conversation`, or
-              instruction rows (Alpaca, Dolly, OpenOrca: chat.row_turns)
+              instruction rows (Alpaca, Dolly, OpenOrca: chat.row_turns); an agent's with the `tools` offered,
+              tool calls and `tool` turns (chat.chat_turn), labelled where the model wrote them
   text        one document per line (no chat template; every token is a label)
   hf          a `datasets` hub id (needs a network) or its local copy (trtspec.hf_datasets); rows parsed like jsonl
               rows, or a `text` column
@@ -14,7 +15,8 @@ Sources (data.sources[*].kind):
 A jsonl or hf source with `regenerate: true` keeps each conversation's turns before its answer (all of them where it
 has no answer yet, as Model Optimizer's prepared conversations) and has the target answer them again.
 
-Writes data/train.jsonl, data/heldout.jsonl (rows {id, category, messages}; the last message is the answer) and
+Writes data/train.jsonl, data/heldout.jsonl (rows {id, category, messages} and `tools` where offered; the last message
+is the answer) and
 data/train_tokens.pt, data/heldout_tokens.pt: {input_ids, attention_mask, loss_mask} [N, data.seq_len], right-padded
 (training cuts each batch to its longest row).
 """
