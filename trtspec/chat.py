@@ -566,10 +566,11 @@ def shown_prefix(text: str, turn: str, cursor: int, calls: list[dict]) -> str:
     """The longest beginning of a called turn's rendering that `text` shows from `cursor` on (a template may close the
     conversation's last turn otherwise: Phi-4-mini ends it with <|im_end|>), or "" where that beginning leaves out
     one of the calls' names."""
-    k = len(turn)
-    while k and text.find(turn[:k], cursor) < 0:
-        k -= 1
-    return turn[:k] if all(c["function"]["name"] in turn[:k] for c in calls) else ""
+    shown, longer = 0, len(turn)  # turn[:shown] is in the text; a beginning of it is too, so bisect
+    while shown < longer:
+        k = (shown + longer + 1) // 2
+        shown, longer = (k, longer) if text.find(turn[:k], cursor) >= 0 else (shown, k - 1)
+    return turn[:shown] if all(c["function"]["name"] in turn[:shown] for c in calls) else ""
 
 
 def token_bounds(tok: Any, text: str, n: int) -> list[tuple[int, int]]:
