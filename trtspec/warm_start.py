@@ -36,12 +36,17 @@ def stage_of(run: RunDir, stage: str, key: str) -> tuple[Path, dict]:
 
 
 def check_same_target(run: RunDir, cfg: BuildConfig, key: str) -> None:
-    """The earlier run answered with the same target this build uses (its data stage's model.source)."""
+    """The earlier run answered with the same target this build uses (its data stage's model.source), served with the
+    same chat template (model.chat_template: its rows' tokens are that template's)."""
     _, m = stage_of(run, "data", key)
-    theirs = ((m.get("config") or {}).get("model") or {}).get("source")
-    if theirs != cfg.model.source:
-        raise ConfigError(f"{key}: '{run.path}' was built for another target ({theirs}; this build: {cfg.model.source})",
-                          "adapt a run of the same model")
+    model = (m.get("config") or {}).get("model") or {}
+    if model.get("source") != cfg.model.source:
+        raise ConfigError(f"{key}: '{run.path}' was built for another target ({model.get('source')}; this build: "
+                          f"{cfg.model.source})", "adapt a run of the same model")
+    if model.get("chat_template") != cfg.model.chat_template:
+        raise ConfigError(f"{key}: '{run.path}' was built with another chat template (model.chat_template "
+                          f"{model.get('chat_template')}; this build: {cfg.model.chat_template})",
+                          "set model.chat_template as the earlier run did")
 
 
 def check_init_from(cfg: BuildConfig) -> None:

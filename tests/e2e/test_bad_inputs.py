@@ -598,6 +598,11 @@ def case_adapt_other_target(tmp, model, mp):
     return adapt(tmp, finished_run(tmp, model, source="/models/another-model"), None, "--set", f"model.source={model}")
 
 
+def case_adapt_other_chat_template(tmp, model, mp):
+    (tmp / "tools.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    return adapt(tmp, finished_run(tmp, model), None, "--set", f"model.chat_template={tmp / 'tools.jinja'}")
+
+
 def case_adapt_other_length(tmp, model, mp):
     return adapt(tmp, finished_run(tmp, model), None, "--set", "draft.length=2")
 
@@ -941,6 +946,8 @@ CASES = [
     Case("quant-tied-lm-head", case_quant_tied_lm_head, 2, r"shares its weights with the embeddings", "quantize", before_data=True),
     Case("adapt-not-a-run", case_adapt_not_a_run, 2, r"RUN: '.*folder' is not a trtspec run folder"),
     Case("adapt-unfinished-run", case_adapt_unfinished_run, 2, r"RUN: '.*earlier' has no finished 'train' stage"),
+    Case("adapt-other-chat-template", case_adapt_other_chat_template, 2, r"data\.sources\[1\]\.path: '.*earlier' was "
+         r"built with another chat template \(model\.chat_template None; this build: .*tools\.jinja\)", "data", before_data=True),
     Case("adapt-other-target", case_adapt_other_target, 2, r"data\.sources\[1\]\.path: '.*earlier' was built for another target \(/models/another-model; this build: ", "data", before_data=True),
     Case("adapt-other-length", case_adapt_other_length, 2, r"draft\.init_from: '.*earlier' trained its draft for length 3, this build drafts 2", "data", before_data=True),
     Case("adapt-other-method", case_adapt_other_method, 2, r"draft\.init_from: '.*earlier' trained a eagle3 draft, this build trains dflash", "data", before_data=True),

@@ -16,9 +16,8 @@ A jsonl or hf source with `regenerate: true` keeps each conversation's turns bef
 has no answer yet, as Model Optimizer's prepared conversations) and has the target answer them again.
 
 Writes data/train.jsonl, data/heldout.jsonl (rows {id, category, messages} and `tools` where offered; the last message
-is the answer) and
-data/train_tokens.pt, data/heldout_tokens.pt: {input_ids, attention_mask, loss_mask} [N, data.seq_len], right-padded
-(training cuts each batch to its longest row).
+is the answer) and data/train_tokens.pt, data/heldout_tokens.pt: {input_ids, attention_mask, loss_mask} [N,
+data.seq_len], right-padded (training cuts each batch to its longest row).
 """
 
 from __future__ import annotations
