@@ -284,7 +284,13 @@ def row_tools(row: dict) -> tuple[dict | None, str]:
         return {}, ""
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         return None, "tools that are no list of objects"
-    return {"tools": tools}, ""
+    return tools_field(row), ""
+
+
+def tools_field(row: dict) -> dict:
+    """{"tools": [...]} of a row that offers tools (read through row_tools), {} of one that offers none: what a row
+    made from it carries on."""
+    return {"tools": row["tools"]} if row.get("tools") else {}
 
 
 def to_messages(row: dict) -> tuple[list[dict] | None, str]:
@@ -764,8 +770,7 @@ def prompt_rows(rows: list[dict]) -> list[dict]:
         else:
             turns = r["messages"][:-1]
         if turns:
-            out.append({"id": str(r.get("id", i)), "category": r.get("category", "chat"), "messages": turns,
-                        **({"tools": r["tools"]} if r.get("tools") else {})})
+            out.append({"id": str(r.get("id", i)), "category": r.get("category", "chat"), "messages": turns, **tools_field(r)})
     return out
 
 
@@ -916,7 +921,7 @@ def with_context(row: dict, history: list[dict], tok: Any, tokens: int) -> dict:
     answer tokens after the longer prompt. The answer was written without those turns, yet the head still learns what
     the target does there: its labels are the target's own next-token distributions, computed with the whole context
     in front."""
-    prompt = {"messages": row["messages"][:-1], **({"tools": row["tools"]} if row.get("tools") else {})}
+    prompt = {"messages": row["messages"][:-1], **tools_field(row)}
     longer, n = with_history(prompt, history, tok, tokens)
     added = len(longer["messages"]) - len(prompt["messages"])
     out = {**row, "messages": longer["messages"] + row["messages"][-1:], "context_turns": added}

@@ -85,7 +85,8 @@ class ModelSection(Section):
 class DataSource(Section):
     kind: Literal["regenerate", "jsonl", "text", "hf", "run"] = key(
         description="regenerate: the target answers the prompts in `path` itself; jsonl: conversations as OpenAI/HF "
-        "`messages` (an agent's too: the `tools` offered, tool calls and `tool` turns), `conversations` (ShareGPT, SpecForge, Model Optimizer), `conversation` (LMSYS-Chat) or instruction "
+        "`messages` (an agent's too: the `tools` offered, tool calls and `tool` turns), `conversations` (ShareGPT, "
+        "SpecForge, Model Optimizer), `conversation` (LMSYS-Chat) or instruction "
         "rows (Alpaca, Dolly, OpenOrca); text: one document per line (a held-out one measured on its opening; the one "
         "kind a target without a chat template, a base model, is trained on); hf: a datasets hub id (needs a network) "
         "or its local copy (a save_to_disk folder, a .parquet/.json/.csv file); run: an earlier run's answered "

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtspec.chat import encode_prompt, encode_prompts, prompt_rows, read_prompt_file, read_rows
+from trtspec.chat import encode_prompt, encode_prompts, prompt_rows, read_prompt_file, read_rows, tools_field
 from trtspec.checks import (
     acceptance_summary,
     category_speeds,
@@ -306,8 +306,7 @@ def context_acceptance(ctx: StageContext, b: Bench) -> list[dict] | None:
         return None
     fill = context_fill(ctx.cfg, ctx.inputs.get("data"))
     ctx.log(f"acceptance by context length ({e.context_source}): bins {e.context_bins}, {e.context_prompts} prompts each")
-    prompts = [{"id": r["id"], "messages": r["messages"], **({"tools": r["tools"]} if r.get("tools") else {})}
-               for r in b.rows[: e.context_prompts]]
+    prompts = [{"id": r["id"], "messages": r["messages"], **tools_field(r)} for r in b.rows[: e.context_prompts]]
     return context_curve(b.target, b.drafter, prompts, fill, b.tok, sorted(e.context_bins), ctx.cfg.draft.length,
                          e.max_new_tokens, b.eos, log=ctx.log)
 
