@@ -50,7 +50,7 @@ def main() -> None:
     import torch
 
     from trtspec.bench import load_prompt_rows, open_bundle, runtime_settings, suite_rows
-    from trtspec.chat import encode_prompt
+    from trtspec.chat import encode_row
     from trtspec.checks import acceptance_summary
     from trtspec.measure import timed, warm_up
     from trtspec.runtime import DraftSpec, generate, speculative_decode
@@ -59,7 +59,7 @@ def main() -> None:
     settings = runtime_settings(a)
     bundle = open_bundle(a.run_dir)
     rows = suite_rows(a.suite, a.prompts) if a.suite else load_prompt_rows(a.run_dir, a.prompts)
-    prompts = [torch.tensor(encode_prompt(bundle.tok, r["messages"], r.get("tools"))) for r in rows]
+    prompts = [torch.tensor(encode_row(bundle.tok, r)) for r in rows]
     target, head = bundle.runtime(settings=settings)
     drafter = (SuffixThenModelDrafter(head, SuffixDrafter(min_match=a.suffix_min_match)) if a.suffix_min_match else
                SuffixBranchDrafter(head, SuffixDrafter(min_match=a.suffix_branch)) if a.suffix_branch else head)

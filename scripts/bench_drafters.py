@@ -33,10 +33,10 @@ def prompt_sets(run: Path, tok, n: int) -> dict[str, list[list[int]]]:
     from collections import Counter
 
     from trtspec.bench import load_prompts
-    from trtspec.chat import encode_prompt, read_prompt_file
+    from trtspec.chat import encode_row, read_prompt_file
 
     code = read_prompt_file(CODE_PROMPTS, Counter(), "code prompts", "")[:n]
-    return {"chat": load_prompts(run, tok, n), "code": [encode_prompt(tok, r["messages"], r.get("tools")) for r in code]}
+    return {"chat": load_prompts(run, tok, n), "code": [encode_row(tok, r) for r in code]}
 
 
 def parse_ks(items: list[str]) -> dict[str, list[int]]:

@@ -33,7 +33,7 @@ def load_set(name: str, run: Path, tok, n: int) -> list[list[int]]:
     """n prompts of a set, chat-templated: the first n held-out ones, or n spread over a file (code | copy | a file;
     a suite is ordered by category)."""
     from trtspec.bench import load_prompts, spread
-    from trtspec.chat import encode_prompt, read_prompt_file
+    from trtspec.chat import encode_row, read_prompt_file
 
     if name == "heldout":
         return load_prompts(run, tok, n)
@@ -43,7 +43,7 @@ def load_set(name: str, run: Path, tok, n: int) -> list[list[int]]:
     rows = read_prompt_file(path, Counter(), "prompt file", "give a JSONL (prompt|messages) or text file")
     if not rows:
         sys.exit(f"error: no prompts in set '{name}'")
-    return [encode_prompt(tok, r["messages"], r.get("tools")) for r in spread(rows, n)]
+    return [encode_row(tok, r) for r in spread(rows, n)]
 
 
 def main() -> None:

@@ -97,13 +97,13 @@ def measure(bundle: Any, target: Any, head: Any, scorer: Any, rows: list[dict], 
     and the share of answer tokens that are the scorer's own argmax (the HF forward read at the right positions)."""
     import torch
 
-    from trtspec.chat import encode_prompt
+    from trtspec.chat import encode_row
     from trtspec.runtime import DraftSpec, generate, speculative_decode
 
     spec, records, identical, argmax, tokens = DraftSpec(shape="chain", k=bundle.draft_length), [], 0, 0, 0
     in_vocab = getattr(head, "drafts_token", lambda t: True)  # DFlash drafts from the target's whole vocabulary
     for r in rows:
-        p = torch.tensor(encode_prompt(bundle.tok, r["messages"], r.get("tools")))
+        p = torch.tensor(encode_row(bundle.tok, r))
         g = speculative_decode(target, head, p, new, spec, bundle.eos)
         identical += g.tokens == generate(target, p, new, bundle.eos).tokens
         with torch.no_grad():

@@ -65,7 +65,7 @@ def main() -> None:
     variants = [(a, int(b)) for a, _, b in (v.partition(":") for v in args.variant or ["hf-matmul:128"])]
 
     from trtspec import answering
-    from trtspec.chat import encode_prompt, read_prompt_file
+    from trtspec.chat import encode_row, read_prompt_file
     from trtspec.config import load_config
     from trtspec.engines import vllm as vllm_engine
     from trtspec.generation import eos_ids
@@ -86,7 +86,7 @@ def main() -> None:
     eos = eos_ids(path, tok)
     dtype = "bfloat16" if use_bf16(cfg.model.build_dtype) else "float32"
     max_new = cfg.data.max_new_tokens
-    prompts = [encode_prompt(tok, p["messages"], p.get("tools")) for p in read_prompt_file(cfg.resolve_path(src.path), Counter())[: args.prompts]]
+    prompts = [encode_row(tok, p) for p in read_prompt_file(cfg.resolve_path(src.path), Counter())[: args.prompts]]
     prompts.sort(key=len)  # as the data stage orders them
     max_len = max(map(len, prompts)) + max_new + 8
 

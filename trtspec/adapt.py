@@ -140,7 +140,7 @@ def prepare(run_path: Path, prompts: Path, out: Path, o: AdaptOptions, overrides
 
     import yaml
 
-    from trtspec.chat import encode_prompt
+    from trtspec.chat import encode_row
     from trtspec.models import load_tokenizer
     from trtspec.traffic import read_traffic
 
@@ -153,7 +153,7 @@ def prepare(run_path: Path, prompts: Path, out: Path, o: AdaptOptions, overrides
         raise ConfigError(f"--out '{out}' is the run being adapted", "write the adaptation to a new folder")
     tok = load_tokenizer(stage_of(run, "export", "RUN")[0] / "target")
     rows, skips, fmt = read_traffic(prompts, o.fmt, o.category, tok)
-    longest = max(len(encode_prompt(tok, r["messages"], r.get("tools"))) for r in rows)
+    longest = max(len(encode_row(tok, r)) for r in rows)
     new = RunDir(out)
     new.ensure()
     folder = out / ADAPT_DIR

@@ -137,16 +137,16 @@ def suite_rows(path: Path, spread_to: int | None = None) -> list[dict]:
 
 def load_prompts(run: Path, tok: Any, n: int, split: str = "heldout") -> list[list[int]]:
     """The first n prompts of the data stage's split (heldout | train), chat-templated."""
-    from trtspec.chat import encode_prompt
+    from trtspec.chat import encode_row
 
-    return [encode_prompt(tok, r["messages"], r.get("tools")) for r in load_prompt_rows(run, n, split)]
+    return [encode_row(tok, r) for r in load_prompt_rows(run, n, split)]
 
 
 def load_suite_prompts(path: Path, tok: Any, n: int) -> list[list[int]]:
     """n prompts of a JSONL suite, spread over its categories (suite_rows), chat-templated."""
-    from trtspec.chat import encode_prompt
+    from trtspec.chat import encode_row
 
-    return [encode_prompt(tok, r["messages"], r.get("tools")) for r in suite_rows(path, spread_to=n)]
+    return [encode_row(tok, r) for r in suite_rows(path, spread_to=n)]
 
 
 @dataclass

@@ -4,7 +4,7 @@ Rows are {id, category, messages} and, where the conversation offered the model 
 specs, as a request sends them): `messages` are OpenAI-style turns [{role, content}], an assistant turn's `tool_calls`
 and the `tool` turns answering them included (chat_turn); in training data the last one is the assistant's answer. A
 prompt is the turns before an answer, encoded with the tokenizer's chat template, the row's tools and its generation
-prompt (`encode_prompt`): the one way every stage and script turns messages into token ids.
+prompt (`encode_prompt`; `encode_row` for a row): the one way every stage and script turns messages into token ids.
 """
 
 from __future__ import annotations
@@ -685,11 +685,17 @@ def encode_prompt(tok: Any, messages: list[dict], tools: list | None = None) -> 
     return tok("\n".join(m["content"] for m in messages))["input_ids"]
 
 
+def encode_row(tok: Any, row: dict) -> list[int]:
+    """encode_prompt of a row: its turns with the tools it offers (a prompt file's row, a request, a conversation's
+    prompt part)."""
+    return encode_prompt(tok, row["messages"], row.get("tools"))
+
+
 def encode_prompts(tok: Any, rows: list[dict], where: str) -> list[list[int]]:
     """encode_prompt of each row's turns; a prompt the chat template refuses named by `where`, the file or suite the
     rows are from."""
     try:
-        return [encode_prompt(tok, r["messages"], r.get("tools")) for r in rows]
+        return [encode_row(tok, r) for r in rows]
     except DataError as e:
         raise DataError(f"{where}: {e.message}", e.hint) from None
 
@@ -873,7 +879,7 @@ def with_document(prompt: dict, documents: list[str], tok: Any, tokens: int) -> 
     """A long-document prompt: the documents' text (in order) before the question in the prompt's last turn, cut at a
     token so that the encoded prompt is at most `tokens` tokens -> (the row, its prompt's length in tokens)."""
     *earlier, last = prompt["messages"]
-    budget = tokens - len(encode_prompt(tok, prompt["messages"], prompt.get("tools"))) - len(tok(DOCUMENT_INTRO, add_special_tokens=False)["input_ids"])
+    budget = tokens - len(encode_row(tok, prompt)) - len(tok(DOCUMENT_INTRO, add_special_tokens=False)["input_ids"])
     ids: list[int] = []
     for doc in documents:
         if len(ids) >= budget:

@@ -325,14 +325,14 @@ def context_curve(target: Any, drafter: Any, prompts: list[dict], fill: list, to
     own place, so the bins differ in length only."""
     import torch
 
-    from trtspec.chat import at_context, encode_prompt
+    from trtspec.chat import at_context, encode_row
     from trtspec.runtime import DraftSpec, generate, speculative_decode
 
     spec, rows = DraftSpec(shape="chain", k=k), []
     for b in bins:
         runs, plains, lengths = [], [], []
         for row, n in at_context(prompts, fill, tok, b):
-            ids = torch.tensor(encode_prompt(tok, row["messages"], row.get("tools")))
+            ids = torch.tensor(encode_row(tok, row))
             plains.append(generate(target, ids, max_new, eos).tokens)
             runs.append(speculative_decode(target, drafter, ids, max_new, spec, eos))
             lengths.append(n)

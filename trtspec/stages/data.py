@@ -38,7 +38,7 @@ from trtspec.chat import (
     TEMPLATE_HINT,
     answered_by_target,
     conversations_from_rows,
-    encode_prompt,
+    encode_row,
     long_context_rows,
     prompts_from_rows,
     read_source,
@@ -123,7 +123,7 @@ def regenerate(prompts: list[dict], tok: Any, answers_file: Path, answer: Callab
                 done[row["id"]] = {"answer": str(row["answer"]), "prompt_ids": list(row["prompt_ids"]), "ids": list(row["ids"])}
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue  # a half-written last line from a kill (or an answer saved without its tokens)
-    prompt_ids = {p["id"]: encode_prompt(tok, p["messages"], p.get("tools")) for p in prompts}
+    prompt_ids = {p["id"]: encode_row(tok, p) for p in prompts}
     # an answer to the prompt as the chat template encoded it then: encoded otherwise now, it is asked again
     todo = [p for p in prompts if p["id"] not in done or done[p["id"]]["prompt_ids"] != prompt_ids[p["id"]]]
     if done:
@@ -261,7 +261,7 @@ def hf_conversations(cfg: BuildConfig, i: int, skips: Counter, limit: int | None
 def answer_prompts(prompts: list[dict], src: Any, ctx: StageContext, target: Any) -> list[dict]:
     """The target's own answers to `prompts` (source_rows refused a source without any), kept in a scratch file per
     source (a killed run resumes)."""
-    longest = max(len(encode_prompt(target.tok, p["messages"], p.get("tools"))) for p in prompts)
+    longest = max(len(encode_row(target.tok, p)) for p in prompts)
     answer = answerer(ctx, target, longest)
     ctx.log(f"regenerating answers to {len(prompts)} prompts with the target ({ctx.cfg.data.answer_with}, "
             f"{ctx.cfg.data.max_new_tokens} new tokens max)")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trtspec.chat import encode_prompt, prompt_rows, read_rows
+from trtspec.chat import encode_row, prompt_rows, read_rows
 from trtspec.errors import DataError
 from trtspec.generation import hf_answer
 from trtspec.pipeline.stage import StageContext
@@ -115,7 +115,7 @@ def measure_rows(ctx: StageContext, tok: Any) -> tuple[list, list, list[list[int
         heldout, prompts_file = token_rows(data / "train_tokens.pt", n), data / "train.jsonl"
     if not calib:
         raise DataError("data/train_tokens.pt has no conversation to calibrate on", "re-run the data stage with more data")
-    prompts = [encode_prompt(tok, r["messages"], r.get("tools")) for r in prompt_rows(read_rows(prompts_file))[:n]]
+    prompts = [encode_row(tok, r) for r in prompt_rows(read_rows(prompts_file))[:n]]
     return calib, heldout, prompts
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtspec.chat import encode_prompt, encode_prompts, prompt_rows, read_prompt_file, read_rows, tools_field
+from trtspec.chat import encode_prompts, encode_row, prompt_rows, read_prompt_file, read_rows, tools_field
 from trtspec.checks import (
     acceptance_summary,
     category_speeds,
@@ -214,7 +214,7 @@ def load_bench(ctx: StageContext) -> Bench:
     target_dir = bundle / "target"
     tok = load_tokenizer(target_dir)
     rows = load_prompt_rows(ctx)
-    prompts = [encode_prompt(tok, r["messages"], r.get("tools")) for r in rows]
+    prompts = [encode_row(tok, r) for r in rows]
     eos = eos_ids(target_dir, tok)
     settings = RuntimeSettings(compile=ctx.cfg.validate_.compile)
     target, dq_notes = load_target(target_dir, torch.float32, settings)

@@ -8,7 +8,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trtspec.chat import at_context, encode_prompt, prompt_rows
+from trtspec.chat import at_context, encode_row, prompt_rows
 from trtspec.generation import hf_greedy
 from trtspec.runtime.decode import al_interval
 from trtspec.training.states import base_states, row_lengths
@@ -89,7 +89,7 @@ def greedy_answers(base: Any, tok: Any, rows: list[dict], max_new_tokens: int, b
 
     out = []
     for i in range(0, len(rows), batch_size):
-        prompts = [encode_prompt(tok, r["messages"], r.get("tools")) for r in rows[i : i + batch_size]]
+        prompts = [encode_row(tok, r) for r in rows[i : i + batch_size]]
         answers = hf_greedy(base, prompts, max_new_tokens, {tok.eos_token_id}, tok.pad_token_id)
         out += [{"input_ids": torch.tensor(p + a), "start": len(p), "category": str(r.get("category", "chat"))}
                 for p, a, r in zip(prompts, answers, rows[i : i + batch_size], strict=True)]

@@ -373,9 +373,9 @@ class EngineTarget:
         """{input_ids: prompt + answer, start, category} per prompt row, as acceptance.greedy_answers."""
         import torch
 
-        from trtspec.chat import encode_prompt
+        from trtspec.chat import encode_row
 
-        prompts = [encode_prompt(tok, r["messages"], r.get("tools")) for r in rows]
+        prompts = [encode_row(tok, r) for r in rows]
         answers = dict(self.answer(prompts, max_new_tokens, self.eos, 0.0))
         return [{"input_ids": torch.tensor(p + answers[i]), "start": len(p), "category": str(r.get("category", "chat"))}
                 for i, (p, r) in enumerate(zip(prompts, rows, strict=True))]
