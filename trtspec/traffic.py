@@ -20,9 +20,10 @@ Formats (--format, `auto` tells them apart by their first usable line, or a JSON
                 run's chat template (a text that template did not write is skipped, counted); FILE and the FILE.0,
                 FILE.1, ... Triton writes instead with `--trace-config triton,log-frequency=N`
 A chat request's `tools` and its tool turns (an assistant turn's `tool_calls`, the `tool` turns answering them: an
-agent's requests) are kept, so the target answers as it was asked; a Responses API request's tool items are not read
-(skipped, counted). Raw-text completion requests (/v1/completions) carry no chat turns and are skipped, counted.
-Repeated prompts are kept once. Rows are {id, category, messages, tools}, as a prompt file of the data stage (kind:
+agent's requests) are kept, so the target answers as it was asked; a Responses API request's calls and their outputs
+(`function_call`, `function_call_output`) and its function tools become those turns and tools, as vLLM reads them.
+Raw-text completion requests (/v1/completions) carry no chat turns and are skipped, counted. Repeated prompts are kept
+once. Rows are {id, category, messages, tools}, as a prompt file of the data stage (kind:
 regenerate) holds them.
 """
 
@@ -75,10 +76,12 @@ RESPONSES_TEXT = ("input_text", "output_text", "text")
 
 
 def responses_turns(body: dict) -> list[dict] | None:
-    """An OpenAI Responses API request's turns (POST /v1/responses, which vLLM serves too): its `instructions` as a
-    system turn, then its `input`, a text or message items whose content is a text or text parts (joined; a content
-    with an image or a file is None, chat.content_text); None where it has no `input`, or an item that is no message
-    (a tool call or its output, reasoning): the target cannot be asked it as a chat."""
+    """An OpenAI Responses API request's turns (POST /v1/responses, which vLLM serves too), as vLLM's
+    construct_input_messages makes chat turns of it: its `instructions` as a system turn, then its `input`, a text or
+    items. A message item is a turn whose content is a text or text parts (joined; a content with an image or a file
+    is None, chat.content_text); a `function_call` item a call of the assistant turn before it (a new assistant turn
+    where none is), a `function_call_output` item a tool turn. None where it has no `input`, or an item of another
+    kind (reasoning, a custom or namespaced tool's call): the target cannot be asked it as a chat."""
     items = body.get("input")
     if not isinstance(items, (str, list)):
         return None
@@ -87,27 +90,90 @@ def responses_turns(body: dict) -> list[dict] | None:
     if isinstance(items, str):
         return turns + [{"role": "user", "content": items}]
     for item in items:
-        if not isinstance(item, dict) or item.get("type", "message") != "message" or "role" not in item:
+        turn = responses_item_turn(item, turns[-1] if turns and turns[-1]["role"] == "assistant" else None)
+        if turn is None:
             return None
-        turns.append({"role": item["role"], "content": item.get("content")})
+        if turn is not MERGED:
+            turns.append(turn)
     return content_text(turns, RESPONSES_TEXT)
 
 
-def request_prompt(body: dict, skips: Counter) -> list[dict] | None:
-    """A chat request's turns before its answer (chat.row_prompt: a `prompt` text, or turns in any form row_turns
-    reads; a Responses API request's, responses_turns), or None (counted in skips) where it has none."""
+MERGED: dict = {}  # responses_item_turn's answer for an item that became part of the assistant turn before it
+
+
+def responses_item_turn(item: Any, assistant: dict | None) -> dict | None:
+    """One Responses API input item as a chat turn, or MERGED where it joins `assistant` (the assistant turn before it,
+    or None), or None where it is no turn a chat template renders. vLLM's _construct_message_from_response_item: a call
+    joins the assistant turn's calls, an assistant message fills that turn's empty content."""
+    if not isinstance(item, dict):
+        return None
+    kind = item.get("type", "message")
+    if kind == "function_call" and not item.get("namespace"):
+        call = {"id": item.get("call_id"), "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+        if assistant is None:
+            return {"role": "assistant", "content": None, "tool_calls": [call]}
+        assistant["tool_calls"] = [*assistant.get("tool_calls", []), call]
+        return MERGED
+    if kind == "function_call_output":
+        return {"role": "tool", "content": item.get("output"), "tool_call_id": item.get("call_id")}
+    if kind != "message" or "role" not in item:
+        return None
+    content = item.get("content")
+    if item["role"] != "assistant":
+        return {"role": item["role"], "content": content}
+    text = content if isinstance(content, str) else (content[0].get("text") if content and isinstance(content, list)
+                                                     and isinstance(content[0], dict) else None)
+    if assistant is not None and assistant.get("content") is None:
+        assistant["content"] = text
+        return MERGED
+    return {"role": "assistant", "content": text}
+
+
+def responses_tools(tools: Any) -> Any:
+    """A Responses API request's tools in the form a chat template reads, as vLLM's construct_tool_dicts hands them to
+    it: a function tool {type: function, name, description, parameters, strict} becomes {type: function, function:
+    {name, description, parameters} and strict where set}; a tool of another kind (web search, file search, MCP) is
+    shown to no template and is left out. None where one is a custom or namespaced tool (rendered as vLLM's own shim)
+    or no object; tools that are no list are given back as they are (chat.row_tools names them)."""
+    if not isinstance(tools, list):
+        return tools
+    out = []
+    for t in tools:
+        if not isinstance(t, dict) or t.get("type") in ("custom", "namespace"):
+            return None
+        if t.get("type") == "function":
+            spec = {"name": t.get("name"), "description": t.get("description"), "parameters": t.get("parameters")}
+            out.append({"type": "function", "function": {**spec, **({"strict": t["strict"]} if t.get("strict") is not None else {})}})
+    return out
+
+
+def request_prompt(body: dict, skips: Counter) -> tuple[list[dict] | None, dict]:
+    """(a chat request's turns before its answer, the tools it offers as a field of the rows) or (None, {}), counted in
+    skips, where it has none. Its turns: chat.row_prompt (a `prompt` text, or turns in any form row_turns reads) or a
+    Responses API request's (responses_turns); its tools: chat.row_tools (a Responses request's through
+    responses_tools)."""
     msgs = row_prompt(body)
-    if msgs is not None:
-        return msgs
-    if row_turns(body) is not None:
+    if msgs is None and row_turns(body) is not None:
         skips["request without a usable chat turn"] += 1
-    elif "input" in body:
+        return None, {}
+    if msgs is None and "input" in body:
         msgs = prompt_turns(responses_turns(body))
         if msgs is None:
-            skips["Responses request without a usable chat turn (tool calls, reasoning, images)"] += 1
-    else:
+            skips["Responses request without a usable chat turn (reasoning, images, custom or namespaced tools)"] += 1
+            return None, {}
+        body = {"tools": responses_tools(body.get("tools"))} if "tools" in body else {}
+        if body.get("tools", []) is None:
+            skips["Responses request offering custom or namespaced tools"] += 1
+            return None, {}
+    elif msgs is None:
         skips["request without messages or prompt"] += 1
-    return msgs
+        return None, {}
+    tools, bad = row_tools(body)
+    if tools is None:
+        skips[bad] += 1
+        return None, {}
+    return msgs, tools
 
 
 def request_format(row: Any) -> str:
@@ -284,11 +350,8 @@ def read_traffic(path: Path, fmt: str = "auto", category: str | None = None,
         bodies = records(request_rows(text, found, array, skips), found, skips)
     rows, seen = [], set()
     for body, cat in bodies:
-        msgs, (tools, bad) = request_prompt(body, skips), row_tools(body)
+        msgs, tools = request_prompt(body, skips)
         if msgs is None:
-            continue
-        if tools is None:
-            skips[bad] += 1
             continue
         key = prompt_key(msgs, tools)
         if key in seen:

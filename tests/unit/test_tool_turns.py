@@ -125,7 +125,59 @@ def test_agent_requests_are_read_with_their_tools_and_a_prompt_without_tools_kee
     assert [(len(r["messages"]), "tools" in r) for r in rows] == [(3, True), (1, True), (1, False), (1, False)]
     assert rows[0]["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert rows[3]["id"] == "traffic-" + hashlib.sha1(json.dumps(plain, sort_keys=True).encode()).hexdigest()[:12]
-    assert skips == {"repeated prompt": 1, "Responses request without a usable chat turn (tool calls, reasoning, images)": 1}
+    assert skips == {"repeated prompt": 1, "Responses request without a usable chat turn (reasoning, images, custom or namespaced tools)": 1}
+
+
+# an agent's step as a Responses API request: its message, its call and the call's output as items, its tools flat
+RESPONSES_AGENT = {
+    "model": "m", "instructions": "Be brief.",
+    "input": [{"role": "user", "content": [{"type": "input_text", "text": "Should I take an umbrella in Paris?"}]},
+              {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Let me look."}]},
+              {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+              {"type": "function_call_output", "call_id": "call_1", "output": "light rain, 14 degrees"}],
+    "tools": [{"type": "function", "name": "get_weather", "description": "Today's weather in a city",
+               "parameters": WEATHER["function"]["parameters"]}, {"type": "web_search"}]}
+
+
+def test_an_agents_responses_request_is_read_as_the_chat_request_vllm_makes_of_it(tmp_path, tool_tok):
+    """A Responses API request's call joins the assistant turn before it, the call's output is a tool turn, its
+    function tools take the chat form (another kind of tool is shown to no template); reasoning and custom tools are
+    skipped, counted."""
+    from trtspec.traffic import read_traffic
+
+    reasoning = {"model": "m", "input": [{"type": "reasoning", "id": "r", "summary": []}, *RESPONSES_AGENT["input"]]}
+    custom = {**RESPONSES_AGENT, "tools": [{"type": "custom", "name": "shell"}]}
+    f = tmp_path / "responses.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in (RESPONSES_AGENT, reasoning, custom)))
+    rows, skips, _ = read_traffic(f, tok=tool_tok)
+    assert len(rows) == 1 and rows[0]["messages"] == [
+        {"role": "system", "content": "Be brief."}, AGENT[0],
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": "light rain, 14 degrees", "tool_call_id": "call_1"}]
+    assert rows[0]["tools"] == [{"type": "function", "function": {**WEATHER["function"]}}]
+    assert skips == {"Responses request without a usable chat turn (reasoning, images, custom or namespaced tools)": 1,
+                     "Responses request offering custom or namespaced tools": 1}
+
+
+def test_a_responses_request_is_read_into_the_turns_and_tools_vllm_renders(tmp_path, tool_tok):
+    """The contract with vLLM: its ResponsesRequest, construct_input_messages and construct_tool_dicts make of the
+    same request the turns and tools trtspec reads (the calls' arguments an object, as vLLM's chat parsing hands
+    them to the template)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+    from vllm.entrypoints.openai.responses.utils import construct_input_messages, construct_tool_dicts
+
+    from trtspec.traffic import read_traffic
+
+    request = ResponsesRequest(**RESPONSES_AGENT)
+    turns = construct_input_messages(request_instructions=request.instructions, request_input=request.input)
+    theirs, _ = chat.chat_turns(chat.content_text([dict(t) for t in turns], ("input_text", "output_text")))
+    f = tmp_path / "responses.jsonl"
+    f.write_text(json.dumps(RESPONSES_AGENT) + "\n")
+    rows, _, _ = read_traffic(f, tok=tool_tok)
+    assert rows[0]["messages"] == theirs
+    assert rows[0]["tools"] == construct_tool_dicts(request.tools, request.tool_choice)
 
 
 def test_the_data_stage_has_the_target_answer_an_agents_prompts_with_their_tools(tmp_path, tiny_model_dir, tool_tok):

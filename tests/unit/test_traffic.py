@@ -131,7 +131,7 @@ def test_openai_responses_requests_in_a_batch_file_and_a_chat_file(tmp_path):
     assert [r["messages"] for r in chat_rows] == [[{"role": "user", "content": "Hi"}]]
     assert chat_skips == {"request without a usable chat turn": 1}
     assert rows[0]["category"] == "colors" and rows[1]["category"] == "traffic"
-    assert skips == {"Responses request without a usable chat turn (tool calls, reasoning, images)": 2}
+    assert skips == {"Responses request without a usable chat turn (reasoning, images, custom or namespaced tools)": 2}
     rows, skips, fmt = read_traffic(write(tmp_path / "c.jsonl", RESPONSES_BODIES))
     assert fmt == "chat" and [r["messages"] for r in rows] == RESPONSES_TURNS
 
