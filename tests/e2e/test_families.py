@@ -69,9 +69,22 @@ def test_family_end_to_end(name, method, tmp_path, demo_model_dir, finished_runs
     finished_runs[("tiny-families", name, method)] = run  # notebook 01 builds tiny:qwen3_moe with EAGLE-3 too
 
 
+def agent_requests() -> list[dict]:
+    """Six of an agent's requests (scripts/make_agent_requests.py's, seeded): tools offered, half after a call and its
+    output."""
+    import random
+
+    from stagekit import load_script
+
+    make = load_script("make_agent_requests")
+    rng = random.Random(0)
+    return [make.agent_request(rng, i, "agent") for i in range(6)]
+
+
 def test_adapt_continues_a_mixture_of_experts_draft(tmp_path, demo_model_dir, finished_runs):
-    """`trtspec adapt` on a target that is no Llama (the tiny Qwen3-MoE, the matrix's run where it built one): the
-    draft starts from the run's, every category is measured before and after, the bundle names where it came from."""
+    """`trtspec adapt` on a target that is no Llama (the tiny Qwen3-MoE, the matrix's run where it built one, served
+    with a tool-calling template) and on an agent's requests beside chat: the draft starts from the run's, every
+    category is measured before and after, the bundle names where it came from."""
     run = finished_runs.get(("tiny-families", "qwen3_moe", "eagle3"))
     if run is None:
         run = tmp_path / "run"
@@ -79,9 +92,10 @@ def test_adapt_continues_a_mixture_of_experts_draft(tmp_path, demo_model_dir, fi
                                 "--set", "model.source=tiny:qwen3_moe", "--until", "export"], capture_output=True, text=True, timeout=900)
         assert built.returncode == 0, built.stderr[-3000:]
     traffic = tmp_path / "requests.jsonl"
-    traffic.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in (
+    chat = [{"messages": [{"role": "user", "content": p}]} for p in (
         "Name two animals that can fly.", "What is 15 plus 27?", "Write one sentence about the sea.",
-        "List three things found in a kitchen.", "Name a planet with rings.", "What is 9 times 6?")))
+        "List three things found in a kitchen.", "Name a planet with rings.", "What is 9 times 6?")]
+    traffic.write_text("".join(json.dumps(r) + "\n" for r in chat + agent_requests()))
     new = tmp_path / "new"
     proc = subprocess.run([sys.executable, "-m", "trtspec.cli", "adapt", str(run), "--prompts", str(traffic), "--out", str(new),
                            "--category", "traffic", "--epochs", "1", "--tolerance", "1.0"], capture_output=True, text=True, timeout=600)
@@ -90,5 +104,7 @@ def test_adapt_continues_a_mixture_of_experts_draft(tmp_path, demo_model_dir, fi
     old_head = json.loads((run / "train" / "manifest.json").read_text())["files"]["head.safetensors"]["sha256"]
     assert read("convert")["init_from"]["head_sha256"] == old_head == read("bundle")["lineage"]["head_sha256"]
     train = read("train")
-    assert "traffic" in train["per_category"] and set(train["before"]["per_category"]) == set(train["per_category"])
+    assert {"traffic", "agent"} <= set(train["per_category"]) and set(train["before"]["per_category"]) == set(train["per_category"])
+    assert all("tools" in json.loads(r) for r in (new / "data" / "train.jsonl").read_text().splitlines()
+               if json.loads(r)["category"] == "agent")
     assert read("bundle")["aux_layers"] == json.loads((run / "bundle" / "manifest.json").read_text())["metrics"]["aux_layers"]
