@@ -253,9 +253,22 @@ def test_model_chat_template_serves_the_target_with_a_tool_calling_template(tmp_
     assert chat.rendered_rows(rows, tok, Counter(), prompts=False) == rows
     tok.save_pretrained(tmp_path / "bundle-target")
     assert load_tokenizer(tmp_path / "bundle-target").chat_template == TOOL_TEMPLATE
-    before = work_key(cfg, "data", {})
+    before, states = work_key(cfg, "data", {}), target_states(cfg, tmp_path)
     (tmp_path / "tools.jinja").write_text(TOOL_TEMPLATE.replace("You may call", "You can call"))
     assert work_key(cfg, "data", {}) != before and work_key(own, "data", {}) != before
+    # the target's answers and states (the train stage's scratch) too: its held-out answers are to the prompts it renders
+    assert target_states(cfg, tmp_path) != states and target_states(own, tmp_path) != states
+
+
+def target_states(cfg, run):
+    """The train stage's scratch for what the frozen target computes, for the same data files."""
+    from stagekit import stage_ctx
+
+    from trtspec.stages.train import target_states_dir
+
+    ctx = stage_ctx(cfg, run / "run", "train", {})
+    ctx.manifests["data"] = {"files": {f: {"sha256": "0" * 64} for f in ("train_tokens.pt", "heldout.jsonl")}}
+    return target_states_dir(ctx, [1, 2, 3]).name
 
 
 def test_an_eval_suite_of_agent_prompts_keeps_their_tools(tmp_path):
