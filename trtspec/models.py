@@ -275,6 +275,14 @@ def load_tokenizer(path: Path, template_kwargs: dict[str, Any] | None = None, te
     return tok
 
 
+def parse_template(text: str) -> Any:
+    """A chat template's Jinja syntax tree, parsed in the environment HF's apply_chat_template compiles it in (loop
+    controls, the `{% generation %}` blocks of assistant masks); a jinja2.TemplateSyntaxError where it is no Jinja."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    return _compile_jinja_template(text).environment.parse(text)
+
+
 def read_chat_template(path: Path) -> str:
     """A chat template file's text (model.chat_template), refused in one line where it is missing or no Jinja."""
     import jinja2
@@ -285,7 +293,7 @@ def read_chat_template(path: Path) -> str:
     hint = "check model.chat_template (a Jinja file, relative to the YAML)"
     text = read_text(path, "model.chat_template file", hint)
     try:
-        jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+        parse_template(text)
     except jinja2.TemplateSyntaxError as e:
         raise ConfigError(f"model.chat_template '{path}' is no Jinja template: line {e.lineno}: {e.message}", hint) from None
     if not text.strip():
@@ -298,7 +306,6 @@ def with_template_kwargs(template: Any, kwargs: dict[str, Any], path: Path) -> s
     chat_template_kwargs sets it in vLLM or SGLang: every prompt trtspec encodes, and the bundle's target tokenizer
     (so each engine serving it), renders so. A key the template does not read is refused, since it would change
     nothing."""
-    import jinja2
     from jinja2 import meta
 
     from trtspec.errors import ConfigError
@@ -306,7 +313,7 @@ def with_template_kwargs(template: Any, kwargs: dict[str, Any], path: Path) -> s
     if not isinstance(template, str):
         raise ConfigError(f"model.chat_template_kwargs: the tokenizer in '{path}' has "
                           f"{'no chat template' if template is None else 'several named chat templates'} to set them in")
-    read = meta.find_undeclared_variables(jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template))
+    read = meta.find_undeclared_variables(parse_template(template))
     if unread := sorted(set(kwargs) - read):
         raise ConfigError(f"model.chat_template_kwargs: the chat template in '{path}' reads no {', '.join(unread)}",
                           f"it reads: {', '.join(sorted(read)) or 'nothing'}")

@@ -260,6 +260,22 @@ def test_model_chat_template_serves_the_target_with_a_tool_calling_template(tmp_
     assert target_states(cfg, tmp_path) != states and target_states(own, tmp_path) != states
 
 
+def test_a_template_file_is_read_as_hf_compiles_it(tmp_path):
+    """model.chat_template: a template with HF's `{% generation %}` blocks (assistant masks) is Jinja as
+    apply_chat_template reads it; a broken one is refused in one line naming the file and the line."""
+    from trtspec.errors import ConfigError
+    from trtspec.models import read_chat_template
+
+    masks = tmp_path / "masks.jinja"
+    masks.write_text("{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}{{ m.content }}"
+                     "{% endgeneration %}{% else %}{{ m.content }}{% endif %}{% endfor %}")
+    assert read_chat_template(masks) == masks.read_text()
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for m in messages %}\n{{ m.content }")
+    with pytest.raises(ConfigError, match=r"'.*broken.jinja' is no Jinja template: line 2"):
+        read_chat_template(broken)
+
+
 def target_states(cfg, run):
     """The train stage's scratch for what the frozen target computes, for the same data files."""
     from stagekit import stage_ctx
