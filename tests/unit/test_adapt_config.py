@@ -117,6 +117,9 @@ def test_the_warm_start_gate_refuses_a_draft_that_fell_behind_and_keeps_its_outp
                                                r"5\.0% below the earlier draft's 2\.00 \(tolerance 2%\)"):
         refuse_fallen_draft(ctx, fell)
     assert (tmp_path / "train-failed" / "head.safetensors").read_text() == "weights"
+    kept = json.loads((tmp_path / "train-failed" / "gate.json").read_text())  # the refused draft's figures
+    assert kept["al_before"] == {"chat": 2.0, "code": 1.5} and kept["al_after"] == {"chat": 1.9, "code": 1.9}
+    assert not kept["passed"] and kept["dropped"] == {"chat": {"now": 1.9, "baseline": 2.0}}
     assert fell["change_ci95"]["chat"] == [0.95, 0.95]  # one prompt: no spread
     two = {**acc(chat=1.9, code=1.9), "per_category": {"chat": {"AL@3": 1.9, "prompts": 2}, "code": {"AL@3": 1.9, "prompts": 5}}}
     assert category_gate(ctx, acc(chat=2.0, code=1.5), two)["too_few_prompts"] == ["chat"]  # 2 prompts: not gated

@@ -14,6 +14,7 @@ train/train_log.jsonl (per optimizer step: loss, per-TTT-step accuracy, lr) and 
 from __future__ import annotations
 
 import gc
+import json
 import math
 import shutil
 from pathlib import Path
@@ -542,21 +543,22 @@ def category_gate(ctx: StageContext, before: dict, after: dict) -> dict:
                 f"({als['after'][c] / als['before'][c] - 1:+.1%}; paired 95% CI {lo - 1:+.1%} to {hi - 1:+.1%}, {len(rows)} prompts)")
     now = {c: {"acceptance_length": v, "prompts": after["per_category"][c].get("prompts")} for c, v in als["after"].items()}
     gate = baseline_gate({"per_category": now}, als["before"], tolerance or 0.0, ctx.cfg.validate_.baseline_min_prompts)
-    return {**gate, "change_ci95": change}
+    return {**gate, "al_before": als["before"], "al_after": als["after"], "change_ci95": change}
 
 
 def refuse_fallen_draft(ctx: StageContext, gate: dict) -> None:
     """Fail the stage on a draft that fell past draft.max_category_drop: nothing is exported from it, its outputs kept
-    in RUN/train-failed."""
+    in RUN/train-failed with the gate's figures (gate.json: each category's AL before and after)."""
     from trtspec.errors import ValidationFailed
 
     failed = ctx.run.path / "train-failed"
     shutil.rmtree(failed, ignore_errors=True)
     shutil.copytree(ctx.out, failed)
+    (failed / "gate.json").write_text(json.dumps(gate, indent=1) + "\n")
     tried = f" (stepped back to {', '.join(f'{s:.2f}' for s in gate['stepped_back'])} of the fine-tune too)" if gate.get("stepped_back") else ""
     raise ValidationFailed(f"the adapted draft falls behind the one it started from{tried}: "
                            f"{gate['message'].replace('baseline', 'earlier draft')}",
-                           f"its outputs are kept in {failed}; lower draft.init_from's learning rate (train.lr) or "
+                           f"its outputs and each category's figures (gate.json) are kept in {failed}; lower draft.init_from's learning rate (train.lr) or "
                            "epochs, keep more of the earlier rows (data.sources kind: run, limit), or set draft.step_back")
 
 
