@@ -23,6 +23,7 @@ NOTEBOOKS = [
     "03_quantize_export.ipynb",
     "04_validation.ipynb",
     "05_deployment.ipynb",
+    "06_adapt.ipynb",
 ]
 CI_CONFIG = ROOT / "build_configs" / "smollm2-135m-eagle3-ci.yaml"
 # notebook 03's format comparison in CI: the baseline, one CPU format, and one that must fail cleanly on a CPU
