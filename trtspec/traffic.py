@@ -23,8 +23,7 @@ A chat request's `tools` and its tool turns (an assistant turn's `tool_calls`, t
 agent's requests) are kept, so the target answers as it was asked; a Responses API request's calls and their outputs
 (`function_call`, `function_call_output`) and its function tools become those turns and tools, as vLLM reads them.
 Raw-text completion requests (/v1/completions) carry no chat turns and are skipped, counted. Repeated prompts are kept
-once. Rows are {id, category, messages, tools}, as a prompt file of the data stage (kind:
-regenerate) holds them.
+once. Rows are {id, category, messages, tools}, as a prompt file of the data stage (kind: regenerate) holds them.
 """
 
 from __future__ import annotations
@@ -130,22 +129,25 @@ def responses_item_turn(item: Any, assistant: dict | None) -> dict | None:
     return {"role": "assistant", "content": text}
 
 
-def responses_tools(tools: Any) -> Any:
+def responses_tools(tools: Any) -> tuple[Any, str]:
     """A Responses API request's tools in the form a chat template reads, as vLLM's construct_tool_dicts hands them to
-    it: a function tool {type: function, name, description, parameters, strict} becomes {type: function, function:
-    {name, description, parameters} and strict where set}; a tool of another kind (web search, file search, MCP) is
-    shown to no template and is left out. None where one is a custom or namespaced tool (rendered as vLLM's own shim)
-    or no object; tools that are no list are given back as they are (chat.row_tools names them)."""
-    if not isinstance(tools, list):
-        return tools
+    it -> (tools, "") or (None, why they cannot be): a function tool {type: function, name, description, parameters,
+    strict} becomes {type: function, function: {name, description, parameters} and strict where set}; a tool of
+    another kind (web search, file search, MCP) is shown to no template and is left out; a custom or namespaced tool
+    (rendered through vLLM's own shim) is not read. Tools that are no list are given back as they are (chat.row_tools
+    names them)."""
+    if tools is None or not isinstance(tools, list):
+        return ([] if tools is None else tools), ""
     out = []
     for t in tools:
-        if not isinstance(t, dict) or t.get("type") in ("custom", "namespace"):
-            return None
-        if t.get("type") == "function":
+        if isinstance(t, dict) and t.get("type") in ("custom", "namespace"):
+            return None, "Responses request offering custom or namespaced tools"
+        if isinstance(t, dict) and t.get("type") == "function":
             spec = {"name": t.get("name"), "description": t.get("description"), "parameters": t.get("parameters")}
             out.append({"type": "function", "function": {**spec, **({"strict": t["strict"]} if t.get("strict") is not None else {})}})
-    return out
+        elif not isinstance(t, dict):
+            return tools, ""  # no list of objects: chat.row_tools says so
+    return out, ""
 
 
 def request_prompt(body: dict, skips: Counter) -> tuple[list[dict] | None, dict]:
@@ -153,27 +155,22 @@ def request_prompt(body: dict, skips: Counter) -> tuple[list[dict] | None, dict]
     skips, where it has none. Its turns: chat.row_prompt (a `prompt` text, or turns in any form row_turns reads) or a
     Responses API request's (responses_turns); its tools: chat.row_tools (a Responses request's through
     responses_tools)."""
-    msgs = row_prompt(body)
+    msgs, why = row_prompt(body), ""
     if msgs is None and row_turns(body) is not None:
-        skips["request without a usable chat turn"] += 1
-        return None, {}
-    if msgs is None and "input" in body:
-        msgs = prompt_turns(responses_turns(body))
-        if msgs is None:
-            skips["Responses request without a usable chat turn (reasoning, images, custom or namespaced tools)"] += 1
-            return None, {}
-        body = {"tools": responses_tools(body.get("tools"))} if "tools" in body else {}
-        if body.get("tools", []) is None:
-            skips["Responses request offering custom or namespaced tools"] += 1
-            return None, {}
+        why = "request without a usable chat turn"
+    elif msgs is None and "input" not in body:
+        why = "request without messages or prompt"
     elif msgs is None:
-        skips["request without messages or prompt"] += 1
-        return None, {}
-    tools, bad = row_tools(body)
-    if tools is None:
-        skips[bad] += 1
-        return None, {}
-    return msgs, tools
+        msgs = prompt_turns(responses_turns(body))
+        tools, why = responses_tools(body.get("tools"))
+        why = why if msgs is not None else "Responses request without a usable chat turn (reasoning, images, custom or namespaced tools)"
+        body = {"tools": tools}
+    if not why:
+        tools, why = row_tools(body)
+        if tools is not None:
+            return msgs, tools
+    skips[why] += 1
+    return None, {}
 
 
 def request_format(row: Any) -> str:

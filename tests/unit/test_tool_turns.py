@@ -148,9 +148,10 @@ def test_an_agents_responses_request_is_read_as_the_chat_request_vllm_makes_of_i
     reasoning = {"model": "m", "input": [{"type": "reasoning", "id": "r", "summary": []}, *RESPONSES_AGENT["input"]]}
     custom = {**RESPONSES_AGENT, "tools": [{"type": "custom", "name": "shell"}]}
     f = tmp_path / "responses.jsonl"
-    f.write_text("".join(json.dumps(x) + "\n" for x in (RESPONSES_AGENT, reasoning, custom)))
+    no_tools = {"model": "m", "input": "Hi", "tools": None}
+    f.write_text("".join(json.dumps(x) + "\n" for x in (RESPONSES_AGENT, reasoning, custom, no_tools)))
     rows, skips, _ = read_traffic(f, tok=tool_tok)
-    assert len(rows) == 1 and rows[0]["messages"] == [
+    assert len(rows) == 2 and "tools" not in rows[1] and rows[0]["messages"] == [
         {"role": "system", "content": "Be brief."}, AGENT[0],
         {"role": "assistant", "content": "Let me look.", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
