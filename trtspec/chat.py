@@ -277,14 +277,24 @@ def chat_turns(turns: list, text_types: tuple[str, ...] = ("text",)) -> tuple[li
 
 def row_tools(row: dict) -> tuple[dict | None, str]:
     """A row's `tools` as a field of the rows trtspec writes -> ({"tools": [...]} or {} where it offers none, "") or
-    (None, why they are unusable): OpenAI's [{type: function, function: {name, description, parameters}}] or the bare
-    function specs HF's chat templates also read, as the request gave them."""
+    (None, why they are unusable): OpenAI's [{type: function, function: {...}}] as vLLM hands them to a chat template
+    (engine_tool), or the bare function specs HF's chat templates also read, as the row gave them."""
     tools = row.get("tools")
     if tools is None or tools == []:
         return {}, ""
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         return None, "tools that are no list of objects"
-    return tools_field(row), ""
+    return {"tools": [engine_tool(t) if isinstance(t.get("function"), dict) else t for t in tools]}, ""
+
+
+def engine_tool(tool: dict) -> dict:
+    """An OpenAI tool {type: function, function: {...}} as vLLM's server hands it to the chat template (its
+    ChatCompletionToolsParam's model_dump()): {type, function: {name, description, parameters}} in that order, a
+    missing description or parameters null, `strict` kept where set, other keys dropped. A template printing tools as
+    JSON then writes what vLLM writes from the same request (scripts/check_engine_prompts.py)."""
+    f = tool["function"]
+    spec = {"name": f.get("name"), "description": f.get("description"), "parameters": f.get("parameters")}
+    return {"type": "function", "function": {**spec, **({"strict": f["strict"]} if f.get("strict") is not None else {})}}
 
 
 def tools_field(row: dict) -> dict:

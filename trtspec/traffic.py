@@ -42,6 +42,7 @@ from typing import Any
 
 from trtspec.chat import (
     content_text,
+    engine_tool,
     json_array,
     json_values,
     prompt_key,
@@ -143,8 +144,7 @@ def responses_tools(tools: Any) -> tuple[Any, str]:
         if isinstance(t, dict) and t.get("type") in ("custom", "namespace"):
             return None, "Responses request offering custom or namespaced tools"
         if isinstance(t, dict) and t.get("type") == "function":
-            spec = {"name": t.get("name"), "description": t.get("description"), "parameters": t.get("parameters")}
-            out.append({"type": "function", "function": {**spec, **({"strict": t["strict"]} if t.get("strict") is not None else {})}})
+            out.append(engine_tool({"function": {k: v for k, v in t.items() if k != "type"}}))
         elif not isinstance(t, dict):
             return tools, ""  # no list of objects: chat.row_tools says so
     return out, ""

@@ -128,6 +128,34 @@ def test_agent_requests_are_read_with_their_tools_and_a_prompt_without_tools_kee
     assert skips == {"repeated prompt": 1, "Responses request without a usable chat turn (reasoning, images, custom or namespaced tools)": 1}
 
 
+# tools as clients write them: the SDK's order, a description missing, keys in another order, strict set, extras
+TOOL_FORMS = [WEATHER, {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+              {"function": {"parameters": {"type": "object"}, "description": "d", "name": "f"}, "type": "function"},
+              {"type": "function", "function": {"name": "f", "description": "d", "parameters": {}, "strict": True}},
+              {"type": "function", "function": {"name": "f", "description": "d", "x_note": 1}}]
+
+
+def test_a_requests_tools_are_rendered_as_vllm_hands_them_to_the_template(tool_tok):
+    """A tool JSON-printing templates show: its fields in vLLM's order, a missing one null, extras dropped; a bare
+    function spec (HF's apply_chat_template reads those; vLLM refuses them) is kept as the row gave it."""
+    rows = [chat.row_tools({"tools": [t]})[0]["tools"][0] for t in TOOL_FORMS]
+    assert [list(r["function"]) for r in rows] == [["name", "description", "parameters"]] * 3 + [
+        ["name", "description", "parameters", "strict"], ["name", "description", "parameters"]]
+    assert rows[1]["function"]["description"] is None and list(rows[2]) == ["type", "function"]
+    assert chat.row_tools({"tools": [WEATHER["function"]]})[0] == {"tools": [WEATHER["function"]]}
+
+
+def test_a_requests_tools_are_vllms_model_dump_of_them():
+    """The contract with vLLM's server: chat.engine_tool is its ChatCompletionToolsParam's model_dump(), key order
+    included (scripts/check_engine_prompts.py compares whole prompts through its /tokenize)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --engines vllm)")
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+
+    for t in TOOL_FORMS:
+        theirs = ChatCompletionToolsParam(**t).model_dump()
+        assert json.dumps(chat.engine_tool(t)) == json.dumps(theirs), t
+
+
 # an agent's step as a Responses API request: its message, its call and the call's output as items, its tools flat
 RESPONSES_AGENT = {
     "model": "m", "instructions": "Be brief.",
