@@ -15,6 +15,7 @@ an assistant turn is sent without it, as trtspec drops it (the target answers ag
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import urllib.error
 import urllib.request
@@ -89,6 +90,7 @@ def main() -> int:
                 differ[i] = {"at": at, "trtspec": tok.decode(ours[at : at + 12]), "vllm": tok.decode(theirs[at : at + 12])}
     finally:
         stop(server)
+    shutil.rmtree(log.parent, ignore_errors=True)  # the server answered every request: its log says nothing more
     result = {"requests": len(pairs), "identical": len(pairs) - len(differ), "skipped": dict(skips), "differ": differ}
     if a.json:
         print(json.dumps(result, indent=1))
