@@ -135,19 +135,13 @@ def responses_tools(tools: Any) -> tuple[Any, str]:
     it -> (tools, "") or (None, why they cannot be): a function tool {type: function, name, description, parameters,
     strict} becomes {type: function, function: {name, description, parameters} and strict where set}; a tool of
     another kind (web search, file search, MCP) is shown to no template and is left out; a custom or namespaced tool
-    (rendered through vLLM's own shim) is not read. Tools that are no list are given back as they are (chat.row_tools
-    names them)."""
-    if tools is None or not isinstance(tools, list):
-        return ([] if tools is None else tools), ""
-    out = []
-    for t in tools:
-        if isinstance(t, dict) and t.get("type") in ("custom", "namespace"):
-            return None, "Responses request offering custom or namespaced tools"
-        if isinstance(t, dict) and t.get("type") == "function":
-            out.append(engine_tool({"function": {k: v for k, v in t.items() if k != "type"}}))
-        elif not isinstance(t, dict):
-            return tools, ""  # no list of objects: chat.row_tools says so
-    return out, ""
+    (rendered through vLLM's own shim) is not read. Tools that are null or no list of objects are given back as they
+    are (chat.row_tools reads them)."""
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        return tools, ""
+    if any(t.get("type") in ("custom", "namespace") for t in tools):
+        return None, "Responses request offering custom or namespaced tools"
+    return [engine_tool({"function": t}) for t in tools if t.get("type") == "function"], ""
 
 
 def request_prompt(body: dict, skips: Counter) -> tuple[list[dict] | None, dict]:
