@@ -244,6 +244,14 @@ def target_tokenizer(cfg: Any, path: Path):
     return load_tokenizer(path, cfg.model.chat_template_kwargs, template)
 
 
+def rendering_key(cfg: Any) -> dict:
+    """What decides how the target's prompts render besides its tokenizer, each where set: model.chat_template_kwargs
+    and model.chat_template's file (template_stamp). Part of the key of every cache of the target's answers."""
+    kwargs = cfg.model.chat_template_kwargs
+    return {**({"chat_template_kwargs": kwargs} if kwargs else {}),
+            **({"chat_template": template_stamp(cfg)} if cfg.model.chat_template else {})}
+
+
 def template_stamp(cfg: Any) -> str:
     """sha256 of model.chat_template's file ("missing" where there is none): what a stage reading the model is keyed
     on besides the path, so that editing the template in place redoes the work it shapes."""

@@ -195,16 +195,15 @@ def answers_dir(ctx: StageContext, served: tuple[Path, dict] | None) -> Path:
     temperature, who answers) and not on how (batch size, the endpoint's URL, concurrency, retries): changing those
     after a kill asks nothing again."""
     from trtspec.artifacts import fingerprint, keyed_scratch
-    from trtspec.models import template_stamp
+    from trtspec.models import rendering_key
 
-    d, kwargs = ctx.cfg.data, ctx.cfg.model.chat_template_kwargs
+    d = ctx.cfg.data
     key = fingerprint({"model": ctx.cfg.model.source, "stamp": ctx.model_stamp,
                        **({"quantized": served[1]["files"]} if served else {}),
                        "build_dtype": ctx.cfg.model.build_dtype, "max_new_tokens": d.max_new_tokens,
                        "temperature": d.temperature, "answer_with": d.answer_with,
                        "endpoint_model": d.endpoint.model if d.answer_with == "endpoint" else None,
-                       **({"chat_template_kwargs": kwargs} if kwargs else {}),  # keyed where set: older keys kept
-                       **({"chat_template": template_stamp(ctx.cfg)} if ctx.cfg.model.chat_template else {})})
+                       **rendering_key(ctx.cfg)})  # keyed where set: older keys kept
     return keyed_scratch(ctx.work.parent, "answers", key)
 
 

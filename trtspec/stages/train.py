@@ -156,10 +156,10 @@ def target_states_dir(ctx: StageContext, aux_layers: list[int], served: tuple[Pa
     beside the stage's own scratch.
 
     Keyed on the target (a local one by its files' sizes and mtimes too; `served`, its quantization with
-    model.train_on_quantized; model.chat_template's file), the data stage's files and the aux layers
+    model.train_on_quantized; how its prompts render, models.rendering_key), the data stage's files and the aux layers
     only: a new lr, schedule, epoch count or batch size reuses it, so trying a recipe costs the training alone."""
     from trtspec.artifacts import fingerprint, keyed_scratch
-    from trtspec.models import template_stamp, use_bf16
+    from trtspec.models import rendering_key, use_bf16
 
     files = ctx.manifests["data"]["files"]  # sha256 recorded by the data stage (and checked by the pipeline)
     what = {
@@ -171,8 +171,7 @@ def target_states_dir(ctx: StageContext, aux_layers: list[int], served: tuple[Pa
     }
     if stamp := ctx.model_stamp:
         what["model_files"] = stamp
-    if ctx.cfg.model.chat_template:  # the held-out prompts' answers are the target's to the prompts it renders
-        what["chat_template"] = template_stamp(ctx.cfg)
+    what.update(rendering_key(ctx.cfg))  # the held-out prompts' answers are the target's to the prompts it renders
     key = fingerprint(what)
     return keyed_scratch(ctx.work.parent, "target", key)
 
