@@ -36,17 +36,35 @@ def stage_of(run: RunDir, stage: str, key: str) -> tuple[Path, dict]:
 
 
 def check_same_target(run: RunDir, cfg: BuildConfig, key: str) -> None:
-    """The earlier run answered with the same target this build uses (its data stage's model.source), served with the
-    same chat template (model.chat_template: its rows' tokens are that template's)."""
+    """The earlier run answered with the same target this build uses (its data stage's model.source), its prompts
+    rendered the same way: the same chat template (model.chat_template; by its file's sha256 where the earlier
+    manifest recorded it, so that a copy reads as the same and an edit in place as another) and the same
+    model.chat_template_kwargs. Its rows' tokens are that rendering's."""
     _, m = stage_of(run, "data", key)
     model = (m.get("config") or {}).get("model") or {}
     if model.get("source") != cfg.model.source:
         raise ConfigError(f"{key}: '{run.path}' was built for another target ({model.get('source')}; this build: "
                           f"{cfg.model.source})", "adapt a run of the same model")
-    if model.get("chat_template") != cfg.model.chat_template:
+    if other_template(model.get("chat_template"), m.get("chat_template_sha256"), cfg):
+        edited = model.get("chat_template") == cfg.model.chat_template
         raise ConfigError(f"{key}: '{run.path}' was built with another chat template (model.chat_template "
-                          f"{model.get('chat_template')}; this build: {cfg.model.chat_template})",
-                          "set model.chat_template as the earlier run did")
+                          f"{model.get('chat_template')}" + (", edited since" if edited else "")
+                          + f"; this build: {cfg.model.chat_template})",
+                          "set model.chat_template to a copy of the template the earlier run rendered with")
+    if (model.get("chat_template_kwargs") or {}) != (cfg.model.chat_template_kwargs or {}):
+        raise ConfigError(f"{key}: '{run.path}' rendered its prompts with other model.chat_template_kwargs "
+                          f"({model.get('chat_template_kwargs') or {}}; this build: {cfg.model.chat_template_kwargs or {}})",
+                          "set model.chat_template_kwargs as the earlier run did")
+
+
+def other_template(path: str | None, sha: str | None, cfg: BuildConfig) -> bool:
+    """Whether this build renders with another chat template than the earlier run's (its model.chat_template `path`,
+    and that file's sha256 where its manifest recorded one; runs before then are compared by path)."""
+    from trtspec.models import template_stamp
+
+    if not path or not cfg.model.chat_template:
+        return bool(path) != bool(cfg.model.chat_template)
+    return sha != template_stamp(cfg) if sha else path != cfg.model.chat_template
 
 
 def check_init_from(cfg: BuildConfig) -> None:

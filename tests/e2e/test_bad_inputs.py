@@ -557,14 +557,19 @@ def case_baseline_no_shared_category(tmp, model, mp):
     return build(tmp, config(tmp, model, validate={"baseline": "base.json"}, eval={"suites": [{"kind": "builtin"}]}))
 
 
-def finished_run(tmp: Path, model: Path, source: str | None = None, skip: str | None = None) -> Path:
+def finished_run(tmp: Path, model: Path, source: str | None = None, skip: str | None = None,
+                 template: Path | None = None, template_kwargs: dict | None = None) -> Path:
     """A run folder whose data, convert, train and export stages read as finished (manifests with the config keys
-    adapt reads back; no files vouched for), for the refusals `trtspec adapt` makes before any stage runs."""
-    from trtspec.artifacts import RunDir, write_json
+    adapt reads back; no files vouched for), for the refusals `trtspec adapt` makes before any stage runs; rendered
+    with the chat template file `template` and `template_kwargs` where given."""
+    from trtspec.artifacts import RunDir, sha256_file, write_json
 
     run = tmp / "earlier"
     RunDir(run).ensure()
-    configs = {"data": {"model": {"source": source or str(model)}, "data": {"sources": [], "seq_len": 32}, "seed": 0},
+    rendering = {"chat_template": str(template)} if template else {}
+    if template_kwargs:
+        rendering["chat_template_kwargs"] = template_kwargs
+    configs = {"data": {"model": {"source": source or str(model), **rendering}, "data": {"sources": [], "seq_len": 32}, "seed": 0},
                "convert": {"draft.method": "eagle3"}, "train": {"draft.method": "eagle3", "draft.length": 3},
                "export": {"draft": {"length": 3}}}
     for stage, cfg in configs.items():
@@ -572,7 +577,8 @@ def finished_run(tmp: Path, model: Path, source: str | None = None, skip: str | 
             continue
         folder = run / ("bundle" if stage == "export" else stage)
         folder.mkdir()
-        write_json(folder / "manifest.json", {"stage": stage, "status": "done", "config": cfg, "metrics": {}, "files": {}})
+        sha = {"chat_template_sha256": sha256_file(template)} if template and stage == "data" else {}
+        write_json(folder / "manifest.json", {"stage": stage, "status": "done", "config": cfg, "metrics": {}, "files": {}, **sha})
     for split in ("train", "heldout"):
         (run / "data" / f"{split}.jsonl").write_text(json.dumps(GOOD_ROWS[0]) + "\n")
     if skip != "export":
@@ -601,6 +607,23 @@ def case_adapt_other_target(tmp, model, mp):
 def case_adapt_other_chat_template(tmp, model, mp):
     (tmp / "tools.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
     return adapt(tmp, finished_run(tmp, model), None, "--set", f"model.chat_template={tmp / 'tools.jinja'}")
+
+
+def case_adapt_edited_chat_template(tmp, model, mp):
+    """The earlier run rendered with tools.jinja (its data manifest records the file's sha256), edited since."""
+
+    template = tmp / "tools.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    run = finished_run(tmp, model, template=template)
+    template.write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    return adapt(tmp, run, None)
+
+
+def case_adapt_other_template_kwargs(tmp, model, mp):
+    template = tmp / "think.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}{% if enable_thinking %}<think>{% endif %}")
+    run = finished_run(tmp, model, template=template, template_kwargs={"enable_thinking": True})
+    return adapt(tmp, run, None, "--set", "model.chat_template_kwargs.enable_thinking=false")
 
 
 def case_adapt_other_length(tmp, model, mp):
@@ -948,6 +971,12 @@ CASES = [
     Case("adapt-unfinished-run", case_adapt_unfinished_run, 2, r"RUN: '.*earlier' has no finished 'train' stage"),
     Case("adapt-other-chat-template", case_adapt_other_chat_template, 2, r"data\.sources\[1\]\.path: '.*earlier' was "
          r"built with another chat template \(model\.chat_template None; this build: .*tools\.jinja\)", "data", before_data=True),
+    Case("adapt-edited-chat-template", case_adapt_edited_chat_template, 2, r"data\.sources\[1\]\.path: '.*earlier' was "
+         r"built with another chat template \(model\.chat_template .*tools\.jinja, edited since; this build: .*tools\.jinja\)",
+         "data", before_data=True),
+    Case("adapt-other-template-kwargs", case_adapt_other_template_kwargs, 2, r"data\.sources\[1\]\.path: '.*earlier' "
+         r"rendered its prompts with other model\.chat_template_kwargs \(\{'enable_thinking': True\}; this build: "
+         r"\{'enable_thinking': False\}\)", "data", before_data=True),
     Case("adapt-other-target", case_adapt_other_target, 2, r"data\.sources\[1\]\.path: '.*earlier' was built for another target \(/models/another-model; this build: ", "data", before_data=True),
     Case("adapt-other-length", case_adapt_other_length, 2, r"draft\.init_from: '.*earlier' trained its draft for length 3, this build drafts 2", "data", before_data=True),
     Case("adapt-other-method", case_adapt_other_method, 2, r"draft\.init_from: '.*earlier' trained a eagle3 draft, this build trains dflash", "data", before_data=True),

@@ -189,3 +189,35 @@ def test_engines_the_earlier_yaml_left_to_auto_are_chosen_again_where_the_adapta
     write_json(run.path / "train" / "manifest.json", {**json.loads((run.path / "train" / "manifest.json").read_text()),
                                                       "from_auto": []})  # chosen in the YAML: kept
     assert earlier_config(run)["train"]["states_from"] == "vllm"
+
+
+def test_an_adaptation_renders_with_the_earlier_runs_template_wherever_its_file_is(tmp_path):
+    """check_same_target compares the template file's sha256 the earlier data stage recorded: a copy elsewhere is the
+    same template, the same path edited since is another, and so are other chat_template_kwargs."""
+    import pytest
+
+    from trtspec.artifacts import sha256_file
+    from trtspec.errors import ConfigError
+    from trtspec.warm_start import check_same_target
+
+    first = tmp_path / "first.jinja"
+    first.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    run = earlier(tmp_path)
+    model = {"source": "demo:smollm2-135m-instruct", "chat_template": str(first), "chat_template_kwargs": {"x": 1}}
+    write_json(run.path / "data" / "manifest.json", {"stage": "data", "status": "done", "config": {"model": model},
+                                                     "chat_template_sha256": sha256_file(first), "files": {}})
+    copy = tmp_path / "copy.jinja"
+    copy.write_text(first.read_text())
+
+    def build(template, kwargs=None):
+        raw = {"model": {"source": model["source"], "chat_template": str(template), "chat_template_kwargs": kwargs or {"x": 1}},
+               "data": {"sources": [{"kind": "regenerate", "path": "prompts/x.jsonl"}]}}
+        return config_from_dict(raw, base_dir=tmp_path)
+
+    check_same_target(run, build(copy), "RUN")
+    check_same_target(run, build(first), "RUN")
+    with pytest.raises(ConfigError, match=r"other model.chat_template_kwargs \(\{'x': 1\}; this build: \{'x': 2\}\)"):
+        check_same_target(run, build(first, {"x": 2}), "RUN")
+    first.write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    with pytest.raises(ConfigError, match=r"another chat template \(model.chat_template .*first.jinja, edited since;"):
+        check_same_target(run, build(first), "RUN")

@@ -382,6 +382,8 @@ def _run_stage(cfg: BuildConfig, run: RunDir, stage: str, fp: str, key: str, ups
             "config": _section_values(cfg, stage),
             "from_auto": [k for k in cfg._from_auto if {k, k.partition(".")[0]} & set(contract(stage).READS)],
             "inputs": upstream,
+            **({"chat_template_sha256": template_stamp(cfg)}  # what its rows were rendered with, wherever the file is
+               if "model" in contract(stage).READS and cfg.model.chat_template else {}),
             "versions": package_versions(),
             "wall_s": round(seconds, 2),
             "peak_rss_gib": peak_rss_gib(),
