@@ -331,3 +331,33 @@ def test_an_eval_suite_of_agent_prompts_keeps_their_tools(tmp_path):
     (tmp_path / "suite.jsonl").write_text(json.dumps({**lines[0], "tools": {"get_weather": {}}}) + "\n")
     with pytest.raises(DataError, match=r"suite.jsonl': line 1's 'tools' is not a list of tool objects"):
         suite_rows(cfg, 0)
+
+
+def test_cached_acceptance_answers_are_answered_again_once_their_prompts_render_otherwise(tool_tok, tmp_path):
+    """The train stage's cache of the target's answers to its held-out and suite prompts is keyed on the target, the
+    data and the template; a row that renders otherwise since (here its tool's description) is answered again."""
+    import torch
+
+    from trtspec.training.acceptance import build_eval_set
+
+    answered = []
+
+    class Engine:  # answers each prompt with one token; states as the answers (none needed here)
+        def greedy_answers(self, tok, rows, max_new_tokens, batch_size):
+            answered.append(len(rows))
+            return [{"input_ids": torch.tensor(chat.encode_row(tok, r) + [7]), "start": len(chat.encode_row(tok, r)),
+                     "category": r["category"]} for r in rows]
+
+        def with_states(self, seqs):
+            return seqs
+
+    row = {"messages": AGENT[:1], "tools": [WEATHER], "category": "agent"}
+    cache = tmp_path / "eval_seqs.pt"
+    for _ in range(2):
+        build_eval_set(None, tool_tok, [row], [], 4, cache, print, engine=Engine())
+    assert answered == [1]  # answered once, then read from the cache
+    renamed = {**row, "tools": [{"type": "function", "function": {**WEATHER["function"], "description": "Weather"}}]}
+    got = build_eval_set(None, tool_tok, [renamed], [], 4, cache, print, engine=Engine())
+    assert answered == [1, 1] and got[0]["input_ids"][:-1].tolist() == chat.encode_row(tool_tok, renamed)
+    build_eval_set(None, tool_tok, [{**renamed, "category": "chat"}], [], 4, cache, print, engine=Engine())
+    assert answered == [1, 1, 1]

@@ -107,14 +107,25 @@ def build_eval_set(base: Any, tok: Any, rows: list[dict], aux_layers: list[int],
     engine that serves the target (EngineTarget), not from `base`."""
     import torch
 
-    if cache.is_file():
-        seqs = torch.load(cache, weights_only=True)
-    else:
+    seqs = torch.load(cache, weights_only=True) if cache.is_file() else None
+    if seqs is not None and not answers_to(seqs, tok, rows):
+        log(f"'{cache.name}' holds answers to prompts that now render otherwise: answering them again")
+        seqs = None
+    if seqs is None:
         log(f"generating greedy target answers for {len(rows)} prompts (acceptance evaluation)")
         answer = engine.greedy_answers if engine is not None else partial(greedy_answers, base)
         seqs = answer(tok, rows, max_new_tokens, batch_size)
         torch.save(seqs, cache)
     return engine.with_states(seqs) if engine is not None else with_states(base, seqs, aux_layers)
+
+
+def answers_to(seqs: list[dict], tok: Any, rows: list[dict]) -> bool:
+    """Whether cached answers `seqs` answer `rows` as they render now, prompt ids and category: the cache's key holds
+    the target, the data and the template, not the code that renders a row (chat.encode_row), which a newer trtspec
+    may change (a tool's form)."""
+    return len(seqs) == len(rows) and all(
+        s["input_ids"][: int(s["start"])].tolist() == encode_row(tok, r) and s.get("category", "chat") == str(r.get("category", "chat"))
+        for s, r in zip(seqs, rows, strict=True))
 
 
 def context_eval_sets(base: Any, tok: Any, prompts: list[dict], fill: list, bins: list[int],
