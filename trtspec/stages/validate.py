@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtspec.chat import encode_prompts, encode_row, prompt_rows, read_prompt_file, read_rows, tools_field
+from trtspec.chat import (
+    encode_prompts,
+    encode_row,
+    prompt_key,
+    prompt_rows,
+    read_prompt_file,
+    read_rows,
+    tools_field,
+)
 from trtspec.checks import (
     acceptance_summary,
     category_speeds,
@@ -93,13 +101,9 @@ def prompt_sources(cfg: BuildConfig, trained: set[str] | None = None) -> list[tu
         f = readers.get(f"eval.suites[{i}].path")
         rows = suite_rows(cfg, i, f.read if f else None)
         if s.kind == "builtin" and trained:
-            rows = [r for r in rows if prompt_key(r["messages"]) not in trained]
+            rows = [r for r in rows if prompt_key(r["messages"], tools_field(r)) not in trained]
         out.append((suite_label(s), f"eval.suites[{i}] ({suite_label(s)})", rows))
     return out
-
-
-def prompt_key(messages: list[dict]) -> str:
-    return json.dumps([(m["role"], m["content"]) for m in messages])
 
 
 def taken_rows(sources: list[tuple[str, str, list[dict]]], n: int) -> list[dict]:
@@ -171,7 +175,7 @@ def load_prompt_rows(ctx: StageContext) -> list[dict]:
 def trained_prompts(ctx: StageContext) -> set[str]:
     """The prompts (prompt_key) of the run's training split, data/train.jsonl."""
     path = ctx.inputs["data"] / "train.jsonl" if "data" in ctx.inputs else None
-    return {prompt_key(r["messages"]) for r in prompt_rows(read_rows(path))} if path and path.is_file() else set()
+    return {prompt_key(r["messages"], tools_field(r)) for r in prompt_rows(read_rows(path))} if path and path.is_file() else set()
 
 
 def prompt_source(cfg: BuildConfig) -> str:
