@@ -50,7 +50,8 @@ def check_same_target(run: RunDir, cfg: BuildConfig, key: str) -> None:
         raise ConfigError(f"{key}: '{run.path}' was built with another chat template (model.chat_template "
                           f"{model.get('chat_template')}" + (", edited since" if edited else "")
                           + f"; this build: {cfg.model.chat_template})",
-                          "set model.chat_template to a copy of the template the earlier run rendered with")
+                          "set model.chat_template to (a copy of) the template the earlier run rendered with"
+                          if model.get("chat_template") else "leave model.chat_template unset, as the earlier run did")
     if (model.get("chat_template_kwargs") or {}) != (cfg.model.chat_template_kwargs or {}):
         raise ConfigError(f"{key}: '{run.path}' rendered its prompts with other model.chat_template_kwargs "
                           f"({model.get('chat_template_kwargs') or {}}; this build: {cfg.model.chat_template_kwargs or {}})",
