@@ -60,9 +60,12 @@ def check_same_target(run: RunDir, cfg: BuildConfig, key: str) -> None:
 
 def other_template(path: str | None, sha: str | None, cfg: BuildConfig) -> bool:
     """Whether this build renders with another chat template than the earlier run's (its model.chat_template `path`,
-    and that file's sha256 where its manifest recorded one; runs before then are compared by path)."""
-    from trtspec.models import template_stamp
+    and that file's sha256 where its manifest recorded one; runs before then are compared by path). This build's
+    template file missing or no Jinja is refused as such first (models.read_chat_template), not as another template."""
+    from trtspec.models import read_chat_template, template_stamp
 
+    if cfg.model.chat_template:
+        read_chat_template(cfg.resolve_path(cfg.model.chat_template))
     if not path or not cfg.model.chat_template:
         return bool(path) != bool(cfg.model.chat_template)
     return sha != template_stamp(cfg) if sha else path != cfg.model.chat_template
